@@ -1,0 +1,5 @@
+"""The ``vf-mm`` command."""
+
+from vf_mm.cli._main import main
+
+__all__ = ["main"]

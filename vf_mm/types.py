@@ -1,0 +1,424 @@
+"""Core types: chat messages, rendered tokens, the multi-modal sidecar, trajectories.
+
+Messages are OpenAI-style ``TypedDict`` s (plain dicts at runtime: they come from
+datasets and JSON and go back out unchanged). Everything else is a plain
+``dataclass(slots=True)``: these objects are built once per turn on the hot path,
+so there is no pydantic validation on construction; call ``validate()`` where data
+crosses a trust boundary (a backend's answer, a decoded stream).
+
+Nothing here mutates its inputs: helpers return new lists, and ``MultiModalData``
+methods return new objects that *share* the item dicts (the tensors), never copy
+them. The rules for the multi-modal sidecar are in DESIGN.md, "Multi-modal sidecar
+rules"; ``MultiModalData.validate`` is where they are enforced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NotRequired, TypedDict
+
+from vf_mm.errors import MultiModalDataError, TrajectoryError
+
+__all__ = [
+    "IMAGE_PART_TYPES",
+    "AssistantMessage",
+    "ContentPart",
+    "ImagePart",
+    "ImageURL",
+    "ImageURLPart",
+    "Message",
+    "Messages",
+    "MultiModalData",
+    "PlaceholderRange",
+    "RenderedTokens",
+    "ResponseTokens",
+    "RolloutOutput",
+    "SystemMessage",
+    "TextPart",
+    "ToolCall",
+    "ToolCallFunction",
+    "ToolMessage",
+    "TrajectoryStep",
+    "UserMessage",
+    "content_parts",
+    "image_parts",
+    "text_of",
+]
+
+# -- messages (OpenAI chat format) -------------------------------------------------
+
+
+class TextPart(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(TypedDict):
+    url: str  # a data: URL, a file:// URL or local path, or http(s) (see vf_mm.images)
+    detail: NotRequired[str]
+
+
+class ImageURLPart(TypedDict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class ImagePart(TypedDict):
+    """An in-memory image: a PIL image, encoded bytes, or a path (see vf_mm.images)."""
+
+    type: Literal["image"]
+    image: Any
+
+
+ContentPart = TextPart | ImageURLPart | ImagePart
+
+#: The ``type`` values of content parts that carry an image.
+IMAGE_PART_TYPES = frozenset({"image", "image_url"})
+
+
+class ToolCallFunction(TypedDict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it (it may not parse)
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class SystemMessage(TypedDict):
+    role: Literal["system"]
+    content: str | list[ContentPart]
+    name: NotRequired[str]
+
+
+class UserMessage(TypedDict):
+    role: Literal["user"]
+    content: str | list[ContentPart]
+    name: NotRequired[str]
+
+
+class AssistantMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str | list[ContentPart] | None  # None when the turn is only tool calls
+    tool_calls: NotRequired[list[ToolCall]]
+    reasoning_content: NotRequired[str]
+    name: NotRequired[str]
+
+
+class ToolMessage(TypedDict):
+    role: Literal["tool"]
+    content: str | list[ContentPart]  # tool results may carry images
+    tool_call_id: str
+    name: NotRequired[str]
+
+
+Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
+Messages = list[Message]
+
+
+def content_parts(message: Mapping[str, Any]) -> list[ContentPart]:
+    """The message's content as a new list of parts: ``str`` -> ``[TextPart]``, ``None``
+    (or no content) -> ``[]``. The parts themselves are the message's own dicts."""
+    content = message.get("content")
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return list(content)
+    raise TypeError(f"message content must be str, list or None, not {type(content).__name__}")
+
+
+def image_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, ContentPart]]:
+    """``(message index, part index, part)`` for every image part, in conversation order.
+
+    This order is the order of a rendered prompt's image placeholders, which is how
+    a renderer pairs each image with its ``mm_placeholders`` entry (by position).
+    """
+    found: list[tuple[int, int, ContentPart]] = []
+    for m, message in enumerate(messages):
+        for p, part in enumerate(content_parts(message)):
+            if isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES:
+                found.append((m, p, part))
+    return found
+
+
+def text_of(message: Mapping[str, Any]) -> str:
+    """The message's text parts joined with no separator (images are skipped)."""
+    return "".join(
+        part["text"]
+        for part in content_parts(message)
+        if isinstance(part, Mapping) and part.get("type") == "text"
+    )
+
+
+# -- the multi-modal sidecar -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceholderRange:
+    """Where one multi-modal item's tokens sit: ``token_ids[offset:offset + length]``.
+
+    ``offset`` is absolute in the step's prompt token ids. Frozen, so ranges can be
+    shared between copies of a ``MultiModalData`` without one copy changing another.
+    """
+
+    offset: int
+    length: int
+
+    def __post_init__(self) -> None:
+        for name in ("offset", "length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise MultiModalDataError(
+                    f"PlaceholderRange.{name} must be an int, not {type(value).__name__}"
+                )
+        if self.offset < 0:
+            raise MultiModalDataError(f"PlaceholderRange offset must be >= 0, got {self.offset}")
+        if self.length <= 0:
+            raise MultiModalDataError(f"PlaceholderRange length must be > 0, got {self.length}")
+
+    @property
+    def end(self) -> int:
+        """One past the last token of the range."""
+        return self.offset + self.length
+
+
+@dataclass(slots=True)
+class MultiModalData:
+    """The images (or other modalities) of one prompt, beside its token ids.
+
+    Per modality (``"image"``, ...) three lists, parallel by index: ``mm_hashes[m][i]``
+    is item i's content hash, ``mm_placeholders[m][i]`` its token range, and
+    ``mm_items[m][i]`` its model inputs (e.g. ``{"pixel_values": tensor,
+    "image_grid_thw": tensor}``). Invariants (DESIGN.md), checked by ``validate``:
+    the three dicts have the same modality keys, equal list lengths per modality,
+    placeholders sorted by offset and non-overlapping across *all* modalities.
+
+    The same image twice is two entries with the same hash (items are matched by
+    position, not by hash); both entries may share one item dict, so its tensors are
+    held once. Methods never mutate ``self`` or their arguments: a bridge copies,
+    then appends. ``==`` compares items too; tensors that are not the same object
+    make it raise, so compare hashes and placeholders instead.
+    """
+
+    mm_hashes: dict[str, list[str]] = field(default_factory=dict)
+    mm_placeholders: dict[str, list[PlaceholderRange]] = field(default_factory=dict)
+    mm_items: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> MultiModalData:
+        return cls()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MultiModalData:
+        """Rebuild from its wire form (``unpackb`` gives dataclasses back as dicts, so
+        placeholders arrive as ``{"offset", "length"}`` maps). Items are not copied."""
+
+        def ranges(values: Iterable[Any]) -> list[PlaceholderRange]:
+            return [
+                v if isinstance(v, PlaceholderRange) else PlaceholderRange(v["offset"], v["length"])
+                for v in values
+            ]
+
+        return cls(
+            mm_hashes={m: list(v) for m, v in data.get("mm_hashes", {}).items()},
+            mm_placeholders={m: ranges(v) for m, v in data.get("mm_placeholders", {}).items()},
+            mm_items={m: list(v) for m, v in data.get("mm_items", {}).items()},
+        )
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The modalities that hold at least one item, in insertion order."""
+        return tuple(m for m, ranges in self.mm_placeholders.items() if ranges)
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(self.mm_placeholders.values())
+
+    def num_items(self, modality: str | None = None) -> int:
+        """Items of ``modality`` (0 if absent), or of all modalities when None."""
+        if modality is not None:
+            return len(self.mm_placeholders.get(modality, ()))
+        return sum(len(ranges) for ranges in self.mm_placeholders.values())
+
+    def all_placeholders(self) -> list[tuple[str, int, PlaceholderRange]]:
+        """``(modality, index, range)`` for every item, sorted by offset."""
+        out = [
+            (m, i, r) for m, ranges in self.mm_placeholders.items() for i, r in enumerate(ranges)
+        ]
+        out.sort(key=lambda entry: entry[2].offset)
+        return out
+
+    def validate(self, num_tokens: int | None = None) -> None:
+        """Raise ``MultiModalDataError`` if a DESIGN.md rule is broken; ``num_tokens``
+        (the prompt's length) also checks that every placeholder lies inside it."""
+        keys = (set(self.mm_hashes), set(self.mm_placeholders), set(self.mm_items))
+        if not keys[0] == keys[1] == keys[2]:
+            raise MultiModalDataError(
+                "mm_hashes, mm_placeholders and mm_items must have the same modalities, got "
+                f"{sorted(keys[0])}, {sorted(keys[1])} and {sorted(keys[2])}"
+            )
+        for m, ranges in self.mm_placeholders.items():
+            hashes, items = self.mm_hashes[m], self.mm_items[m]
+            if not len(hashes) == len(ranges) == len(items):
+                raise MultiModalDataError(
+                    f"modality {m!r}: {len(hashes)} hashes, {len(ranges)} placeholders and "
+                    f"{len(items)} items; the lists must be parallel"
+                )
+            for i, (h, r) in enumerate(zip(hashes, ranges, strict=True)):
+                if not isinstance(h, str):
+                    raise MultiModalDataError(
+                        f"mm_hashes[{m!r}][{i}] must be a str, not {type(h).__name__}"
+                    )
+                if not isinstance(r, PlaceholderRange):
+                    raise MultiModalDataError(
+                        f"mm_placeholders[{m!r}][{i}] must be a PlaceholderRange, "
+                        f"not {type(r).__name__}"
+                    )
+                if i and r.offset < ranges[i - 1].offset:
+                    raise MultiModalDataError(
+                        f"mm_placeholders[{m!r}] is not sorted: [{i}] at offset {r.offset} "
+                        f"comes after [{i - 1}] at offset {ranges[i - 1].offset}"
+                    )
+        previous: tuple[str, int, PlaceholderRange] | None = None
+        for m, i, r in self.all_placeholders():
+            if previous is not None and r.offset < previous[2].end:
+                pm, pi, pr = previous
+                raise MultiModalDataError(
+                    f"mm_placeholders[{m!r}][{i}] (offset {r.offset}, length {r.length}) "
+                    f"overlaps mm_placeholders[{pm!r}][{pi}] "
+                    f"(offset {pr.offset}, length {pr.length}, end {pr.end})"
+                )
+            previous = (m, i, r)
+        if num_tokens is not None and previous is not None:
+            # ends increase with offsets once nothing overlaps: the last range ends last
+            m, i, r = previous
+            if r.end > num_tokens:
+                raise MultiModalDataError(
+                    f"mm_placeholders[{m!r}][{i}] (offset {r.offset}, length {r.length}) "
+                    f"ends at {r.end}, past the prompt's {num_tokens} tokens"
+                )
+
+    def copy(self) -> MultiModalData:
+        """New dicts and lists; the same hashes, ranges (frozen) and item dicts."""
+        return MultiModalData(
+            mm_hashes={m: list(v) for m, v in self.mm_hashes.items()},
+            mm_placeholders={m: list(v) for m, v in self.mm_placeholders.items()},
+            mm_items={m: list(v) for m, v in self.mm_items.items()},
+        )
+
+    def extended(self, other: MultiModalData) -> MultiModalData:
+        """A new object with ``other``'s entries after ``self``'s, per modality.
+
+        Offsets are taken as they are (both absolute in the same prompt); call
+        ``validate`` on the result to check they do not overlap.
+        """
+        out = self.copy()
+        for src, dst in (
+            (other.mm_hashes, out.mm_hashes),
+            (other.mm_placeholders, out.mm_placeholders),
+            (other.mm_items, out.mm_items),
+        ):
+            for m, values in src.items():
+                dst.setdefault(m, []).extend(values)
+        return out
+
+    def shifted(self, delta: int) -> MultiModalData:
+        """A new object with every placeholder moved by ``delta`` tokens (items shared).
+
+        Raises ``MultiModalDataError`` if a range would start before token 0.
+        """
+        out = self.copy()
+        out.mm_placeholders = {
+            m: [PlaceholderRange(r.offset + delta, r.length) for r in ranges]
+            for m, ranges in self.mm_placeholders.items()
+        }
+        return out
+
+
+# -- tokens and trajectories -------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RenderedTokens:
+    """A rendered prompt: token ids, with the images' placeholders offset into them."""
+
+    token_ids: list[int]
+    multi_modal_data: MultiModalData | None = None
+
+
+@dataclass(slots=True)
+class ResponseTokens:
+    """One model turn at the token level, exactly as sampled.
+
+    ``completion_logprobs`` and ``completion_mask`` are parallel to
+    ``completion_ids``; mask 1 = sampled by the model (trained on), 0 = not (e.g.
+    tokens the environment inserted). ``multi_modal_data`` placeholders are offsets
+    into ``prompt_ids``.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    completion_mask: list[int]
+    finish_reason: str | None
+    multi_modal_data: MultiModalData | None = None
+
+    def validate(self) -> None:
+        """Raise ``TrajectoryError`` (or ``MultiModalDataError``) if inconsistent."""
+        n = len(self.completion_ids)
+        if len(self.completion_logprobs) != n or len(self.completion_mask) != n:
+            raise TrajectoryError(
+                f"completion_ids has {n} tokens but completion_logprobs has "
+                f"{len(self.completion_logprobs)} and completion_mask "
+                f"{len(self.completion_mask)}; they must be equal"
+            )
+        for i, bit in enumerate(self.completion_mask):
+            if bit not in (0, 1) or isinstance(bit, float):
+                raise TrajectoryError(f"completion_mask[{i}] is {bit!r}; must be 0 or 1")
+        if self.multi_modal_data is not None:
+            self.multi_modal_data.validate(num_tokens=len(self.prompt_ids))
+
+
+@dataclass(slots=True)
+class TrajectoryStep:
+    """One model turn of a rollout: the messages it saw and wrote, and its tokens.
+
+    ``tokens`` is None when the backend gives no token ids (an OpenAI-compatible
+    API): such steps can be evaluated but not trained on.
+    """
+
+    prompt: Messages
+    completion: Messages
+    tokens: ResponseTokens | None
+    reward: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RolloutOutput:
+    """One finished rollout of one example.
+
+    A rollout that failed is recorded with ``error`` set (and whatever it had
+    produced), never dropped, so a run's results line up with its examples.
+    """
+
+    example_id: int | str
+    prompt: Messages
+    completion: Messages
+    answer: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+    trajectory: list[TrajectoryStep] = field(default_factory=list)
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the rollout finished without an error."""
+        return self.error is None

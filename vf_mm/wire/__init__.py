@@ -1,0 +1,76 @@
+"""The msgpack tensor codec and framed streams.
+
+``packb(obj)`` turns a tree of dicts, lists, scalars, strings, bytes, tensors,
+dataclasses, pydantic models and a few standard types into one msgpack message;
+``unpackb(data)`` turns it back, with tensors that view the message's memory
+instead of copying it. ``write_stream`` / ``read_stream`` put many messages in one
+file, framed so that a writer cut off mid-write is detected, never misread.
+
+The wire format is documented in ``vf_mm/wire/_format.py`` (messages) and
+``vf_mm/wire/_stream.py`` (streams). Importing this package does not import torch.
+
+Errors are ``vf_mm.errors.EncodeError``, ``DecodeError`` and ``StreamError`` (with
+``TornFrameError``, ``CorruptFrameError``, ``FrameTooLargeError``,
+``StreamHeaderError``); a message that needs torch when torch is absent raises
+``MissingDependencyError``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from vf_mm.wire._decode import Decoder, Ext, TensorType
+from vf_mm.wire._encode import Encoder, TensorFormat
+from vf_mm.wire._stream import (
+    DEFAULT_MAX_FRAME_BYTES,
+    StreamReader,
+    StreamWriter,
+    frame_header,
+    read_stream,
+    repair_stream,
+    write_stream,
+)
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "Decoder",
+    "Encoder",
+    "Ext",
+    "StreamReader",
+    "StreamWriter",
+    "frame_header",
+    "packb",
+    "read_stream",
+    "repair_stream",
+    "unpackb",
+    "write_stream",
+]
+
+_local = threading.local()  # an Encoder holds per-call state: one per thread and format
+_DECODERS = {t: Decoder(tensors=t) for t in ("auto", "torch", "numpy")}
+
+
+def packb(obj: Any, *, tensor_format: TensorFormat = "ext") -> bytes | memoryview:
+    """Encode ``obj`` as one msgpack message.
+
+    Returns ``bytes`` when ``obj`` holds no tensor, else a ``memoryview`` of an
+    aligned buffer (it saves copying the tensors a second time; ``bytes(...)`` it if
+    you need ``bytes``). ``tensor_format="foreign"`` writes tensors as verifiers /
+    prime-rl ``{"__torch_tensor__": True, ...}`` maps. Thread-safe (one encoder per
+    thread); hold your own ``Encoder`` to pass an ``enc_hook``.
+    """
+    encoder = getattr(_local, tensor_format, None)
+    if encoder is None:
+        encoder = Encoder(tensor_format=tensor_format)
+        setattr(_local, tensor_format, encoder)
+    return encoder.encode(obj)
+
+
+def unpackb(data: Any, *, tensors: TensorType = "auto") -> Any:
+    """Decode one message; see ``Decoder`` for ``tensors`` and memory sharing."""
+    try:
+        decoder = _DECODERS[tensors]
+    except KeyError:
+        raise ValueError(f"tensors must be 'auto', 'torch' or 'numpy', not {tensors!r}") from None
+    return decoder.decode(data)

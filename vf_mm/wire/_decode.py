@@ -1,0 +1,256 @@
+"""Decoding: one msgpack message -> Python objects, tensors viewing the message's memory.
+
+msgspec's decoder hands each extension payload to our hook as a ``memoryview`` into
+the caller's buffer, so a tensor is built with ``np.frombuffer`` on that view: no
+copy, whatever its size. The only copy is for a tensor whose elements are not
+naturally aligned in memory (a message sliced at an odd offset); messages from
+``packb`` and stream frames are aligned.
+
+Every length in the message is checked against the bytes actually present before
+anything is built, so hostile input cannot make us allocate more than it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import uuid
+import warnings
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from vf_mm.errors import DecodeError, VfMmError
+from vf_mm.wire import _dtypes
+from vf_mm.wire._format import (
+    EXT_DATE,
+    EXT_DATETIME,
+    EXT_TENSOR,
+    EXT_TIME,
+    EXT_UUID,
+    FLAG_TORCH,
+    FOREIGN_TENSOR_KEY,
+    MAX_NDIM,
+    TENSOR_HEAD,
+    TENSOR_LAYOUT_VERSION,
+)
+
+TensorType = Literal["auto", "torch", "numpy"]
+Ext = msgspec.msgpack.Ext
+
+_FOREIGN_KEY_BYTES = FOREIGN_TENSOR_KEY.encode()
+_ISO_TYPES = {EXT_DATETIME: dt.datetime, EXT_DATE: dt.date, EXT_TIME: dt.time}
+
+
+class Decoder:
+    """Decodes vf_mm messages (and plain msgpack).
+
+    ``tensors`` picks what tensors come back as: ``"auto"`` gives each tensor back as
+    the kind it was sent as (torch or numpy), ``"torch"`` makes them all torch
+    tensors, ``"numpy"`` all numpy arrays (then torch is never imported; bfloat16 and
+    float8 need the ``ml_dtypes`` package, sub-byte dtypes are refused).
+
+    Tensors share memory with the input. From a writable buffer (what ``packb`` and
+    the stream reader produce) they are ordinary writable tensors that keep the buffer
+    alive. From read-only ``bytes`` numpy arrays are read-only, and torch tensors must
+    be treated as read-only (torch has no read-only tensors): pass a ``bytearray``, or
+    ``.clone()`` the tensor, before writing into it.
+
+    Also decodes the ``{"__torch_tensor__": True, "dtype", "shape", "data"}`` maps of
+    verifiers and prime-rl into tensors (torch under ``"auto"``).
+
+    A ``Decoder`` is stateless between calls and safe to share across threads.
+    """
+
+    def __init__(self, *, tensors: TensorType = "auto") -> None:
+        if tensors not in ("auto", "torch", "numpy"):
+            raise ValueError(f"tensors must be 'auto', 'torch' or 'numpy', not {tensors!r}")
+        self.tensors = tensors
+
+    def decode(self, data: Any) -> Any:
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise DecodeError(
+                f"cannot decode a {type(data).__qualname__}: need bytes-like"
+            ) from None
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        call = _Call(view, self.tensors)
+        try:
+            with _ignore_readonly_warning() if view.readonly else contextlib.nullcontext():
+                obj = msgspec.msgpack.Decoder(ext_hook=call.ext_hook).decode(view)
+                if call.may_hold_foreign():
+                    obj = _revive_foreign(obj, self.tensors)
+        except VfMmError:
+            raise
+        except RecursionError:
+            raise DecodeError("message nests deeper than the decoder allows") from None
+        except (msgspec.DecodeError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+            raise DecodeError(f"malformed message ({len(view)} bytes): {exc}") from None
+        return obj
+
+
+class _Call:
+    """Per-call state of one ``decode``: the buffer and where its tensors were found."""
+
+    __slots__ = ("base", "base_addr", "spans", "tensors")
+
+    def __init__(self, base: memoryview, tensors: TensorType) -> None:
+        self.base = base
+        self.base_addr = _address(base) if len(base) else 0
+        self.spans: list[tuple[int, int]] = []
+        self.tensors = tensors
+
+    def ext_hook(self, code: int, data: memoryview) -> Any:
+        if code == EXT_TENSOR:
+            start = _address(data) - self.base_addr if len(data) else 0
+            self.spans.append((start, start + len(data)))
+            return _tensor(data, self.tensors)
+        kind = _ISO_TYPES.get(code)
+        if kind is not None:
+            try:
+                return kind.fromisoformat(bytes(data).decode())
+            except (UnicodeDecodeError, ValueError):
+                raise DecodeError(f"bad {kind.__name__} extension: {bytes(data[:64])!r}") from None
+        if code == EXT_UUID:
+            if len(data) != 16:
+                raise DecodeError(f"a UUID extension holds 16 bytes, not {len(data)}")
+            return uuid.UUID(bytes=bytes(data))
+        return Ext(code, bytes(data))
+
+    def may_hold_foreign(self) -> bool:
+        """Whether a foreign tensor map might be present: its key appears outside our tensors.
+
+        Searches only the bytes between tensor payloads (the "skeleton"), never the
+        tensor data, so the check costs nothing that scales with tensor bytes.
+        """
+        gaps = []
+        pos = 0
+        for start, end in sorted(self.spans):
+            gaps.append((pos, start))
+            pos = end
+        gaps.append((pos, len(self.base)))
+        return any(_FOREIGN_KEY_BYTES in self.base[a:b].tobytes() for a, b in gaps if b - a >= 16)
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data
+
+
+def _tensor(data: memoryview, tensors: TensorType) -> Any:
+    if len(data) < TENSOR_HEAD.size:
+        raise DecodeError(f"tensor extension of {len(data)} bytes is shorter than its header")
+    version, flags, code, ndim, pad = TENSOR_HEAD.unpack_from(data)
+    if version != TENSOR_LAYOUT_VERSION:
+        raise DecodeError(f"tensor layout version {version} is not supported (this vf_mm reads 1)")
+    wire = _dtypes.by_code(code)
+    if ndim > MAX_NDIM:
+        raise DecodeError(f"tensor declares {ndim} dimensions (at most {MAX_NDIM})")
+    head = TENSOR_HEAD.size + 8 * ndim
+    if head + pad > len(data):
+        raise DecodeError("tensor extension is shorter than its declared header")
+    shape = tuple(np.frombuffer(data, dtype="<u8", count=ndim, offset=TENSOR_HEAD.size).tolist())
+    nbytes = math.prod(shape) * wire.itemsize
+    available = len(data) - head - pad
+    if nbytes != available:
+        raise DecodeError(
+            f"{wire.name} tensor of shape {list(shape)} needs {nbytes} bytes, "
+            f"its extension holds {available}"
+        )
+    as_torch = tensors == "torch" or (tensors == "auto" and flags & FLAG_TORCH)
+    return _build(data, head + pad, wire, shape, as_torch)
+
+
+def _build(
+    buffer: Any, offset: int, wire: _dtypes.WireDType, shape: tuple[int, ...], as_torch: bool
+) -> Any:
+    """A tensor of ``shape`` over ``buffer[offset:]``, copied only if misaligned."""
+    count = math.prod(shape)
+    if as_torch:
+        torch = _dtypes.torch_module()
+        np_type = np.dtype(wire.numpy) if wire.numpy is not None else np.dtype(wire.carrier)
+    else:
+        np_type = _dtypes.numpy_dtype(wire)
+    array = np.frombuffer(buffer, dtype=np_type, count=count, offset=offset)
+    if not array.flags.aligned:
+        array = array.copy()
+    array = array.reshape(shape)
+    if not as_torch:
+        return array
+    tensor = torch.from_numpy(array)
+    if wire.numpy is None:
+        tensor = tensor.view(_dtypes.torch_dtype(wire))
+    return tensor
+
+
+def _revive_foreign(obj: Any, tensors: TensorType) -> Any:
+    """Replace foreign tensor maps, anywhere in the tree, with tensors (in place)."""
+    if isinstance(obj, dict):
+        if _is_foreign(obj):
+            return _from_foreign(obj, tensors)
+        for key, value in obj.items():
+            if isinstance(value, (dict, list)):
+                obj[key] = _revive_foreign(value, tensors)
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            if isinstance(value, (dict, list)):
+                obj[i] = _revive_foreign(value, tensors)
+    return obj
+
+
+def _is_foreign(d: dict) -> bool:
+    return d.get(FOREIGN_TENSOR_KEY) is True or d.get(_FOREIGN_KEY_BYTES) is True
+
+
+def _from_foreign(d: dict, tensors: TensorType) -> Any:
+    def field(name: str) -> Any:
+        if name in d:
+            return d[name]
+        if name.encode() in d:
+            return d[name.encode()]
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has no {name!r} field")
+
+    dtype, shape, data = field("dtype"), field("shape"), field("data")
+    if isinstance(dtype, bytes):
+        dtype = dtype.decode(errors="replace")
+    if not isinstance(dtype, str):
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has dtype {dtype!r}, not a string")
+    wire = _dtypes.by_name(dtype)
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has a bad shape {shape!r}")
+    if len(shape) > MAX_NDIM:
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map declares {len(shape)} dimensions")
+    shape_t = tuple(shape)
+    as_torch = tensors != "numpy"
+    count = math.prod(shape_t)
+    if isinstance(data, list):  # the `.tolist()` variant: values, not bytes
+        values = np.asarray(data)
+        if values.size != count:
+            raise DecodeError(
+                f"a {FOREIGN_TENSOR_KEY} map holds {values.size} values for shape {shape}"
+            )
+        if as_torch:
+            torch = _dtypes.torch_module()
+            return torch.tensor(data, dtype=_dtypes.torch_dtype(wire)).reshape(shape_t)
+        return values.astype(_dtypes.numpy_dtype(wire)).reshape(shape_t)
+    if not isinstance(data, (bytes, bytearray)):
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has data of type {type(data).__name__}")
+    if len(data) != count * wire.itemsize:
+        raise DecodeError(
+            f"a {FOREIGN_TENSOR_KEY} map of {wire.name} {shape} needs {count * wire.itemsize} "
+            f"bytes, holds {len(data)}"
+        )
+    return _build(data, 0, wire, shape_t, as_torch)
+
+
+@contextlib.contextmanager
+def _ignore_readonly_warning() -> Iterator[None]:
+    """Silence torch's "buffer is not writable" warning for read-only input; the
+    ``Decoder`` docstring states the contract instead."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not writable")
+        yield

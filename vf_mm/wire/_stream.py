@@ -1,0 +1,377 @@
+"""Framed streams: many messages in one file or pipe, safe against a writer cut off mid-write.
+
+Layout (all integers little-endian)::
+
+    stream header, 16 bytes:  magic b"\\x93VFMM\\r\\n\\x1a" | u16 version (1) | u16 flags (0) | u32 0
+    each frame, 16 + n bytes: u64 n | u32 crc32 | u32 frame flags | n bytes of message
+
+The crc32 (bit 0 of the frame flags says it is present) covers the 8 length bytes
+and the message, so a bit flip in either is caught. A stream that ends inside a
+frame header or payload is *torn*: the reader yields every whole frame before it,
+then raises ``TornFrameError`` with the torn frame's offset. Nothing is dropped
+silently and no partial frame is ever decoded.
+
+Each frame is read into its own freshly allocated, 64-byte-aligned buffer, so the
+reader holds at most one frame in memory and decoded tensors are writable views of
+it (no second copy).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+import numpy as np
+
+from vf_mm.errors import (
+    CorruptFrameError,
+    DecodeError,
+    FrameTooLargeError,
+    StreamHeaderError,
+    TornFrameError,
+)
+from vf_mm.wire._decode import Decoder, TensorType
+from vf_mm.wire._encode import Encoder, _aligned_empty
+
+MAGIC = b"\x93VFMM\r\n\x1a"
+VERSION = 1
+STREAM_HEADER = struct.Struct("<8sHHI")
+FRAME_HEADER = struct.Struct("<QII")
+FRAME_HAS_CRC = 0x01
+DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
+
+Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
+
+
+def _crc(length_bytes: bytes, payload: Any) -> int:
+    return zlib.crc32(payload, zlib.crc32(length_bytes))
+
+
+def frame_header(message: Any, *, checksum: bool = True) -> bytes:
+    """The 16-byte frame header for an encoded message (exposed for custom transports)."""
+    n = memoryview(message).nbytes
+    length_bytes = struct.pack("<Q", n)
+    crc = _crc(length_bytes, message) if checksum else 0
+    return FRAME_HEADER.pack(n, crc, FRAME_HAS_CRC if checksum else 0)
+
+
+class StreamWriter:
+    """Writes items as frames. Use as a context manager, or call ``close()``.
+
+    ``target`` is a path (created, or appended to with ``append=True``) or a
+    binary file object (we write a stream header first unless ``append=True``).
+    Appending to a path checks the file first: a torn tail raises ``TornFrameError``
+    (truncate it with ``repair_stream``) rather than hiding later frames behind it.
+    """
+
+    def __init__(
+        self,
+        target: Source,
+        *,
+        append: bool = False,
+        checksum: bool = True,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        encoder: Encoder | None = None,
+    ) -> None:
+        self.checksum = checksum
+        self.max_frame_bytes = max_frame_bytes
+        self.encoder = encoder or Encoder()
+        self.frames_written = 0
+        self._owns = isinstance(target, (str, os.PathLike))
+        if self._owns:
+            path = Path(target)
+            if append and path.exists() and path.stat().st_size > 0:
+                end = _check_whole(path, max_frame_bytes)
+                self._file: IO[bytes] = open(path, "r+b")  # noqa: SIM115 - closed in close()
+                self._file.seek(end)
+                return
+            self._file = open(path, "wb")  # noqa: SIM115
+        else:
+            self._file = target  # type: ignore[assignment]
+            if append:
+                return
+        self._file.write(STREAM_HEADER.pack(MAGIC, VERSION, 0, 0))
+
+    def write(self, item: Any) -> int:
+        """Encode and write one item; returns the frame's size in bytes."""
+        return self.write_message(self.encoder.encode(item))
+
+    def write_message(self, message: Any) -> int:
+        """Write an already encoded message as one frame."""
+        n = memoryview(message).nbytes
+        if n > self.max_frame_bytes:
+            raise FrameTooLargeError(
+                f"a frame of {n} bytes exceeds max_frame_bytes={self.max_frame_bytes}",
+                offset=self._file.tell() if self._file.seekable() else -1,
+                length=n,
+                limit=self.max_frame_bytes,
+            )
+        self._file.write(frame_header(message, checksum=self.checksum))
+        self._file.write(message)
+        self.frames_written += 1
+        return FRAME_HEADER.size + n
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._owns:
+            self._file.close()
+        else:
+            self._file.flush()
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_stream(
+    target: Source,
+    items: Iterable[Any],
+    *,
+    append: bool = False,
+    checksum: bool = True,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> int:
+    """Write ``items`` as a framed stream; returns the number of frames written."""
+    with StreamWriter(
+        target, append=append, checksum=checksum, max_frame_bytes=max_frame_bytes
+    ) as writer:
+        for item in items:
+            writer.write(item)
+        return writer.frames_written
+
+
+class StreamReader:
+    """Iterates over a framed stream, one decoded item per frame.
+
+    ``offset`` is the byte offset just past the last whole frame read, ``index`` the
+    number of frames read, ``frame_offset`` where the last frame returned starts. On a torn tail the iterator raises ``TornFrameError`` after
+    the last whole frame; a reader tailing a file that is still being written can
+    keep ``offset`` and come back later.
+
+    ``errors="raise"`` (the default) raises at a frame whose checksum fails or whose
+    message does not decode. ``errors="skip"`` records such a frame's error in
+    ``skipped`` (as ``(index, offset, error)``) and goes on to the next frame: its
+    length was intact, so nothing after it is lost. A torn tail and a frame over
+    ``max_frame_bytes`` always raise, because the frames after them cannot be found.
+
+    ``raw=True`` yields each frame's message bytes undecoded.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        tensors: TensorType = "auto",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        errors: str = "raise",
+        raw: bool = False,
+    ) -> None:
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        self._owns = isinstance(source, (str, os.PathLike))
+        self._file: IO[bytes] = open(source, "rb") if self._owns else source  # type: ignore[arg-type]  # noqa: SIM115
+        self.decoder = Decoder(tensors=tensors)
+        self.max_frame_bytes = max_frame_bytes
+        self.errors = errors
+        self.raw = raw
+        self.index = 0
+        self.frame_offset = -1
+        self.skipped: list[tuple[int, int, Exception]] = []
+        self.offset = self._read_header()
+
+    def _read_header(self) -> int:
+        head = _read_exactly(self._file, STREAM_HEADER.size)
+        if len(head) < STREAM_HEADER.size:
+            if head and not MAGIC.startswith(bytes(head[: len(MAGIC)])):
+                raise StreamHeaderError("not a vf_mm stream (bad magic)")
+            raise StreamHeaderError(
+                f"stream is {len(head)} bytes long: shorter than its {STREAM_HEADER.size}-byte header"
+            )
+        magic, version, _flags, _ = STREAM_HEADER.unpack(head)
+        if magic != MAGIC:
+            raise StreamHeaderError(f"not a vf_mm stream (magic {magic!r})")
+        if version != VERSION:
+            raise StreamHeaderError(
+                f"stream version {version} is not supported (this vf_mm reads 1)"
+            )
+        return STREAM_HEADER.size
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            frame = self._next_frame()
+            if frame is None:
+                raise StopIteration
+            start, message = frame
+            self.frame_offset = start
+            if self.raw:
+                return message
+            try:
+                return self.decoder.decode(message)
+            except DecodeError as exc:
+                exc.add_note(f"in frame {self.index - 1} at byte offset {start}")
+                if self.errors == "raise":
+                    raise
+                self.skipped.append((self.index - 1, start, exc))
+
+    def _next_frame(self) -> tuple[int, memoryview] | None:
+        """The next whole frame's (offset, message); None at a clean end."""
+        while True:
+            start = self.offset
+            head = _read_exactly(self._file, FRAME_HEADER.size)
+            if not head:
+                return None
+            if len(head) < FRAME_HEADER.size:
+                raise _torn(self.index, start, FRAME_HEADER.size, len(head), "header")
+            length, crc, flags = FRAME_HEADER.unpack(head)
+            if length > self.max_frame_bytes:
+                raise FrameTooLargeError(
+                    f"frame {self.index} at byte offset {start} declares {length} bytes, over "
+                    f"max_frame_bytes={self.max_frame_bytes} (a corrupt length, or raise the limit)",
+                    offset=start,
+                    length=length,
+                    limit=self.max_frame_bytes,
+                )
+            remaining = _remaining(self._file)
+            if remaining is not None and remaining < length:
+                raise _torn(self.index, start, length, remaining, "payload")
+            message = _aligned_empty(length)
+            got = _readinto_exactly(self._file, message)
+            if got < length:
+                raise _torn(self.index, start, length, got, "payload")
+            self.offset = start + FRAME_HEADER.size + length
+            self.index += 1
+            if flags & FRAME_HAS_CRC and _crc(bytes(head[:8]), message) != crc:
+                error = CorruptFrameError(
+                    f"frame {self.index - 1} at byte offset {start} fails its checksum",
+                    offset=start,
+                    index=self.index - 1,
+                )
+                if self.errors == "raise":
+                    raise error
+                self.skipped.append((self.index - 1, start, error))
+                continue
+            return start, memoryview(message)
+
+    def close(self) -> None:
+        if self._owns:
+            self._file.close()
+
+    def __enter__(self) -> StreamReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_stream(
+    source: Source,
+    *,
+    tensors: TensorType = "auto",
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> Iterator[Any]:
+    """Yield each item of a framed stream; raises ``TornFrameError`` after the last
+    whole frame of a torn stream. See ``StreamReader`` for skipping bad frames."""
+    with StreamReader(source, tensors=tensors, max_frame_bytes=max_frame_bytes) as reader:
+        yield from reader
+
+
+def repair_stream(
+    path: str | os.PathLike[str], *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> int:
+    """Truncate a torn tail off a stream file; returns the number of bytes removed."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        end = _check_whole(path, max_frame_bytes)
+    except TornFrameError as torn:
+        end = torn.offset
+    if end < size:
+        os.truncate(path, end)
+    return size - end
+
+
+def _check_whole(path: Path, max_frame_bytes: int) -> int:
+    """Walk a stream's frame headers (no payload reads); return the end of the last frame."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        offset = StreamReader(f, raw=True).offset  # validates the stream header
+        index = 0
+        while offset < size:
+            f.seek(offset)
+            head = f.read(FRAME_HEADER.size)
+            if len(head) < FRAME_HEADER.size:
+                raise _torn(index, offset, FRAME_HEADER.size, len(head), "header")
+            length = FRAME_HEADER.unpack(head)[0]
+            if length > max_frame_bytes:
+                raise FrameTooLargeError(
+                    f"frame {index} at byte offset {offset} declares {length} bytes, "
+                    f"over max_frame_bytes={max_frame_bytes}",
+                    offset=offset,
+                    length=length,
+                    limit=max_frame_bytes,
+                )
+            available = size - offset - FRAME_HEADER.size
+            if available < length:
+                raise _torn(index, offset, length, available, "payload")
+            offset += FRAME_HEADER.size + length
+            index += 1
+        return offset
+
+
+def _torn(index: int, start: int, expected: int, available: int, part: str) -> TornFrameError:
+    return TornFrameError(
+        f"stream is torn: frame {index} at byte offset {start} needs a {expected}-byte "
+        f"{part} but only {available} bytes follow; the {index} frames before it are whole",
+        offset=start,
+        index=index,
+        expected=expected,
+        available=available,
+    )
+
+
+def _read_exactly(f: IO[bytes], n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = f.read(n)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _readinto_exactly(f: IO[bytes], buffer: np.ndarray) -> int:
+    view = memoryview(buffer)
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _remaining(f: IO[bytes]) -> int | None:
+    """Bytes left in a seekable regular file (lets us refuse a torn frame before allocating)."""
+    try:
+        if not f.seekable():
+            return None
+        fileno = f.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    try:
+        return os.fstat(fileno).st_size - f.tell()
+    except OSError:
+        return None
