@@ -8,6 +8,11 @@ against the standard exceptions keeps working.
 ::
 
     VfMmError
+    ├── ImageError (ValueError)                an image that vf_mm.images cannot load
+    │   ├── UnsafeImageSourceError             the ImagePolicy refused where it comes from
+    │   ├── ImageFetchError                    reading it failed (network, HTTP status, timeout)
+    │   ├── ImageDecodeError                   the bytes are not a whole image we decode
+    │   └── ImageTooLargeError                 over the policy's byte or pixel limit
     ├── MissingDependencyError (ImportError)   an optional library is needed for this input
     ├── MultiModalDataError (ValueError)       a multi-modal sidecar breaks the DESIGN.md rules
     ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
@@ -31,12 +36,17 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "FrameTooLargeError",
+    "ImageDecodeError",
+    "ImageError",
+    "ImageFetchError",
+    "ImageTooLargeError",
     "MissingDependencyError",
     "MultiModalDataError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
     "TrajectoryError",
+    "UnsafeImageSourceError",
     "VfMmError",
     "WireError",
 ]
@@ -56,6 +66,63 @@ class MultiModalDataError(VfMmError, ValueError):
 
 class TrajectoryError(VfMmError, ValueError):
     """Token-level trajectory data whose parallel lists disagree or hold bad values."""
+
+
+class ImageError(VfMmError, ValueError):
+    """An image that could not be loaded: refused, unreadable, undecodable or too large.
+
+    ``reason`` says what went wrong; ``source`` is a short description of the image's
+    source (a shortened URL or path, never a whole base64 payload, with any query string
+    and credentials left out); ``where`` is its place in a conversation (``"message 2,
+    part 1"``) when the caller gave one. ``str(error)`` puts the three together.
+    """
+
+    def __init__(self, reason: str, *, source: str | None = None, where: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.source = source
+        self.where = where
+
+    def __str__(self) -> str:
+        if self.source is None and self.where is None:
+            return self.reason
+        label = "image" if self.source is None else f"image {self.source}"
+        if self.where is not None:
+            label += f" ({self.where})"
+        return f"{label}: {self.reason}"
+
+
+class UnsafeImageSourceError(ImageError):
+    """The ``ImagePolicy`` refused the source before anything was read: a scheme other
+    than http(s)/file/data, network access off, a host outside ``allowed_domains``, a
+    loopback/private/link-local/reserved address, credentials in the URL, or a path
+    outside ``local_roots``."""
+
+
+class ImageFetchError(ImageError):
+    """Reading the image failed: DNS, connection, TLS, an HTTP error status (``status``),
+    a timeout, too many redirects, a body over ``max_bytes``, or a missing local file."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        source: str | None = None,
+        where: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(reason, source=source, where=where)
+        self.status = status
+
+
+class ImageDecodeError(ImageError):
+    """The bytes are not a whole image in a format we decode: corrupt, truncated,
+    zero-sized, not an image at all (HTML, SVG, text), or a format the policy leaves out."""
+
+
+class ImageTooLargeError(ImageError):
+    """Over the policy's ``max_bytes`` or ``max_pixels`` (decompression bombs included),
+    found before the pixels are decoded."""
 
 
 class WireError(VfMmError):

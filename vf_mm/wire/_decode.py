@@ -77,6 +77,10 @@ class Decoder:
             raise DecodeError(
                 f"cannot decode a {type(data).__qualname__}: need bytes-like"
             ) from None
+        if not view.c_contiguous:
+            raise DecodeError(
+                "cannot decode a non-contiguous buffer: pass bytes or a contiguous view"
+            )
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         call = _Call(view, self.tensors)
@@ -207,6 +211,9 @@ def _is_foreign(d: dict) -> bool:
 
 
 def _from_foreign(d: dict, tensors: TensorType) -> Any:
+    """A tensor from a foreign map. Its bytes live in a ``bytes`` object msgspec made, so
+    the result is copied once into memory of its own (writable, like native tensors)."""
+
     def field(name: str) -> Any:
         if name in d:
             return d[name]
@@ -225,26 +232,70 @@ def _from_foreign(d: dict, tensors: TensorType) -> Any:
     if len(shape) > MAX_NDIM:
         raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map declares {len(shape)} dimensions")
     shape_t = tuple(shape)
-    as_torch = tensors != "numpy"
     count = math.prod(shape_t)
+    as_torch = tensors != "numpy"
     if isinstance(data, list):  # the `.tolist()` variant: values, not bytes
-        values = np.asarray(data)
-        if values.size != count:
+        array = _from_values(data, wire, count, dtype)
+    elif isinstance(data, (bytes, bytearray)):
+        if len(data) != count * wire.itemsize:
             raise DecodeError(
-                f"a {FOREIGN_TENSOR_KEY} map holds {values.size} values for shape {shape}"
+                f"a {FOREIGN_TENSOR_KEY} map of {wire.name} {shape} needs "
+                f"{count * wire.itemsize} bytes, holds {len(data)}"
             )
-        if as_torch:
-            torch = _dtypes.torch_module()
-            return torch.tensor(data, dtype=_dtypes.torch_dtype(wire)).reshape(shape_t)
-        return values.astype(_dtypes.numpy_dtype(wire)).reshape(shape_t)
-    if not isinstance(data, (bytes, bytearray)):
+        stored = _stored_numpy_dtype(dtype, wire)
+        array = np.frombuffer(data, dtype=stored, count=count).astype(
+            stored.newbyteorder("<") if stored.kind in "biufc" else stored
+        )  # astype copies: to memory of our own, and to little-endian if sent big-endian
+    else:
         raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has data of type {type(data).__name__}")
-    if len(data) != count * wire.itemsize:
+    return _build(array, 0, wire, shape_t, as_torch)
+
+
+def _stored_numpy_dtype(name: str, wire: _dtypes.WireDType) -> np.dtype:
+    """How the sender laid the bytes out: its numpy typestr, byte order included, when it
+    named one ('>f4'); otherwise our little-endian carrier for the dtype."""
+    if wire.numpy is not None:
+        named = _dtypes.parse_numpy_dtype(name)
+        if named is not None and named.kind in "biufc" and named.itemsize == wire.itemsize:
+            return named
+        return np.dtype(wire.numpy)
+    return np.dtype(wire.carrier)
+
+
+def _from_values(data: list, wire: _dtypes.WireDType, count: int, name: str) -> np.ndarray:
+    """Little-endian bytes of ``wire`` holding exactly these values, or DecodeError."""
+    try:
+        values = np.asarray(data)
+    except ValueError as exc:
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map holds ragged values: {exc}") from None
+    if values.size != count:
         raise DecodeError(
-            f"a {FOREIGN_TENSOR_KEY} map of {wire.name} {shape} needs {count * wire.itemsize} "
-            f"bytes, holds {len(data)}"
+            f"a {FOREIGN_TENSOR_KEY} map holds {values.size} values for {count} elements"
         )
-    return _build(data, 0, wire, shape_t, as_torch)
+    if values.dtype.kind not in "biufc":
+        raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map holds non-numeric values for {name}")
+    if wire.numpy is not None:
+        target = np.dtype(wire.numpy)
+    elif wire.ml_dtypes is not None:
+        target = _dtypes.numpy_dtype(wire)
+    else:
+        raise DecodeError(f"{wire.name} tensors cannot be rebuilt from a list of values")
+    with np.errstate(all="ignore"):
+        converted = values.astype(target)
+    if target.kind in "fc" or wire.ml_dtypes is not None:
+        # floats round to nearest, as torch.tensor(values, dtype=...) does; but a finite
+        # value that overflows to infinity is data lost, not rounding
+        overflow = np.isinf(converted.astype(np.complex128 if target.kind == "c" else np.float64))
+        if np.any(overflow & np.isfinite(values)):
+            raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map holds values that overflow {name}")
+    else:
+        with np.errstate(all="ignore"):
+            back = converted.astype(values.dtype) if values.dtype.kind != "c" else None
+        if back is None or not np.array_equal(back, values, equal_nan=values.dtype.kind == "f"):
+            raise DecodeError(
+                f"a {FOREIGN_TENSOR_KEY} map holds values that {name} cannot represent"
+            )
+    return converted.view(wire.carrier) if wire.numpy is None else converted
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ lazily: importing this module imports neither.
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -97,11 +98,24 @@ def by_name(name: str) -> WireDType:
     found = BY_NAME.get(key)
     if found is not None:
         return found
-    np = _numpy()
+    dtype = parse_numpy_dtype(name)
     try:
-        return from_numpy(np.dtype(name))
-    except (TypeError, ValueError, EncodeError):
+        if dtype is None:
+            raise EncodeError(name)
+        return from_numpy(dtype)
+    except EncodeError:
         raise DecodeError(f"unknown tensor dtype {name!r}") from None
+
+
+def parse_numpy_dtype(name: str) -> Any:
+    """``np.dtype(name)``, or None for anything numpy refuses or warns about."""
+    np = _numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            return np.dtype(name)
+        except (TypeError, ValueError, Warning):
+            return None
 
 
 def torch_module() -> Any:
@@ -174,12 +188,10 @@ def from_numpy(dtype: Any) -> WireDType:
     """The wire dtype of a numpy dtype, either byte order (the encoder swaps to little-endian)."""
     np = _numpy()
     dtype = np.dtype(dtype)
-    if dtype.kind in "biufc":
-        found = _numpy_index().get(dtype.newbyteorder("<"))
-    else:  # ml_dtypes registers bfloat16 and the float8s as kind 'V' under their own names
-        found = BY_NAME.get(dtype.name)
-        if found is not None and found.ml_dtypes is None:
-            found = None
+    # ml_dtypes registers bfloat16 and the float8s under their own names (kind 'V' or 'f')
+    found = BY_NAME.get(dtype.name)
+    if found is None or found.ml_dtypes is None:
+        found = _numpy_index().get(dtype.newbyteorder("<")) if dtype.kind in "biufc" else None
     if found is None:
         raise EncodeError(f"numpy dtype {dtype!r} cannot be put on the wire")
     return found

@@ -50,6 +50,21 @@ _SLOT_CODE = 127  # placeholder ext code; lives only inside the skeleton, never 
 _SLOT_SIZE = 3  # msgpack writes ExtType(code, b"") as ext8: c7 00 <code>
 _EXT32 = struct.Struct(">BIb")  # 0xc9, u32 length, i8 type: the header we write ourselves
 
+# Types msgpack packs itself (subclasses such as IntEnum are packed as their base too).
+_NATIVE = (
+    dict,
+    list,
+    tuple,
+    str,
+    int,
+    float,
+    type(None),
+    bytes,
+    bytearray,
+    memoryview,
+    msgpack.ExtType,
+)
+
 _TORCH_CARRIER = {1: "uint8", 2: "int16", 4: "int32", 8: "int64", 16: "complex128"}
 
 
@@ -140,6 +155,20 @@ class Encoder:
     # -- the default hook: everything msgpack does not know ---------------------------
 
     def _default(self, obj: Any) -> Any:
+        """What msgpack should pack instead of ``obj``. msgpack calls this hook once per
+        object, so a value that is itself not packable (an Enum whose value is a date, an
+        ``enc_hook`` that returns a tensor) is converted again here, until it is."""
+        value = self._convert(obj)
+        for _ in range(8):
+            if isinstance(value, _NATIVE):
+                return value
+            converted = self._convert(value)
+            if converted is value:
+                return value
+            value = converted
+        raise EncodeError(f"cannot encode {type(obj).__qualname__}: its conversion does not settle")
+
+    def _convert(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor(obj)

@@ -2,11 +2,14 @@
 
 Layout (all integers little-endian)::
 
-    stream header, 16 bytes:  magic b"\\x93VFMM\\r\\n\\x1a" | u16 version (1) | u16 flags (0) | u32 0
-    each frame, 16 + n bytes: u64 n | u32 crc32 | u32 frame flags | n bytes of message
+    stream header, 16 bytes:  magic b"\\x93VFMM\\r\\n\\x1a" | u16 version (1) | u16 flags
+                              | u32 crc32 of the 12 bytes before it
+    each frame, 16 + n bytes: u64 n | u32 crc32 | u32 0 (reserved) | n bytes of message
 
-The crc32 (bit 0 of the frame flags says it is present) covers the 8 length bytes
-and the message, so a bit flip in either is caught. A stream that ends inside a
+Bit 0 of the stream flags says every frame carries a crc32 of its 8 length bytes and
+its message (else the field is 0), so a bit flip in either is caught. The choice is
+made once for the whole stream, in a header that checks itself: a flipped bit cannot
+switch checking off for one frame. A stream that ends inside a
 frame header or payload is *torn*: the reader yields every whole frame before it,
 then raises ``TornFrameError`` with the torn frame's offset. Nothing is dropped
 silently and no partial frame is ever decoded.
@@ -42,7 +45,8 @@ MAGIC = b"\x93VFMM\r\n\x1a"
 VERSION = 1
 STREAM_HEADER = struct.Struct("<8sHHI")
 FRAME_HEADER = struct.Struct("<QII")
-FRAME_HAS_CRC = 0x01
+STREAM_HAS_CRC = 0x01
+_CHUNK = 64 << 20  # reads from pipes grow a frame this much at a time
 DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
 
 Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
@@ -52,19 +56,26 @@ def _crc(length_bytes: bytes, payload: Any) -> int:
     return zlib.crc32(payload, zlib.crc32(length_bytes))
 
 
+def stream_header(*, checksum: bool = True) -> bytes:
+    """The 16 bytes a stream starts with."""
+    head = struct.pack("<8sHH", MAGIC, VERSION, STREAM_HAS_CRC if checksum else 0)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
 def frame_header(message: Any, *, checksum: bool = True) -> bytes:
     """The 16-byte frame header for an encoded message (exposed for custom transports)."""
     n = memoryview(message).nbytes
     length_bytes = struct.pack("<Q", n)
     crc = _crc(length_bytes, message) if checksum else 0
-    return FRAME_HEADER.pack(n, crc, FRAME_HAS_CRC if checksum else 0)
+    return FRAME_HEADER.pack(n, crc, 0)
 
 
 class StreamWriter:
     """Writes items as frames. Use as a context manager, or call ``close()``.
 
-    ``target`` is a path (created, or appended to with ``append=True``) or a
-    binary file object (we write a stream header first unless ``append=True``).
+    ``target`` is a path (created, or appended to with ``append=True``: the existing
+    stream's checksum setting is kept) or a binary file object (we write a stream header
+    first unless ``append=True``; then ``checksum`` must match the stream's).
     Appending to a path checks the file first: a torn tail raises ``TornFrameError``
     (truncate it with ``repair_stream``) rather than hiding later frames behind it.
     """
@@ -86,7 +97,7 @@ class StreamWriter:
         if self._owns:
             path = Path(target)
             if append and path.exists() and path.stat().st_size > 0:
-                end = _check_whole(path, max_frame_bytes)
+                end, self.checksum = _check_whole(path, max_frame_bytes)
                 self._file: IO[bytes] = open(path, "r+b")  # noqa: SIM115 - closed in close()
                 self._file.seek(end)
                 return
@@ -95,7 +106,7 @@ class StreamWriter:
             self._file = target  # type: ignore[assignment]
             if append:
                 return
-        self._file.write(STREAM_HEADER.pack(MAGIC, VERSION, 0, 0))
+        self._file.write(stream_header(checksum=checksum))
 
     def write(self, item: Any) -> int:
         """Encode and write one item; returns the frame's size in bytes."""
@@ -186,7 +197,11 @@ class StreamReader:
         self.index = 0
         self.frame_offset = -1
         self.skipped: list[tuple[int, int, Exception]] = []
-        self.offset = self._read_header()
+        try:
+            self.offset = self._read_header()
+        except BaseException:
+            self.close()
+            raise
 
     def _read_header(self) -> int:
         head = _read_exactly(self._file, STREAM_HEADER.size)
@@ -196,13 +211,18 @@ class StreamReader:
             raise StreamHeaderError(
                 f"stream is {len(head)} bytes long: shorter than its {STREAM_HEADER.size}-byte header"
             )
-        magic, version, _flags, _ = STREAM_HEADER.unpack(head)
+        magic, version, flags, crc = STREAM_HEADER.unpack(head)
         if magic != MAGIC:
             raise StreamHeaderError(f"not a vf_mm stream (magic {magic!r})")
+        if zlib.crc32(head[:12]) != crc:
+            raise StreamHeaderError("the stream header fails its checksum (a corrupted file)")
         if version != VERSION:
             raise StreamHeaderError(
                 f"stream version {version} is not supported (this vf_mm reads 1)"
             )
+        if flags & ~STREAM_HAS_CRC:
+            raise StreamHeaderError(f"unknown stream flags {flags:#x} (written by a newer vf_mm?)")
+        self.checksum = bool(flags & STREAM_HAS_CRC)
         return STREAM_HEADER.size
 
     def __iter__(self) -> Iterator[Any]:
@@ -234,7 +254,7 @@ class StreamReader:
                 return None
             if len(head) < FRAME_HEADER.size:
                 raise _torn(self.index, start, FRAME_HEADER.size, len(head), "header")
-            length, crc, flags = FRAME_HEADER.unpack(head)
+            length, crc, reserved = FRAME_HEADER.unpack(head)
             if length > self.max_frame_bytes:
                 raise FrameTooLargeError(
                     f"frame {self.index} at byte offset {start} declares {length} bytes, over "
@@ -246,13 +266,15 @@ class StreamReader:
             remaining = _remaining(self._file)
             if remaining is not None and remaining < length:
                 raise _torn(self.index, start, length, remaining, "payload")
-            message = _aligned_empty(length)
-            got = _readinto_exactly(self._file, message)
-            if got < length:
-                raise _torn(self.index, start, length, got, "payload")
+            message = _read_payload(self._file, length, known_size=remaining is not None)
+            if len(message) < length:
+                raise _torn(self.index, start, length, len(message), "payload")
             self.offset = start + FRAME_HEADER.size + length
             self.index += 1
-            if flags & FRAME_HAS_CRC and _crc(bytes(head[:8]), message) != crc:
+            bad = reserved != 0 or (
+                crc != _crc(bytes(head[:8]), message) if self.checksum else crc != 0
+            )
+            if bad:
                 error = CorruptFrameError(
                     f"frame {self.index - 1} at byte offset {start} fails its checksum",
                     offset=start,
@@ -294,7 +316,7 @@ def repair_stream(
     path = Path(path)
     size = path.stat().st_size
     try:
-        end = _check_whole(path, max_frame_bytes)
+        end, _ = _check_whole(path, max_frame_bytes)
     except TornFrameError as torn:
         end = torn.offset
     if end < size:
@@ -302,11 +324,13 @@ def repair_stream(
     return size - end
 
 
-def _check_whole(path: Path, max_frame_bytes: int) -> int:
-    """Walk a stream's frame headers (no payload reads); return the end of the last frame."""
+def _check_whole(path: Path, max_frame_bytes: int) -> tuple[int, bool]:
+    """Walk a stream's frame headers (no payload reads); return the end of the last frame
+    and whether the stream's frames carry checksums."""
     size = path.stat().st_size
     with open(path, "rb") as f:
-        offset = StreamReader(f, raw=True).offset  # validates the stream header
+        header = StreamReader(f, raw=True)  # validates the stream header
+        offset = header.offset
         index = 0
         while offset < size:
             f.seek(offset)
@@ -327,7 +351,7 @@ def _check_whole(path: Path, max_frame_bytes: int) -> int:
                 raise _torn(index, offset, length, available, "payload")
             offset += FRAME_HEADER.size + length
             index += 1
-        return offset
+        return offset, header.checksum
 
 
 def _torn(index: int, start: int, expected: int, available: int, part: str) -> TornFrameError:
@@ -352,7 +376,33 @@ def _read_exactly(f: IO[bytes], n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _readinto_exactly(f: IO[bytes], buffer: np.ndarray) -> int:
+def _read_payload(f: IO[bytes], length: int, *, known_size: bool) -> np.ndarray:
+    """Read up to ``length`` bytes into a fresh aligned buffer (shorter at end of input).
+
+    When the source's size is known the buffer is allocated at once; from a pipe it
+    grows a chunk at a time, so a torn frame declaring gigabytes costs only what arrived.
+    """
+    if known_size or length <= _CHUNK:
+        buffer = _aligned_empty(length)
+        return buffer[: _readinto(f, buffer)]
+    chunks = []
+    got = 0
+    while got < length:
+        chunk = _aligned_empty(min(_CHUNK, length - got))
+        n = _readinto(f, chunk)
+        chunks.append(chunk[:n])
+        got += n
+        if n < len(chunk):
+            break
+    buffer = _aligned_empty(got)
+    pos = 0
+    for chunk in chunks:
+        buffer[pos : pos + len(chunk)] = chunk
+        pos += len(chunk)
+    return buffer
+
+
+def _readinto(f: IO[bytes], buffer: np.ndarray) -> int:
     view = memoryview(buffer)
     got = 0
     while got < len(view):
@@ -364,7 +414,9 @@ def _readinto_exactly(f: IO[bytes], buffer: np.ndarray) -> int:
 
 
 def _remaining(f: IO[bytes]) -> int | None:
-    """Bytes left in a seekable regular file (lets us refuse a torn frame before allocating)."""
+    """Bytes left in a regular file or BytesIO (lets us refuse a torn frame before allocating)."""
+    if isinstance(f, io.BytesIO):
+        return f.getbuffer().nbytes - f.tell()
     try:
         if not f.seekable():
             return None

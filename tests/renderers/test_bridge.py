@@ -1,0 +1,197 @@
+"""``bridge_to_next_turn`` equals a full render with the sampled completion kept verbatim,
+never mutates its inputs, and says None (with a reason) when it cannot guarantee that."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.renderers.conftest import content, conversation, random_image
+
+
+def sample(renderer, text: str, *, stop: bool = True) -> list[int]:
+    """Completion ids as a model would sample them: the text's canonical tokens + stop."""
+    ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids + ([renderer.stop_token_ids[0]] if stop else [])
+
+
+def split_turns(messages):
+    """(history before the last assistant reply, that reply, the messages after it)."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return messages[:last], messages[last], messages[last + 1 :]
+
+
+def check_bridge(renderer, messages, *, stop=True):
+    history, reply, tail = split_turns(messages)
+    first = renderer.render(history)
+    completion = sample(renderer, reply["content"], stop=stop)
+    bridged = renderer.bridge_to_next_turn(
+        first.token_ids, completion, tail, previous_multi_modal_data=first.multi_modal_data
+    )
+    assert bridged is not None, dict(renderer.bridge_refusals)
+    full = renderer.render(messages)
+    assert bridged.token_ids == full.token_ids
+    assert bridged.multi_modal_data.mm_hashes == full.multi_modal_data.mm_hashes
+    assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
+    for a, b in zip(bridged.multi_modal_data.mm_items.get("image", []),
+                    full.multi_modal_data.mm_items.get("image", []), strict=True):  # fmt: skip
+        assert a is b  # the same cached inputs, carried forward, not reprocessed
+    # the previous turn's tokens and completion are kept verbatim
+    n = len(first.token_ids)
+    assert bridged.token_ids[:n] == first.token_ids
+    assert bridged.token_ids[n : n + len(completion)] == completion
+    return first, bridged
+
+
+def with_tail(seed, tail_kind):
+    rng = random.Random(seed)
+    pool = []
+    msgs = conversation(seed, max_turns=3)
+    msgs.append({"role": "assistant", "content": "I see three circles."})
+    if tail_kind == "user":
+        msgs.append({"role": "user", "content": content(rng, pool, 2, "And now?")})
+    else:
+        msgs.append(
+            {"role": "tool", "tool_call_id": "t1", "content": content(rng, pool, 2, "crop")}
+        )
+        if tail_kind == "tools":
+            msgs.append({"role": "tool", "tool_call_id": "t2", "content": "second result"})
+    return msgs
+
+
+def test_bridge_equals_full_render_after_user_turn(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    for seed in range(4):
+        check_bridge(renderer, with_tail(seed, "user"))
+
+
+def test_bridge_equals_full_render_after_tool_turns(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    for seed in range(4):
+        check_bridge(renderer, with_tail(seed, "tool"))
+        check_bridge(renderer, with_tail(seed, "tools"))
+
+
+def test_bridge_after_a_completion_cut_by_max_tokens(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    check_bridge(renderer, with_tail(0, "user"), stop=False)
+
+
+def test_bridge_chain_of_turns_keeps_earlier_images_unchanged(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    rng = random.Random(7)
+    pool = []
+    messages = [{"role": "user", "content": content(rng, pool, 2, "start")}]
+    rendered = renderer.render(messages)
+    for turn in range(5):
+        reply = f"move {turn}"
+        completion = sample(renderer, reply)
+        new = [{"role": "user", "content": content(rng, pool, 1, f"state {turn}")}]
+        before = rendered.multi_modal_data.copy()
+        bridged = renderer.bridge_to_next_turn(
+            rendered.token_ids, completion, new, previous_multi_modal_data=rendered.multi_modal_data
+        )
+        assert bridged is not None
+        k = before.num_items("image")
+        assert bridged.multi_modal_data.mm_placeholders["image"][:k] == before.mm_placeholders.get(
+            "image", []
+        )
+        messages += [{"role": "assistant", "content": reply}, *new]
+        assert bridged.token_ids == renderer.render(messages).token_ids
+        rendered = bridged
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 10_000), tail_kind=st.sampled_from(["user", "tool", "tools"]))
+def test_bridge_never_mutates_its_inputs(renderer_and_processor, seed, tail_kind):
+    renderer, _ = renderer_and_processor
+    messages = with_tail(seed, tail_kind)
+    history, reply, tail = split_turns(messages)
+    first = renderer.render(history)
+    completion = sample(renderer, reply["content"])
+    prompt_ids = list(first.token_ids)
+    data = first.multi_modal_data
+    snapshot = (
+        copy.deepcopy(data.mm_hashes),
+        copy.deepcopy(data.mm_placeholders),
+        {m: [id(i) for i in items] for m, items in data.mm_items.items()},
+    )
+    tail_copy = copy.deepcopy([{k: v for k, v in m.items()} for m in tail])
+    completion_copy = list(completion)
+    bridged = renderer.bridge_to_next_turn(
+        prompt_ids, completion, tail, previous_multi_modal_data=data
+    )
+    assert bridged is not None
+    assert prompt_ids == first.token_ids and completion == completion_copy
+    assert (data.mm_hashes, data.mm_placeholders) == snapshot[:2]
+    assert {m: [id(i) for i in items] for m, items in data.mm_items.items()} == snapshot[2]
+    assert [set(m) for m in tail] == [set(m) for m in tail_copy]
+    assert bridged.multi_modal_data is not data
+    assert bridged.token_ids is not prompt_ids
+
+
+def test_refuses_an_assistant_message_in_the_tail(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    first = renderer.render([{"role": "user", "content": "hi"}])
+    out = renderer.bridge_to_next_turn(
+        first.token_ids, sample(renderer, "hello"),
+        [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],
+        previous_multi_modal_data=first.multi_modal_data,
+    )  # fmt: skip
+    assert out is None
+    assert renderer.bridge_refusals["an assistant message in the new messages"] >= 1
+
+
+def test_refuses_image_tokens_without_their_data(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    image = {"type": "image", "image": random_image(random.Random(2))}
+    first = renderer.render(
+        [{"role": "user", "content": [image, {"type": "text", "text": "look"}]}]
+    )
+    out = renderer.bridge_to_next_turn(
+        first.token_ids, sample(renderer, "ok"), [{"role": "user", "content": "next"}],
+        previous_multi_modal_data=None,
+    )  # fmt: skip
+    assert out is None
+    assert any("image pad tokens" in reason for reason in renderer.bridge_refusals)
+
+
+def test_qwen3_refuses_after_reasoning_when_a_new_query_drops_it(checkpoints):
+    from vf_mm.renderers import load_renderer
+
+    renderer = load_renderer(checkpoints["qwen3_vl"])
+    first = renderer.render([{"role": "user", "content": "count"}])
+    completion = sample(renderer, "<think>\nlet me look\n</think>\n\nthree")
+    out = renderer.bridge_to_next_turn(
+        first.token_ids, completion, [{"role": "user", "content": "and now?"}],
+        previous_multi_modal_data=first.multi_modal_data,
+    )  # fmt: skip
+    assert out is None
+    assert renderer.bridge_refusals["the template drops the reasoning of earlier turns"] == 1
+
+
+def test_qwen3_bridges_tool_results_after_reasoning(checkpoints):
+    """Within one query (tool results only), Qwen3 keeps the reasoning: bridging is exact."""
+    from vf_mm.renderers import load_renderer
+
+    renderer = load_renderer(checkpoints["qwen3_vl"])
+    messages = [
+        {"role": "user", "content": "count"},
+        {"role": "assistant", "content": "", "reasoning_content": "let me zoom",
+         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "zoom", "arguments": {"x": 1}}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "crop"},
+    ]  # fmt: skip
+    first = renderer.render(messages[:1])
+    full = renderer.render(messages)
+    n = len(first.token_ids)
+    completion = full.token_ids[n : full.token_ids.index(renderer.stop_token_ids[0], n) + 1]
+    bridged = renderer.bridge_to_next_turn(
+        first.token_ids, completion, messages[2:], previous_multi_modal_data=first.multi_modal_data
+    )
+    assert bridged is not None
+    assert bridged.token_ids == full.token_ids

@@ -1,0 +1,81 @@
+"""``load_renderer``, ``RendererPool`` and ``is_multimodal``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.renderers.conftest import conversation
+from vf_mm.renderers import (
+    ChatTemplateRenderer,
+    RendererPool,
+    UnsupportedModelError,
+    is_multimodal,
+    load_renderer,
+)
+from vf_mm.renderers._hf import load_processor
+
+
+def test_loads_from_directory_processor_and_tokenizer(checkpoints, family):
+    from_dir = load_renderer(checkpoints[family])
+    processor = load_processor(checkpoints[family])
+    from_processor = load_renderer(processor)
+    from_tokenizer = load_renderer(processor.tokenizer)
+    assert is_multimodal(from_dir) and is_multimodal(from_processor)
+    assert not is_multimodal(from_tokenizer)
+    messages = [{"role": "user", "content": "hi"}]
+    assert from_dir.render(messages).token_ids == from_tokenizer.render(messages).token_ids
+    assert from_dir.stop_token_ids == (processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                                       processor.tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # fmt: skip
+
+
+def test_text_renderer_refuses_images_clearly(checkpoints):
+    text_only = load_renderer(load_processor(checkpoints["qwen2_vl"]).tokenizer)
+    with pytest.raises(Exception, match=r"message 0, part 0: .* no vision input"):
+        text_only.render(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "image": b"x"}, {"type": "text", "text": "?"}],
+                }
+            ]
+        )
+
+
+def test_unsupported_model_type_lists_what_is_supported(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llava"}')
+    with pytest.raises(UnsupportedModelError, match="supported: qwen2_vl, qwen2_5_vl, qwen3_vl"):
+        load_renderer(tmp_path)
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(UnsupportedModelError, match="not a checkpoint directory"):
+        load_renderer(tmp_path)
+
+
+def test_pool_is_multimodal_like_its_renderers(checkpoints):
+    pool = RendererPool(lambda: load_renderer(checkpoints["qwen2_vl"]), size=2)
+    assert is_multimodal(pool)
+    text_pool = RendererPool(
+        lambda: load_renderer(load_processor(checkpoints["qwen2_vl"]).tokenizer), size=1
+    )
+    assert not is_multimodal(text_pool)
+
+
+def test_pool_renders_from_threads(checkpoints):
+    pool = RendererPool(lambda: load_renderer(checkpoints["qwen2_5_vl"]), size=3)
+    single = load_renderer(checkpoints["qwen2_5_vl"])
+    expected = {seed: single.render(conversation(seed, max_turns=2)).token_ids for seed in range(6)}
+    results: dict[int, list[int]] = {}
+
+    def work(seed):
+        results[seed] = pool.render(conversation(seed, max_turns=2)).token_ids
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == expected
+    assert isinstance(single, ChatTemplateRenderer)

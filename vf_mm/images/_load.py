@@ -1,0 +1,91 @@
+"""``load_image``: any image source to a decoded, upright RGB ``PIL.Image.Image``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PIL import Image
+
+from vf_mm.errors import ImageError, ImageFetchError
+from vf_mm.images._data_url import decode_data_url
+from vf_mm.images._decode import check_dimensions, decode_bytes, to_rgb
+from vf_mm.images._fetch import Fetcher
+from vf_mm.images._guard import check_local_path, file_url_to_path
+from vf_mm.images._local import read_local_file
+from vf_mm.images._policy import ImagePolicy
+from vf_mm.images._source import Kind, classify, describe, looks_like_bare_base64
+
+__all__ = ["load_image"]
+
+_DEFAULT_POLICY = ImagePolicy()
+_DEFAULT_FETCHER = Fetcher()
+
+
+def load_image(
+    source: Any,
+    *,
+    policy: ImagePolicy | None = None,
+    where: str | None = None,
+    fetcher: Fetcher | None = None,
+) -> Image.Image:
+    """Load ``source`` as a fully decoded RGB image, as ``policy`` allows.
+
+    ``source``: a PIL image; encoded image bytes (``bytes``, ``bytearray``,
+    ``memoryview``); a ``data:image/...;base64,`` URL; a local path (``str`` or
+    ``os.PathLike``) or ``file://`` URL; an ``http(s)://`` URL; or a content part
+    (``{"type": "image_url", "image_url": {"url": ...}}``, ``{"type": "image",
+    "image": ...}``, or transformers' ``{"type": "image", "url" | "path": ...}``).
+
+    ``policy``: ``ImagePolicy()`` when None (any local path, no network). ``where``:
+    the image's place in a conversation (``"message 2, part 1"``), put in errors.
+    ``fetcher``: how http(s) is fetched (transport and DNS resolver); the default uses
+    httpx and ``socket.getaddrinfo``.
+
+    The result is always a new object (a PIL image passed in is never modified) in mode
+    ``RGB`` with its pixels loaded. Raises ``vf_mm.errors.ImageError``:
+    ``UnsafeImageSourceError``, ``ImageFetchError``, ``ImageDecodeError`` or
+    ``ImageTooLargeError``, naming the source (shortened, no secrets) and ``where``.
+    """
+    policy = _DEFAULT_POLICY if policy is None else policy
+    if not isinstance(policy, ImagePolicy):
+        raise TypeError(f"policy must be an ImagePolicy, not {type(policy).__name__}")
+    try:
+        return _load(source, policy, fetcher or _DEFAULT_FETCHER)
+    except ImageError as exc:
+        if exc.source is None:
+            exc.source = describe(source)
+        if exc.where is None:
+            exc.where = where
+        raise
+
+
+def _load(source: Any, policy: ImagePolicy, fetcher: Fetcher) -> Image.Image:
+    found = classify(source)
+    if found.kind is Kind.PIL:
+        image: Image.Image = found.value
+        check_dimensions(image.width, image.height, policy)
+        return to_rgb(image, owned=False)
+    if found.kind is Kind.BYTES:
+        return decode_bytes(found.value, policy)
+    if found.kind is Kind.DATA_URL:
+        return decode_bytes(decode_data_url(found.value, max_bytes=policy.max_bytes), policy)
+    if found.kind is Kind.HTTP_URL:
+        return decode_bytes(fetcher.fetch(found.value, policy), policy)
+    path = file_url_to_path(found.value) if found.kind is Kind.FILE_URL else found.value
+    checked = check_local_path(path, policy)
+    try:
+        data = read_local_file(
+            checked, max_bytes=policy.max_bytes, confined=policy.local_roots is not None
+        )
+    except ImageFetchError as exc:
+        if (
+            isinstance(found.value, str)
+            and found.kind is Kind.PATH
+            and looks_like_bare_base64(found.value)
+        ):
+            exc.reason += (
+                "; this looks like bare base64: pass it as data:image/png;base64,... "
+                "(or as the decoded bytes)"
+            )
+        raise
+    return decode_bytes(data, policy)

@@ -1,0 +1,166 @@
+"""The forms an image source may take, and how errors name one.
+
+``classify`` sorts a source into one kind (a PIL image, encoded bytes, a ``data:``
+URL, a local path, a ``file://`` URL, an ``http(s)://`` URL), unwrapping content-part
+dicts first. ``describe`` names a source in an error message: short, and free of
+secrets (no base64 payload, no query string, no credentials).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit
+
+from PIL import Image
+
+from vf_mm.errors import ImageDecodeError, UnsafeImageSourceError
+
+__all__ = ["Kind", "Source", "classify", "describe", "looks_like_bare_base64"]
+
+_MAX_SHOWN = 120  # characters of a URL or path shown in an error
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+_BASE64ISH = re.compile(r"^[A-Za-z0-9+/=\s_-]{256,}$")
+
+
+class Kind(Enum):
+    PIL = "pil"
+    BYTES = "bytes"
+    DATA_URL = "data_url"
+    PATH = "path"
+    FILE_URL = "file_url"
+    HTTP_URL = "http_url"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    kind: Kind
+    value: Any  # Image.Image | bytes-like | str | os.PathLike
+
+
+def _unwrap_part(part: dict[str, Any]) -> Any:
+    """The source inside a content part: OpenAI ``{"type": "image_url", "image_url":
+    {"url": ...}}`` (or ``"image_url": "..."``), vf_mm ``{"type": "image", "image":
+    ...}``, or transformers' ``{"type": "image", "url" | "path": ...}``."""
+    kind = part.get("type")
+    if kind == "image_url":
+        inner = part.get("image_url")
+        if isinstance(inner, dict):
+            inner = inner.get("url")
+        if not isinstance(inner, str):
+            raise ImageDecodeError(
+                'an "image_url" content part needs {"image_url": {"url": "..."}}, '
+                f"got {_shape(part)}"
+            )
+        return inner
+    if kind == "image":
+        present = [k for k in ("image", "url", "path") if part.get(k) is not None]
+        if len(present) != 1:
+            raise ImageDecodeError(
+                'an "image" content part needs exactly one of "image", "url" or "path", '
+                f"got {_shape(part)}"
+            )
+        inner = part[present[0]]
+        if isinstance(inner, dict):
+            raise ImageDecodeError('an "image" content part cannot hold another content part')
+        return inner
+    raise ImageDecodeError(
+        f'a content part of type {kind!r} holds no image (expected "image" or "image_url")'
+    )
+
+
+def _shape(part: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k!r}: {type(v).__name__}" for k, v in part.items()) + "}"
+
+
+def classify(source: Any) -> Source:
+    """Sort ``source`` into its ``Kind`` (content parts unwrapped). Raises
+    ``ImageDecodeError`` for a value that is no image source and
+    ``UnsafeImageSourceError`` for a URL scheme we never read."""
+    if isinstance(source, dict):
+        source = _unwrap_part(source)
+    if isinstance(source, Image.Image):
+        return Source(Kind.PIL, source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return Source(Kind.BYTES, source)
+    if isinstance(source, os.PathLike):
+        return Source(Kind.PATH, source)
+    if isinstance(source, str):
+        match = _SCHEME.match(source)
+        # one letter before ":" is a Windows drive (C:\...), not a scheme
+        scheme = match.group(1).lower() if match and len(match.group(1)) > 1 else None
+        if scheme is None:
+            return Source(Kind.PATH, source)
+        if scheme == "data":
+            return Source(Kind.DATA_URL, source)
+        if scheme in ("http", "https"):
+            return Source(Kind.HTTP_URL, source)
+        if scheme == "file":
+            return Source(Kind.FILE_URL, source)
+        raise UnsafeImageSourceError(
+            f"URL scheme {scheme!r} is not read (only data:, file:, http: and https:); "
+            "for a local file whose name has a colon, pass a pathlib.Path or './name'"
+        )
+    raise ImageDecodeError(
+        f"an image source must be a PIL image, bytes, a data:/file:/http(s): URL, a path "
+        f"or a content-part dict, not {type(source).__name__}"
+    )
+
+
+def _shorten(text: str, limit: int = _MAX_SHOWN) -> str:
+    if len(text) <= limit:
+        return text
+    keep = limit - 1
+    return text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
+
+
+def _redact_url(url: str) -> str:
+    """The URL without credentials, query string or fragment (signed URLs carry secrets
+    there), shortened."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _shorten(url.split("?", 1)[0].split("#", 1)[0])
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "…@" + netloc.rsplit("@", 1)[1]
+    shown = f"{parts.scheme}://{netloc}{parts.path}"
+    if parts.query or parts.fragment:
+        shown += "?…"
+    return _shorten(shown)
+
+
+def describe(source: Any) -> str:
+    """A short, secret-free name for ``source`` in an error message."""
+    if isinstance(source, dict):
+        try:
+            return describe(_unwrap_part(source))
+        except ImageDecodeError:
+            return f"<content part {_shorten(_shape(source), 80)}>"
+    if isinstance(source, Image.Image):
+        return f"<PIL image {source.mode} {source.width}x{source.height}>"
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{memoryview(source).nbytes} bytes>"
+    if isinstance(source, os.PathLike):
+        return _shorten(repr(os.fspath(source)))
+    if isinstance(source, str):
+        head = source[:5].lower()
+        if head == "data:":
+            comma = source.find(",", 0, 200)
+            header = source[:comma] if comma >= 0 else source[:40]
+            return f"{_shorten(header, 80)},… ({len(source)} chars)"
+        if _SCHEME.match(source) and not re.match(r"^[A-Za-z]:", source):
+            return _redact_url(source)
+        if _BASE64ISH.match(source[:4096]):
+            return f"{source[:16]!r}… ({len(source)} chars)"
+        return _shorten(repr(source))
+    return f"<{type(source).__name__}>"
+
+
+def looks_like_bare_base64(text: str) -> bool:
+    """A long string of base64 characters only: likely an image someone forgot to wrap
+    as ``data:image/...;base64,...`` (we do not guess; the error says how to wrap it)."""
+    return bool(_BASE64ISH.match(text[:4096])) and "." not in text

@@ -1,0 +1,87 @@
+"""``load_renderer``: pick the renderer for a checkpoint directory, processor or tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vf_mm.images import ImagePolicy
+from vf_mm.renderers._hf import QWEN_VL_FAMILIES, UnsupportedModelError, load_processor, model_type
+from vf_mm.renderers._template import ChatTemplateRenderer
+from vf_mm.renderers._vision import VisionSpec
+
+SUPPORTED = (*QWEN_VL_FAMILIES, "any text model with a chat template")
+
+
+def load_renderer(
+    model: Any,
+    *,
+    image_policy: ImagePolicy | None = None,
+    cache_size: int = 512,
+    template_kwargs: dict[str, Any] | None = None,
+) -> ChatTemplateRenderer:
+    """A renderer for ``model``: a checkpoint directory, a loaded HF processor, or a tokenizer.
+
+    Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints get image support; any other
+    checkpoint with a tokenizer chat template gets a text renderer.
+    ``image_policy`` decides which image sources may be read (``vf_mm.images``).
+    """
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
+            raise UnsupportedModelError(
+                f"{path} is not a checkpoint directory (no config.json or tokenizer_config.json)"
+            )
+        family = model_type(path) if (path / "config.json").exists() else None
+        if family in QWEN_VL_FAMILIES:
+            return _from_processor(
+                load_processor(path), family, image_policy, cache_size, template_kwargs
+            )
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise UnsupportedModelError(
+                f"{path}: model type {family!r} is not a vision family vf_mm renders and its "
+                f"tokenizer does not load as a text model ({str(exc).splitlines()[0]}); "
+                f"supported: {', '.join(SUPPORTED)}"
+            ) from None
+        return ChatTemplateRenderer(tokenizer, name=str(path), template_kwargs=template_kwargs)
+    if hasattr(model, "image_processor") and hasattr(model, "tokenizer"):
+        name = type(model).__name__.lower()
+        family = next(
+            (f for f in QWEN_VL_FAMILIES if f.replace("_", "") in name.replace("_", "")), None
+        )
+        if family is None:
+            raise UnsupportedModelError(
+                f"no renderer for processor {type(model).__name__}; supported: {', '.join(SUPPORTED)}"
+            )
+        return _from_processor(model, family, image_policy, cache_size, template_kwargs)
+    if hasattr(model, "apply_chat_template"):
+        return ChatTemplateRenderer(
+            model, name=getattr(model, "name_or_path", ""), template_kwargs=template_kwargs
+        )
+    raise UnsupportedModelError(
+        f"cannot load a renderer from {type(model).__name__}: pass a checkpoint directory, "
+        f"a processor or a tokenizer (supported: {', '.join(SUPPORTED)})"
+    )
+
+
+def _from_processor(
+    processor: Any, family: str, policy: ImagePolicy | None, cache_size: int, template_kwargs: Any
+) -> ChatTemplateRenderer:
+    tokenizer = processor.tokenizer
+    if not getattr(tokenizer, "chat_template", None) and getattr(processor, "chat_template", None):
+        tokenizer.chat_template = processor.chat_template
+    token = "<|image_pad|>"
+    vision = VisionSpec(
+        processor.image_processor,
+        image_token=token,
+        image_token_id=tokenizer.convert_tokens_to_ids(token),
+        policy=policy,
+        cache_size=cache_size,
+    )
+    return ChatTemplateRenderer(
+        tokenizer, vision=vision, name=family, template_kwargs=template_kwargs
+    )

