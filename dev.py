@@ -51,7 +51,7 @@ JOBS = {
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
         [PY, "-m", "pytest", "-q", "-m", "not slow"],
     ],
-    "bench": [[PY, "bench/codec.py"]],
+    "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"]],
     "slow": [[PY, "-m", "pytest", "-q", "-m", "slow"]],
 }
 

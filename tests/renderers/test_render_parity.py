@@ -125,3 +125,28 @@ def test_real_qwen_vocabulary(tmp_path):
     for seed in range(3):
         messages = conversation(seed, max_turns=3)
         assert_same(renderer.render(messages), reference(processor, messages), 151655)
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "zoom",
+            "description": "Crop a region of the image.",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_with_tools(renderer_and_processor, seed):
+    renderer, processor = renderer_and_processor
+    messages = conversation(seed, max_turns=3)
+    ours = renderer.render(messages, tools=TOOLS)
+    ref = reference(processor, messages, tools=TOOLS)
+    assert_same(ours, ref, renderer.vision.image_token_id)

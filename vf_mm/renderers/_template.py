@@ -189,7 +189,7 @@ class ChatTemplateRenderer:
         return rest[at + len(_CONTENT) :]
 
     def _probe_prompt(self, user: dict[str, Any], tools: Any) -> str:
-        key = json.dumps(tools, sort_keys=True, default=str)
+        key = f"{hash(self.tokenizer.chat_template)}:{json.dumps(tools, sort_keys=True, default=str)}"
         with self._lock:
             cached = self._probe_cache.get(key)
         if cached is None:
