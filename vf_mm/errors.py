@@ -8,6 +8,11 @@ against the standard exceptions keeps working.
 ::
 
     VfMmError
+    ├── BackendError                           an inference request that failed (after retries)
+    │   ├── BackendUnavailableError            no answer: connection refused or reset, timeout
+    │   ├── BackendHTTPError                   the server answered an error status (and its message)
+    │   ├── BackendProtocolError               an answer that does not parse or breaks the schema
+    │   └── PromptTooLongError (ValueError)    refused before sending: longer than the model allows
     ├── ImageError (ValueError)                an image that vf_mm.images cannot load
     │   ├── UnsafeImageSourceError             the ImagePolicy refused where it comes from
     │   ├── ImageFetchError                    reading it failed (network, HTTP status, timeout)
@@ -15,6 +20,8 @@ against the standard exceptions keeps working.
     │   └── ImageTooLargeError                 over the policy's byte or pixel limit
     ├── MissingDependencyError (ImportError)   an optional library is needed for this input
     ├── MultiModalDataError (ValueError)       a multi-modal sidecar breaks the DESIGN.md rules
+    ├── RenderError (ValueError)               messages a renderer cannot turn into tokens
+    │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
     ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
     └── WireError                              the msgpack tensor codec and framed streams
         ├── EncodeError (TypeError)            a value the codec cannot put on the wire
@@ -32,6 +39,10 @@ so a failed item can be reported and skipped without losing the rest of a run.
 from __future__ import annotations
 
 __all__ = [
+    "BackendError",
+    "BackendHTTPError",
+    "BackendProtocolError",
+    "BackendUnavailableError",
     "CorruptFrameError",
     "DecodeError",
     "EncodeError",
@@ -42,11 +53,14 @@ __all__ = [
     "ImageTooLargeError",
     "MissingDependencyError",
     "MultiModalDataError",
+    "PromptTooLongError",
+    "RenderError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
     "TrajectoryError",
     "UnsafeImageSourceError",
+    "UnsupportedModelError",
     "VfMmError",
     "WireError",
 ]
@@ -123,6 +137,48 @@ class ImageDecodeError(ImageError):
 class ImageTooLargeError(ImageError):
     """Over the policy's ``max_bytes`` or ``max_pixels`` (decompression bombs included),
     found before the pixels are decoded."""
+
+
+class RenderError(VfMmError, ValueError):
+    """Messages a renderer cannot turn into tokens (an image for a text-only model, ...)."""
+
+
+class UnsupportedModelError(RenderError):
+    """A checkpoint (or processor) whose model type vf_mm has no renderer for."""
+
+
+class BackendError(VfMmError):
+    """An inference request that failed; ``backend`` names the server or model."""
+
+    def __init__(self, message: str, *, backend: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
+class BackendUnavailableError(BackendError):
+    """No usable answer: connection refused or reset, a timeout, a body cut off mid-way."""
+
+
+class BackendHTTPError(BackendError):
+    """The server answered with an error status; ``status`` and the server's ``detail``."""
+
+    def __init__(self, message: str, *, backend: str = "", status: int, detail: str = "") -> None:
+        super().__init__(message, backend=backend)
+        self.status = status
+        self.detail = detail
+
+
+class BackendProtocolError(BackendError):
+    """An answer that is not JSON, or that breaks the schema we expect."""
+
+
+class PromptTooLongError(BackendError, ValueError):
+    """A request refused before sending: prompt plus max_tokens exceed the model's length."""
+
+    def __init__(self, message: str, *, backend: str = "", prompt_tokens: int, limit: int) -> None:
+        super().__init__(message, backend=backend)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
 
 
 class WireError(VfMmError):

@@ -12,9 +12,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vf-mm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"vf-mm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from vf_mm.cli import _stream
+    from vf_mm.cli import _serve, _stream
 
     _stream.register(sub)
+    _serve.register(sub)
     return parser
 
 

@@ -92,6 +92,8 @@ def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int
         console.print(table)
         console.print(f"[red]{type(exc).__name__}:[/] {exc}")
         return 1
+    if frames > args.frames:
+        table.add_row("…", "", f"{frames - args.frames} more frames", "", "")
     console.print(table)
     console.print(
         f"{frames} frames, {tensor_count} tensors, {tensor_bytes / 1e6:.1f} MB of tensor data, "

@@ -8,11 +8,11 @@ tools=None, previous_multi_modal_data=None)`` (None means "re-render"),
 renderers across threads; ``is_multimodal`` answers for a renderer or a pool.
 """
 
-from vf_mm.renderers._hf import UnsupportedModelError
+from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.renderers._load import load_renderer
 from vf_mm.renderers._parse import ParsedResponse
 from vf_mm.renderers._pool import RendererPool, is_multimodal
-from vf_mm.renderers._template import ChatTemplateRenderer, RenderError
+from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 
 __all__ = [

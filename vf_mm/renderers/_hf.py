@@ -15,13 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from vf_mm.errors import VfMmError
+from vf_mm.errors import UnsupportedModelError
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-
-
-class UnsupportedModelError(VfMmError, ValueError):
-    """A checkpoint whose model type vf_mm has no renderer for."""
 
 
 def image_processor_class(family: str) -> type:

@@ -35,6 +35,11 @@ class RendererPool:
         return len(self._all)
 
     @property
+    def renderers(self) -> tuple[Any, ...]:
+        """Every renderer of the pool (for reading their counters, not for rendering)."""
+        return tuple(self._all)
+
+    @property
     def is_multimodal(self) -> bool:
         return is_multimodal(self._all[0])
 
@@ -57,6 +62,10 @@ class RendererPool:
     def bridge_to_next_turn(self, *args: Any, **kwargs: Any) -> Any:
         with self.renderer() as r:
             return r.bridge_to_next_turn(*args, **kwargs)
+
+    def try_bridge(self, *args: Any, **kwargs: Any) -> Any:
+        with self.renderer() as r:
+            return r.try_bridge(*args, **kwargs)
 
     def parse_response(self, *args: Any, **kwargs: Any) -> Any:
         with self.renderer() as r:

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vf_mm.errors import VfMmError
+from vf_mm.errors import RenderError
 from vf_mm.renderers._parse import ParsedResponse, parse_text
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
@@ -36,10 +36,6 @@ _USER = "\ue000vf_mm user probe\ue000"
 _CONTENT = "\ue000vf_mm content probe\ue000"
 _REASONING = "\ue000vf_mm reasoning probe\ue000"
 _IMAGE_TYPES = ("image", "image_url")
-
-
-class RenderError(VfMmError, ValueError):
-    """Messages the renderer cannot turn into tokens (no vision, template/image mismatch...)."""
 
 
 class ChatTemplateRenderer:
@@ -104,7 +100,27 @@ class ChatTemplateRenderer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         previous_multi_modal_data: MultiModalData | None = None,
     ) -> RenderedTokens | None:
-        """The next turn's prompt, built on the previous turn's tokens; None to re-render."""
+        """The next turn's prompt, built on the previous turn's tokens; None to re-render
+        (the reason is counted in ``bridge_refusals``)."""
+        out = self.try_bridge(
+            previous_prompt_ids,
+            previous_completion_ids,
+            new_messages,
+            tools=tools,
+            previous_multi_modal_data=previous_multi_modal_data,
+        )
+        return out if isinstance(out, RenderedTokens) else None
+
+    def try_bridge(
+        self,
+        previous_prompt_ids: Sequence[int],
+        previous_completion_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        previous_multi_modal_data: MultiModalData | None = None,
+    ) -> RenderedTokens | str:
+        """``bridge_to_next_turn``, but a refusal comes back as its reason (a str)."""
         reason = self._bridge_refusal(
             previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
         )
@@ -189,7 +205,9 @@ class ChatTemplateRenderer:
         return rest[at + len(_CONTENT) :]
 
     def _probe_prompt(self, user: dict[str, Any], tools: Any) -> str:
-        key = f"{hash(self.tokenizer.chat_template)}:{json.dumps(tools, sort_keys=True, default=str)}"
+        key = (
+            f"{hash(self.tokenizer.chat_template)}:{json.dumps(tools, sort_keys=True, default=str)}"
+        )
         with self._lock:
             cached = self._probe_cache.get(key)
         if cached is None:
@@ -198,10 +216,10 @@ class ChatTemplateRenderer:
                 self._probe_cache[key] = cached
         return cached
 
-    def _refuse(self, reason: str) -> None:
+    def _refuse(self, reason: str) -> str:
         with self._lock:
             self.bridge_refusals[reason] += 1
-        return None
+        return reason
 
     # -- parse --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ write through one of them would silently corrupt the others, so it raises instea
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ class VisionSpec:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.processing_s = 0.0  # time spent inside the image processor (cache misses)
 
     def process(self, part: Any, *, where: str) -> ProcessedImage:
         """Load one image content part and return its (cached) model inputs."""
@@ -64,6 +66,7 @@ class VisionSpec:
                 self._cache.move_to_end(key)
                 self.hits += 1
                 return cached
+        start = time.perf_counter()
         out = self.image_processor(images=[image], return_tensors="np")
         pixel_values = np.ascontiguousarray(out["pixel_values"])
         grid = np.ascontiguousarray(out["image_grid_thw"]).astype(np.int64, copy=False)
@@ -75,6 +78,7 @@ class VisionSpec:
             item={"pixel_values": pixel_values, "image_grid_thw": grid},
         )
         with self._lock:
+            self.processing_s += time.perf_counter() - start
             self.misses += 1
             self._cache[key] = processed
             while len(self._cache) > self.cache_size:

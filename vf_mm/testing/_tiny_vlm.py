@@ -27,7 +27,7 @@ _PIXELS = {
     "qwen3_vl": dict(patch_size=16, min_tokens=4, max_tokens=256),
 }
 
-_TEXT = dict(
+TEXT_SHAPE = dict(
     hidden_size=128,
     intermediate_size=256,
     num_hidden_layers=2,
@@ -110,7 +110,7 @@ def _model_config(family: str, tokenizer: Any) -> Any:
     }
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     text: dict[str, Any] = dict(
-        _TEXT,
+        TEXT_SHAPE,
         vocab_size=len(tokenizer),
         bos_token_id=None,
         eos_token_id=eos,

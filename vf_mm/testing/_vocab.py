@@ -139,7 +139,15 @@ def _from_tiktoken(path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     converter = TikTokenConverter(vocab_file=str(path), pattern=QWEN2_SPLIT)
-    vocab, merges = converter.extract_vocab_merges_from_model(str(path))
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""  # a local file: tiktoken must not copy it to /tmp
+    try:
+        vocab, merges = converter.extract_vocab_merges_from_model(str(path))
+    finally:
+        if saved is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved
     return vocab, [tuple(m) for m in merges]
 
 

@@ -1,0 +1,227 @@
+"""LocalBackend: batches concurrent requests, samples each row by its own rules, never
+samples image tokens, fails a bad request alone, swaps weights between batches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vf_mm.errors import BackendError, PromptTooLongError
+from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
+from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_tiny_vlm(tmp_path_factory.mktemp("local") / "m", "qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def renderer(checkpoint):
+    return load_renderer(checkpoint)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def with_backend(checkpoint, fn, **kwargs):
+    async def main():
+        backend = LocalBackend(checkpoint, **kwargs)
+        try:
+            return await fn(backend)
+        finally:
+            await backend.aclose()
+
+    return run(main())
+
+
+def image_prompt(renderer, seed=0):
+    img = Image.fromarray(
+        np.random.default_rng(seed).integers(0, 256, (112, 168, 3), dtype=np.uint8)
+    )
+    return renderer.render(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": img}, {"type": "text", "text": "?"}],
+            }
+        ]
+    )
+
+
+def text_prompt(renderer, text="Hello, how many circles?"):
+    return renderer.render([{"role": "user", "content": text}])
+
+
+def test_tokens_and_logprobs_come_back_parallel(checkpoint, renderer):
+    prompt = text_prompt(renderer)
+
+    async def go(b):
+        return await b.generate(
+            GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=7, seed=3))
+        )
+
+    out = with_backend(checkpoint, go)
+    assert len(out.completion_ids) == 7 and out.finish_reason == "length"
+    assert len(out.logprobs) == 7 and all(lp <= 0 for lp in out.logprobs)
+    assert out.usage.prompt_tokens == len(prompt.token_ids) and out.usage.completion_tokens == 7
+
+
+def test_same_seed_same_tokens_alone_or_batched(checkpoint, renderer):
+    text, image = text_prompt(renderer), image_prompt(renderer)
+    seeded = GenerateRequest(
+        image.token_ids, SamplingParams(max_tokens=6, seed=11), image.multi_modal_data
+    )
+
+    async def go(b):
+        alone = await b.generate(seeded)
+        others = [
+            GenerateRequest(text.token_ids, SamplingParams(max_tokens=4, seed=s, temperature=0.8))
+            for s in range(3)
+        ]
+        batched = await asyncio.gather(b.generate(seeded), *(b.generate(o) for o in others))
+        return alone, batched, b.batches_run
+
+    alone, batched, batches = with_backend(checkpoint, go, batch_window_ms=50)
+    assert batched[0].completion_ids == alone.completion_ids
+    assert batches == 2  # the four concurrent requests shared one batch
+
+
+def test_greedy_is_top_k_one(checkpoint, renderer):
+    prompt = text_prompt(renderer)
+
+    async def go(b):
+        greedy = await b.generate(
+            GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=5, temperature=0))
+        )
+        top1 = await b.generate(
+            GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=5, top_k=1, seed=9))
+        )
+        return greedy, top1
+
+    greedy, top1 = with_backend(checkpoint, go)
+    assert greedy.completion_ids == top1.completion_ids
+
+
+def test_stops_at_a_stop_token_and_keeps_it(checkpoint, renderer):
+    prompt = text_prompt(renderer)
+
+    async def go(b):
+        first = await b.generate(
+            GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=5, temperature=0))
+        )
+        stop = first.completion_ids[2]
+        again = await b.generate(
+            GenerateRequest(
+                prompt.token_ids,
+                SamplingParams(max_tokens=5, temperature=0, stop_token_ids=(stop,)),
+            )
+        )
+        return first, again, stop
+
+    first, again, stop = with_backend(checkpoint, go)
+    cut = first.completion_ids.index(stop) + 1
+    assert again.completion_ids == first.completion_ids[:cut]
+    assert again.finish_reason == "stop" and again.stop_reason == stop
+    assert len(again.logprobs) == cut
+
+
+def test_never_samples_image_or_vision_tokens(checkpoint, renderer):
+    """Even when the weights make the image pad the most likely token by far."""
+    prompt = text_prompt(renderer)
+
+    async def go(b):
+        state = {k: v.clone() for k, v in b.model.state_dict().items()}
+        head = "lm_head.weight"
+        for token in b.suppress_token_ids:
+            state[head][token] = state[head].abs().max() * 50 * torch.sign(state[head][0] + 1e-9)
+        b.load_weights(state)
+        return await b.generate(
+            GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=12, seed=1))
+        ), b
+
+    out, b = with_backend(checkpoint, go)
+    assert not set(out.completion_ids) & set(b.suppress_token_ids)
+
+
+def test_load_weights_changes_the_policy_between_batches(checkpoint, renderer):
+    prompt = text_prompt(renderer)
+    request = GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=5, temperature=0))
+
+    async def go(b):
+        before = await b.generate(request)
+        state = {
+            k: torch.randn_like(v) if v.dtype.is_floating_point else v
+            for k, v in b.model.state_dict().items()
+        }
+        b.load_weights(state)
+        after = await b.generate(request)
+        return before, after, b.weights_version
+
+    before, after, version = with_backend(checkpoint, go)
+    assert version == 1
+    assert before.completion_ids != after.completion_ids
+
+
+def test_a_bad_request_fails_alone(checkpoint, renderer):
+    good, image = text_prompt(renderer), image_prompt(renderer)
+
+    async def go(b):
+        bad = GenerateRequest(image.token_ids, SamplingParams(max_tokens=3), None)  # pads, no data
+        results = await asyncio.gather(
+            b.generate(bad),
+            b.generate(GenerateRequest(good.token_ids, SamplingParams(max_tokens=3))),
+            return_exceptions=True,
+        )
+        return results
+
+    bad, ok = with_backend(checkpoint, go)
+    assert isinstance(bad, BackendError) and "image pad tokens" in str(bad)
+    assert len(ok.completion_ids) == 3
+
+
+def test_prompt_too_long_is_refused_before_generation(checkpoint, renderer):
+    async def go(b):
+        with pytest.raises(PromptTooLongError, match="100 tokens"):
+            await b.generate(GenerateRequest([1] * 100, SamplingParams(max_tokens=50)))
+        return b.batches_run
+
+    assert with_backend(checkpoint, go, max_model_len=128) == 0
+
+
+def test_cancelled_request_does_not_break_the_others(checkpoint, renderer):
+    prompt = text_prompt(renderer)
+
+    async def go(b):
+        slow = asyncio.create_task(
+            b.generate(GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=40)))
+        )
+        await asyncio.sleep(0)
+        slow.cancel()
+        ok = await b.generate(GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=2)))
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        return ok
+
+    assert len(with_backend(checkpoint, go).completion_ids) == 2
+
+
+def test_images_reach_the_model(checkpoint, renderer):
+    """Two different images in the same text give different greedy continuations."""
+    a, b_ = image_prompt(renderer, 1), image_prompt(renderer, 2)
+
+    async def go(b):
+        sp = SamplingParams(max_tokens=8, temperature=0)
+        return await asyncio.gather(
+            b.generate(GenerateRequest(a.token_ids, sp, a.multi_modal_data)),
+            b.generate(GenerateRequest(b_.token_ids, sp, b_.multi_modal_data)),
+        )
+
+    out_a, out_b = with_backend(checkpoint, go)
+    assert out_a.logprobs != out_b.logprobs

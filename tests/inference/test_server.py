@@ -1,0 +1,924 @@
+"""``vf-mm serve``: vLLM's token-in/token-out route, the chat route, and the CLI.
+
+Most tests talk to ``create_app`` in-process through starlette's TestClient; one starts
+the real ``vf-mm serve`` command on a free 127.0.0.1 port and talks HTTP to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from starlette.testclient import TestClient
+
+from vf_mm.inference import GenerateResult, LocalBackend, Usage
+from vf_mm.inference._server import create_app
+from vf_mm.renderers import load_renderer
+
+MODEL = "tiny"
+
+
+def _has_mm_kwargs() -> bool:
+    try:
+        from vf_mm.inference import _mm_kwargs
+
+        return hasattr(_mm_kwargs, "encode_kwargs_item")
+    except ImportError:
+        return False
+
+
+HAS_MM_KWARGS = _has_mm_kwargs()
+
+
+# -- fixtures --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_vlm_checkpoint):
+    return load_renderer(tiny_vlm_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_vlm_checkpoint):
+    b = LocalBackend(tiny_vlm_checkpoint, batch_window_ms=1)
+    yield b
+    asyncio.run(b.aclose())
+
+
+@pytest.fixture(scope="module")
+def client(backend, renderer):
+    with TestClient(create_app(backend, renderer=renderer, model_name=MODEL)) as c:
+        yield c
+
+
+@pytest.fixture
+def stand_in_codec(monkeypatch):
+    """A stand-in for the real kwargs_data codec (pickle-free: JSON of lists in base64)."""
+    import json
+
+    from vf_mm.inference import _server
+
+    def encode(item: dict[str, Any]) -> str:
+        data = {
+            k: {"dtype": str(np.asarray(v).dtype), "data": np.asarray(v).tolist()}
+            for k, v in item.items()
+        }
+        return base64.b64encode(json.dumps(data).encode()).decode()
+
+    def decode(b64: str) -> dict[str, np.ndarray]:
+        try:
+            data = json.loads(base64.b64decode(b64, validate=True))
+        except Exception as exc:
+            raise ValueError(f"not a stand-in item: {exc}") from None
+        return {k: np.asarray(v["data"], dtype=v["dtype"]) for k, v in data.items()}
+
+    monkeypatch.setattr(_server, "_decode_item", decode)
+    return encode
+
+
+def _image(seed: int = 0, size: tuple[int, int] = (56, 56)) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def _data_url(image: Image.Image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _text_ids(renderer, text: str = "Count the circles.") -> list[int]:
+    return renderer.render([{"role": "user", "content": text}]).token_ids
+
+
+def _image_request(renderer, encode, *, seed: int = 0, size=(56, 56), **sampling) -> dict:
+    """A features-mode request body built from the renderer's output for one image."""
+    rendered = renderer.render(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": _image(seed, size)},
+                    {"type": "text", "text": "What is it?"},
+                ],
+            }
+        ]
+    )
+    mm = rendered.multi_modal_data
+    return {
+        "token_ids": rendered.token_ids,
+        "features": {
+            "mm_hashes": {"image": list(mm.mm_hashes["image"])},
+            "mm_placeholders": {
+                "image": [
+                    {"offset": p.offset, "length": p.length} for p in mm.mm_placeholders["image"]
+                ]
+            },
+            "kwargs_data": {"image": [encode(item) for item in mm.mm_items["image"]]},
+        },
+        "sampling_params": {"max_tokens": 6, "temperature": 0.0, **sampling},
+    }
+
+
+def _real_encode(item: dict[str, Any]) -> str:
+    from vf_mm.inference._mm_kwargs import encode_kwargs_item
+
+    return encode_kwargs_item(item)
+
+
+def _generate(client, body: dict) -> httpx.Response:
+    return client.post("/inference/v1/generate", json=body)
+
+
+def _error(response: httpx.Response, status: int = 400) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}
+    assert error["code"] == status
+    return error["message"]
+
+
+# -- /inference/v1/generate: tokens ----------------------------------------------------
+
+
+def test_generate_tokens_in_tokens_and_logprobs_out(client, renderer):
+    ids = _text_ids(renderer)
+    body = {
+        "token_ids": ids,
+        "sampling_params": {"max_tokens": 8, "seed": 3, "logprobs": 0},
+        "return_token_ids": True,
+        "request_id": "abc",
+        "model": MODEL,
+    }
+    r = _generate(client, body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    choice = out["choices"][0]
+    assert 1 <= len(choice["token_ids"]) <= 8
+    assert choice["finish_reason"] in ("stop", "length")
+    content = choice["logprobs"]["content"]
+    assert [c["token_id"] for c in content] == choice["token_ids"]
+    assert all(c["logprob"] <= 0 for c in content)
+    assert all(c["top_logprobs"][0]["token_id"] == c["token_id"] for c in content)
+    assert out["prompt_token_ids"] == ids
+    assert out["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(choice["token_ids"]),
+        "total_tokens": len(ids) + len(choice["token_ids"]),
+    }
+    assert out["request_id"] == "generate-tokens-abc"
+    # no logprobs asked, none returned; no return_token_ids, no prompt ids
+    r = _generate(client, {"token_ids": ids, "sampling_params": {"max_tokens": 2}})
+    assert r.json()["choices"][0]["logprobs"] is None
+    assert "prompt_token_ids" not in r.json()
+
+
+def test_seed_repeats_and_seeds_differ(client, renderer):
+    def sample(seed: int) -> list[int]:
+        body = {
+            "token_ids": _text_ids(renderer),
+            "sampling_params": {"max_tokens": 12, "seed": seed},
+        }
+        r = _generate(client, body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_stop_token_ids_end_the_completion(client, renderer):
+    body = {
+        "token_ids": _text_ids(renderer),
+        "sampling_params": {"max_tokens": 12, "temperature": 0},
+    }
+    free = _generate(client, body).json()["choices"][0]["token_ids"]
+    assert len(free) >= 4
+    stop = free[3]
+    body["sampling_params"]["stop_token_ids"] = [stop]
+    choice = _generate(client, body).json()["choices"][0]
+    assert choice["token_ids"] == free[: free.index(stop) + 1]
+    assert choice["finish_reason"] == "stop"
+    assert choice["stop_reason"] == stop
+
+
+def test_default_max_tokens_and_too_long_prompt(client, renderer):
+    ids = _text_ids(renderer)
+    message = _error(
+        _generate(client, {"token_ids": ids, "sampling_params": {"max_tokens": 10**6}})
+    )
+    assert "8192" in message and str(len(ids)) in message and str(10**6) in message
+    message = _error(_generate(client, {"token_ids": [1] * 8192, "sampling_params": {}}))
+    assert "8192" in message
+
+
+# -- /inference/v1/generate: images in features mode -----------------------------------
+
+
+def _features_round_trip(client, renderer, encode):
+    body = _image_request(renderer, encode, seed=11)
+    r = _generate(client, body)
+    assert r.status_code == 200, r.text
+    first = r.json()["choices"][0]["token_ids"]
+    # the same image by hash only: resolved from the server's cache, same greedy output
+    hash_only = copy.deepcopy(body)
+    hash_only["features"]["kwargs_data"] = None
+    r = _generate(client, hash_only)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == first
+    per_item_none = copy.deepcopy(body)
+    per_item_none["features"]["kwargs_data"] = {"image": [None]}
+    assert _generate(client, per_item_none).json()["choices"][0]["token_ids"] == first
+    # and the image matters: another image, other tokens (or at least a 200)
+    other = _image_request(renderer, encode, seed=12, size=(84, 56))
+    assert _generate(client, other).status_code == 200
+
+
+@pytest.mark.skipif(not HAS_MM_KWARGS, reason="vf_mm.inference._mm_kwargs not there yet")
+def test_image_features_with_real_kwargs_data(client, renderer):
+    _features_round_trip(client, renderer, _real_encode)
+
+
+def test_image_features_with_stand_in_codec(client, renderer, stand_in_codec):
+    _features_round_trip(client, renderer, stand_in_codec)
+
+
+def test_unknown_hash_is_400_naming_it(client, renderer, stand_in_codec):
+    body = _image_request(renderer, stand_in_codec, seed=21)
+    body["features"]["mm_hashes"]["image"] = ["never-seen-hash"]
+    body["features"]["kwargs_data"] = None
+    message = _error(_generate(client, body))
+    assert "never-seen-hash" in message and "cache" in message
+
+
+def test_image_checks_pads_and_grid(client, renderer, stand_in_codec):
+    body = _image_request(renderer, stand_in_codec, seed=31)
+    place = body["features"]["mm_placeholders"]["image"][0]
+
+    shifted = copy.deepcopy(body)
+    shifted["features"]["mm_placeholders"]["image"][0]["offset"] = place["offset"] - 1
+    assert "image pad" in _error(_generate(client, shifted))
+
+    # the placeholder of one image with the pixels of a bigger one
+    bigger = _image_request(renderer, stand_in_codec, seed=32, size=(112, 112))
+    mixed = copy.deepcopy(body)
+    mixed["features"]["kwargs_data"] = bigger["features"]["kwargs_data"]
+    message = _error(_generate(client, mixed))
+    assert "image_grid_thw" in message and "merge_size" in message
+
+    # image pads with no features at all
+    assert "image pad" in _error(
+        _generate(client, {"token_ids": body["token_ids"], "sampling_params": {}})
+    )
+
+    garbage = copy.deepcopy(body)
+    garbage["features"]["kwargs_data"] = {"image": ["!!not base64!!"]}
+    assert "kwargs_data.image[0]" in _error(_generate(client, garbage))
+
+
+@pytest.mark.skipif(not HAS_MM_KWARGS, reason="vf_mm.inference._mm_kwargs not there yet")
+def test_malformed_real_kwargs_data_is_400(client, renderer):
+    body = _image_request(renderer, _real_encode, seed=41)
+    body["features"]["kwargs_data"] = {"image": [base64.b64encode(b"\x93\x01\x02\x03").decode()]}
+    assert "kwargs_data.image[0]" in _error(_generate(client, body))
+
+
+# -- /inference/v1/generate: vLLM's validation errors ----------------------------------
+
+
+def _set(path: str, value: Any):
+    def apply(body: dict) -> None:
+        *head, last = path.split(".")
+        node = body
+        for key in head:
+            node = node[key]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[last] = value
+
+    return apply
+
+
+_DELETE = object()
+_ONE = {"offset": 1, "length": 1}
+
+VALIDATION_CASES = [
+    ("empty token_ids", _set("token_ids", []), "at least 1 item"),
+    (
+        "negative token id",
+        _set("token_ids", [1, -2, 3]),
+        "token_ids must not contain negative values",
+    ),
+    (
+        "modalities differ",
+        _set("features.mm_placeholders", {"video": [_ONE]}),
+        "mm_hashes and mm_placeholders must use the same modalities",
+    ),
+    (
+        "kwargs_data modalities differ",
+        _set("features.kwargs_data", {"video": [None]}),
+        "kwargs_data must use the same modalities as mm_hashes",
+    ),
+    (
+        "hash and placeholder lengths differ",
+        _set("features.mm_hashes", {"image": ["a", "b"]}),
+        "image mm_hashes and mm_placeholders must have the same length",
+    ),
+    (
+        "kwargs_data length differs",
+        _set("features.kwargs_data", {"image": [None, None]}),
+        "image kwargs_data and mm_hashes must have the same length",
+    ),
+    (
+        "overlapping placeholders",
+        lambda b: b["features"].update(
+            mm_hashes={"image": ["a", "b"]},
+            mm_placeholders={"image": [{"offset": 2, "length": 4}, {"offset": 4, "length": 2}]},
+            kwargs_data=None,
+        ),
+        "mm_placeholders must be globally non-overlapping and sorted",
+    ),
+    (
+        "unsorted placeholders",
+        lambda b: b["features"].update(
+            mm_hashes={"image": ["a", "b"]},
+            mm_placeholders={"image": [{"offset": 6, "length": 2}, {"offset": 1, "length": 2}]},
+            kwargs_data=None,
+        ),
+        "mm_placeholders must be globally non-overlapping and sorted",
+    ),
+    (
+        "zero-length placeholder",
+        _set("features.mm_placeholders", {"image": [{"offset": 1, "length": 0}]}),
+        "greater than 0",
+    ),
+    (
+        "negative offset",
+        _set("features.mm_placeholders", {"image": [{"offset": -1, "length": 2}]}),
+        "greater than or equal to 0",
+    ),
+    (
+        "placeholder past the end",
+        _set("features.mm_placeholders", {"image": [{"offset": 10_000, "length": 4}]}),
+        "mm_placeholders must remain within the token_ids sequence",
+    ),
+    (
+        "features and content_parts",
+        _set("content_parts", [{"type": "image_url", "image_url": {"url": "data:,"}}]),
+        "content_parts and features are mutually exclusive",
+    ),
+    (
+        "metadata-only item",
+        lambda b: b["features"].update(mm_metadata={"image": ["eA=="]}, kwargs_data=None),
+        "metadata-only multimodal items require ec_transfer_params",
+    ),
+    (
+        "cache_salt with a slash",
+        _set("cache_salt", "a/b"),
+        "Parameter 'cache_salt' must be at most 128",
+    ),
+    (
+        "cache_salt too long",
+        _set("cache_salt", "x" * 129),
+        "Parameter 'cache_salt' must be at most 128",
+    ),
+    (
+        "empty cache_salt",
+        _set("cache_salt", ""),
+        "Parameter 'cache_salt' must be a non-empty string",
+    ),
+    ("no sampling_params", _set("sampling_params", _DELETE), "Field required"),
+    (
+        "negative temperature",
+        _set("sampling_params.temperature", -1),
+        "temperature must be non-negative",
+    ),
+    ("top_p 0", _set("sampling_params.top_p", 0), "top_p must be in (0, 1]"),
+    ("top_k -2", _set("sampling_params.top_k", -2), "top_k must be 0 (disable), or at least 1"),
+    ("min_p 2", _set("sampling_params.min_p", 2), "min_p must be in [0, 1]"),
+    ("max_tokens 0", _set("sampling_params.max_tokens", 0), "max_tokens must be at least 1"),
+    ("n 0", _set("sampling_params.n", 0), "n must be at least 1"),
+    ("logprobs -3", _set("sampling_params.logprobs", -3), "logprobs must be non-negative"),
+    (
+        "text output without detokenize",
+        lambda b: (b.update(output_mode="text"), b["sampling_params"].update(detokenize=False)),
+        "requires sampling_params.detokenize to be true",
+    ),
+    ("token_ids not ints", _set("token_ids", ["a"]), "valid integer"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"), [c[1:] for c in VALIDATION_CASES], ids=[c[0] for c in VALIDATION_CASES]
+)
+def test_vllm_validation_errors(client, renderer, stand_in_codec, mutate, expected):
+    body = _image_request(renderer, stand_in_codec, seed=51)
+    mutate(body)
+    r = _generate(client, body)
+    message = _error(r)
+    assert expected in message
+    assert message.startswith("1 validation error")
+    assert r.json()["error"]["type"] == "Bad Request"
+
+
+UNSUPPORTED_CASES = [
+    ("stream", _set("stream", True), "not supported by vf-mm serve"),
+    ("n 2", _set("sampling_params.n", 2), "not supported by vf-mm serve"),
+    ("stop strings", _set("sampling_params.stop", ["\n"]), "not supported by vf-mm serve"),
+    ("presence penalty", _set("sampling_params.presence_penalty", 0.5), "presence_penalty"),
+    ("priority", _set("priority", 1), "Priority scheduling is not enabled"),
+    ("text output", _set("output_mode", "text"), "not supported by vf-mm serve"),
+    ("unknown model", _set("model", "other"), "The model `other` does not exist."),
+    ("token out of vocabulary", _set("token_ids", [1, 10**7]), "out of vocabulary"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [c[1:] for c in UNSUPPORTED_CASES],
+    ids=[c[0] for c in UNSUPPORTED_CASES],
+)
+def test_refusals(client, renderer, mutate, expected):
+    body = {"token_ids": _text_ids(renderer), "sampling_params": {"max_tokens": 2}}
+    mutate(body)
+    r = _generate(client, body)
+    message = _error(r, 404 if "does not exist" in expected else 400)
+    assert expected in message
+
+
+def _collapsed(renderer, image: Image.Image):
+    """The rendered prompt for one image, and the same ids with its pads cut to one."""
+    rendered = renderer.render(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": image}, {"type": "text", "text": "What?"}],
+            }
+        ]
+    )
+    p = rendered.multi_modal_data.mm_placeholders["image"][0]
+    ids = rendered.token_ids
+    return rendered, ids[: p.offset + 1] + ids[p.offset + p.length :]
+
+
+def test_content_parts_expand_like_the_renderer(client, renderer):
+    image = _image(61, (84, 56))
+    rendered, collapsed = _collapsed(renderer, image)
+    place = rendered.multi_modal_data.mm_placeholders["image"][0]
+    for part in (
+        {"type": "image_url", "url": _data_url(image)},  # vLLM's flat form
+        {"type": "image_url", "image_url": {"url": _data_url(image)}},  # OpenAI's nested form
+    ):
+        body = {
+            "token_ids": collapsed,
+            "content_parts": [part],
+            "sampling_params": {"max_tokens": 5, "temperature": 0},
+            "return_token_ids": True,
+        }
+        r = _generate(client, body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["prompt_token_ids"] == rendered.token_ids
+        assert out["mm_placeholders"] == {
+            "image": [{"offset": place.offset, "length": place.length}]
+        }
+        assert out["usage"]["prompt_tokens"] == len(rendered.token_ids)
+    # the processed image is cached by its hash: a features request may now omit kwargs_data
+    features = {
+        "mm_hashes": {"image": list(rendered.multi_modal_data.mm_hashes["image"])},
+        "mm_placeholders": {"image": [{"offset": place.offset, "length": place.length}]},
+        "kwargs_data": None,
+    }
+    body = {
+        "token_ids": rendered.token_ids,
+        "features": features,
+        "sampling_params": {"max_tokens": 5, "temperature": 0},
+    }
+    r = _generate(client, body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == out["choices"][0]["token_ids"]
+
+
+def test_content_parts_refusals(client, renderer):
+    image = _image(62)
+    _, collapsed = _collapsed(renderer, image)
+
+    def refuse(parts, ids=collapsed) -> str:
+        return _error(
+            _generate(client, {"token_ids": ids, "content_parts": parts, "sampling_params": {}})
+        )
+
+    ssrf = {"type": "image_url", "url": "http://169.254.169.254/latest/x.png"}
+    assert "content_parts[0]" in refuse([ssrf])
+    assert "content_parts[0]" in refuse([{"type": "image_url", "url": "/etc/hostname"}])
+    assert "image_url parts only" in refuse([{"type": "input_audio", "input_audio": {}}])
+    assert "no image URL" in refuse([{"type": "image_url"}])
+    two = [{"type": "image_url", "url": _data_url(image)}] * 2
+    assert "one pad per image" in refuse(two)
+
+
+def _vllm_backend_class():
+    try:
+        from vf_mm.inference._vllm import VLLMBackend
+    except ImportError:
+        return None
+    return VLLMBackend
+
+
+@pytest.mark.skipif(_vllm_backend_class() is None, reason="VLLMBackend not there yet")
+def test_vllm_backend_speaks_to_vf_mm_serve(backend, renderer):
+    """vf_mm's own vLLM client, both modes, against this server (in-process ASGI)."""
+    from vf_mm.inference import GenerateRequest, SamplingParams
+
+    VLLMBackend = _vllm_backend_class()
+    app = create_app(backend, renderer=renderer, model_name=MODEL)
+    image = _image(71, (56, 84))
+    rendered, collapsed = _collapsed(renderer, image)
+    sampling = SamplingParams(max_tokens=5, temperature=0)
+
+    async def main() -> None:
+        outputs = []
+        for mode, send in (("features", True), ("features", False), ("content_parts", True)):
+            client = VLLMBackend(
+                "http://vf-mm.test",
+                model=MODEL,
+                mode=mode,
+                send_kwargs_data=send,
+                transport=httpx.ASGITransport(app=app),
+            )
+            try:
+                if mode == "features":
+                    request = GenerateRequest(
+                        rendered.token_ids, sampling, rendered.multi_modal_data
+                    )
+                else:
+                    part = {"type": "image_url", "image_url": {"url": _data_url(image)}}
+                    request = GenerateRequest(collapsed, sampling, content_parts=[part])
+                result = await client.generate(request)
+            finally:
+                await client.aclose()
+            if mode == "content_parts":
+                assert result.prompt_ids == rendered.token_ids
+            outputs.append(result.completion_ids)
+        assert outputs[0] == outputs[1] == outputs[2]
+
+    asyncio.run(main())
+
+
+def test_malformed_bodies_are_400(client):
+    for raw in (b"{not json", b"", b"\xff\xfe", b"[1, 2]", b'"text"'):
+        r = client.post("/inference/v1/generate", content=raw)
+        _error(r)
+        r = client.post("/v1/chat/completions", content=raw)
+        _error(r)
+
+
+class _BrokenBackend:
+    name = "broken"
+    max_model_len = 64
+
+    async def generate(self, request):
+        raise RuntimeError("the engine caught fire")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_backend_failure_is_500_with_its_message():
+    with TestClient(create_app(_BrokenBackend(), model_name="b")) as c:
+        r = c.post("/inference/v1/generate", json={"token_ids": [1, 2], "sampling_params": {}})
+        assert "the engine caught fire" in _error(r, 500)
+        assert r.json()["error"]["type"] == "InternalServerError"
+        # no renderer: the chat route says so instead of failing
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert "renderer" in _error(r, 501)
+
+
+def test_models_health_and_unknown_routes(client):
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["id"] == MODEL
+    assert models["data"][0]["max_model_len"] == 8192
+    assert client.get("/health").status_code == 200
+    _error(client.get("/nope"), 404)
+    _error(client.get("/inference/v1/generate"), 405)
+
+
+# -- /v1/chat/completions --------------------------------------------------------------
+
+
+def _chat(client, messages, **extra) -> httpx.Response:
+    return client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": messages, "max_tokens": 8, **extra},
+    )
+
+
+def test_chat_with_an_image_data_url(client, renderer):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": _data_url(_image(3))}},
+                {"type": "text", "text": "What is it?"},
+            ],
+        },
+    ]
+    r = _chat(client, messages, seed=5, temperature=0.7, logprobs=True)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "chat.completion"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length")
+    # the prompt is what the renderer makes of the same messages (image pads included)
+    same = [
+        messages[0],
+        {
+            **messages[1],
+            "content": [{"type": "image", "image": _image(3)}, messages[1]["content"][1]],
+        },
+    ]
+    assert out["usage"]["prompt_tokens"] == len(renderer.render(same).token_ids)
+    assert 1 <= out["usage"]["completion_tokens"] <= 8
+    assert len(choice["logprobs"]["content"]) == out["usage"]["completion_tokens"]
+    # seeds repeat through the chat route too
+    again = _chat(client, messages, seed=5, temperature=0.7).json()
+    assert again["choices"][0]["message"]["content"] == choice["message"]["content"]
+
+
+def test_chat_never_fetches_urls(client, monkeypatch):
+    from vf_mm.images import _fetch
+
+    fetched: list[Any] = []
+
+    def send(self, transport, target, policy, deadline):
+        fetched.append(target)
+        raise AssertionError("the server tried to fetch a client URL")
+
+    monkeypatch.setattr(_fetch.Fetcher, "_send", send)
+    monkeypatch.setattr(_fetch.Fetcher, "_resolve", send)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: fetched.append(a) or [])
+    for url in (
+        "http://169.254.169.254/x.png",
+        "https://example.com/cat.png",
+        "file:///etc/passwd",
+        "/etc/hostname",
+    ):
+        part = {"type": "image_url", "image_url": {"url": url}}
+        message = _error(_chat(client, [{"role": "user", "content": [part]}]))
+        assert "message 0, part 0" in message
+    assert fetched == []
+
+
+def test_chat_bad_input_is_400_never_500(client):
+    ok = [{"role": "user", "content": "hi"}]
+    cases = [
+        {"messages": []},
+        {"messages": [{"role": "wizard", "content": "x"}]},
+        {"messages": [{"role": "user"}]},
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                    ],
+                }
+            ]
+        },
+        {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": ok, "stream": True},
+        {"messages": ok, "n": 2},
+        {"messages": ok, "max_tokens": 0},
+        {"messages": ok, "temperature": -1},
+        {"messages": ok, "stop": ["\n"]},
+        {"messages": ok, "tools": [{"type": "function"}]},
+        {"messages": ok, "max_tokens": 10**6},
+        {"messages": "hello"},
+    ]
+    for body in cases:
+        r = client.post("/v1/chat/completions", json={"model": MODEL, **body})
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"model": "gpt-x", "messages": ok})
+    assert "does not exist" in _error(r, 404)
+
+
+class _ScriptedBackend:
+    """Answers every prompt with fixed completion token ids."""
+
+    name = "scripted"
+    max_model_len = 8192
+
+    def __init__(self, completion_ids: list[int]) -> None:
+        self.completion_ids = completion_ids
+
+    async def generate(self, request):
+        return GenerateResult(
+            completion_ids=list(self.completion_ids),
+            logprobs=[-0.5] * len(self.completion_ids),
+            finish_reason="stop",
+            usage=Usage(len(request.prompt_ids), len(self.completion_ids)),
+        )
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_chat_tool_calls_and_reasoning(renderer):
+    tok = renderer.tokenizer
+    text = (
+        "<think>\nlook first\n</think>\n\n"
+        '<tool_call>\n{"name": "zoom", "arguments": {"x": 3}}\n</tool_call><|im_end|>'
+    )
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    tools = [{"type": "function", "function": {"name": "zoom", "parameters": {"type": "object"}}}]
+    with TestClient(create_app(_ScriptedBackend(ids), renderer=renderer, model_name=MODEL)) as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "zoom in"}],
+                "tools": tools,
+            },
+        )
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        call = choice["message"]["tool_calls"][0]
+        assert call["function"]["name"] == "zoom"
+        assert call["function"]["arguments"] == '{"x": 3}'
+        assert choice["message"]["reasoning_content"] == "look first"
+        assert choice["message"]["content"] is None
+        # a later turn carrying that call and its result renders fine
+        follow = [
+            {"role": "user", "content": "zoom in"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "zoomed"},
+        ]
+        r = c.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": follow, "tools": tools}
+        )
+        assert r.status_code == 200, r.text
+
+
+# -- the real CLI ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _vf_mm_command() -> list[str]:
+    script = Path(sys.executable).parent / "vf-mm"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("vf-mm")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from vf_mm.cli import main; sys.exit(main())"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serve_cli(tiny_vlm_checkpoint, tmp_path_factory):
+    """The real ``vf-mm serve`` in a subprocess, started when this module starts so that
+    its start-up (imports, model load) overlaps the in-process tests."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        *_vf_mm_command(),
+        "serve",
+        "--model",
+        str(tiny_vlm_checkpoint),
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--batch-window-ms",
+        "20",
+        "--log-level",
+        "warning",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc, f"http://127.0.0.1:{port}", log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, -15), log.read_text()
+
+
+def test_vf_mm_serve_cli(serve_cli, renderer):
+    from vf_mm.errors import BackendHTTPError
+    from vf_mm.inference import OpenAIChatBackend, SamplingParams
+
+    proc, base, log = serve_cli
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"vf-mm serve exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"vf-mm serve did not come up in 90 s: {log.read_text()}")
+        time.sleep(0.1)
+    ids = _text_ids(renderer)
+
+    async def talk() -> None:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            # concurrent requests (the engine batches them)
+            bodies = [
+                {
+                    "token_ids": ids,
+                    "sampling_params": {"max_tokens": 5, "seed": s, "logprobs": 0},
+                }
+                for s in range(4)
+            ]
+            answers = await asyncio.gather(
+                *(http.post("/inference/v1/generate", json=b) for b in bodies)
+            )
+            for a in answers:
+                assert a.status_code == 200, a.text
+                assert len(a.json()["choices"][0]["logprobs"]["content"]) >= 1
+            bad = await http.post("/inference/v1/generate", json={"token_ids": []})
+            assert bad.status_code == 400
+            chat = await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "max_tokens": 4,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "image_url",
+                                    "image_url": {"url": _data_url(_image(9))},
+                                },
+                                {"type": "text", "text": "hi"},
+                            ],
+                        }
+                    ],
+                },
+            )
+            assert chat.status_code == 200, chat.text
+            assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+            models = (await http.get("/v1/models")).json()
+            assert models["data"][0]["id"] == MODEL
+
+        api = OpenAIChatBackend(MODEL, base_url=f"{base}/v1", api_key="x", max_retries=0)
+        try:
+            result = await api.chat(
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "image": _image(4)},
+                            {"type": "text", "text": "Describe."},
+                        ],
+                    }
+                ],
+                SamplingParams(max_tokens=4, seed=1),
+            )
+            assert result.message["role"] == "assistant"
+            assert result.usage.prompt_tokens > 16 and 1 <= result.usage.completion_tokens <= 4
+            with pytest.raises(BackendHTTPError) as info:
+                await api.chat(
+                    [{"role": "user", "content": "x"}],
+                    SamplingParams(max_tokens=4, stop_token_ids=(10**7,)),
+                )
+            assert info.value.status == 400
+            assert "out of vocabulary" in info.value.detail
+        finally:
+            await api.aclose()
+
+    asyncio.run(talk())

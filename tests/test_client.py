@@ -1,0 +1,117 @@
+"""RendererClient: bridges from the newest step that prefixes the prompt, falls back to a
+full render (and says why), and returns tokens parallel to their logprobs and mask."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vf_mm import RendererClient
+from vf_mm.inference import SamplingParams
+from vf_mm.renderers import load_renderer
+from vf_mm.testing import ScriptedBackend, ScriptedChatBackend, build_tiny_vlm
+
+
+@pytest.fixture(scope="module")
+def renderer(tmp_path_factory):
+    return load_renderer(build_tiny_vlm(tmp_path_factory.mktemp("client") / "m", "qwen2_5_vl"))
+
+
+def image(seed):
+    return Image.fromarray(
+        np.random.default_rng(seed).integers(0, 256, (112, 112, 3), dtype=np.uint8)
+    )
+
+
+def user(seed, text="where now?"):
+    return {
+        "role": "user",
+        "content": [{"type": "image", "image": image(seed)}, {"type": "text", "text": text}],
+    }
+
+
+def rollout(client, turns, *, edit=None):
+    """A navigation-like rollout: each turn appends the model's message and a new image."""
+
+    async def main():
+        messages, trajectory, outs = [user(0)], [], []
+        for t in range(turns):
+            turn = await client.generate(messages, trajectory=trajectory)
+            trajectory.append(turn.step(messages))
+            outs.append(turn)
+            messages = [*messages, turn.message, user(t + 1)]
+            if edit is not None:
+                messages = edit(t, messages)
+        return messages, trajectory, outs
+
+    return asyncio.run(main())
+
+
+def test_later_turns_bridge_and_equal_a_render_with_sampled_tokens(renderer):
+    backend = ScriptedBackend(renderer, ["left", "up  up", "right!"])
+    client = RendererClient(backend, renderer)
+    _, trajectory, outs = rollout(client, 4)
+    assert [o.bridged for o in outs] == [False, True, True, True]
+    assert client.stats.bridges == 3 and client.stats.renders == 1
+    assert dict(client.stats.fallbacks) == {"no earlier step": 1}
+    # each prompt extends the previous step's prompt + completion, verbatim
+    for prev, step in itertools.pairwise(trajectory):
+        head = prev.tokens.prompt_ids + prev.tokens.completion_ids
+        assert step.tokens.prompt_ids[: len(head)] == head
+        assert (
+            step.tokens.multi_modal_data.num_items("image")
+            == prev.tokens.multi_modal_data.num_items("image") + 1
+        )
+    # and the backend received exactly those prompts with their images
+    assert [r.prompt_ids for r in backend.requests] == [s.tokens.prompt_ids for s in trajectory]
+
+
+def test_tokens_logprobs_and_mask_are_parallel(renderer):
+    client = RendererClient(ScriptedBackend(renderer, ["a reply"]), renderer)
+    _, trajectory, _ = rollout(client, 2)
+    for step in trajectory:
+        step.tokens.validate()
+        assert step.tokens.completion_mask == [1] * len(step.tokens.completion_ids)
+        assert step.tokens.completion_ids[-1] == renderer.stop_token_ids[0]
+
+
+def test_edited_history_falls_back_to_a_full_render(renderer):
+    def drop_first_image(t, messages):
+        return [{"role": "user", "content": "text only now"}, *messages[1:]] if t == 1 else messages
+
+    client = RendererClient(ScriptedBackend(renderer, ["ok"]), renderer)
+    rollout(client, 3, edit=drop_first_image)
+    assert client.stats.fallbacks["no earlier step is a prefix of the prompt"] == 1
+    assert client.stats.renders == 2 and client.stats.bridges == 1
+
+
+def test_a_refused_bridge_is_rendered_and_the_reason_counted(renderer):
+    def add_assistant(t, messages):
+        return [*messages, {"role": "assistant", "content": "injected"}, user(99)]
+
+    client = RendererClient(ScriptedBackend(renderer, ["ok"]), renderer)
+    rollout(client, 2, edit=add_assistant)
+    assert client.stats.fallbacks["an assistant message in the new messages"] == 1
+
+
+def test_chat_backend_turns_carry_no_tokens():
+    backend = ScriptedChatBackend(["hello"])
+    client = RendererClient(backend)
+
+    async def main():
+        return await client.generate(
+            [{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=3)
+        )
+
+    turn = asyncio.run(main())
+    assert turn.tokens is None and turn.message["content"] == "hello"
+    assert backend.calls[0][1].max_tokens == 3
+
+
+def test_token_backend_needs_a_renderer(renderer):
+    with pytest.raises(ValueError, match="pass a renderer"):
+        RendererClient(ScriptedBackend(renderer, ["x"]))

@@ -1,0 +1,216 @@
+"""``RendererClient``: one model turn, from messages to exact tokens and back.
+
+For each turn it finds the newest trajectory step whose prompt and completion are a
+prefix of the new prompt and bridges onto that step's tokens, carrying its images'
+model inputs forward (``previous_multi_modal_data``); when no step fits, or the
+renderer declines, it renders the whole prompt. Then it calls the backend and parses
+the completion. ``stats`` counts bridges, full renders and why each fallback
+happened, so a caller can see when a template stops bridging.
+
+Rendering (template, tokenizer, image processing) runs in worker threads, never on
+the event loop. A message-level backend (``ChatBackend``, e.g. an OpenAI API) skips
+all of that: its turns carry messages and ``tokens=None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vf_mm.errors import BackendProtocolError
+from vf_mm.inference._types import (
+    Backend,
+    ChatBackend,
+    GenerateRequest,
+    SamplingParams,
+    Usage,
+)
+from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """What the client did, summed over its turns (read it, don't write it)."""
+
+    turns: int = 0
+    bridges: int = 0
+    renders: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)  # why a turn was fully rendered
+    render_s: float = 0.0
+    backend_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ModelTurn:
+    """One model turn: the assistant message to append, and its tokens (None when the
+    backend works on messages and never saw token ids)."""
+
+    message: dict[str, Any]
+    tokens: ResponseTokens | None
+    usage: Usage
+    bridged: bool = False
+    tool_call_errors: list[str] = field(default_factory=list)
+
+    def step(self, prompt: Messages, **extras: Any) -> TrajectoryStep:
+        """The trajectory step this turn makes (its completion is ``[self.message]``)."""
+        return TrajectoryStep(
+            prompt=list(prompt), completion=[self.message], tokens=self.tokens, extras=extras
+        )
+
+
+class RendererClient:
+    """Turns messages into model turns through a renderer and a backend.
+
+    ``renderer``: a ``vf_mm.renderers`` renderer or ``RendererPool`` (needed for token
+    backends; use a pool when many rollouts run concurrently). ``backend``: a
+    ``Backend`` (token ids) or a ``ChatBackend`` (messages). ``sampling``: defaults for
+    every turn, overridable per call.
+    """
+
+    def __init__(
+        self,
+        backend: Backend | ChatBackend,
+        renderer: Any | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+    ) -> None:
+        self.backend = backend
+        self.renderer = renderer
+        self.sampling = sampling or SamplingParams()
+        self.stats = ClientStats()
+        self.token_level = hasattr(backend, "generate")
+        if self.token_level and renderer is None:
+            raise ValueError(f"backend {backend.name} works on token ids: pass a renderer")
+
+    async def generate(
+        self,
+        prompt: Messages,
+        *,
+        trajectory: Sequence[TrajectoryStep] = (),
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> ModelTurn:
+        sampling = sampling or self.sampling
+        self.stats.turns += 1
+        if not self.token_level:
+            return await self._chat(prompt, tools, sampling)
+        start = time.perf_counter()
+        rendered, bridged = await asyncio.to_thread(self._prompt_tokens, prompt, trajectory, tools)
+        self.stats.render_s += time.perf_counter() - start
+        start = time.perf_counter()
+        result = await self.backend.generate(  # type: ignore[union-attr]
+            GenerateRequest(rendered.token_ids, sampling, rendered.multi_modal_data)
+        )
+        self.stats.backend_s += time.perf_counter() - start
+        n = len(result.completion_ids)
+        if result.logprobs is None and sampling.logprobs:
+            raise BackendProtocolError(
+                f"{self.backend.name} returned no logprobs although they were asked for",
+                backend=self.backend.name,
+            )
+        if result.logprobs is not None and len(result.logprobs) != n:
+            raise BackendProtocolError(
+                f"{self.backend.name} returned {len(result.logprobs)} logprobs for {n} tokens",
+                backend=self.backend.name,
+            )
+        parsed = self.renderer.parse_response(result.completion_ids)  # type: ignore[union-attr]
+        tokens = ResponseTokens(
+            prompt_ids=result.prompt_ids if result.prompt_ids is not None else rendered.token_ids,
+            completion_ids=list(result.completion_ids),
+            # NaN, not a made-up number, when the caller turned logprobs off
+            completion_logprobs=list(result.logprobs)
+            if result.logprobs is not None
+            else [math.nan] * n,
+            completion_mask=[1] * n,
+            finish_reason=result.finish_reason,
+            multi_modal_data=(
+                result.multi_modal_data
+                if result.multi_modal_data is not None
+                else rendered.multi_modal_data
+            ),
+        )
+        self.stats.prompt_tokens += result.usage.prompt_tokens
+        self.stats.completion_tokens += result.usage.completion_tokens
+        return ModelTurn(
+            message=parsed.message,
+            tokens=tokens,
+            usage=result.usage,
+            bridged=bridged,
+            tool_call_errors=parsed.tool_call_errors,
+        )
+
+    def _prompt_tokens(
+        self,
+        prompt: Messages,
+        trajectory: Sequence[TrajectoryStep],
+        tools: Sequence[Mapping[str, Any]] | None,
+    ) -> tuple[RenderedTokens, bool]:
+        """Bridge from the newest step that prefixes ``prompt``; else render it whole."""
+        reason = "no earlier step"
+        for step in reversed(trajectory):
+            if step.tokens is None:
+                continue
+            history = [*step.prompt, *step.completion]
+            if not _is_prefix(history, prompt):
+                reason = "no earlier step is a prefix of the prompt"
+                continue
+            out = _try_bridge(
+                self.renderer,
+                step.tokens.prompt_ids,
+                step.tokens.completion_ids,
+                prompt[len(history) :],
+                tools=tools,
+                previous_multi_modal_data=step.tokens.multi_modal_data,
+            )
+            if isinstance(out, RenderedTokens):
+                self.stats.bridges += 1
+                return out, True
+            reason = out
+            break
+        self.stats.renders += 1
+        self.stats.fallbacks[reason] += 1
+        return self.renderer.render(prompt, tools=tools), False  # type: ignore[union-attr]
+
+    async def _chat(
+        self, prompt: Messages, tools: Sequence[Mapping[str, Any]] | None, sampling: SamplingParams
+    ) -> ModelTurn:
+        start = time.perf_counter()
+        result = await self.backend.chat(prompt, sampling, tools=tools)  # type: ignore[union-attr]
+        self.stats.backend_s += time.perf_counter() - start
+        self.stats.prompt_tokens += result.usage.prompt_tokens
+        self.stats.completion_tokens += result.usage.completion_tokens
+        return ModelTurn(message=result.message, tokens=None, usage=result.usage)
+
+
+def _try_bridge(renderer: Any, *args: Any, **kwargs: Any) -> RenderedTokens | str:
+    if hasattr(renderer, "try_bridge"):
+        return renderer.try_bridge(*args, **kwargs)
+    out = renderer.bridge_to_next_turn(*args, **kwargs)
+    return out if out is not None else "the renderer declined to bridge"
+
+
+def _is_prefix(history: Sequence[Any], prompt: Sequence[Any]) -> bool:
+    if len(history) > len(prompt):
+        return False
+    return all(_same(a, b) for a, b in zip(history, prompt, strict=False))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that short-cuts on identity, so images (PIL objects, tensors) shared by
+    reference are never compared pixel by pixel."""
+    if a is b:
+        return True
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (str, int, float, bool, type(None), bytes)):
+        return a == b
+    return False  # distinct image objects: treat as different (a full render is always correct)

@@ -1,0 +1,150 @@
+"""The backend contract: token ids (and images) in, sampled token ids and logprobs out.
+
+Every token-level backend (local, vLLM, ``vf-mm serve`` behind the vLLM backend)
+implements ``Backend.generate``. The OpenAI-compatible backend cannot see tokens; it
+implements ``ChatBackend.chat`` (messages in, a message out) instead, and the
+``RendererClient`` records such turns with ``tokens=None`` so nobody mistakes them
+for training data.
+
+Plain dataclasses: these are built once per request on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from vf_mm.types import Messages, MultiModalData
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What to sample. Field names follow vLLM's SamplingParams.
+
+    ``top_k <= 0`` and ``top_p == 1`` disable those filters. ``seed`` makes one
+    request's sampling repeatable. ``stop_token_ids`` add to the model's own stop
+    tokens. ``logprobs``: return the sampled tokens' log-probabilities under the
+    model's raw distribution (before temperature and filters, as vLLM's default
+    ``raw_logprobs`` mode).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
+        """From an environment's sampling args (unknown keys are refused, by name)."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling args {unknown}; known: {sorted(known)}")
+        values = dict(values)
+        if "stop_token_ids" in values:
+            values["stop_token_ids"] = tuple(values["stop_token_ids"])
+        return cls(**values)
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """One prompt to continue. ``multi_modal_data`` holds the images' placeholders into
+    ``prompt_ids`` and their model inputs (or only hashes, for a server that caches)."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    multi_modal_data: MultiModalData | None = None
+    request_id: str | None = None
+    # content_parts mode: raw OpenAI-style image parts the server processes itself
+    # (prompt_ids then hold one pad per image, and the result carries the expanded ids)
+    content_parts: list[dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class GenerateResult:
+    """The sampled continuation. ``prompt_ids`` / ``multi_modal_data`` are set when the
+    server expanded the prompt itself (content_parts mode); otherwise None."""
+
+    completion_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+    usage: Usage
+    stop_reason: int | str | None = None
+    prompt_ids: list[int] | None = None
+    multi_modal_data: MultiModalData | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A token-in / token-out inference backend. ``generate`` is a coroutine; cancelling
+    the awaiting task cancels the request (the backend frees its slot)."""
+
+    name: str
+    max_model_len: int | None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class ChatResult:
+    message: dict[str, Any]  # an OpenAI-style assistant message
+    finish_reason: str
+    usage: Usage
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """A message-in / message-out backend (OpenAI-compatible APIs): no token ids."""
+
+    name: str
+
+    async def chat(
+        self,
+        messages: Messages,
+        sampling: SamplingParams,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> ChatResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+def check_prompt_length(
+    prompt_len: int, sampling: SamplingParams, max_model_len: int | None, *, backend: str
+) -> None:
+    """Refuse, before sending, a prompt that cannot fit with its ``max_tokens``."""
+    from vf_mm.errors import PromptTooLongError
+
+    if max_model_len is not None and prompt_len + sampling.max_tokens > max_model_len:
+        raise PromptTooLongError(
+            f"prompt of {prompt_len} tokens + max_tokens {sampling.max_tokens} = "
+            f"{prompt_len + sampling.max_tokens} exceeds the model's {max_model_len}",
+            backend=backend,
+            prompt_tokens=prompt_len,
+            limit=max_model_len,
+        )
