@@ -49,7 +49,20 @@ def setup() -> None:
 
 
 JOBS = {
-    "demo": [[BIN / "vf-mm", "demo"]],
+    "demo": [
+        [
+            BIN / "vf-mm",
+            "eval",
+            "shapes",
+            "-n",
+            "8",
+            "-r",
+            "2",
+            "-o",
+            ROOT / "outputs" / "quickstart",
+            "--resume",
+        ]
+    ],
     "test": [
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
         [PY, "-m", "pytest", "-q", "-m", "not slow and not vllm"],

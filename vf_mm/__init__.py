@@ -1,13 +1,47 @@
 """vf_mm: multimodal, multi-turn RL environments with exact tokens and a fast tensor wire.
 
-``import vf_mm as vf``: ``vf.RendererClient`` turns messages into model turns (exact
-token ids, images carried across turns); ``vf_mm.wire`` is the tensor codec,
-``vf_mm.renderers`` the renderers, ``vf_mm.inference`` the backends.
+``import vf_mm as vf``: environments (``vf.Environment``, ``vf.SingleTurnEnv``,
+``vf.MultiTurnEnv``, ``vf.ToolEnv``, ``vf.Rubric``, ``vf.Parser``,
+``vf.load_environment``), and ``vf.RendererClient``, which turns messages into model
+turns (exact token ids, images carried across turns). ``vf_mm.wire`` is the tensor
+codec, ``vf_mm.renderers`` the renderers, ``vf_mm.inference`` the backends.
 """
 
 from vf_mm import errors
 from vf_mm.client import ClientStats, ModelTurn, RendererClient
+from vf_mm.envs import (
+    Environment,
+    MultiTurnEnv,
+    Parser,
+    Rubric,
+    SingleTurnEnv,
+    State,
+    ThinkParser,
+    ToolEnv,
+    XMLParser,
+    check_environment,
+    load_environment,
+    stop,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["ClientStats", "ModelTurn", "RendererClient", "__version__", "errors"]
+__all__ = [
+    "ClientStats",
+    "Environment",
+    "ModelTurn",
+    "MultiTurnEnv",
+    "Parser",
+    "RendererClient",
+    "Rubric",
+    "SingleTurnEnv",
+    "State",
+    "ThinkParser",
+    "ToolEnv",
+    "XMLParser",
+    "__version__",
+    "check_environment",
+    "errors",
+    "load_environment",
+    "stop",
+]

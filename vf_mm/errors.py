@@ -13,6 +13,9 @@ against the standard exceptions keeps working.
     │   ├── BackendHTTPError                   the server answered an error status (and its message)
     │   ├── BackendProtocolError               an answer that does not parse or breaks the schema
     │   └── PromptTooLongError (ValueError)    refused before sending: longer than the model allows
+    ├── EnvError                               an environment that cannot be loaded, or fails its checks
+    │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
+    │   └── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
     ├── ImageError (ValueError)                an image that vf_mm.images cannot load
     │   ├── UnsafeImageSourceError             the ImagePolicy refused where it comes from
     │   ├── ImageFetchError                    reading it failed (network, HTTP status, timeout)
@@ -22,6 +25,9 @@ against the standard exceptions keeps working.
     ├── MultiModalDataError (ValueError)       a multi-modal sidecar breaks the DESIGN.md rules
     ├── RenderError (ValueError)               messages a renderer cannot turn into tokens
     │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
+    ├── ResultsError (ValueError)              an evaluation results store (vf_mm.rollouts) refused:
+    │   │                                      a non-JSON value, an outdir in use, a corrupt line
+    │   └── ResumeMismatchError                resume=True with a different run configuration
     ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
     └── WireError                              the msgpack tensor codec and framed streams
         ├── EncodeError (TypeError)            a value the codec cannot put on the wire
@@ -46,6 +52,9 @@ __all__ = [
     "CorruptFrameError",
     "DecodeError",
     "EncodeError",
+    "EnvError",
+    "EnvironmentCheckError",
+    "EnvironmentNotFoundError",
     "FrameTooLargeError",
     "ImageDecodeError",
     "ImageError",
@@ -55,6 +64,8 @@ __all__ = [
     "MultiModalDataError",
     "PromptTooLongError",
     "RenderError",
+    "ResultsError",
+    "ResumeMismatchError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
@@ -139,12 +150,52 @@ class ImageTooLargeError(ImageError):
     found before the pixels are decoded."""
 
 
+class EnvError(VfMmError):
+    """An environment that cannot be loaded, or that fails ``check_environment``."""
+
+
+class EnvironmentNotFoundError(EnvError, LookupError):
+    """No installed environment package and no ``environments/<id>`` folder for an id."""
+
+
+class EnvironmentCheckError(EnvError, AssertionError):
+    """``check_environment`` found problems; ``problems`` lists every one of them."""
+
+    def __init__(self, message: str, *, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 class RenderError(VfMmError, ValueError):
     """Messages a renderer cannot turn into tokens (an image for a text-only model, ...)."""
 
 
 class UnsupportedModelError(RenderError):
     """A checkpoint (or processor) whose model type vf_mm has no renderer for."""
+
+
+class ResultsError(VfMmError, ValueError):
+    """The evaluation results store (``vf_mm.rollouts``) refused: a value JSON cannot hold
+    (bytes, a tensor, NaN), an outdir that already holds results (without ``resume``) or is
+    held by another writer, or a results file with a corrupt line (``path`` and 1-based
+    ``line`` say which, when known)."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class ResumeMismatchError(ResultsError):
+    """``resume=True`` on an outdir whose stored run configuration differs from the new one;
+    ``differences`` maps each differing key to ``(stored, new)`` (a missing side is
+    ``ResumeMismatchError.MISSING``)."""
+
+    MISSING = "<missing>"
+
+    def __init__(self, message: str, *, path: str | None = None, differences: dict) -> None:
+        super().__init__(message, path=path)
+        self.differences = differences
 
 
 class BackendError(VfMmError):

@@ -6,22 +6,29 @@ import argparse
 import sys
 
 from vf_mm import __version__
+from vf_mm.errors import VfMmError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vf-mm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"vf-mm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from vf_mm.cli import _serve, _stream
+    from vf_mm.cli import _eval, _serve, _stream, _view
 
+    _eval.register(sub)
     _stream.register(sub)
     _serve.register(sub)
+    _view.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except VfMmError as exc:  # a refusal we can explain: no traceback
+        print(f"vf-mm {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ class LocalBackend:
 
         self.path = Path(model)
         self.name = f"local:{self.path.name}"
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no tqdm bars inside vf-mm's own progress display
         family = model_type(self.path)
         if family in QWEN_VL_FAMILIES:
             self.model = model_class(family).from_pretrained(
@@ -102,6 +105,7 @@ class LocalBackend:
         self.max_batch = max_batch
         self.weights_version = 0
         self.batches_run = 0
+        self.busy_s = 0.0  # wall time the worker spent generating (model time)
         self._seeds = np.random.default_rng(seed)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._weights_lock = threading.Lock()
@@ -164,6 +168,7 @@ class LocalBackend:
             batch = [p for p in batch if not p.future.cancelled()]
             if not batch:
                 continue
+            started = time.perf_counter()
             try:
                 with self._weights_lock:
                     results: list[Any] = self._generate([p.request for p in batch])
@@ -172,6 +177,7 @@ class LocalBackend:
                     BackendError(f"local generation failed: {exc!r}", backend=self.name)
                 ] * len(batch)
             self.batches_run += 1
+            self.busy_s += time.perf_counter() - started
             for pending, result in zip(batch, results, strict=True):
                 pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
 

@@ -53,10 +53,12 @@ def build_tiny_vlm(
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
     import torch
+    from transformers.utils import logging as hf_logging
 
     from vf_mm.renderers._hf import image_processor_class, model_class
     from vf_mm.testing._vocab import qwen_tokenizer, tiny_tokenizer
 
+    hf_logging.disable_progress_bar()  # no tqdm bars inside vf-mm's own progress display
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()

@@ -1,0 +1,195 @@
+"""The rollout loop: turns, stop conditions, env responses with images, tools, and
+failures recorded per rollout while the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import vf_mm as vf
+from tests.envs.conftest import picture
+from vf_mm.errors import BackendUnavailableError
+from vf_mm.testing import ScriptedBackend
+
+
+def rows(n=2):
+    return [{"question": f"q{i}", "answer": "yes", "image": picture(i)} for i in range(n)]
+
+
+def client(renderer, replies):
+    return vf.RendererClient(ScriptedBackend(renderer, replies), renderer)
+
+
+class Echo(vf.MultiTurnEnv):
+    """Answers each move with a new picture; stops when the model says 'yes'."""
+
+    async def env_response(self, messages, state):
+        state["moves"] = state.get("moves", 0) + 1
+        return [{"role": "user", "content": [{"type": "image", "image": picture(100 + state["turn"])},
+                                             {"type": "text", "text": "again"}]}]  # fmt: skip
+
+    @vf.stop
+    def said_yes(self, state):
+        return state["completion"][-1]["content"] == "yes"
+
+
+def test_single_turn_prompt_and_scoring(renderer):
+    env = vf.SingleTurnEnv(dataset=rows(), system_prompt="Be brief.",
+                           rubric=vf.Rubric([lambda completion, answer: completion[-1]["content"] == answer]))  # fmt: skip
+    outs = asyncio.run(env.evaluate(client(renderer, ["yes"]), rollouts_per_example=2))
+    assert len(outs) == 4 and all(o.reward == 1.0 and o.error is None for o in outs)
+    prompt = outs[0].prompt
+    assert prompt[0] == {"role": "system", "content": "Be brief."}
+    assert prompt[1]["content"][0]["type"] == "image" and prompt[1]["content"][1][
+        "text"
+    ].startswith("q")
+
+
+def test_multi_turn_images_accumulate_and_later_turns_bridge(renderer):
+    env = Echo(dataset=rows(1), max_turns=5)
+    c = client(renderer, ["left", "up", "yes"])
+    state = asyncio.run(env.rollout(c, rows(1)[0]))
+    assert state["error"] is None and state["turn"] == 3 and state["moves"] == 2
+    counts = [s.tokens.multi_modal_data.num_items("image") for s in state["trajectory"]]
+    assert counts == [1, 2, 3]
+    assert c.stats.bridges == 2
+
+
+def test_max_turns_ends_the_rollout(renderer):
+    state = asyncio.run(
+        Echo(dataset=rows(1), max_turns=2).rollout(client(renderer, ["no"]), rows(1)[0])
+    )
+    assert state["turn"] == 2 and state["error"] is None
+
+
+def test_tool_env_puts_tool_images_in_tool_messages(renderer):
+    def crop(x: int, y: int):
+        """Crop the picture."""
+        return [picture(0).crop((x, y, x + 8, y + 8)), "cropped"]
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[crop], max_turns=4)
+    calls = iter(
+        ['<tool_call>\n{"name": "crop", "arguments": {"x": 1, "y": 2}}\n</tool_call>', "done"]
+    )
+    c = client(renderer, lambda request: next(calls))
+    state = asyncio.run(env.rollout(c, rows(1)[0]))
+    roles = [m["role"] for m in state["completion"]]
+    assert roles == ["assistant", "tool", "assistant"] and state["error"] is None
+    tool = state["completion"][1]
+    assert tool["content"][0]["type"] == "image" and tool["content"][1]["text"] == "cropped"
+    assert state["trajectory"][1].tokens.multi_modal_data.num_items("image") == 2
+
+
+def test_tool_errors_are_told_to_the_model(renderer):
+    def boom(x: int):
+        """Fails."""
+        raise RuntimeError("no such region")
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[boom], max_turns=2)
+    calls = iter(['<tool_call>\n{"name": "boom", "arguments": {"x": 1}}\n</tool_call>',
+                  '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'])  # fmt: skip
+    state = asyncio.run(env.rollout(client(renderer, lambda r: next(calls)), rows(1)[0]))
+    assert "RuntimeError: no such region" in state["completion"][1]["content"]
+    assert state["error"] is None
+
+
+def test_a_corrupt_image_fails_that_rollout_only(renderer):
+    data = rows(2)
+    data[0]["image"] = b"not an image at all"
+    env = vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric([lambda completion: 1.0]))
+    outs = asyncio.run(env.evaluate(client(renderer, ["yes"])))
+    by_id = {o.example_id: o for o in outs}
+    assert "ImageDecodeError" in by_id[0].error and by_id[0].reward == 0.0
+    assert by_id[1].error is None and by_id[1].reward == 1.0
+
+
+def test_backend_errors_and_env_exceptions_are_recorded(renderer):
+    class Down:
+        name = "down"
+        max_model_len = None
+
+        async def generate(self, request):
+            raise BackendUnavailableError("server gone", backend="down")
+
+        async def aclose(self):
+            pass
+
+    outs = asyncio.run(
+        vf.SingleTurnEnv(dataset=rows(1)).evaluate(vf.RendererClient(Down(), renderer))
+    )
+    assert "BackendUnavailableError: server gone" in outs[0].error
+
+    class Raises(vf.MultiTurnEnv):
+        async def env_response(self, messages, state):
+            raise KeyError("oops")
+
+    state = asyncio.run(Raises(dataset=rows(1)).rollout(client(renderer, ["x"]), rows(1)[0]))
+    assert state["error"].startswith("KeyError: 'oops' (at test_rollouts.py:")
+
+
+def test_timeout_is_recorded(renderer):
+    class Slow(vf.MultiTurnEnv):
+        async def env_response(self, messages, state):
+            await asyncio.sleep(5)
+            return []
+
+    state = asyncio.run(
+        Slow(dataset=rows(1), timeout_s=0.2).rollout(client(renderer, ["x"]), rows(1)[0])
+    )
+    assert "timed out after 0.2 s" in state["error"]
+
+
+def test_evaluate_skips_done_pairs_and_reports_each_result(renderer):
+    seen = []
+    env = vf.SingleTurnEnv(dataset=rows(2), rubric=vf.Rubric([lambda completion: 1.0]))
+    asyncio.run(env.evaluate(client(renderer, ["x"]), rollouts_per_example=2, skip={(0, 1), (1, 0)},
+                             on_result=lambda out, index: seen.append((out.example_id, index))))  # fmt: skip
+    assert sorted(seen) == [(0, 0), (1, 1)]
+
+
+def test_seeded_evaluation_is_repeatable(renderer):
+    from vf_mm.inference import LocalBackend
+
+    env = vf.SingleTurnEnv(dataset=rows(2), sampling_args={"max_tokens": 4})
+
+    async def run():
+        backend = LocalBackend(renderer.tokenizer.name_or_path)
+        try:
+            outs = await env.evaluate(
+                vf.RendererClient(backend, renderer), seed=7, rollouts_per_example=2
+            )
+        finally:
+            await backend.aclose()
+        return sorted((o.example_id, o.trajectory[0].tokens.completion_ids) for o in outs)
+
+    assert asyncio.run(run()) == asyncio.run(run())
+
+
+def test_finish_state_sees_the_last_turn_and_state_keeps_the_row(renderer):
+    class Counting(vf.MultiTurnEnv):
+        async def env_response(self, messages, state):
+            return [{"role": "user", "content": "go on"}]
+
+        def finish_state(self, state):
+            state["final"] = (
+                state["turn"],
+                state["completion"][-1]["content"],
+                state["row"]["extra"],
+            )
+
+    row = {"question": "q", "extra": 42}
+    state = asyncio.run(
+        Counting(dataset=[row], max_turns=2).rollout(client(renderer, ["a", "b"]), row)
+    )
+    assert state["final"] == (2, "b", 42)
+
+
+def test_tools_can_ask_for_the_rollout_state(renderer):
+    def where(x: int, state):
+        """Report the example."""
+        return f"{x} in example {state['example_id']}"
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[where], max_turns=2)
+    assert "state" not in env.tools[0]["function"]["parameters"]["properties"]
+    call = '<tool_call>\n{"name": "where", "arguments": {"x": 5, "state": "forged"}}\n</tool_call>'
+    state = asyncio.run(env.rollout(client(renderer, [call, "done"]), rows(1)[0], example_id=7))
+    assert state["completion"][1]["content"] == "5 in example 7"

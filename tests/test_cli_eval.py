@@ -1,0 +1,86 @@
+"""`vf-mm eval`: results, metadata and assets on disk; resume after a killed process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vf_mm.cli import main
+from vf_mm.rollouts import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def keys(outdir):
+    return sorted((r["example_id"], r["rollout_index"]) for r in read_results(outdir))
+
+
+def test_eval_writes_results_metadata_and_assets(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    assert (
+        main(["eval", "shapes", "-n", "2", "-r", "2", "-o", str(out), "-S", '{"max_tokens": 8}'])
+        == 0
+    )
+    rows = read_results(out)
+    assert len(rows) == 4 and keys(out) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["finished_at"] and meta["results"]["count"] == 4
+    assert meta["config"]["sampling_args"]["max_tokens"] == 8
+    urls = [p["image_url"]["url"] for r in rows for m in r["prompt"] if isinstance(m["content"], list)
+            for p in m["content"] if p["type"] == "image_url"]  # fmt: skip
+    assert urls and all((out / u).is_file() for u in urls)
+    assert "base64" not in (out / "results.jsonl").read_text()
+    assert "reward" in capsys.readouterr().out
+
+
+def test_resume_after_kill_9_yields_each_rollout_once(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "VF_MM_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "vf_mm.cli._main", "eval", "shapes", "-n", "6", "-r", "2", "-c", "2",
+           "-o", str(out), "-S", '{"max_tokens": 16}']  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 120
+    results = out / "results.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and results.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        pytest.fail(
+            f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+        )
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = keys(out)
+    assert 3 <= len(partial) < 12
+    done = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert keys(out) == [(e, r) for e in range(6) for r in range(2)]
+    assert json.loads((out / "metadata.json").read_text())["results"]["count"] == 12
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    assert (
+        main(["eval", "shapes", "-n", "1", "-r", "1", "-o", str(out), "-S", '{"max_tokens": 4}'])
+        == 0
+    )
+    assert main(["eval", "shapes", "-n", "2", "-r", "1", "-o", str(out), "--resume"]) == 1
+    assert "num_examples" in capsys.readouterr().err
+
+
+def test_unknown_environment_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "no-such-env", "-o", str(tmp_path / "x")]) == 1
+    assert "EnvironmentNotFoundError" in capsys.readouterr().err

@@ -1,0 +1,28 @@
+"""Environments: the contract (``Environment``, ``MultiTurnEnv``, ``SingleTurnEnv``,
+``ToolEnv``, ``State``, ``@stop``), scoring (``Rubric``, ``Parser``, ``XMLParser``,
+``ThinkParser``), loading (``load_environment``) and ``check_environment``."""
+
+from vf_mm.envs._check import check_environment
+from vf_mm.envs._env import Environment, MultiTurnEnv, SingleTurnEnv, State, stop
+from vf_mm.envs._loading import ENTRY_POINT_GROUP, list_environments, load_environment
+from vf_mm.envs._parser import Parser, ThinkParser, XMLParser
+from vf_mm.envs._rubric import Rubric
+from vf_mm.envs._tools import ToolEnv, tool_schema
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Environment",
+    "MultiTurnEnv",
+    "Parser",
+    "Rubric",
+    "SingleTurnEnv",
+    "State",
+    "ThinkParser",
+    "ToolEnv",
+    "XMLParser",
+    "check_environment",
+    "list_environments",
+    "load_environment",
+    "stop",
+    "tool_schema",
+]

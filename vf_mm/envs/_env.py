@@ -1,0 +1,390 @@
+"""Environments: the dataset, the rollout loop, the rubric.
+
+``Environment`` owns a dataset of examples and turns each row into a prompt (system
+prompt, question, the row's images as content parts). ``MultiTurnEnv.rollout`` runs
+one rollout: model turn, then ``env_response``, until a stop condition holds; every
+model turn goes through a ``RendererClient`` (so later turns bridge onto earlier
+tokens, images carried forward) and lands in ``state["trajectory"]``.
+``SingleTurnEnv`` is one model turn. ``evaluate`` runs many rollouts concurrently,
+scores each example's group with the rubric, and hands every finished rollout to a
+callback as it completes.
+
+A rollout that fails (an image that does not load, a backend error, a timeout, an
+exception in environment code) is returned with ``error`` set and reward 0: the run
+goes on. Nothing here keeps module-level state; a ``State`` lives for one rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+import traceback
+import zlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from vf_mm.client import RendererClient
+from vf_mm.envs._parser import Parser
+from vf_mm.envs._rubric import Rubric
+from vf_mm.errors import VfMmError
+from vf_mm.inference._types import SamplingParams
+from vf_mm.types import Messages, RolloutOutput
+
+IMAGE_COLUMNS = ("image", "images")
+_STOP_ATTR = "__vf_mm_stop__"
+
+
+def stop(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a ``MultiTurnEnv`` method ``(self, state) -> bool`` (sync or async) as a stop
+    condition: the rollout ends after a model turn for which any of them is true."""
+    setattr(func, _STOP_ATTR, True)
+    return func
+
+
+class State(dict):
+    """Everything about one rollout, as a dict (reward functions receive it as ``state``).
+
+    Keys vf_mm sets: ``prompt``, ``completion``, ``answer``, ``info``, ``example_id``,
+    ``rollout_index``, ``task``, ``row`` (the whole dataset row), ``turn`` (model turns
+    so far), ``trajectory`` (the ``TrajectoryStep`` list), ``error``, ``timing``.
+    Environments add their own keys.
+    """
+
+    @property
+    def turn(self) -> int:
+        return self["turn"]
+
+    @property
+    def trajectory(self) -> list[Any]:
+        return self["trajectory"]
+
+
+class Environment:
+    """The base: a dataset, how a row becomes a prompt, a rubric, sampling defaults.
+
+    ``dataset`` / ``eval_dataset``: Hugging Face ``datasets.Dataset`` (or a list of
+    dicts) with a ``question`` column (or ``prompt``: a message list), optional
+    ``answer``, ``info`` (a dict), ``task`` and image columns (``image``: one image,
+    ``images``: a list; PIL images, bytes or paths), which become image parts of the
+    first user message, before its text.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: Any = None,
+        eval_dataset: Any = None,
+        system_prompt: str | None = None,
+        parser: Parser | None = None,
+        rubric: Rubric | None = None,
+        sampling_args: Mapping[str, Any] | None = None,
+        env_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        if dataset is None and eval_dataset is None:
+            raise ValueError("an environment needs a dataset or an eval_dataset")
+        self.dataset = dataset
+        self.eval_dataset = eval_dataset
+        self.system_prompt = system_prompt
+        self.parser = parser or (rubric.parser if rubric is not None else Parser())
+        self.rubric = rubric or Rubric(parser=self.parser)
+        self.sampling_args = dict(sampling_args or {})
+        self.env_id = env_id or type(self).__name__
+        self.timeout_s = timeout_s
+        self.tools: list[dict[str, Any]] | None = None
+
+    # -- data ---------------------------------------------------------------------------
+
+    def get_dataset(self, n: int = -1, *, seed: int | None = None) -> list[dict[str, Any]]:
+        return _rows(self.dataset if self.dataset is not None else self.eval_dataset, n, seed)
+
+    def get_eval_dataset(self, n: int = -1, *, seed: int | None = None) -> list[dict[str, Any]]:
+        return _rows(self.eval_dataset if self.eval_dataset is not None else self.dataset, n, seed)
+
+    def format_prompt(self, row: Mapping[str, Any]) -> Messages:
+        """The prompt messages of one dataset row (never mutates the row)."""
+        if row.get("prompt") is not None:
+            messages = [dict(m) for m in row["prompt"]]
+        elif row.get("question") is not None:
+            messages = [{"role": "user", "content": str(row["question"])}]
+        else:
+            raise ValueError("a dataset row needs a 'question' or a 'prompt' column")
+        images = []
+        for column in IMAGE_COLUMNS:
+            value = row.get(column)
+            if value is None:
+                continue
+            images.extend(value if isinstance(value, (list, tuple)) else [value])
+        if images:
+            first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+            if first is None:
+                raise ValueError("a row with images needs a user message to put them in")
+            content = messages[first]["content"]
+            parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            image_parts = [_image_part(image) for image in images]
+            messages[first] = {**messages[first], "content": [*image_parts, *parts]}
+        if self.system_prompt and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        return messages
+
+    def sampling(self, overrides: Mapping[str, Any] | None = None) -> SamplingParams:
+        return SamplingParams.from_dict({**self.sampling_args, **dict(overrides or {})})
+
+    # -- rollouts -----------------------------------------------------------------------
+
+    async def rollout(
+        self,
+        client: RendererClient,
+        row: Mapping[str, Any],
+        *,
+        example_id: int | str = 0,
+        rollout_index: int = 0,
+        sampling: SamplingParams | None = None,
+    ) -> State:
+        raise NotImplementedError
+
+    async def evaluate(
+        self,
+        client: RendererClient,
+        *,
+        num_examples: int = -1,
+        rollouts_per_example: int = 1,
+        concurrency: int = 32,
+        sampling_args: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        skip: set[tuple[Any, int]] | None = None,
+        on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
+    ) -> list[RolloutOutput]:
+        """Run ``rollouts_per_example`` rollouts of the first ``num_examples`` eval rows.
+
+        Rollouts of one example are scored together (group rewards see the group). Each
+        scored rollout is passed to ``on_result(output, rollout_index)`` as soon as its
+        group finishes. ``skip`` holds ``(example_id, rollout_index)`` pairs already done
+        (a resumed run). ``seed`` seeds sampling per rollout (example, index).
+        """
+        rows = self.get_eval_dataset(num_examples)
+        sampling = self.sampling(sampling_args)
+        limit = asyncio.Semaphore(concurrency)
+        skip = skip or set()
+        outputs: list[RolloutOutput] = []
+
+        async def one(row: Mapping[str, Any], example_id: Any, index: int) -> State:
+            async with limit:
+                params = sampling
+                if seed is not None:
+                    key = f"{seed}:{example_id}:{index}".encode()
+                    params = _with_seed(sampling, zlib.crc32(key))  # stable across processes
+                return await self.rollout(
+                    client, row, example_id=example_id, rollout_index=index, sampling=params
+                )
+
+        async def group(row: Mapping[str, Any], example_id: Any) -> None:
+            todo = [i for i in range(rollouts_per_example) if (example_id, i) not in skip]
+            if not todo:
+                return
+            states = await asyncio.gather(*(one(row, example_id, i) for i in todo))
+            for index, output in zip(todo, await self.score(states), strict=True):
+                outputs.append(output)
+                if on_result is not None:
+                    result = on_result(output, index)
+                    if inspect.isawaitable(result):
+                        await result
+
+        await asyncio.gather(*(group(row, row.get("example_id", i)) for i, row in enumerate(rows)))
+        return outputs
+
+    async def score(self, states: Sequence[State]) -> list[RolloutOutput]:
+        """Score one example's group of rollouts; a rubric failure becomes each rollout's error."""
+        start = time.perf_counter()
+        try:
+            scores = await self.rubric.score_group(states)
+        except Exception as exc:  # env code: record it, keep the run going
+            message = f"scoring failed: {_describe(exc)}"
+            scores = [(0.0, {})] * len(states)
+            for state in states:
+                state["error"] = state.get("error") or message
+        elapsed = time.perf_counter() - start
+        outputs = []
+        for state, (reward, metrics) in zip(states, scores, strict=True):
+            state["timing"]["scoring_s"] = elapsed
+            outputs.append(
+                RolloutOutput(
+                    example_id=state["example_id"],
+                    prompt=state["prompt"],
+                    completion=state["completion"],
+                    answer=state.get("answer"),
+                    info=state.get("info") or {},
+                    trajectory=state["trajectory"],
+                    reward=reward,
+                    metrics=metrics,
+                    error=state.get("error"),
+                    timing=dict(state["timing"]),
+                )
+            )
+        return outputs
+
+    def new_state(self, row: Mapping[str, Any], *, example_id: Any, rollout_index: int) -> State:
+        prompt = self.format_prompt(row)
+        return State(
+            prompt=prompt,
+            completion=[],
+            answer=row.get("answer"),
+            info=dict(row.get("info") or {}),
+            task=row.get("task", self.env_id),
+            example_id=example_id,
+            rollout_index=rollout_index,
+            turn=0,
+            trajectory=[],
+            error=None,
+            timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
+            row=dict(row),
+        )
+
+
+class MultiTurnEnv(Environment):
+    """Model turn, ``env_response``, repeat; until ``max_turns`` model turns or a stop
+    condition (a method marked ``@vf_mm.stop``) holds, or ``env_response`` sets
+    ``state["done"] = True``. ``timeout_s`` bounds one rollout."""
+
+    def __init__(self, *, max_turns: int = 10, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+        self._stops = [
+            getattr(self, name)
+            for name in dir(type(self))
+            if getattr(getattr(type(self), name, None), _STOP_ATTR, False)
+        ]
+
+    async def setup_state(self, state: State) -> None:
+        """Hook: prepare per-rollout state before the first turn (sync or async)."""
+
+    async def env_response(self, messages: Messages, state: State) -> Messages:
+        """The environment's answer to the model's last message (new messages to append)."""
+        return []
+
+    async def finish_state(self, state: State) -> None:
+        """Hook: called once the rollout's last model turn is in (sync or async), before
+        scoring. The last turn gets no ``env_response`` (nobody would read it), so an
+        environment whose state changes with the model's final action applies it here."""
+
+    async def rollout(
+        self,
+        client: RendererClient,
+        row: Mapping[str, Any],
+        *,
+        example_id: int | str = 0,
+        rollout_index: int = 0,
+        sampling: SamplingParams | None = None,
+    ) -> State:
+        start = time.perf_counter()
+        try:
+            state = self.new_state(row, example_id=example_id, rollout_index=rollout_index)
+        except Exception as exc:
+            state = State(
+                prompt=[], completion=[], answer=row.get("answer"), info=dict(row.get("info") or {}),
+                task=self.env_id, example_id=example_id, rollout_index=rollout_index, turn=0,
+                trajectory=[], error=f"bad example: {_describe(exc)}",
+                timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
+            )  # fmt: skip
+            return state
+        try:
+            await asyncio.wait_for(self._run(client, state, sampling), timeout=self.timeout_s)
+        except TimeoutError:
+            state["error"] = f"rollout timed out after {self.timeout_s} s (turn {state['turn']})"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a backend, image or env failure fails this rollout only
+            state["error"] = _describe(exc)
+        state["timing"]["total_s"] = time.perf_counter() - start
+        return state
+
+    async def _run(
+        self, client: RendererClient, state: State, sampling: SamplingParams | None
+    ) -> None:
+        await self._loop(client, state, sampling)
+        await _maybe_await(self.finish_state(state))
+
+    async def _loop(
+        self, client: RendererClient, state: State, sampling: SamplingParams | None
+    ) -> None:
+        await _maybe_await(self.setup_state(state))
+        messages: Messages = list(state["prompt"])
+        sampling = sampling or self.sampling()
+        while True:
+            t0 = time.perf_counter()
+            turn = await client.generate(
+                messages, trajectory=state["trajectory"], tools=self.tools, sampling=sampling
+            )
+            state["timing"]["generation_s"] += time.perf_counter() - t0
+            state["trajectory"].append(turn.step(messages))
+            messages = [*messages, turn.message]
+            state["turn"] += 1
+            state["completion"] = messages[len(state["prompt"]) :]
+            if await self._should_stop(state):
+                return
+            t0 = time.perf_counter()
+            reply = await _maybe_await(self.env_response(messages, state))
+            state["timing"]["env_s"] += time.perf_counter() - t0
+            messages = [*messages, *reply]
+            state["completion"] = messages[len(state["prompt"]) :]
+            if state.get("done"):
+                return
+
+    async def _should_stop(self, state: State) -> bool:
+        if state["turn"] >= self.max_turns:
+            return True
+        for check in self._stops:
+            if await _maybe_await(check(state)):
+                return True
+        return False
+
+
+class SingleTurnEnv(MultiTurnEnv):
+    """One model turn per rollout."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs["max_turns"] = 1
+        super().__init__(**kwargs)
+
+
+def _rows(dataset: Any, n: int, seed: int | None) -> list[dict[str, Any]]:
+    """The first ``n`` rows (after a seeded shuffle); only those rows are decoded."""
+    order = list(range(len(dataset)))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    if n is not None and n >= 0:
+        order = order[:n]
+    return [dict(dataset[i]) for i in order]
+
+
+def _image_part(image: Any) -> dict[str, Any]:
+    if isinstance(image, Mapping) and image.get("type") in ("image", "image_url"):
+        return dict(image)
+    if isinstance(image, Mapping) and "bytes" in image:  # datasets' Image feature, undecoded
+        return {"type": "image", "image": image["bytes"] if image["bytes"] else image.get("path")}
+    return {"type": "image", "image": image}
+
+
+def _with_seed(sampling: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(sampling, seed=seed)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming the error: vf_mm errors by their message, others with where they came from."""
+    if isinstance(exc, VfMmError):
+        return f"{type(exc).__name__}: {exc}"
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = (
+        f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name})" if frame else ""
+    )
+    return f"{type(exc).__name__}: {exc}{where}"

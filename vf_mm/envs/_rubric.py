@@ -1,0 +1,165 @@
+"""Rubric: reward functions that receive what they name, weighted into one reward.
+
+A reward function declares the arguments it wants by name, from: ``prompt``,
+``completion``, ``answer``, ``state``, ``info``, ``parser``, ``example_id``, ``task``
+(and ``**kwargs`` for all of them); it may be async. Its weight scales its part of the
+reward; weight 0 makes it a *metric*: computed and reported, not rewarded. A group
+reward function (``group=True``) sees the whole group of rollouts for one example at
+once, each argument as a list (``prompts``, ``completions``, ``answers``, ``states``,
+``infos``), and returns one number per rollout.
+
+A rollout that failed (its ``state["error"]`` is set) is never passed to reward
+functions: it scores 0 and its error is what is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vf_mm.envs._parser import Parser
+
+ARGS = ("prompt", "completion", "answer", "state", "info", "parser", "example_id", "task")
+GROUP_ARGS = {"prompts": "prompt", "completions": "completion", "answers": "answer",
+              "states": "state", "infos": "info", "example_ids": "example_id", "tasks": "task"}  # fmt: skip
+
+
+@dataclass(slots=True)
+class RewardFunc:
+    func: Callable[..., Any]
+    name: str  # the metric's key: the function's name, made unique within the rubric
+    weight: float = 1.0
+    group: bool = False
+
+
+class Rubric:
+    def __init__(
+        self,
+        funcs: Sequence[Callable[..., Any]] = (),
+        weights: Sequence[float] | None = None,
+        *,
+        parser: Parser | None = None,
+    ) -> None:
+        if weights is not None and len(weights) != len(funcs):
+            raise ValueError(f"{len(funcs)} reward functions but {len(weights)} weights")
+        self.parser = parser or Parser()
+        self.funcs: list[RewardFunc] = []
+        for i, func in enumerate(funcs):
+            self.add_reward_func(func, weight=1.0 if weights is None else weights[i])
+
+    def add_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
+        self.funcs.append(RewardFunc(func, self._name(func), weight, group=False))
+
+    def add_metric(self, func: Callable[..., Any]) -> None:
+        """A function that is reported but does not count toward the reward."""
+        self.funcs.append(RewardFunc(func, self._name(func), 0.0, group=False))
+
+    def add_group_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
+        self.funcs.append(RewardFunc(func, self._name(func), weight, group=True))
+
+    def _name(self, func: Callable[..., Any]) -> str:
+        base = getattr(func, "__name__", type(func).__name__)
+        taken = {rf.name for rf in self.funcs}
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}_{n}", n + 1
+        return name
+
+    async def score_group(
+        self, states: Sequence[dict[str, Any]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        """(reward, metrics) for each rollout of one example's group."""
+        ok = [i for i, s in enumerate(states) if not s.get("error")]
+        metrics: list[dict[str, float]] = [{} for _ in states]
+        for rf in self.funcs:
+            if rf.group:
+                values = await _call(rf.func, self._group_kwargs(rf.func, [states[i] for i in ok]))
+                values = list(values)
+                if len(values) != len(ok):
+                    raise ValueError(
+                        f"group reward {rf.name} returned {len(values)} values for {len(ok)} rollouts"
+                    )
+                for i, value in zip(ok, values, strict=True):
+                    metrics[i][rf.name] = _number(rf.name, value)
+            else:
+                results = await asyncio.gather(
+                    *(_call(rf.func, self._kwargs(rf.func, states[i])) for i in ok)
+                )
+                for i, value in zip(ok, results, strict=True):
+                    metrics[i][rf.name] = _number(rf.name, value)
+        out = []
+        for i, state in enumerate(states):
+            if state.get("error"):
+                out.append((0.0, {}))
+                continue
+            reward = sum(rf.weight * metrics[i][rf.name] for rf in self.funcs if rf.weight)
+            out.append((float(reward), metrics[i]))
+        return out
+
+    async def score_rollout(self, state: dict[str, Any]) -> tuple[float, dict[str, float]]:
+        return (await self.score_group([state]))[0]
+
+    def _kwargs(self, func: Callable[..., Any], state: dict[str, Any]) -> dict[str, Any]:
+        return _select(func, self._available(state))
+
+    def _available(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "prompt": state.get("prompt"),
+            "completion": state.get("completion"),
+            "answer": state.get("answer"),
+            "state": state,
+            "info": state.get("info", {}),
+            "parser": self.parser,
+            "example_id": state.get("example_id"),
+            "task": state.get("task"),
+        }
+
+    def _group_kwargs(
+        self, func: Callable[..., Any], states: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        each = [self._available(s) for s in states]
+        available: dict[str, Any] = {
+            plural: [a[single] for a in each] for plural, single in GROUP_ARGS.items()
+        }
+        available["parser"] = self.parser
+        return _select(func, available)
+
+
+def _select(func: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(available)
+    missing = [
+        name for name, p in params.items()
+        if name not in available and p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL,)
+    ]  # fmt: skip
+    if missing:
+        raise TypeError(
+            f"reward function {getattr(func, '__name__', func)} asks for {missing}; "
+            f"it can ask for {sorted(available)}"
+        )
+    return {name: available[name] for name in params if name in available}
+
+
+async def _call(func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    result = func(**kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"reward function {name} returned {value!r}, not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"reward function {name} returned {number}, not a finite number")
+    return number

@@ -1,0 +1,173 @@
+"""``ToolEnv``: plain Python functions become tools the model can call.
+
+Each function's JSON schema comes from its signature (parameter names, type hints,
+defaults) and its docstring (the first paragraph describes the tool; ``name: text``
+lines under ``Args:`` describe parameters). A parameter named ``state`` is left out of
+the schema and receives the rollout's ``State`` (e.g. the image a ``zoom`` tool crops). After each model turn the environment runs
+the calls it made, in order, and answers with one ``tool`` message per call. A tool
+may return text, a number, JSON-able data, or images (a PIL image, or a list mixing
+images and text): images land in the tool message as image parts, so the model sees
+them on its next turn. A call that fails (unknown tool, bad JSON arguments, the tool
+raising) is answered with the error text in its tool message: the model can recover.
+The rollout ends when a model turn makes no tool call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from vf_mm.envs._env import MultiTurnEnv, State, _maybe_await, stop
+from vf_mm.types import Messages
+
+STATE_ARG = "state"
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
+                               dict: "object", list: "array"}  # fmt: skip
+
+
+def tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
+    """The OpenAI-style tool schema of ``func``."""
+    doc = inspect.getdoc(func) or ""
+    description, arg_docs = _parse_doc(doc)
+    hints = typing.get_type_hints(func)
+    properties: dict[str, Any] = {}
+    required = []
+    for name, param in inspect.signature(func).parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if name == STATE_ARG:  # filled in by the environment, never by the model
+            continue
+        prop = _json_type(hints.get(name, Any))
+        if name in arg_docs:
+            prop["description"] = arg_docs[name]
+        properties[name] = prop
+        if param.default is inspect.Parameter.empty:
+            required.append(name)
+    return {
+        "type": "function",
+        "function": {
+            "name": func.__name__,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+class ToolEnv(MultiTurnEnv):
+    """A multi-turn environment whose environment turns are tool results."""
+
+    def __init__(
+        self, *, tools: Sequence[Callable[..., Any]], max_turns: int = 10, **kwargs: Any
+    ) -> None:
+        super().__init__(max_turns=max_turns, **kwargs)
+        self.tool_funcs = {f.__name__: f for f in tools}
+        self.tools = [tool_schema(f) for f in tools]
+
+    @stop
+    def no_tool_calls(self, state: State) -> bool:
+        last = state["completion"][-1] if state["completion"] else {}
+        return not last.get("tool_calls")
+
+    async def env_response(self, messages: Messages, state: State) -> Messages:
+        replies = []
+        for call in messages[-1].get("tool_calls") or []:
+            replies.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.get("id", ""),
+                    "name": call.get("function", {}).get("name", ""),
+                    "content": await self.call_tool(call, state),
+                }
+            )
+        return replies
+
+    async def call_tool(self, call: Mapping[str, Any], state: State) -> str | list[dict[str, Any]]:
+        function = call.get("function") or {}
+        name = function.get("name")
+        func = self.tool_funcs.get(name)
+        if func is None:
+            return f"Error: unknown tool {name!r}; available: {', '.join(self.tool_funcs)}"
+        try:
+            args = function.get("arguments") or {}
+            if isinstance(args, str):
+                args = json.loads(args) if args.strip() else {}
+            if not isinstance(args, dict):
+                return "Error: tool arguments must be a JSON object"
+            args.pop(STATE_ARG, None)  # the model may not set it
+            if STATE_ARG in inspect.signature(func).parameters:
+                args[STATE_ARG] = state
+            result = await _maybe_await(func(**args))
+        except Exception as exc:  # the model sees the error and may try again
+            return f"Error: {type(exc).__name__}: {exc}"
+        return _tool_content(result)
+
+
+def _tool_content(result: Any) -> str | list[dict[str, Any]]:
+    items = (
+        result
+        if isinstance(result, (list, tuple)) and any(_is_image(r) for r in result)
+        else [result]
+    )
+    if not any(_is_image(r) for r in items):
+        return result if isinstance(result, str) else json.dumps(result, default=str)
+    parts: list[dict[str, Any]] = []
+    for item in items:
+        if _is_image(item):
+            parts.append({"type": "image", "image": item})
+        else:
+            parts.append(
+                {
+                    "type": "text",
+                    "text": item if isinstance(item, str) else json.dumps(item, default=str),
+                }
+            )
+    return parts
+
+
+def _is_image(value: Any) -> bool:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - pillow is a dependency
+        return False
+    return isinstance(value, Image.Image)
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    if origin in (list, tuple, Sequence):
+        args = typing.get_args(hint)
+        return {"type": "array", "items": _json_type(args[0])} if args else {"type": "array"}
+    if origin in (dict, Mapping):
+        return {"type": "object"}
+    if origin is typing.Literal:
+        values = list(typing.get_args(hint))
+        return {**_json_type(type(values[0])), "enum": values}
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return (
+            _json_type(options[0])
+            if len(options) == 1
+            else {"anyOf": [_json_type(a) for a in options]}
+        )
+    return {}
+
+
+def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
+    description = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    args: dict[str, str] = {}
+    section = re.search(
+        r"^(?:Args|Arguments|Parameters):\s*\n(.*?)(?:\n\s*\n|\Z)", doc, re.M | re.S
+    )
+    if section:
+        for line in section.group(1).splitlines():
+            match = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)", line)
+            if match:
+                args[match.group(1)] = match.group(2).strip()
+    return description, args

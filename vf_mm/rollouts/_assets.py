@@ -1,0 +1,350 @@
+"""Content-addressed image assets, and JSON-ready copies of messages.
+
+``AssetStore(outdir)`` keeps each distinct image once, as ``OUTDIR/assets/<hash>.png``
+where ``<hash>`` is ``vf_mm.images.image_hash`` of the RGB image that
+``vf_mm.images.load_image`` makes of it: the same pixels from a PIL image, PNG bytes or a
+``data:`` URL are one file. A file is written to a temporary name in the same folder,
+fsynced and renamed into place (``os.replace``), so a reader (or a run killed mid-write)
+never sees half a PNG; a file that already exists is never written again.
+
+``AssetStore.to_jsonable(messages)`` is what goes into ``results.jsonl``: a copy of
+OpenAI-style messages in which every image part is ``{"type": "image_url", "image_url":
+{"url": "assets/<hash>.png"}}`` (relative to OUTDIR). http(s) image URLs are kept as given
+(never fetched). Every other value must already be JSON (``str``, numbers, ``bool``,
+``None``, lists and str-keyed dicts of those); bytes, tensors, arrays, NaN and infinity
+are refused with a ``ResultsError`` naming the message and the field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from vf_mm.errors import ResultsError
+from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.types import IMAGE_PART_TYPES
+
+__all__ = [
+    "ASSETS_DIR",
+    "AssetStore",
+    "atomic_write_bytes",
+    "fsync_dir",
+    "to_json_value",
+]
+
+#: The folder (inside OUTDIR) that holds the image assets.
+ASSETS_DIR = "assets"
+
+_TMP_MARK = ".tmp-"
+_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
+_HTTP_URL = re.compile(r"^https?://", re.IGNORECASE)
+# keys of an image part that hold the image itself (vf_mm, OpenAI and transformers forms)
+_IMAGE_SOURCE_KEYS = frozenset({"type", "image", "image_url", "url", "path"})
+
+
+# -- files -------------------------------------------------------------------------
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename or a new file in ``path`` durable (best effort where a folder
+    cannot be opened, as on Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temp_in(folder: Path, final_name: str) -> tuple[int, str]:
+    """A new temporary file beside ``final_name``: ``.<final_name>.tmp-<random>``."""
+    return tempfile.mkstemp(dir=folder, prefix=f".{final_name}{_TMP_MARK}")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is one of our temporary files (left behind by a killed writer)."""
+    return name.startswith(".") and _TMP_MARK in name
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync,
+    ``os.replace``, fsync the folder. A reader sees the old file or the new one."""
+    path = Path(path)
+    fd, tmp = _temp_in(path.parent, path.name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+# -- JSON values -------------------------------------------------------------------
+
+
+def _refusal(value: Any) -> str:
+    kind = type(value)
+    name = (
+        f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__name__
+    )
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        hint = "bytes are not JSON: put an image in an image content part, decode text first"
+    elif hasattr(value, "tolist") and hasattr(value, "shape"):
+        hint = "a tensor or array is not JSON: convert it (.tolist()) or leave it out"
+    elif isinstance(value, Image.Image):
+        hint = "images are stored as assets only from message content parts"
+    elif isinstance(value, (set, frozenset)):
+        hint = "a set is not JSON: pass a sorted list"
+    else:
+        hint = "only str, int, float, bool, None, lists and str-keyed dicts are stored"
+    return f"{name} is not JSON ({hint})"
+
+
+def _at(where: str, path: str) -> str:
+    return f"{where}, field {path!r}" if path else where
+
+
+def to_json_value(value: Any, where: str, path: str = "") -> Any:
+    """A JSON-native copy of ``value`` (dicts, lists, str, int, float, bool, None).
+
+    Tuples become lists; ``numbers.Integral``/``numbers.Real`` (numpy scalars) become
+    ``int``/``float``. Refused with ``ResultsError`` naming ``where`` and the path inside
+    it (``path`` names ``value`` itself): anything else (bytes, tensors, arrays, sets, objects), dict keys that are not
+    ``str``, and NaN or infinity (JSON has no such numbers).
+    """
+
+    def convert(v: Any, path: str) -> Any:
+        if v is None or isinstance(v, (str, bool)):
+            return v
+        if isinstance(v, numbers.Integral):
+            return int(v)
+        if isinstance(v, numbers.Real):
+            f = float(v)
+            if not math.isfinite(f):
+                raise ResultsError(
+                    f"{_at(where, path)}: {f} is not JSON (JSON has no NaN or infinity; "
+                    "record a failed value as None)"
+                )
+            return f
+        if isinstance(v, Mapping):
+            out: dict[str, Any] = {}
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise ResultsError(
+                        f"{_at(where, path)}: dict key {k!r} ({type(k).__name__}) is not "
+                        "a str; JSON keys are strings"
+                    )
+                out[k] = convert(item, f"{path}.{k}" if path else k)
+            return out
+        if isinstance(v, (list, tuple)):
+            return [convert(item, f"{path}[{i}]") for i, item in enumerate(v)]
+        raise ResultsError(f"{_at(where, path)}: {_refusal(v)}")
+
+    return convert(value, path)
+
+
+# -- the store ---------------------------------------------------------------------
+
+
+class AssetStore:
+    """Image files by content hash under ``root/assets/`` (``root`` is the OUTDIR).
+
+    ``add(source)`` stores one image and returns its URL relative to ``root``
+    (``"assets/<hash>.png"``); ``to_jsonable(messages)`` does it for every image part
+    of a conversation. Thread safe. ``written`` counts the files this object wrote.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        policy: ImagePolicy | None = None,
+        compress_level: int = 6,
+    ) -> None:
+        self.root = Path(root)
+        self.dir = self.root / ASSETS_DIR
+        self.policy = policy
+        self.compress_level = compress_level
+        self.written = 0
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+        self._dir_dirty = False
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    # -- single images
+
+    def path(self, digest: str) -> Path:
+        """Where the asset with this hash lives (it may not exist)."""
+        return self.dir / f"{digest}.png"
+
+    @staticmethod
+    def url(digest: str) -> str:
+        """The asset's URL relative to OUTDIR, as results.jsonl holds it."""
+        return f"{ASSETS_DIR}/{digest}.png"
+
+    def __contains__(self, digest: object) -> bool:
+        return isinstance(digest, str) and (digest in self._known or self.path(digest).is_file())
+
+    def add(
+        self, source: Any, *, policy: ImagePolicy | None = None, where: str | None = None
+    ) -> str:
+        """Load ``source`` (anything ``load_image`` takes) and store it; return its URL
+        (``"assets/<hash>.png"``). Raises ``vf_mm.errors.ImageError`` if it does not load."""
+        image = load_image(source, policy=policy or self.policy, where=where)
+        return self.add_rgb(image)
+
+    def add_rgb(self, image: Image.Image) -> str:
+        """Store an RGB image (a ``load_image`` result); return its URL."""
+        digest = image_hash(image)
+        if digest in self._known:
+            return self.url(digest)
+        final = self.path(digest)
+        if final.is_file():
+            self._known.add(digest)
+            return self.url(digest)
+        fd, tmp = _temp_in(self.dir, final.name)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                image.save(f, format="PNG", compress_level=self.compress_level)
+                f.flush()
+                os.fsync(f.fileno())
+            with self._lock:
+                if final.is_file():  # another thread stored it meanwhile: keep theirs
+                    os.unlink(tmp)
+                else:
+                    os.replace(tmp, final)
+                    self.written += 1
+                    self._dir_dirty = True
+                self._known.add(digest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return self.url(digest)
+
+    def sync(self) -> None:
+        """Make the renames of new assets durable (fsync the folder) if there were any."""
+        with self._lock:
+            dirty, self._dir_dirty = self._dir_dirty, False
+        if dirty:
+            fsync_dir(self.dir)
+
+    def remove_temp_files(self) -> int:
+        """Delete temporary files a killed writer left in the assets folder; returns how
+        many. Only call this while no other writer uses the folder."""
+        removed = 0
+        for entry in os.scandir(self.dir):
+            if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+        return removed
+
+    # -- conversations
+
+    def to_jsonable(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        policy: ImagePolicy | None = None,
+        where: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """A JSON-ready copy of ``messages`` with every image stored as an asset.
+
+        Image parts (``{"type": "image", "image": PIL | bytes | path}``, transformers'
+        ``{"type": "image", "url" | "path": ...}``, ``{"type": "image_url", "image_url":
+        {"url": "data:..." | path}}``) become ``{"type": "image_url", "image_url": {"url":
+        "assets/<hash>.png"}}``, keeping ``detail`` and any other JSON keys of the part.
+        http(s) URLs are kept as given (not fetched); an ``assets/<hash>.png`` URL whose
+        file is in this store is kept (so the output can be converted again). Everything
+        else is copied (tool calls, ``reasoning_content``, ``name``, ...) and must be JSON.
+        ``messages`` is never modified. Images load with ``policy`` (the store's when None;
+        ``ImagePolicy()`` then: any local path, no network). ``where`` is put before the
+        place in errors (``"example 3 rollout 0, prompt"`` -> ``"..., prompt, message 2"``).
+        """
+        if isinstance(messages, (str, bytes, Mapping)):
+            raise ResultsError(
+                f"{where or 'messages'}: must be a list of message dicts, "
+                f"not {type(messages).__name__}"
+            )
+        policy = policy or self.policy
+        out: list[dict[str, Any]] = []
+        for m, message in enumerate(messages):
+            at = f"message {m}" if where is None else f"{where}, message {m}"
+            if not isinstance(message, Mapping):
+                raise ResultsError(f"{at}: a message must be a dict, not {type(message).__name__}")
+            copy: dict[str, Any] = {}
+            for key, value in message.items():
+                if not isinstance(key, str):
+                    raise ResultsError(f"{at}: key {key!r} is not a str")
+                if key == "content":
+                    copy[key] = self._content(value, at, policy)
+                else:
+                    copy[key] = to_json_value(value, at, key)
+            out.append(copy)
+        return out
+
+    def _content(self, value: Any, where: str, policy: ImagePolicy | None) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, (list, tuple)):
+            return [self._part(part, f"{where}, part {p}", policy) for p, part in enumerate(value)]
+        raise ResultsError(
+            f"{where}, field 'content': must be a str, a list of parts or None, not "
+            f"{type(value).__name__}"
+        )
+
+    def _part(self, part: Any, where: str, policy: ImagePolicy | None) -> dict[str, Any]:
+        if not isinstance(part, Mapping):
+            raise ResultsError(f"{where}: a content part must be a dict, not {type(part).__name__}")
+        if part.get("type") not in IMAGE_PART_TYPES:
+            return to_json_value(part, where)
+        url = self._kept_url(part)
+        if url is None:
+            url = self.add(dict(part), policy=policy, where=where)
+        # keep what else the part says (``detail``, per-image options), converted as JSON
+        inner = part.get("image_url")
+        inner_rest = (
+            {k: v for k, v in inner.items() if k != "url"} if isinstance(inner, Mapping) else {}
+        )
+        rest = {k: v for k, v in part.items() if k not in _IMAGE_SOURCE_KEYS}
+        return {
+            "type": "image_url",
+            "image_url": {"url": url, **to_json_value(inner_rest, where, "image_url")},
+            **to_json_value(rest, where),
+        }
+
+    def _kept_url(self, part: Mapping[str, Any]) -> str | None:
+        """The part's URL when it is kept as it is: http(s), or an asset of this store."""
+        if part.get("type") == "image_url":
+            inner = part.get("image_url")
+            url = inner.get("url") if isinstance(inner, Mapping) else inner
+        else:
+            url = next((part[k] for k in ("image", "url", "path") if part.get(k) is not None), None)
+        if not isinstance(url, str):
+            return None
+        if _HTTP_URL.match(url):
+            return url
+        match = _ASSET_URL.match(url)
+        if match and match.group(1) in self:
+            return url
+        return None

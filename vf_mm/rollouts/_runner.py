@@ -1,0 +1,97 @@
+"""``evaluate_to_dir``: run an environment's evaluation into a results directory.
+
+What ``vf-mm eval`` does, without the terminal: open (or resume) the results store,
+skip the (example, rollout) pairs already written, run the rest concurrently, append
+each rollout as its example's group is scored, then write the aggregates. A progress
+callback sees every stored rollout; the CLI draws its progress bar from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vf_mm.rollouts._results import ResultsWriter, read_results, summarize
+
+
+@dataclass(slots=True)
+class EvalProgress:
+    """Counts so far, handed to the progress callback after each stored rollout."""
+
+    total: int
+    done_before: int  # already in the directory when a resumed run started
+    done: int = 0  # stored by this run
+    errors: int = 0
+    rewards: list[float] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def mean_reward(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+
+async def evaluate_to_dir(
+    env: Any,
+    client: Any,
+    outdir: str | Path,
+    *,
+    metadata: Mapping[str, Any],
+    num_examples: int = -1,
+    rollouts_per_example: int = 1,
+    concurrency: int = 32,
+    sampling_args: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    resume: bool = False,
+    on_progress: Callable[[EvalProgress], None] | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``env`` with ``client`` into ``outdir``; returns the aggregates written to
+    metadata.json (``summarize`` of every row, this run's and earlier ones)."""
+    outdir = Path(outdir)
+    with ResultsWriter(outdir, resume=resume, metadata=dict(metadata)) as writer:
+        rows = env.get_eval_dataset(num_examples)
+        progress = EvalProgress(
+            total=len(rows) * rollouts_per_example, done_before=len(writer.done)
+        )
+        if on_progress is not None:
+            on_progress(progress)
+
+        async def store(output: Any, rollout_index: int) -> None:
+            await writer.awrite(output, rollout_index=rollout_index)  # PNGs encode off the loop
+            progress.done += 1
+            if output.error:
+                progress.errors += 1
+            else:
+                progress.rewards.append(output.reward)
+            if on_progress is not None:
+                on_progress(progress)
+
+        await env.evaluate(
+            client,
+            num_examples=num_examples,
+            rollouts_per_example=rollouts_per_example,
+            concurrency=concurrency,
+            sampling_args=sampling_args,
+            seed=seed,
+            skip=set(writer.done),
+            on_result=store,
+        )
+        aggregates = summarize(read_results(outdir))
+        aggregates["time_s"] = time.perf_counter() - progress.started
+        stats = getattr(client, "stats", None)
+        if stats is not None:
+            aggregates["client"] = {
+                "turns": stats.turns,
+                "bridges": stats.bridges,
+                "renders": stats.renders,
+                "fallbacks": dict(stats.fallbacks),
+            }
+        writer.finalize(aggregates)
+    return aggregates
