@@ -115,3 +115,23 @@ def test_chat_backend_turns_carry_no_tokens():
 def test_token_backend_needs_a_renderer(renderer):
     with pytest.raises(ValueError, match="pass a renderer"):
         RendererClient(ScriptedBackend(renderer, ["x"]))
+
+
+def test_the_backend_is_told_the_renderers_stop_tokens(renderer):
+    backend = ScriptedBackend(renderer, ["ok"])
+    rollout(RendererClient(backend, renderer, sampling=SamplingParams(stop_token_ids=(5,))), 1)
+    assert set(backend.requests[0].sampling.stop_token_ids) == {5, *renderer.stop_token_ids}
+
+
+def test_in_place_edits_of_messages_do_not_rewrite_stored_steps(renderer):
+    def strip_images(t, messages):
+        for m in messages:  # an environment compacting its history in place
+            if isinstance(m["content"], list):
+                m["content"][:] = [p for p in m["content"] if p["type"] == "text"]
+        return messages
+
+    client = RendererClient(ScriptedBackend(renderer, ["ok"]), renderer)
+    _, trajectory, _ = rollout(client, 2, edit=strip_images)
+    first_prompt = trajectory[0].prompt
+    assert any(p["type"] == "image" for p in first_prompt[-1]["content"])
+    assert client.stats.bridges == 0  # the edited history is not a prefix: rendered in full

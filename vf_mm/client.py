@@ -19,7 +19,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vf_mm.errors import BackendProtocolError
@@ -59,9 +59,16 @@ class ModelTurn:
     tool_call_errors: list[str] = field(default_factory=list)
 
     def step(self, prompt: Messages, **extras: Any) -> TrajectoryStep:
-        """The trajectory step this turn makes (its completion is ``[self.message]``)."""
+        """The trajectory step this turn makes (its completion is ``[self.message]``).
+
+        The messages are copied (dicts and content lists; images are shared), so an
+        environment that later edits its message list in place cannot rewrite this step.
+        """
         return TrajectoryStep(
-            prompt=list(prompt), completion=[self.message], tokens=self.tokens, extras=extras
+            prompt=[_copy_message(m) for m in prompt],
+            completion=[_copy_message(self.message)],
+            tokens=self.tokens,
+            extras=extras,
         )
 
 
@@ -101,6 +108,9 @@ class RendererClient:
         self.stats.turns += 1
         if not self.token_level:
             return await self._chat(prompt, tools, sampling)
+        missing = [t for t in self.renderer.stop_token_ids if t not in sampling.stop_token_ids]  # type: ignore[union-attr]
+        if missing:  # the backend must stop where the renderer's turn ends
+            sampling = replace(sampling, stop_token_ids=(*sampling.stop_token_ids, *missing))
         start = time.perf_counter()
         rendered, bridged = await asyncio.to_thread(self._prompt_tokens, prompt, trajectory, tools)
         self.stats.render_s += time.perf_counter() - start
@@ -120,7 +130,7 @@ class RendererClient:
                 f"{self.backend.name} returned {len(result.logprobs)} logprobs for {n} tokens",
                 backend=self.backend.name,
             )
-        parsed = self.renderer.parse_response(result.completion_ids)  # type: ignore[union-attr]
+        parsed = await asyncio.to_thread(self.renderer.parse_response, result.completion_ids)  # type: ignore[union-attr]
         tokens = ResponseTokens(
             prompt_ids=result.prompt_ids if result.prompt_ids is not None else rendered.token_ids,
             completion_ids=list(result.completion_ids),
@@ -168,6 +178,7 @@ class RendererClient:
                 prompt[len(history) :],
                 tools=tools,
                 previous_multi_modal_data=step.tokens.multi_modal_data,
+                previous_messages=history,
             )
             if isinstance(out, RenderedTokens):
                 self.stats.bridges += 1
@@ -189,9 +200,17 @@ class RendererClient:
         return ModelTurn(message=result.message, tokens=None, usage=result.usage)
 
 
+def _copy_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [dict(part) if isinstance(part, Mapping) else part for part in content]
+    return {**message, "content": content}
+
+
 def _try_bridge(renderer: Any, *args: Any, **kwargs: Any) -> RenderedTokens | str:
     if hasattr(renderer, "try_bridge"):
         return renderer.try_bridge(*args, **kwargs)
+    kwargs.pop("previous_messages", None)
     out = renderer.bridge_to_next_turn(*args, **kwargs)
     return out if out is not None else "the renderer declined to bridge"
 

@@ -28,7 +28,12 @@ against the standard exceptions keeps working.
     ├── ResultsError (ValueError)              an evaluation results store (vf_mm.rollouts) refused:
     │   │                                      a non-JSON value, an outdir in use, a corrupt line
     │   └── ResumeMismatchError                resume=True with a different run configuration
+    ├── SidecarError (ValueError)              a training group frame (pack_group / unpack_group) refused:
+    │                                          one hash for two tensors, a missing image, bad placeholders
     ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
+    ├── TransportError                         the trainer hop (vf_mm.trainer): a target or socket unusable
+    │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
+    │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
     └── WireError                              the msgpack tensor codec and framed streams
         ├── EncodeError (TypeError)            a value the codec cannot put on the wire
         ├── DecodeError (ValueError)           bytes that are not a valid vf_mm message
@@ -45,6 +50,7 @@ so a failed item can be reported and skipped without losing the rest of a run.
 from __future__ import annotations
 
 __all__ = [
+    "BackPressureTimeout",
     "BackendError",
     "BackendHTTPError",
     "BackendProtocolError",
@@ -63,13 +69,16 @@ __all__ = [
     "MissingDependencyError",
     "MultiModalDataError",
     "PromptTooLongError",
+    "ReceiveTimeout",
     "RenderError",
     "ResultsError",
     "ResumeMismatchError",
+    "SidecarError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
     "TrajectoryError",
+    "TransportError",
     "UnsafeImageSourceError",
     "UnsupportedModelError",
     "VfMmError",
@@ -198,6 +207,14 @@ class ResumeMismatchError(ResultsError):
         self.differences = differences
 
 
+class SidecarError(VfMmError, ValueError):
+    """A group of rollouts that ``vf_mm.rollouts.pack_group`` will not pack or
+    ``unpack_group`` will not rebuild: two different tensors under one image hash, a step
+    that refers to an image the group does not carry, placeholders that break the sidecar
+    rules (overlapping, unsorted, past the prompt), or a frame that is not a group. The
+    message names the rollout and step."""
+
+
 class BackendError(VfMmError):
     """An inference request that failed; ``backend`` names the server or model."""
 
@@ -230,6 +247,25 @@ class PromptTooLongError(BackendError, ValueError):
         super().__init__(message, backend=backend)
         self.prompt_tokens = prompt_tokens
         self.limit = limit
+
+
+class TransportError(VfMmError):
+    """The trainer hop (``vf_mm.trainer.GroupSender`` / ``GroupReceiver``) cannot go on: a
+    target that is neither a path nor a ZeroMQ endpoint, an address that cannot be bound or
+    connected, a sender used after ``close``, pyzmq refusing an operation."""
+
+
+class BackPressureTimeout(TransportError, TimeoutError):
+    """A send waited longer than the sender's ``timeout_s`` for room in its bounded queue:
+    the trainer is not reading (or not there). ``sent`` groups went out before it."""
+
+    def __init__(self, message: str, *, sent: int = 0) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class ReceiveTimeout(TransportError, TimeoutError):
+    """No message reached the receiver within its ``timeout_s``."""
 
 
 class WireError(VfMmError):

@@ -98,7 +98,7 @@ def test_a_corrupt_image_fails_that_rollout_only(renderer):
     env = vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric([lambda completion: 1.0]))
     outs = asyncio.run(env.evaluate(client(renderer, ["yes"])))
     by_id = {o.example_id: o for o in outs}
-    assert "ImageDecodeError" in by_id[0].error and by_id[0].reward == 0.0
+    assert "ImageDecodeError" in by_id[0].error and by_id[0].reward is None
     assert by_id[1].error is None and by_id[1].reward == 1.0
 
 

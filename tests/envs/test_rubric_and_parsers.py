@@ -53,11 +53,11 @@ def test_group_rewards_see_the_whole_group():
     assert [r for r, _ in scores] == [0.0, 1.0]
 
 
-def test_failed_rollouts_score_zero_and_skip_reward_functions():
+def test_failed_rollouts_are_not_scored_and_skip_reward_functions():
     calls = []
     rubric = vf.Rubric([lambda completion: calls.append(1) or 1.0])
     scores = asyncio.run(rubric.score_group([state("x", error="boom"), state("y")]))
-    assert scores[0] == (0.0, {}) and scores[1][0] == 1.0 and len(calls) == 1
+    assert scores[0] == (None, {}) and scores[1][0] == 1.0 and len(calls) == 1
 
 
 @pytest.mark.parametrize("bad", [None, "x", float("nan"), float("inf")])

@@ -225,3 +225,54 @@ def test_images_reach_the_model(checkpoint, renderer):
 
     out_a, out_b = with_backend(checkpoint, go)
     assert out_a.logprobs != out_b.logprobs
+
+
+def test_logprobs_are_raw_even_if_the_checkpoint_sets_a_repetition_penalty(tmp_path, renderer):
+    import json
+    import shutil
+
+    from vf_mm.renderers._hf import model_class
+
+    path = tmp_path / "m"
+    shutil.copytree(renderer.tokenizer.name_or_path, path)
+    config = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**config, "repetition_penalty": 3.0}))
+    prompt = text_prompt(renderer)
+
+    async def go(b):
+        return await b.generate(
+            GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=6, temperature=0))
+        )
+
+    out = with_backend(path, go)
+    model = model_class("qwen2_5_vl").from_pretrained(path)
+    ids = torch.tensor([prompt.token_ids + out.completion_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    n = len(prompt.token_ids)
+    expected = [float(logp[n - 1 + i, t]) for i, t in enumerate(out.completion_ids)]
+    assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_worker_survives_a_closed_event_loop(checkpoint, renderer):
+    prompt = text_prompt(renderer)
+    backend = LocalBackend(checkpoint)
+
+    async def abandon():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                backend.generate(GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=64))),
+                0.01,
+            )
+
+    async def again():
+        try:
+            return await asyncio.wait_for(
+                backend.generate(GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=2))),
+                60,
+            )
+        finally:
+            await backend.aclose()
+
+    asyncio.run(abandon())
+    assert len(asyncio.run(again()).completion_ids) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -195,3 +196,57 @@ def test_qwen3_bridges_tool_results_after_reasoning(checkpoints):
     )
     assert bridged is not None
     assert bridged.token_ids == full.token_ids
+
+
+def test_refuses_a_completion_with_a_stop_token_before_its_end(renderer_and_processor):
+    renderer, _ = renderer_and_processor
+    first = renderer.render([{"role": "user", "content": "hi"}])
+    stop = renderer.stop_token_ids[0]
+    completion = [*sample(renderer, "a", stop=True), *sample(renderer, "b", stop=True)]
+    assert completion.count(stop) == 2
+    out = renderer.try_bridge(first.token_ids, completion, [{"role": "user", "content": "next"}])
+    assert out == "the completion has a stop token before its end"
+
+
+def test_qwen3_checks_the_real_history_when_given(checkpoints):
+    """Reasoning two turns back, a tool reply, a plain answer, then a new query: Qwen3
+    drops the old reasoning, so the bridge must refuse or equal the full render."""
+    from vf_mm.renderers import load_renderer
+
+    renderer = load_renderer(checkpoints["qwen3_vl"])
+    call = {"id": "c", "type": "function", "function": {"name": "zoom", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "count"},
+        {"role": "assistant", "content": "", "reasoning_content": "plan", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "crop"},
+    ]
+    prompt = renderer.render(history)
+    completion = sample(renderer, "step one")
+    reply = {"role": "assistant", "content": "step one"}
+    new = [{"role": "user", "content": "and now?"}]
+    out = renderer.try_bridge(prompt.token_ids, completion, new, previous_multi_modal_data=prompt.multi_modal_data,
+                              previous_messages=[*history, reply])  # fmt: skip
+    full = renderer.render([*history, reply, *new])
+    assert out == "the template renders earlier turns differently once this turn is added" or (
+        out.token_ids == full.token_ids
+    )
+    # and without the messages, the reasoning in the prompt tokens is enough to refuse
+    out = renderer.try_bridge(
+        prompt.token_ids, completion, new, previous_multi_modal_data=prompt.multi_modal_data
+    )
+    assert out == "the template drops the reasoning of earlier turns"
+
+
+def test_video_parts_are_refused_not_rendered_empty(renderer_and_processor):
+    from vf_mm.errors import RenderError
+
+    renderer, _ = renderer_and_processor
+    with pytest.raises(RenderError, match="video"):
+        renderer.render(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "video", "video": "x.mp4"}, {"type": "text", "text": "?"}],
+                }
+            ]
+        )

@@ -38,11 +38,19 @@ def test_reasoning_is_split_off(renderer):
     parsed = renderer.parse_response(ids(renderer, "<think>\ncount them\n</think>\n\nthree"))
     assert parsed.reasoning == "count them"
     assert parsed.content == "three"
-    assert parsed.message == {
-        "role": "assistant",
-        "content": "three",
-        "reasoning_content": "count them",
-    }
+
+
+def test_message_content_keeps_what_the_template_would_not_render(renderer, checkpoints):
+    """Qwen2.5-VL's template renders neither reasoning_content nor tool_calls: the message
+    keeps them in its content, so a re-render shows the model its own words. Qwen3-VL's
+    renders both: there the content is clean."""
+    text = '<think>\nplan\n</think>\n\nok\n<tool_call>\n{"name": "zoom", "arguments": {}}\n</tool_call>'
+    kept = renderer.parse_response(ids(renderer, text)).message
+    assert kept["content"] == text and kept["reasoning_content"] == "plan"
+    qwen3 = load_renderer(checkpoints["qwen3_vl"])
+    clean = qwen3.parse_response(ids(qwen3, text)).message
+    assert clean["content"] == "ok" and clean["reasoning_content"] == "plan"
+    assert clean["tool_calls"][0]["function"]["name"] == "zoom"
 
 
 def test_tool_calls_are_parsed(renderer):

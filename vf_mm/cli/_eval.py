@@ -52,7 +52,6 @@ def register(sub: Any) -> None:
     p.add_argument("-s", "--seed", type=int, default=0)
     p.add_argument("-o", "--outdir", type=Path, default=None)
     p.add_argument("--resume", action="store_true", help="continue the run in OUTDIR")
-    p.add_argument("--vllm-mode", choices=("features", "content_parts"), default="features")
     p.set_defaults(run=run_eval)
 
 
@@ -165,7 +164,7 @@ def _backend(args: argparse.Namespace, model: str) -> tuple[Any, Any]:
 
         if not args.base_url:
             raise SystemExit("--backend vllm needs -b BASE_URL")
-        return VLLMBackend(args.base_url, model=model, mode=args.vllm_mode), pool
+        return VLLMBackend(args.base_url, model=model), pool
     from vf_mm.inference import LocalBackend
 
     return LocalBackend(model), pool

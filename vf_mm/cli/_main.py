@@ -13,9 +13,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vf-mm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"vf-mm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from vf_mm.cli import _eval, _serve, _stream, _view
+    from vf_mm.cli import _eval, _rollout, _serve, _stream, _view
 
     _eval.register(sub)
+    _rollout.register(sub)
     _stream.register(sub)
     _serve.register(sub)
     _view.register(sub)

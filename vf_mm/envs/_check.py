@@ -84,6 +84,7 @@ def check_environment(
     for out in first:
         if out.error:
             problems.append(f"example {out.example_id}: the rollout failed: {out.error}")
+            continue
         values = {"reward": out.reward, **out.metrics}
         for name, value in values.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value):

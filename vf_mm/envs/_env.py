@@ -10,7 +10,7 @@ scores each example's group with the rubric, and hands every finished rollout to
 callback as it completes.
 
 A rollout that fails (an image that does not load, a backend error, a timeout, an
-exception in environment code) is returned with ``error`` set and reward 0: the run
+exception in environment code) is returned with ``error`` set and reward None: the run
 goes on. Nothing here keeps module-level state; a ``State`` lives for one rollout.
 """
 
@@ -156,15 +156,17 @@ class Environment:
         seed: int | None = None,
         skip: set[tuple[Any, int]] | None = None,
         on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
+        rows: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[RolloutOutput]:
         """Run ``rollouts_per_example`` rollouts of the first ``num_examples`` eval rows.
 
         Rollouts of one example are scored together (group rewards see the group). Each
         scored rollout is passed to ``on_result(output, rollout_index)`` as soon as its
         group finishes. ``skip`` holds ``(example_id, rollout_index)`` pairs already done
-        (a resumed run). ``seed`` seeds sampling per rollout (example, index).
+        (a resumed run). ``seed`` seeds sampling per rollout (example, index). ``rows``
+        replaces the eval dataset (a trainer passes a batch of training rows).
         """
-        rows = self.get_eval_dataset(num_examples)
+        rows = list(rows) if rows is not None else self.get_eval_dataset(num_examples)
         sampling = self.sampling(sampling_args)
         limit = asyncio.Semaphore(concurrency)
         skip = skip or set()
@@ -202,7 +204,7 @@ class Environment:
             scores = await self.rubric.score_group(states)
         except Exception as exc:  # env code: record it, keep the run going
             message = f"scoring failed: {_describe(exc)}"
-            scores = [(0.0, {})] * len(states)
+            scores = [(None, {})] * len(states)
             for state in states:
                 state["error"] = state.get("error") or message
         elapsed = time.perf_counter() - start
@@ -316,8 +318,13 @@ class MultiTurnEnv(Environment):
         sampling = sampling or self.sampling()
         while True:
             t0 = time.perf_counter()
+            params = sampling
+            if sampling.seed is not None and state["turn"]:  # each turn its own random stream
+                params = _with_seed(
+                    sampling, zlib.crc32(f"{sampling.seed}:{state['turn']}".encode())
+                )
             turn = await client.generate(
-                messages, trajectory=state["trajectory"], tools=self.tools, sampling=sampling
+                messages, trajectory=state["trajectory"], tools=self.tools, sampling=params
             )
             state["timing"]["generation_s"] += time.perf_counter() - t0
             state["trajectory"].append(turn.step(messages))

@@ -9,7 +9,8 @@ once, each argument as a list (``prompts``, ``completions``, ``answers``, ``stat
 ``infos``), and returns one number per rollout.
 
 A rollout that failed (its ``state["error"]`` is set) is never passed to reward
-functions: it scores 0 and its error is what is reported.
+functions: its reward is None (not a made-up 0) and its error is what is reported;
+summaries count it as an error and a pass@k failure, and training skips it.
 """
 
 from __future__ import annotations
@@ -94,13 +95,13 @@ class Rubric:
         out = []
         for i, state in enumerate(states):
             if state.get("error"):
-                out.append((0.0, {}))
+                out.append((None, {}))  # not scored: the error is the result
                 continue
             reward = sum(rf.weight * metrics[i][rf.name] for rf in self.funcs if rf.weight)
             out.append((float(reward), metrics[i]))
         return out
 
-    async def score_rollout(self, state: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    async def score_rollout(self, state: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
         return (await self.score_group([state]))[0]
 
     def _kwargs(self, func: Callable[..., Any], state: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ policy): a batch never mixes two versions, and ``weights_version`` counts swaps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -97,10 +98,18 @@ class LocalBackend:
             )
             if i is not None
         ]
+        from transformers import GenerationConfig
+
         eos = self.model.generation_config.eos_token_id
         self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
         pad = self.model.generation_config.pad_token_id
         self.pad_token_id = pad if pad is not None else 0
+        # a neutral generation config: a checkpoint's defaults (repetition_penalty 1.05 in
+        # real Qwen2.5-VL) would otherwise bend the scores before RowSampler sees them,
+        # and the logprobs would no longer be the model's raw ones
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=sorted(self.eos_token_ids) or None, pad_token_id=self.pad_token_id
+        )
         self.batch_window_s = batch_window_ms / 1000
         self.max_batch = max_batch
         self.weights_version = 0
@@ -179,7 +188,9 @@ class LocalBackend:
             self.batches_run += 1
             self.busy_s += time.perf_counter() - started
             for pending, result in zip(batch, results, strict=True):
-                pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
+                # a RuntimeError means the caller's event loop is gone: nobody waits for it
+                with contextlib.suppress(RuntimeError):
+                    pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
 
     @torch.no_grad()
     def _generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:

@@ -22,16 +22,20 @@ _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 class ParsedResponse:
     """A completion split into its parts. ``message`` is what goes into the conversation."""
 
-    content: str
+    content: str  # the answer alone: no reasoning, no tool call text (what an API returns)
     reasoning: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_errors: list[str] = field(default_factory=list)
     stopped: bool = False  # ended on a stop token (not cut off by max_tokens)
     text: str = ""  # the whole decoded completion, stop token excluded
+    # what the conversation's assistant message holds as content: ``content``, plus the
+    # reasoning / tool call text the chat template would not render from the fields
+    message_content: str | None = None
 
     @property
     def message(self) -> AssistantMessage:
-        msg: AssistantMessage = {"role": "assistant", "content": self.content}
+        content = self.content if self.message_content is None else self.message_content
+        msg: AssistantMessage = {"role": "assistant", "content": content}
         if self.reasoning is not None:
             msg["reasoning_content"] = self.reasoning
         if self.tool_calls:
@@ -39,8 +43,21 @@ class ParsedResponse:
         return msg
 
 
-def parse_text(text: str, *, stopped: bool, call_id_prefix: str = "call") -> ParsedResponse:
-    """Split decoded completion text into reasoning, content and tool calls."""
+def parse_text(
+    text: str,
+    *,
+    stopped: bool,
+    call_id_prefix: str = "call",
+    keep_reasoning_in_content: bool = False,
+    keep_tool_calls_in_content: bool = False,
+) -> ParsedResponse:
+    """Split decoded completion text into reasoning, content and tool calls.
+
+    ``message_content`` is what goes back into the conversation, so it must re-render as
+    the model wrote it: for a template that does not render ``reasoning_content`` (or
+    ``tool_calls``) they stay inside it (the ``keep_*`` flags); ``content``, ``reasoning``
+    and ``tool_calls`` are the parsed parts, for environments and API answers.
+    """
     reasoning = None
     body = text
     if "</think>" in body:
@@ -69,8 +86,14 @@ def parse_text(text: str, *, stopped: bool, call_id_prefix: str = "call") -> Par
                         },
                     }
                 )
+    message_content = content
+    if keep_tool_calls_in_content:
+        message_content = body
+    if keep_reasoning_in_content and reasoning is not None:
+        message_content = text[: len(text) - len(body)] + message_content
     return ParsedResponse(
         content=content,
+        message_content=message_content,
         reasoning=reasoning,
         tool_calls=calls,
         tool_call_errors=errors,

@@ -53,7 +53,7 @@ class ChatTemplateRenderer:
         vision: VisionSpec | None = None,
         name: str = "",
         template_kwargs: Mapping[str, Any] | None = None,
-        stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
+        stop_tokens: Sequence[str] | None = None,
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise RenderError(f"tokenizer {name or type(tokenizer).__name__} has no chat template")
@@ -61,19 +61,42 @@ class ChatTemplateRenderer:
         self.vision = vision
         self.name = name
         self.template_kwargs = dict(template_kwargs or {})
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in stop_tokens]
-        unk = getattr(tokenizer, "unk_token_id", None)
-        self.stop_token_ids: tuple[int, ...] = tuple(
-            dict.fromkeys(i for i in ids if isinstance(i, int) and i != unk)
-        )
+        self.stop_token_ids: tuple[int, ...] = _stop_ids(tokenizer, stop_tokens)
         self.bridge_refusals: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._probe_cache: dict[str, str] = {}
         self._think_end = tokenizer.convert_tokens_to_ids("</think>")
+        self._renders = self._probe_template()
 
     @property
     def is_multimodal(self) -> bool:
         return self.vision is not None
+
+    def _probe_template(self) -> dict[str, bool]:
+        """What the chat template does with an assistant turn: does it render
+        ``reasoning_content`` and ``tool_calls``, and does it render an earlier turn
+        differently once a later user query exists (Qwen3 drops earlier reasoning)?"""
+        user = {"role": "user", "content": _USER}
+        call = {
+            "id": "c",
+            "type": "function",
+            "function": {"name": "vf_mm_probe_tool", "arguments": "{}"},
+        }
+        assistant = {"role": "assistant", "content": _CONTENT, "reasoning_content": _REASONING,
+                     "tool_calls": [call]}  # fmt: skip
+        try:
+            text = self._template([user, assistant], None, False)
+            later = self._template(
+                [user, assistant, {"role": "user", "content": _USER}], None, True
+            )
+        except Exception:  # a template that cannot render the probe: assume the safe answers
+            return {"reasoning": False, "tool_calls": False, "history_sensitive": True}
+        return {
+            "reasoning": _REASONING in text,
+            "tool_calls": "vf_mm_probe_tool" in text,
+            # the user turn and the assistant header must come out the same either way
+            "history_sensitive": not later.startswith(text[: text.find(_CONTENT)]),
+        }
 
     # -- render -------------------------------------------------------------------------
 
@@ -119,11 +142,27 @@ class ChatTemplateRenderer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         previous_multi_modal_data: MultiModalData | None = None,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> RenderedTokens | str:
-        """``bridge_to_next_turn``, but a refusal comes back as its reason (a str)."""
+        """``bridge_to_next_turn``, but a refusal comes back as its reason (a str).
+
+        ``previous_messages`` (the previous prompt and the assistant message made from the
+        completion) lets a template that rewrites earlier turns (``history_sensitive``,
+        e.g. Qwen3 dropping earlier reasoning) be checked on the real history; without
+        them such a template is not bridged across a new user query once any turn so
+        far holds reasoning.
+        """
         reason = self._bridge_refusal(
             previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
         )
+        if reason is None and self._renders["history_sensitive"]:
+            reason = self._history_refusal(
+                new_messages,
+                previous_messages,
+                tools,
+                has_reasoning=self._think_end in previous_prompt_ids
+                or self._think_end in previous_completion_ids,
+            )
         if reason is not None:
             return self._refuse(reason)
         completion = list(previous_completion_ids)
@@ -160,6 +199,9 @@ class ChatTemplateRenderer:
     ) -> str | None:
         if not new_messages:
             return "no new messages"
+        stops = [i for i, t in enumerate(completion_ids) if t in self.stop_token_ids]
+        if stops and stops[0] != len(completion_ids) - 1:
+            return "the completion has a stop token before its end"
         if any(m.get("role") == "assistant" for m in new_messages):
             return "an assistant message in the new messages"
         if self.template_kwargs.get("add_vision_id"):
@@ -178,6 +220,28 @@ class ChatTemplateRenderer:
                 f"the previous prompt has {pads} image pad tokens but its multi-modal data "
                 f"covers {covered}"
             )
+        return None
+
+    def _history_refusal(
+        self,
+        new_messages: Sequence[Mapping[str, Any]],
+        previous_messages: Sequence[Mapping[str, Any]] | None,
+        tools: Any,
+        *,
+        has_reasoning: bool,
+    ) -> str | None:
+        if previous_messages is None:
+            # without the messages only the tokens can tell: the rewrite we know of
+            # (dropping earlier reasoning on a new user query) needs reasoning to drop
+            if has_reasoning and any(m.get("role") == "user" for m in new_messages):
+                return "the template drops the reasoning of earlier turns"
+            return None
+        history, _ = self._prepare(previous_messages)
+        tail, _ = self._prepare(new_messages)
+        prompt = self._template(history[:-1], tools, True)
+        full = self._template([*history, *tail], tools, True)
+        if not full.startswith(prompt):
+            return "the template renders earlier turns differently once this turn is added"
         return None
 
     def _tail_text(
@@ -232,7 +296,12 @@ class ChatTemplateRenderer:
                 ids, stopped = ids[:i], True
                 break
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return parse_text(text, stopped=stopped)
+        return parse_text(
+            text,
+            stopped=stopped,
+            keep_reasoning_in_content=not self._renders["reasoning"],
+            keep_tool_calls_in_content=not self._renders["tool_calls"],
+        )
 
     # -- internals ----------------------------------------------------------------------
 
@@ -259,6 +328,10 @@ class ChatTemplateRenderer:
             if isinstance(content, list):
                 new_content = []
                 for j, part in enumerate(content):
+                    if isinstance(part, Mapping) and part.get("type") in ("video", "video_url"):
+                        raise RenderError(
+                            f"message {i}, part {j}: video input is not supported yet"
+                        )
                     if isinstance(part, Mapping) and part.get("type") in _IMAGE_TYPES:
                         if self.vision is None:
                             raise RenderError(
@@ -303,6 +376,16 @@ class ChatTemplateRenderer:
             ids.extend([pad] * image.num_tokens)
             ids.extend(piece)
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
+
+
+def _stop_ids(tokenizer: Any, names: Sequence[str] | None) -> tuple[int, ...]:
+    """The ids that end an assistant turn: the named tokens, else the tokenizer's eos and
+    the ChatML turn ends (``<|im_end|>``, ``<|endoftext|>``) where the vocabulary has them."""
+    vocab = tokenizer.get_vocab()
+    candidates = list(names) if names is not None else [
+        t for t in (getattr(tokenizer, "eos_token", None), "<|im_end|>", "<|endoftext|>") if t
+    ]  # fmt: skip
+    return tuple(dict.fromkeys(vocab[t] for t in candidates if t in vocab))
 
 
 class _Refusal:

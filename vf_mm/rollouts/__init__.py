@@ -10,6 +10,11 @@ in the file exactly once. ``finalize(aggregates)`` stores ``summarize`` results 
 metadata.json. ``read_results(outdir)`` / ``read_metadata(outdir)`` read a run back.
 
 The file formats are documented in ``vf_mm/rollouts/_results.py`` (module docstring).
+
+For training, ``pack_group(outputs, advantages=...)`` makes one wire frame per example's
+group of rollouts, each distinct image's tensors once (by content hash), steps referring
+to them by hash and position; ``unpack_group(frame)`` rebuilds ``TrainingRollout`` s whose
+steps' ``MultiModalData`` equal the renderer's. Schema: ``vf_mm/rollouts/_sidecar.py``.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from vf_mm.rollouts._results import (
     summarize,
 )
 from vf_mm.rollouts._runner import EvalProgress, evaluate_to_dir
+from vf_mm.rollouts._sidecar import GROUP_FORMAT, TrainingRollout, pack_group, unpack_group
 
 __all__ = [
     "ASSETS_DIR",
+    "GROUP_FORMAT",
     "METADATA_FILE",
     "RESULTS_FILE",
     "RESULTS_FORMAT",
@@ -37,10 +44,13 @@ __all__ = [
     "AssetStore",
     "EvalProgress",
     "ResultsWriter",
+    "TrainingRollout",
     "evaluate_to_dir",
+    "pack_group",
     "pass_at_k",
     "read_metadata",
     "read_results",
     "summarize",
     "to_json_value",
+    "unpack_group",
 ]

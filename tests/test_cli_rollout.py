@@ -1,0 +1,111 @@
+"""`vf-mm rollout`: the train split's scored groups, streamed to a file or a trainer over tcp://."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vf_mm.cli import main
+from vf_mm.rollouts import unpack_group
+from vf_mm.trainer import GroupReceiver, read_groups
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLING = '{"max_tokens": 8}'
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(ROOT)  # environments/<id> resolves from here
+
+
+def count_key(obj, key):
+    if isinstance(obj, dict):
+        return sum((k == key) + count_key(v, key) for k, v in obj.items())
+    if isinstance(obj, list):
+        return sum(count_key(v, key) for v in obj)
+    return 0
+
+
+def check_groups(groups):
+    assert sorted(g["example_id"] for g in groups) == [0, 1, 2]
+    for g in groups:
+        assert g["format"] == "vf_mm.group/1"
+        assert [r["rollout_index"] for r in g["rollouts"]] == [0, 1]
+        (h,) = g["images"]  # one picture per example: its tensors once per group
+        assert count_key(g, "pixel_values") == 1
+        assert g["images"][h]["pixel_values"].ndim == 2
+        for r in g["rollouts"]:
+            assert r["error"] is None and r["reward"] is not None
+            (step,) = r["steps"]
+            assert isinstance(step["prompt_ids"], np.ndarray) and len(step["prompt_ids"]) > 0
+            assert len(step["completion_ids"]) == len(step["completion_logprobs"]) > 0
+            assert step["mm"]["image"]["hashes"] == [h]
+            refs = [p for m in r["prompt"] if isinstance(m["content"], list)
+                    for p in m["content"] if p.get("type") == "image_ref"]  # fmt: skip
+            assert refs == [{"type": "image_ref", "hash": h}]
+        a, b = unpack_group(g)
+        items = [x.trajectory[0].tokens.multi_modal_data.mm_items["image"][0] for x in (a, b)]
+        assert items[0] is items[1]  # the two rollouts share the group's one image
+
+
+def test_rollout_to_a_stream_file(tmp_path, capsys):
+    path = tmp_path / "groups.vfs"
+    assert main(["rollout", "shapes", "-n", "3", "-r", "2", "--stream", str(path), "-S", SAMPLING]) == 0  # fmt: skip
+    groups = list(read_groups(path))
+    assert len(groups) == 3
+    check_groups(groups)
+    out = capsys.readouterr().out
+    assert "groups sent" in out and "3 / 3" in out
+
+
+def test_rollout_to_a_trainer_over_tcp(capsys):
+    with GroupReceiver("tcp://127.0.0.1:*", timeout_s=120) as receiver:
+        groups = []
+        reader = threading.Thread(target=lambda: groups.extend(receiver), daemon=True)
+        reader.start()
+        args = ["rollout", "shapes", "-n", "3", "-r", "2", "--stream", receiver.endpoint]
+        assert main([*args, "-S", SAMPLING, "--hwm", "1"]) == 0
+        reader.join(30)
+        assert not reader.is_alive()
+    check_groups(groups)
+    assert receiver.ends == [{"sent": 3, "error": None}]
+    assert "trainer took all" in capsys.readouterr().out
+
+
+def test_failed_rollouts_are_sent_with_their_error(tmp_path):
+    path = tmp_path / "groups.vfs"
+    too_long = '{"max_tokens": 1000000}'  # over the tiny model's context: every rollout fails
+    assert main(["rollout", "shapes", "-n", "2", "-r", "2", "--stream", str(path), "-S", too_long]) == 0  # fmt: skip
+    groups = list(read_groups(path))
+    assert len(groups) == 2
+    for g in groups:
+        assert len(g["rollouts"]) == 2
+        assert all("PromptTooLongError" in r["error"] for r in g["rollouts"])
+
+
+def test_an_unsupported_stream_target_is_a_clear_error(capsys):
+    assert main(["rollout", "shapes", "-n", "1", "--stream", "udp://127.0.0.1:9"]) == 1
+    assert "TransportError" in capsys.readouterr().err
+
+
+def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path, monkeypatch):
+    import vf_mm.rollouts
+
+    real = vf_mm.rollouts.pack_group
+
+    def picky(outputs, **kwargs):
+        if any(o.trajectory for o in outputs):
+            raise ValueError("cannot pack this")
+        return real(outputs, **kwargs)
+
+    monkeypatch.setattr(vf_mm.rollouts, "pack_group", picky)
+    path = tmp_path / "groups.vfs"
+    assert main(["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]) == 0  # fmt: skip
+    (g,) = read_groups(path)
+    assert [r["rollout_index"] for r in g["rollouts"]] == [0, 1]
+    for r in g["rollouts"]:
+        assert r["steps"] == [] and "ValueError: cannot pack this" in r["error"]
+        assert r["reward"] is not None  # the scores are kept

@@ -1,0 +1,477 @@
+"""The training wire form of rollouts: one frame per example's group, images stored once.
+
+``pack_group(outputs)`` turns the rollouts of one example (a GRPO group) into one plain
+dict for ``vf_mm.wire.packb`` / ``write_stream``; ``unpack_group(frame)`` turns a decoded
+frame back into ``TrainingRollout`` objects (``RolloutOutput`` with ``rollout_index`` and
+``advantage``) whose steps carry a ``MultiModalData`` equal to what the renderer made:
+the same hashes, placeholders and items.
+
+Each distinct image's tensors travel **once per group**, keyed by its content hash
+(``mm_hash``); steps refer to images by hash *and* position. So the bytes grow with the
+number of distinct images, never with turns x images, whatever the steps do: plain
+extension (each turn adds an image), branching (rollouts, or steps of one rollout, that
+share a prefix), compaction (a later step drops earlier images: its sidecar is *not* a
+superset of the previous one) and repeats (the same image twice in a step is two entries
+with one hash). Nothing rests on "the last step holds every image" (the assumption that
+lost images for verifiers once rollouts compacted or branched), and the only copy of the
+tensors is the group's ``images`` table: steps and messages hold hashes, never pixels.
+
+Frame schema (``format`` ``"vf_mm.group/1"``)::
+
+    {"format": "vf_mm.group/1",
+     "example_id": int | str,
+     "images": {mm_hash: {"pixel_values": array, "image_grid_thw": array, ...}},
+                        # the item dict as the renderer made it (any keys), once per hash
+     "rollouts": [
+        {"rollout_index": int,
+         "reward": float | None, "metrics": {str: float}, "error": str | None,
+         "answer": Any, "info": dict,
+         "advantage": float,            # only when pack_group got advantages
+         "prompt": messages, "completion": messages,
+                        # image parts -> {"type": "image_ref", "hash": h}; see below
+         "steps": [
+            # a step with tokens (a token-level backend):
+            {"prompt_ids": int32 array (int64 if an id needs it),
+             "completion_ids": int32/int64 array,
+             "completion_logprobs": float64 array,   # exactly the floats given (NaN kept)
+             "completion_mask": uint8 array,
+             "finish_reason": str | None,
+             "reward": float | None,                 # TrajectoryStep.reward
+             "mm": None                              # the step had multi_modal_data=None
+                   | {modality: {"hashes": [h, ...],
+                                 "placeholders": [[offset, length], ...]}}},
+            # a step without tokens (a message-level backend such as an OpenAI API):
+            {"tokens": None, "reward": float | None}]}]}
+
+Token lists travel as numpy arrays (4 bytes a token instead of msgpack's 5 for ids over
+65535, and no per-element work to encode or decode); ``unpack_group`` gives lists back.
+A reader without vf_mm sees plain msgpack maps, lists and tensors.
+
+Messages: an image part whose image is in memory (a PIL image, encoded bytes, a local
+path or ``file://`` URL) becomes ``{"type": "image_ref", "hash": h}`` with
+``h = image_hash(load_image(image))``, the same hash the renderer puts in ``mm_hashes``
+(so a trainer can find its tensors in ``images`` when a step used it) and the results
+store uses for ``assets/<h>.png``; a results-store URL ``assets/<h>.png`` becomes the same
+reference without being read. ``http(s)://`` and ``data:`` URLs are kept as they are
+(never fetched or decoded). Step-level messages and ``TrajectoryStep.extras`` are not
+carried (the trainer needs tokens; the rollout's own prompt and completion are), so the
+rebuilt steps have empty ``prompt``/``completion`` lists; ``RolloutOutput.timing`` is not
+carried either.
+
+Checks, each a ``vf_mm.errors.SidecarError`` naming the rollout and step: two different
+tensors under one hash within a group (shapes, dtypes and bytes are compared, only when
+the two item objects differ: items shared by bridging cost nothing), a step that refers
+to a hash the group does not carry, placeholders that fail ``MultiModalData.validate``
+against the step's prompt length, token lists of different lengths, a frame that is not
+a ``vf_mm.group/1``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vf_mm.errors import MultiModalDataError, SidecarError, TrajectoryError
+from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.types import (
+    IMAGE_PART_TYPES,
+    MultiModalData,
+    PlaceholderRange,
+    ResponseTokens,
+    RolloutOutput,
+    TrajectoryStep,
+)
+
+__all__ = ["GROUP_FORMAT", "TrainingRollout", "pack_group", "unpack_group"]
+
+#: The ``format`` value of a group frame; a reader refuses any other.
+GROUP_FORMAT = "vf_mm.group/1"
+
+_INT32 = np.iinfo(np.int32)
+_KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
+_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
+
+
+@dataclass(slots=True)
+class TrainingRollout(RolloutOutput):
+    """A rollout as ``unpack_group`` rebuilds it: a ``RolloutOutput`` (``trajectory``
+    steps hold the tokens and multi-modal data; their ``prompt``/``completion`` messages
+    are not carried and are empty) plus its place in the group and its advantage."""
+
+    rollout_index: int = 0
+    advantage: float | None = None
+
+    @property
+    def trainable(self) -> bool:
+        """True when every step has token ids (no message-level backend turns)."""
+        return all(step.tokens is not None for step in self.trajectory)
+
+
+# -- packing -------------------------------------------------------------------------
+
+
+def pack_group(
+    outputs: Sequence[RolloutOutput],
+    *,
+    rollout_indices: Sequence[int] | None = None,
+    example_id: int | str | None = None,
+    advantages: Sequence[float] | None = None,
+    policy: ImagePolicy | None = None,
+) -> dict[str, Any]:
+    """One frame for one example's rollouts (see the module docstring for the schema).
+
+    ``rollout_indices`` default to ``0..n-1``; ``example_id`` defaults to the rollouts'
+    (they must all agree, and agree with it when given); ``advantages``, if given, one per
+    rollout. ``policy`` is the ``ImagePolicy`` used to read in-memory images and local
+    paths in messages in order to hash them (default: any local path, no network).
+
+    The frame holds references to the rollouts' own arrays (nothing is copied here);
+    ``packb`` copies each distinct image once.
+    """
+    outputs = list(outputs)
+    n = len(outputs)
+    ids = {o.example_id for o in outputs}
+    if example_id is None:
+        if len(ids) != 1:
+            raise SidecarError(
+                "pack_group needs the rollouts of one example"
+                + (f", got example ids {sorted(map(str, ids))}" if ids else " (got none)")
+            )
+        example_id = outputs[0].example_id
+    elif ids - {example_id}:
+        raise SidecarError(
+            f"pack_group(example_id={example_id!r}) got rollouts of example ids "
+            f"{sorted(map(str, ids))}"
+        )
+    indices = list(range(n)) if rollout_indices is None else [int(i) for i in rollout_indices]
+    if len(indices) != n or len(set(indices)) != n:
+        raise SidecarError(f"rollout_indices must be {n} distinct ints, got {rollout_indices!r}")
+    if advantages is not None:
+        advantages = [float(a) for a in advantages]
+        if len(advantages) != n:
+            raise SidecarError(f"{len(advantages)} advantages for {n} rollouts")
+
+    packer = _Packer(policy)
+    rollouts = []
+    for r, output in enumerate(outputs):
+        where = f"example {example_id!r}, rollout {indices[r]}"
+        entry: dict[str, Any] = {
+            "rollout_index": indices[r],
+            "reward": output.reward,
+            "metrics": output.metrics,
+            "error": output.error,
+            "answer": output.answer,
+            "info": output.info,
+        }
+        if advantages is not None:
+            entry["advantage"] = advantages[r]
+        entry["prompt"] = packer.messages(output.prompt, f"{where}, prompt")
+        entry["completion"] = packer.messages(output.completion, f"{where}, completion")
+        entry["steps"] = [
+            packer.step(step, f"{where}, step {s}") for s, step in enumerate(output.trajectory)
+        ]
+        rollouts.append(entry)
+    return {
+        "format": GROUP_FORMAT,
+        "example_id": example_id,
+        "images": packer.images,
+        "rollouts": rollouts,
+    }
+
+
+class _Packer:
+    """Per-group state: the image table and what has been checked against it."""
+
+    def __init__(self, policy: ImagePolicy | None) -> None:
+        self.policy = policy
+        self.images: dict[str, Any] = {}
+        self._checked: set[tuple[str, int]] = set()  # (hash, id(item)) found equal
+        self._hashes: dict[Any, str] = {}  # message image source (id or str) -> hash
+        self._keep: list[Any] = []  # keeps hashed sources alive so their ids stay unique
+
+    def step(self, step: TrajectoryStep, where: str) -> dict[str, Any]:
+        tokens = step.tokens
+        if tokens is None:
+            return {"tokens": None, "reward": step.reward}
+        try:
+            tokens.validate()
+        except (TrajectoryError, MultiModalDataError) as exc:
+            raise SidecarError(f"{where}: {exc}") from exc
+        mm = tokens.multi_modal_data
+        return {
+            "prompt_ids": _ids(tokens.prompt_ids),
+            "completion_ids": _ids(tokens.completion_ids),
+            "completion_logprobs": np.asarray(tokens.completion_logprobs, dtype=np.float64),
+            "completion_mask": np.asarray(tokens.completion_mask, dtype=np.uint8),
+            "finish_reason": tokens.finish_reason,
+            "reward": step.reward,
+            "mm": None if mm is None else self._mm(mm, where),
+        }
+
+    def _mm(self, mm: MultiModalData, where: str) -> dict[str, Any]:
+        out = {}
+        for modality, hashes in mm.mm_hashes.items():
+            items = mm.mm_items[modality]
+            for i, (h, item) in enumerate(zip(hashes, items, strict=True)):
+                self._intern(h, item, f"{where}, {modality} {i}")
+            out[modality] = {
+                "hashes": list(hashes),
+                "placeholders": [[r.offset, r.length] for r in mm.mm_placeholders[modality]],
+            }
+        return out
+
+    def _intern(self, h: str, item: Any, where: str) -> None:
+        if not isinstance(item, Mapping):
+            raise SidecarError(
+                f"{where}: an item must be a dict of tensors, not {type(item).__name__}"
+            )
+        known = self.images.get(h)
+        if known is None:
+            self.images[h] = item
+            return
+        if known is item or (h, id(item)) in self._checked:
+            return
+        problem = _difference(known, item)
+        if problem is not None:
+            raise SidecarError(
+                f"{where}: two different tensors claim image hash {h} in one group ({problem}); "
+                "a hash must name one image's model inputs (were two processors or "
+                "processor settings mixed?)"
+            )
+        self._checked.add((h, id(item)))
+
+    def messages(self, messages: Sequence[Mapping[str, Any]], where: str) -> list[Any]:
+        out: list[Any] = []
+        for m, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if not isinstance(content, list):
+                out.append(message)
+                continue
+            parts = []
+            for p, part in enumerate(content):
+                if isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES:
+                    part = self._image_part(part, f"{where}, message {m}, part {p}")
+                parts.append(part)
+            out.append({**message, "content": parts})
+        return out
+
+    def _image_part(self, part: Mapping[str, Any], where: str) -> Any:
+        source = _image_source(part)
+        if isinstance(source, str):
+            if _KEPT_URL.match(source):
+                return part  # http(s) is never fetched here; a data: URL is already text
+            asset = _ASSET_URL.match(source)
+            if asset:
+                return {"type": "image_ref", "hash": asset.group(1)}
+            key: Any = source
+        else:
+            key = id(source)
+        digest = self._hashes.get(key)
+        if digest is None:
+            try:
+                digest = image_hash(load_image(part, policy=self.policy, where=where))
+            except Exception as exc:
+                exc.add_note(f"while packing {where} (hashing its image for an image_ref)")
+                raise
+            self._hashes[key] = digest
+            self._keep.append(source)
+        return {"type": "image_ref", "hash": digest}
+
+
+def _image_source(part: Mapping[str, Any]) -> Any:
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        return url.get("url") if isinstance(url, Mapping) else url
+    for key in ("image", "url", "path"):  # vf_mm's and transformers' forms
+        if part.get(key) is not None:
+            return part[key]
+    return None
+
+
+def _ids(values: Sequence[int]) -> np.ndarray:
+    array = np.asarray(values, dtype=np.int64)
+    if array.size and (array.min() < _INT32.min or array.max() > _INT32.max):
+        return array
+    return array.astype(np.int32)
+
+
+def _difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """None if the two items hold the same tensors (keys, shapes, dtypes, bytes), else
+    what differs."""
+    if a.keys() != b.keys():
+        return f"keys {sorted(a)} vs {sorted(b)}"
+    for key in a:
+        problem = _value_difference(a[key], b[key])
+        if problem is not None:
+            return f"{key!r}: {problem}"
+    return None
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _value_difference(a: Any, b: Any) -> str | None:
+    if a is b:
+        return None
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+        if a.dtype.hasobject:
+            return None if np.array_equal(a, b) else "different values"
+        same = np.array_equal(_raw_np(a), _raw_np(b))
+        return None if same else f"different bytes ({a.dtype}{list(a.shape)})"
+    if _is_torch(a) or _is_torch(b):
+        import torch
+
+        ta, tb = torch.as_tensor(a), torch.as_tensor(b)
+        if ta.shape != tb.shape or ta.dtype != tb.dtype:
+            return f"{ta.dtype}{list(ta.shape)} vs {tb.dtype}{list(tb.shape)}"
+        same = torch.equal(_raw_torch(ta), _raw_torch(tb))
+        return None if same else f"different bytes ({ta.dtype}{list(ta.shape)})"
+    if type(a) is not type(b) or a != b:
+        return f"{a!r} vs {b!r}"
+    return None
+
+
+def _raw_np(array: np.ndarray) -> np.ndarray:
+    """The elements' bytes as a flat uint8 array (NaNs compare by their bits)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _raw_torch(tensor: Any) -> Any:
+    import torch
+
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+# -- unpacking -----------------------------------------------------------------------
+
+
+def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
+    """The rollouts of a decoded group frame (``unpackb`` / ``read_stream`` output).
+
+    Each step's ``MultiModalData`` has the hashes and placeholders that were packed, and
+    items that are the group's decoded item dicts: one dict per distinct image, shared by
+    every step and rollout that shows it, its numpy arrays made read-only (as the
+    renderer's cached arrays are) so that a write through one step cannot change another.
+    Raises ``SidecarError`` on a frame that breaks the rules (module docstring).
+    """
+    if not isinstance(data, Mapping) or data.get("format") != GROUP_FORMAT:
+        found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+        raise SidecarError(f"not a {GROUP_FORMAT} frame (format {found!r})")
+    example_id = _get(data, "example_id", "the group")
+    images = _get(data, "images", "the group")
+    if not isinstance(images, Mapping):
+        raise SidecarError(f"the group's images must be a map, not {type(images).__name__}")
+    items: dict[str, Any] = {}
+    for h, item in images.items():
+        if not isinstance(item, Mapping):
+            raise SidecarError(f"image {h}: an item must be a map, not {type(item).__name__}")
+        for value in item.values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        items[h] = item
+    out = []
+    for r, entry in enumerate(_get(data, "rollouts", "the group")):
+        where = f"example {example_id!r}, rollout {r}"
+        if not isinstance(entry, Mapping):
+            raise SidecarError(f"{where}: must be a map, not {type(entry).__name__}")
+        index = _get(entry, "rollout_index", where)
+        where = f"example {example_id!r}, rollout {index}"
+        trajectory = [
+            _unpack_step(step, items, f"{where}, step {s}")
+            for s, step in enumerate(_get(entry, "steps", where))
+        ]
+        out.append(
+            TrainingRollout(
+                example_id=example_id,
+                prompt=_get(entry, "prompt", where),
+                completion=_get(entry, "completion", where),
+                answer=entry.get("answer"),
+                info=entry.get("info") or {},
+                trajectory=trajectory,
+                reward=entry.get("reward"),
+                metrics=entry.get("metrics") or {},
+                error=entry.get("error"),
+                rollout_index=index,
+                advantage=entry.get("advantage"),
+            )
+        )
+    return out
+
+
+def _get(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    try:
+        return mapping[key]
+    except KeyError:
+        raise SidecarError(f"{where}: the frame has no {key!r} field") from None
+
+
+def _unpack_step(step: Any, items: Mapping[str, Any], where: str) -> TrajectoryStep:
+    if not isinstance(step, Mapping):
+        raise SidecarError(f"{where}: must be a map, not {type(step).__name__}")
+    if "tokens" in step:
+        if step["tokens"] is not None:
+            raise SidecarError(f"{where}: 'tokens' may only be null (a step without token ids)")
+        return TrajectoryStep(prompt=[], completion=[], tokens=None, reward=step.get("reward"))
+    prompt_ids = _list(step, "prompt_ids", where)
+    wire_mm = _get(step, "mm", where)
+    try:
+        mm = None if wire_mm is None else _unpack_mm(wire_mm, items, where)
+        tokens = ResponseTokens(
+            prompt_ids=prompt_ids,
+            completion_ids=_list(step, "completion_ids", where),
+            completion_logprobs=_list(step, "completion_logprobs", where),
+            completion_mask=_list(step, "completion_mask", where),
+            finish_reason=step.get("finish_reason"),
+            multi_modal_data=mm,
+        )
+        tokens.validate()
+    except (TrajectoryError, MultiModalDataError, TypeError) as exc:
+        raise SidecarError(f"{where}: {exc}") from exc
+    return TrajectoryStep(prompt=[], completion=[], tokens=tokens, reward=step.get("reward"))
+
+
+def _unpack_mm(wire: Any, items: Mapping[str, Any], where: str) -> MultiModalData:
+    if not isinstance(wire, Mapping):
+        raise SidecarError(f"{where}: 'mm' must be a map or null, not {type(wire).__name__}")
+    mm = MultiModalData()
+    for modality, entry in wire.items():
+        hashes = list(_get(entry, "hashes", f"{where}, mm {modality!r}"))
+        pairs = _get(entry, "placeholders", f"{where}, mm {modality!r}")
+        if len(pairs) != len(hashes):
+            raise SidecarError(
+                f"{where}: mm {modality!r} has {len(hashes)} hashes and {len(pairs)} placeholders"
+            )
+        found = []
+        for i, h in enumerate(hashes):
+            item = items.get(h) if isinstance(h, str) else None
+            if item is None:
+                raise SidecarError(
+                    f"{where}: {modality} {i} refers to image {h!r}, which the group does not "
+                    "carry (its images table has no such hash)"
+                )
+            found.append(item)
+        ranges = []
+        for pair in pairs:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise SidecarError(f"{where}: a placeholder must be [offset, length], got {pair!r}")
+            ranges.append(PlaceholderRange(*pair))
+        mm.mm_hashes[modality] = hashes
+        mm.mm_placeholders[modality] = ranges
+        mm.mm_items[modality] = found
+    return mm
+
+
+def _list(step: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    values = _get(step, key, where)
+    if hasattr(values, "tolist"):
+        return values.tolist()
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    raise SidecarError(f"{where}: {key} must be a list or an array, not {type(values).__name__}")

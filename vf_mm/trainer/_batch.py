@@ -1,0 +1,175 @@
+"""Micro-batches: samples padded and packed to a token budget, as torch tensors.
+
+Multimodal and text-only samples never share a micro-batch (so every rank of a data-
+parallel step sees one kind of input, and text batches skip the vision tower). A
+sample longer than ``max_seq_len`` is never cut through an image: ``truncate="error"``
+(the default) refuses it naming the sample; ``truncate="image_boundary"`` cuts it at the
+last image boundary (or any token, for text) before the limit, keeping only the images
+wholly before the cut. Per-sample ragged tensors (each sample's own images) are kept in
+a ``TensorList``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from vf_mm.errors import TrajectoryError
+from vf_mm.trainer._samples import Sample
+
+
+class TensorList:
+    """A list of tensors of different lengths along dim 0 (one per sample)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.tensors = list(tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.tensors[i]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.tensors)
+
+    def to(self, *args: Any, **kwargs: Any) -> TensorList:
+        return TensorList([t.to(*args, **kwargs) for t in self.tensors])
+
+    def cat(self) -> torch.Tensor:
+        return torch.cat(self.tensors) if self.tensors else torch.empty(0)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(t.shape[0]) for t in self.tensors]
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """Right-padded tensors for one forward/backward pass."""
+
+    input_ids: torch.Tensor  # (B, L) int64
+    attention_mask: torch.Tensor  # (B, L) int64
+    loss_mask: torch.Tensor  # (B, L) float32
+    logprobs: torch.Tensor  # (B, L) float32, the sampler's, aligned with input_ids
+    advantages: torch.Tensor  # (B, L) float32
+    mm_token_type_ids: torch.Tensor  # (B, L) int64
+    pixel_values: TensorList | None  # per sample
+    image_grid_thw: TensorList | None  # per sample
+    sources: list[str]
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.pixel_values is not None
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """What a Qwen-VL model's forward takes (images concatenated in sample order)."""
+        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.pixel_values is not None and self.image_grid_thw is not None:
+            inputs["pixel_values"] = self.pixel_values.cat()
+            inputs["image_grid_thw"] = self.image_grid_thw.cat()
+            inputs["mm_token_type_ids"] = self.mm_token_type_ids
+        return inputs
+
+
+def make_batches(
+    samples: Sequence[Sample],
+    *,
+    token_budget: int,
+    pad_token_id: int,
+    image_token_id: int,
+    max_seq_len: int | None = None,
+    truncate: Literal["error", "image_boundary"] = "error",
+    merge_size: int = 2,
+) -> list[MicroBatch]:
+    """Validate, (maybe) truncate, and pack samples into micro-batches of at most
+    ``token_budget`` padded tokens (``B * L``), multimodal and text apart."""
+    ready = []
+    for sample in samples:
+        if max_seq_len is not None and sample.num_tokens > max_seq_len:
+            sample = _truncate(sample, max_seq_len, truncate)
+        sample.validate(image_token_id=image_token_id, merge_size=merge_size)
+        ready.append(sample)
+    batches = []
+    for kind in (True, False):
+        group = sorted((s for s in ready if s.is_multimodal == kind), key=lambda s: -s.num_tokens)
+        current: list[Sample] = []
+        for sample in group:
+            width = max([s.num_tokens for s in current] + [sample.num_tokens])
+            if current and width * (len(current) + 1) > token_budget:
+                batches.append(_collate(current, pad_token_id))
+                current = []
+            if sample.num_tokens > token_budget:
+                raise TrajectoryError(
+                    f"{sample.source}: {sample.num_tokens} tokens exceed the token budget {token_budget}"
+                )
+            current.append(sample)
+        if current:
+            batches.append(_collate(current, pad_token_id))
+    return batches
+
+
+def _collate(samples: Sequence[Sample], pad_token_id: int) -> MicroBatch:
+    width = max(s.num_tokens for s in samples)
+
+    def pad(name: str, value: float, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.full((len(samples), width), value, dtype=dtype)
+        for row, s in enumerate(samples):
+            out[row, : s.num_tokens] = torch.from_numpy(np.ascontiguousarray(getattr(s, name)))
+        return out
+
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    for row, s in enumerate(samples):
+        attention[row, : s.num_tokens] = 1
+    multimodal = samples[0].is_multimodal
+    return MicroBatch(
+        input_ids=pad("input_ids", pad_token_id, torch.long),
+        attention_mask=attention,
+        loss_mask=pad("loss_mask", 0, torch.float32),
+        logprobs=pad("logprobs", 0.0, torch.float32),
+        advantages=pad("advantages", 0.0, torch.float32),
+        mm_token_type_ids=pad("mm_token_type_ids", 0, torch.long),
+        pixel_values=TensorList([torch.from_numpy(np.array(s.pixel_values)) for s in samples])
+        if multimodal
+        else None,
+        image_grid_thw=TensorList([torch.from_numpy(np.array(s.image_grid_thw)) for s in samples])
+        if multimodal
+        else None,
+        sources=[s.source for s in samples],
+    )
+
+
+def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
+    inside = [p for p in sample.placeholders if p[0] < limit]
+    straddles = any(offset + length > limit for offset, length in inside)
+    if policy == "error":
+        what = "through an image" if straddles else "its tokens"
+        raise TrajectoryError(
+            f"{sample.source}: {sample.num_tokens} tokens exceed max_seq_len {limit}; cutting would "
+            f"lose {what} (pass truncate='image_boundary' to cut at an image boundary)"
+        )
+    cut = limit
+    if straddles:
+        cut = max(offset for offset, length in inside if offset + length > limit)
+    kept = [p for p in sample.placeholders if p[0] + p[1] <= cut]
+    pixel_values = grids = None
+    if sample.image_grid_thw is not None and kept:
+        grids = sample.image_grid_thw[: len(kept)]
+        rows = int(grids.prod(axis=1).sum())
+        pixel_values = sample.pixel_values[:rows] if sample.pixel_values is not None else None
+    return replace(
+        sample,
+        input_ids=sample.input_ids[:cut],
+        loss_mask=sample.loss_mask[:cut],
+        logprobs=sample.logprobs[:cut],
+        advantages=sample.advantages[:cut],
+        mm_token_type_ids=sample.mm_token_type_ids[:cut],
+        pixel_values=pixel_values,
+        image_grid_thw=grids,
+        placeholders=kept,
+        source=f"{sample.source} (cut at token {cut})",
+    )
