@@ -13,9 +13,8 @@ what the model sees is exactly what vf_mm decoded.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,7 +26,7 @@ from vf_mm.errors import (
     BackendUnavailableError,
     MissingDependencyError,
 )
-from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.images import ImagePolicy, image_hash, load_image, png_data_url
 from vf_mm.inference._types import ChatResult, SamplingParams, Usage
 from vf_mm.types import IMAGE_PART_TYPES, Messages
 
@@ -83,6 +82,7 @@ class OpenAIChatBackend:
         self.name = f"openai:{model}" + (f"@{url}" if url else "")
         self._image_cache_size = image_cache_size
         self._image_urls: OrderedDict[str, str] = OrderedDict()
+        self._image_lock = threading.Lock()  # images are encoded in worker threads
 
     # -- the contract --------------------------------------------------------------------
 
@@ -221,17 +221,17 @@ class OpenAIChatBackend:
     def _data_url(self, part: Any, *, where: str) -> str:
         image = load_image(part, policy=self.image_policy, where=where)
         key = image_hash(image)
-        url = self._image_urls.get(key)
-        if url is not None:
-            self._image_urls.move_to_end(key)
-            return url
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=1)
-        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+        with self._image_lock:
+            url = self._image_urls.get(key)
+            if url is not None:
+                self._image_urls.move_to_end(key)
+                return url
+        url = png_data_url(image)
         if self._image_cache_size > 0:
-            self._image_urls[key] = url
-            while len(self._image_urls) > self._image_cache_size:
-                self._image_urls.popitem(last=False)
+            with self._image_lock:
+                self._image_urls[key] = url
+                while len(self._image_urls) > self._image_cache_size:
+                    self._image_urls.popitem(last=False)
         return url
 
 

@@ -98,8 +98,6 @@ attempts.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import logging
 import random
@@ -773,7 +771,7 @@ def _load_image_parts(
 ) -> tuple[list[str], list[str]]:
     """Each image part loaded under ``policy`` and re-encoded as a PNG data URL; with the
     image hashes. Text parts are skipped (vLLM reads only media parts)."""
-    from vf_mm.images import image_hash, load_image
+    from vf_mm.images import image_hash, load_image, png_data_url
 
     urls: list[str] = []
     hashes: list[str] = []
@@ -795,9 +793,7 @@ def _load_image_parts(
             # vLLM's own flat form {"type": "image_url", "url": ...}
             source = {"type": "image_url", "image_url": {"url": part["url"]}}
         image = load_image(source, policy=policy, where=f"content_parts[{i}]")
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG", compress_level=1)
-        urls.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii"))
+        urls.append(png_data_url(image))
         hashes.append(image_hash(image))
     return urls, hashes
 
