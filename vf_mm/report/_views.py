@@ -1,0 +1,238 @@
+"""View models: plain dicts and strings; the template escapes every string."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any
+
+from vf_mm.report._assets import _Assets
+from vf_mm.report._format import _fmt, _fmt_stat, _json, _number, _short, _text
+
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def _part_views(content: Any, assets: _Assets) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"kind": "text", "text": _text(content)}] if content else []
+    if not isinstance(content, list):
+        return [{"kind": "json", "text": _text(_json(content))}]
+    views: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, str):
+            views.append({"kind": "text", "text": _text(part)})
+            continue
+        if not isinstance(part, dict):
+            views.append({"kind": "json", "text": _text(_json(part))})
+            continue
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+            views.append({"kind": "text", "text": _text(part["text"])})
+        elif kind in ("image_url", "input_image", "image"):
+            ref = part.get("image_url", part.get("image"))
+            if isinstance(ref, dict):
+                ref = ref.get("url")
+            views.append({"kind": "image", **assets.view(ref)})
+        else:
+            views.append({"kind": "json", "text": _text(_json(part))})
+    return views
+
+
+def _tool_call_view(call: Any) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        return {"name": "?", "id": "", "args": _text(_json(call)), "invalid": True}
+    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    name, args = fn.get("name", "?"), fn.get("arguments")
+    invalid = False
+    if isinstance(args, str):
+        try:
+            args = _json(json.loads(args))
+        except ValueError:
+            invalid = True
+    elif args is not None:
+        args = _json(args)
+    return {
+        "name": _fmt(name),
+        "id": _fmt(call.get("id") or ""),
+        "args": _text(args if args is not None else ""),
+        "invalid": invalid,
+    }
+
+
+def _messages(messages: Any, assets: _Assets, default_role: str) -> list[dict[str, Any]]:
+    """Message views; a bare string (completion-format environments) is one message."""
+    if messages is None:
+        return []
+    if isinstance(messages, str | dict):
+        messages = [
+            messages if isinstance(messages, dict) else {"role": default_role, "content": messages}
+        ]
+    if not isinstance(messages, list):
+        messages = [{"role": default_role, "content": _json(messages)}]
+    views = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            msg = {"role": "?", "content": msg if isinstance(msg, str) else _json(msg)}
+        role = str(msg.get("role", "?"))
+        calls = msg.get("tool_calls")
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+        views.append(
+            {
+                "role": role,
+                "role_class": role if role in _ROLES else "other",
+                "name": _fmt(msg["name"]) if msg.get("name") else "",
+                "tool_call_id": _fmt(msg["tool_call_id"]) if msg.get("tool_call_id") else "",
+                "parts": _part_views(msg.get("content"), assets),
+                "tool_calls": [_tool_call_view(c) for c in calls]
+                if isinstance(calls, list)
+                else [],
+                "reasoning": _text(reasoning) if reasoning else None,
+                "turn": None,
+            }
+        )
+    return views
+
+
+def _reward_view(reward: Any, lo: float, hi: float) -> dict[str, str]:
+    r = _number(reward)
+    if r is None:
+        text = "no reward" if reward is None else _short(_fmt(reward), 24)
+        return {"text": text, "class": "none", "style": "", "sort": ""}
+    if not math.isfinite(r):
+        return {"text": _fmt(r), "class": "nonfinite", "style": "", "sort": ""}
+    t = (r - lo) / (hi - lo) if hi > lo else 1.0
+    return {
+        "text": _fmt(r),
+        "class": "ok",
+        "style": f"background:hsl({round(120 * t)} 62% 38%)",
+        "sort": repr(r),
+    }
+
+
+def _card(i: int, row: dict[str, Any], assets: _Assets, lo: float, hi: float) -> dict[str, Any]:
+    prompt = _messages(row.get("prompt"), assets, "user")
+    completion = _messages(row.get("completion"), assets, "assistant")
+    warnings = []
+    images = 0
+    for msg in prompt + completion:
+        for part in msg["parts"]:
+            if part["kind"] != "image":
+                continue
+            images += 1
+            if "reason" in part:
+                warnings.append(f"image {part['ref']}: {part['reason']} (placeholder shown)")
+    turn = 0
+    for msg in completion:
+        if msg["role"] == "assistant":
+            turn += 1
+            msg["turn"] = turn
+    metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
+    timing = row.get("timing") if isinstance(row.get("timing"), dict) else {}
+    error = row.get("error")
+    tokens = [
+        f"{_fmt(row[k])} {label}"
+        for k, label in (("prompt_tokens", "prompt"), ("completion_tokens", "completion"))
+        if row.get(k) is not None
+    ]
+    info = row.get("info")
+    answer = row.get("answer")
+    return {
+        "order": i,
+        "dom_id": f"r{i}",
+        "example_id": _fmt(row.get("example_id")) if "example_id" in row else "?",
+        "rollout_index": _fmt(row.get("rollout_index")) if "rollout_index" in row else "",
+        "reward": _reward_view(row.get("reward"), lo, hi),
+        "metrics": [(str(k), _fmt(v)) for k, v in metrics.items()],
+        "error": _text(error if isinstance(error, str) else _json(error)) if error else None,
+        "answer": _text(answer) if answer not in (None, "") else None,
+        "info": _text(_json(info)) if info not in (None, {}, []) else None,
+        "num_turns": _fmt(row["num_turns"]) if row.get("num_turns") is not None else "",
+        "tokens": " + ".join(tokens),
+        "timing": [(str(k), _fmt(v)) for k, v in timing.items()],
+        "prompt": prompt,
+        "completion": completion,
+        "images": images,
+        "warnings": warnings,
+    }
+
+
+_CONFIG_FIRST = (
+    "env_id",
+    "env_args",
+    "model",
+    "backend",
+    "num_examples",
+    "rollouts_per_example",
+    "sampling_args",
+)
+
+
+def _config_rows(metadata: dict[str, Any], config: dict[str, Any]) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = []
+    keys = [k for k in _CONFIG_FIRST if k in config] + [k for k in config if k not in _CONFIG_FIRST]
+    for k in keys:
+        v = config[k]
+        rows.append((k, _text(_json(v)) if isinstance(v, dict | list) else _fmt(v)))
+    for k in ("started_at", "finished_at", "vf_mm_version"):
+        if k in metadata:
+            v = metadata[k]
+            if k == "finished_at" and v is None:
+                v = "— (not finished: interrupted or still running)"
+            rows.append((k, _fmt(v)))
+    duration = _duration(metadata.get("started_at"), metadata.get("finished_at"))
+    if duration:
+        rows.append(("duration", duration))
+    for k, v in metadata.items():
+        if k not in ("config", "results", "started_at", "finished_at", "vf_mm_version"):
+            rows.append((k, _text(_json(v)) if isinstance(v, dict | list) else _fmt(v)))
+    return rows
+
+
+def _duration(start: Any, end: Any) -> str:
+    def parse(x: Any) -> float | None:
+        if isinstance(x, int | float) and not isinstance(x, bool):
+            return float(x)
+        if isinstance(x, str):
+            try:
+                return datetime.fromisoformat(x.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                return None
+        return None
+
+    a, b = parse(start), parse(end)
+    if a is None or b is None or b < a:
+        return ""
+    s = b - a
+    return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
+
+
+def _result_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for k, v in results.items():
+        if k == "metrics":
+            continue
+        if k == "pass_at_k" and isinstance(v, dict):
+            rows.extend((f"pass@{kk}", _fmt(vv)) for kk, vv in v.items())
+        elif k == "tokens" and isinstance(v, dict):
+            rows.extend((f"tokens: {kk}", _fmt_stat(vv)) for kk, vv in v.items())
+        elif k == "errors" and isinstance(results.get("count"), int) and isinstance(v, int):
+            rows.append(("errors", f"{v} of {results['count']}"))
+        else:
+            rows.append((k, _fmt_stat(v)))
+    return rows
+
+
+def _metric_rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    metrics = results.get("metrics")
+    if not isinstance(metrics, dict):
+        return []
+    rows = []
+    for name, v in metrics.items():
+        if isinstance(v, dict):
+            rows.append((str(name), _fmt(v.get("mean")), _fmt(v.get("std"))))
+        else:
+            rows.append((str(name), _fmt(v), ""))
+    return rows

@@ -1,0 +1,107 @@
+"""Aggregates of results rows: ``summarize`` and the unbiased ``pass_at_k`` estimate.
+
+The file format is documented in ``_results.py`` (module docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate from ``n`` samples of which ``c`` succeeded:
+    ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021); needs ``1 <= k <= n``."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _mean_std(values: Sequence[float]) -> dict[str, Any]:
+    if not values:
+        return {"mean": None, "std": None, "count": 0}
+    mean = math.fsum(values) / len(values)
+    variance = math.fsum((v - mean) ** 2 for v in values) / len(values)
+    return {"mean": mean, "std": math.sqrt(variance), "count": len(values)}
+
+
+def summarize(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    k_values: Iterable[int] | None = None,
+    threshold: float = 1.0,
+) -> dict[str, Any]:
+    """Aggregates of results rows, for metadata.json and summary tables::
+
+        {"count": rows, "examples": distinct example ids, "errors": rows with an error,
+         "reward": {"mean", "std", "count"},            # over rows whose reward is not null
+         "metrics": {name: {"mean", "std", "count"}},   # over rows that have the metric
+         "pass_at_k": {"1": p, ...}, "pass_threshold": threshold,
+         "tokens": {"prompt": total, "completion": total, "rows_without_tokens": n},
+         "mean_turns": float | null}
+
+    ``std`` is the population standard deviation (0.0 for one value). pass@k is the
+    unbiased estimator per example (success = reward >= ``threshold``; a null reward, as
+    an errored rollout has, is a failure), averaged over the examples with at least k
+    rollouts (null when none has). ``k_values`` defaults to 1, 2, 4, ... up to the
+    fewest rollouts any example has.
+    """
+    rows = list(rows)
+    rewards: list[float] = []
+    metrics: dict[str, list[float]] = {}
+    outcomes: dict[Any, list[bool]] = {}
+    turns: list[float] = []
+    prompt_tokens = completion_tokens = without_tokens = errors = 0
+    for row in rows:
+        reward = row.get("reward")
+        if reward is not None:
+            rewards.append(float(reward))
+        if row.get("error") is not None:
+            errors += 1
+        for name, value in (row.get("metrics") or {}).items():
+            if value is not None:
+                metrics.setdefault(name, []).append(float(value))
+        outcomes.setdefault(row.get("example_id"), []).append(
+            reward is not None and float(reward) >= threshold
+        )
+        if row.get("num_turns") is not None:
+            turns.append(float(row["num_turns"]))
+        if row.get("prompt_tokens") is None or row.get("completion_tokens") is None:
+            without_tokens += 1
+        else:
+            prompt_tokens += int(row["prompt_tokens"])
+            completion_tokens += int(row["completion_tokens"])
+
+    fewest = min((len(v) for v in outcomes.values()), default=1)
+    if k_values is None:
+        ks = [1]
+        while ks[-1] * 2 <= fewest:
+            ks.append(ks[-1] * 2)
+    else:
+        ks = sorted(set(k_values))
+        for k in ks:
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ValueError(f"k_values must be ints >= 1, got {k!r}")
+    pass_k: dict[str, float | None] = {}
+    for k in ks:
+        estimates = [pass_at_k(len(v), sum(v), k) for v in outcomes.values() if len(v) >= k]
+        pass_k[str(k)] = math.fsum(estimates) / len(estimates) if estimates else None
+
+    return {
+        "count": len(rows),
+        "examples": len(outcomes),
+        "errors": errors,
+        "reward": _mean_std(rewards),
+        "metrics": {name: _mean_std(values) for name, values in sorted(metrics.items())},
+        "pass_at_k": pass_k,
+        "pass_threshold": threshold,
+        "tokens": {
+            "prompt": prompt_tokens,
+            "completion": completion_tokens,
+            "rows_without_tokens": without_tokens,
+        },
+        "mean_turns": math.fsum(turns) / len(turns) if turns else None,
+    }
