@@ -16,71 +16,8 @@ the model would see the wrong image **with no error**. Start servers that receiv
 features with ``--no-mm-device-do-normalize`` (the vllm test tier does, and checks the
 outputs against the server's own processing), or use ``mode="content_parts"``.
 
-Schema followed
----------------
-vLLM's pydantic models in ``vllm/entrypoints/scale_out/token_in_token_out/protocol.py``
-(the 0.33 field set FACTS.md records; read at vllm-project/vllm commit
-``006ebac240f34ddcd36383832b28c25840d2ea80``, a main-branch version with the same
-fields, and compared with the older ``5dfbdc4d4318831ef9b1cc4baf5946e3bd10fa8a``, which
-predates ``content_parts`` and used OpenAI-style logprobs); ``serving.py`` of the same
-directory (how ``content_parts`` are read: ``part.get("url")`` of ``image_url`` parts;
-``_create_tokens_logprobs``; the ``sampled`` logprob list of newer main); and vLLM's
-tests ``tests/entrypoints/scale_out/token_in_token_out/test_content_parts.py`` and
-``test_stop_reason.py``. The exact commit of the 0.33 release was not identified.
-
-Request (``GenerateRequest``; only the fields we send)::
-
-    {"token_ids": [int, ...],                       # non-empty, >= 0
-     "sampling_params": {                           # vLLM SamplingParams, all explicit
-         "max_tokens", "temperature", "top_p", "top_k" (0 = off), "min_p",
-         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-         "seed" (if set), "stop_token_ids", "logprobs": 0 (if wanted),
-         "skip_special_tokens": false, "detokenize": false},
-     "model": str (if given), "request_id": str (if given),
-     # either (features mode)
-     "features": {"mm_hashes": {"image": [str]},
-                  "mm_placeholders": {"image": [{"offset", "length"}]},
-                  "kwargs_data": {"image": [base64 str | null]} | null},
-     # or (content_parts mode)
-     "content_parts": [{"type": "image_url", "url": "data:image/png;base64,..."}],
-     "return_token_ids": true}
-
-Every sampling field is sent, penalties included, so a server's generation-config
-defaults (``repetition_penalty`` 1.05 in some Qwen checkpoints) never change what is
-sampled. ``logprobs: 0`` returns the sampled token's log-probability only (vLLM always
-includes the sampled token in each position's logprob dict). ``content_parts`` use
-vLLM's flat form: the server reads ``part["url"]`` of ``image_url`` parts (the OpenAI
-nested ``{"image_url": {"url"}}`` form would reach it as no URL at all).
-
-Response (``GenerateTokensResponse``, ``output_mode`` "tokens")::
-
-    {"request_id", "model", "created",
-     "choices": [{"index", "token_ids": [int], "finish_reason": "stop"|"length"|"abort",
-                  "stop_reason": int | str | null,
-                  "logprobs": {"content": [{"token_id", "logprob", "rank",
-                                            "top_logprobs": [...]}]} | null}],
-     "usage": {"prompt_tokens", "completion_tokens", "total_tokens"},
-     "prompt_token_ids": [int] | null,              # with return_token_ids
-     "mm_placeholders": {"image": [{"offset", "length"}]} | null}
-
-Older servers write logprob entries OpenAI-style (``{"token": "token_id:42", "logprob",
-"top_logprobs"}``); only ``logprob`` is read, and ``token_id`` is checked when present.
-Newer main may answer ``{"logprobs": {"content": null, "sampled": [float]}}``; read too.
-Errors come back as vLLM's ``ErrorResponse`` ``{"error": {"message", "type", "param",
-"code"}}`` (older: the same keys at the top level) or FastAPI's ``{"detail": ...}``.
-
-Images (content_parts mode)
----------------------------
-vLLM fetches any URL it is given (link-local cloud metadata included) and can read its
-own filesystem, so no URL is ever forwarded: every image part is loaded here with
-``vf_mm.images.load_image(part, policy=image_policy)`` (``ImagePolicy()`` when None: any
-local path, no network) and re-sent as a PNG ``data:`` URL of the decoded RGB pixels,
-so the server processes exactly what the policy let through. A refused image fails
-the request with its ``ImageError`` before anything is sent. The result's
-``multi_modal_data`` holds the server's placeholders, ``image_hash`` of each image as
-sent, and an empty item dict per image (the pixels were processed on the server). The
-length check before sending sees the unexpanded prompt (one pad per image), so only the
-server can refuse a prompt that its images make too long.
+The request and response bodies (the vLLM schema followed) and how images are sent in
+``content_parts`` mode: see ``vf_mm/inference/_vllm_schema.py``.
 
 Retries
 -------
@@ -102,29 +39,16 @@ import json
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vf_mm.errors import (
-    BackendError,
-    BackendHTTPError,
-    BackendProtocolError,
-    BackendUnavailableError,
-    MultiModalDataError,
-)
+from vf_mm.errors import BackendError, BackendHTTPError, BackendUnavailableError
 from vf_mm.images import ImagePolicy
-from vf_mm.inference._types import (
-    GenerateRequest,
-    GenerateResult,
-    SamplingParams,
-    Usage,
-    check_prompt_length,
-)
-from vf_mm.types import MultiModalData, PlaceholderRange
+from vf_mm.inference._types import GenerateRequest, GenerateResult, check_prompt_length
+from vf_mm.inference._vllm_schema import _Codec, _Prepared, _Retryable, _shorten
 
 __all__ = ["VLLMBackend"]
 
@@ -138,51 +62,6 @@ MODELS_PATH = "/v1/models"
 _MAX_CONNECTIONS = 4096
 _MAX_KEEPALIVE = 1024
 _KEEPALIVE_EXPIRY_S = 60.0
-_MAX_DETAIL_CHARS = 500
-_FINISH_REASONS = frozenset({"stop", "length", "abort"})
-
-
-# -- vLLM's response, as far as we read it (pydantic: validated in Rust from the bytes) --
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-
-
-class _LogprobEntry(_Model):
-    logprob: float
-    token_id: int | None = None
-
-
-class _Logprobs(_Model):
-    content: list[_LogprobEntry] | None = None
-    # newer vLLM main: with return_token_logprobs and logprobs=0, only this flat list
-    sampled: list[float] | None = None
-
-
-class _Choice(_Model):
-    index: int = 0
-    token_ids: list[Annotated[int, Field(ge=0)]]
-    finish_reason: str | None = "stop"
-    stop_reason: int | str | None = None
-    logprobs: _Logprobs | None = None
-
-
-class _Usage(_Model):
-    prompt_tokens: int = 0
-    completion_tokens: int | None = None  # vLLM's UsageInfo allows null here
-
-
-class _Placeholder(_Model):
-    offset: int = Field(ge=0)
-    length: int = Field(gt=0)
-
-
-class _GenerateResponse(_Model):
-    choices: list[_Choice] = Field(min_length=1)
-    usage: _Usage | None = None
-    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    mm_placeholders: dict[str, list[_Placeholder]] | None = None
 
 
 # -- attempts ---------------------------------------------------------------------------
@@ -199,22 +78,7 @@ class _Server:
     down_until: float = 0.0
 
 
-class _Retryable(Exception):
-    """One attempt failed in a way worth trying again."""
-
-    def __init__(self, error: BackendError, *, delay: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.delay = delay  # the server's Retry-After, when it gave one
-
-
-@dataclass(slots=True)
-class _Prepared:
-    body: bytes
-    image_hashes: list[str] | None = None  # content_parts mode: hashes of what we sent
-
-
-class VLLMBackend:
+class VLLMBackend(_Codec):
     """Generate with one or more vLLM servers through ``/inference/v1/generate``.
 
     ``base_urls``: the servers' roots (``http://host:8000``; a trailing ``/v1`` is
@@ -349,78 +213,6 @@ class VLLMBackend:
 
     def __repr__(self) -> str:
         return f"VLLMBackend({self.base_urls!r}, mode={self.mode!r}, model={self.model!r})"
-
-    # -- the request body -----------------------------------------------------------
-
-    async def _prepare(self, request: GenerateRequest) -> _Prepared:
-        parts = request.content_parts
-        mmd = request.multi_modal_data
-        has_parts = bool(parts)
-        has_features = mmd is not None and not mmd.is_empty
-        if has_parts and has_features:
-            raise MultiModalDataError(
-                "a request carries either content_parts (raw images) or multi_modal_data "
-                "(rendered images), not both"
-            )
-        if has_parts and self.mode != "content_parts":
-            raise MultiModalDataError(
-                "this VLLMBackend is in 'features' mode: render the images on the client "
-                "(multi_modal_data), or create the backend with mode='content_parts'"
-            )
-        if has_parts or has_features:
-            # image decoding / encoding and base64 of the tensors: off the event loop
-            return await asyncio.to_thread(self._build_body, request)
-        return self._build_body(request)
-
-    def _build_body(self, request: GenerateRequest) -> _Prepared:
-        body: dict[str, Any] = {
-            "token_ids": request.prompt_ids,
-            "sampling_params": _sampling_params(request.sampling),
-        }
-        if self.model is not None:
-            body["model"] = self.model
-        if request.request_id is not None:
-            body["request_id"] = request.request_id
-        prepared = _Prepared(body=b"")
-        if request.content_parts:
-            urls, hashes = _load_image_parts(request.content_parts, self.image_policy)
-            if urls:
-                body["content_parts"] = [{"type": "image_url", "url": url} for url in urls]
-                body["return_token_ids"] = True
-                prepared.image_hashes = hashes
-        elif request.multi_modal_data is not None and not request.multi_modal_data.is_empty:
-            body["features"] = self._features(request.multi_modal_data, len(request.prompt_ids))
-        prepared.body = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        return prepared
-
-    def _features(self, mmd: MultiModalData, num_tokens: int) -> dict[str, Any]:
-        modalities = list(mmd.mm_placeholders)
-        items = (
-            mmd.mm_items
-            if self.send_kwargs_data
-            else {m: [None] * len(mmd.mm_placeholders[m]) for m in modalities}
-        )
-        MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
-        kwargs_data: dict[str, list[str | None]] | None = None
-        if self.send_kwargs_data:
-            from vf_mm.inference._mm_kwargs import encode_kwargs_item
-
-            # an item with no inputs ({} or None) is one the server holds in its cache
-            kwargs_data = {
-                m: [
-                    encode_kwargs_item(item, modality=m) if item else None
-                    for item in mmd.mm_items[m]
-                ]
-                for m in modalities
-            }
-        return {
-            "mm_hashes": {m: list(mmd.mm_hashes[m]) for m in modalities},
-            "mm_placeholders": {
-                m: [{"offset": r.offset, "length": r.length} for r in mmd.mm_placeholders[m]]
-                for m in modalities
-            },
-            "kwargs_data": kwargs_data,
-        }
 
     # -- sending, with retries ------------------------------------------------------
 
@@ -566,122 +358,6 @@ class VLLMBackend:
         )
         server.down_until = time.monotonic() + cooldown
 
-    # -- the answer -----------------------------------------------------------------
-
-    def _result(
-        self, content: bytes, request: GenerateRequest, prepared: _Prepared, url: str
-    ) -> GenerateResult:
-        try:
-            parsed = _GenerateResponse.model_validate_json(content)
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_input=False)
-            if any(e["type"] == "json_invalid" for e in errors):
-                raise _Retryable(
-                    BackendProtocolError(
-                        f"vLLM server {url} answered 200 with a body that is not JSON: "
-                        f"{_shorten(content.decode('utf-8', 'replace'), 120)!r}",
-                        backend=url,
-                    )
-                ) from exc
-            raise self._schema_error(url, _describe_validation(errors)) from exc
-        choice = parsed.choices[0]
-        finish_reason = choice.finish_reason or "stop"
-        if finish_reason not in _FINISH_REASONS:
-            raise self._schema_error(
-                url, f"choices[0].finish_reason is {finish_reason!r}, not stop/length/abort"
-            )
-        logprobs: list[float] | None = None
-        if request.sampling.logprobs:
-            logprobs = self._logprobs(choice, url)
-
-        prompt_ids: list[int] | None = None
-        mm: MultiModalData | None = None
-        if prepared.image_hashes is not None:
-            prompt_ids, mm = self._expanded_prompt(parsed, prepared, url)
-        if parsed.usage is not None:
-            completion_tokens = parsed.usage.completion_tokens
-            usage = Usage(
-                parsed.usage.prompt_tokens,
-                len(choice.token_ids) if completion_tokens is None else completion_tokens,
-            )
-        else:
-            prompt_len = len(prompt_ids) if prompt_ids is not None else len(request.prompt_ids)
-            usage = Usage(prompt_len, len(choice.token_ids))
-        return GenerateResult(
-            completion_ids=list(choice.token_ids),
-            logprobs=logprobs,
-            finish_reason=finish_reason,  # type: ignore[arg-type]  # checked above
-            usage=usage,
-            stop_reason=choice.stop_reason,
-            prompt_ids=prompt_ids,
-            multi_modal_data=mm,
-        )
-
-    def _logprobs(self, choice: _Choice, url: str) -> list[float]:
-        lp = choice.logprobs
-        content = lp.content if lp is not None else None
-        if content is None and lp is not None and lp.sampled is not None:
-            values = list(lp.sampled)
-        elif content is None:
-            raise self._schema_error(url, "logprobs were asked for but none came back")
-        else:
-            for j, (entry, token) in enumerate(zip(content, choice.token_ids, strict=False)):
-                if entry.token_id is not None and entry.token_id != token:
-                    raise self._schema_error(
-                        url,
-                        f"choices[0].logprobs.content[{j}].token_id is {entry.token_id}, "
-                        f"but token_ids[{j}] is {token}",
-                    )
-            values = [entry.logprob for entry in content]
-        if len(values) != len(choice.token_ids):
-            raise self._schema_error(
-                url,
-                f"{len(values)} logprobs for {len(choice.token_ids)} tokens "
-                "(choices[0].logprobs must be parallel to token_ids)",
-            )
-        return values
-
-    def _expanded_prompt(
-        self, parsed: _GenerateResponse, prepared: _Prepared, url: str
-    ) -> tuple[list[int], MultiModalData]:
-        if parsed.prompt_token_ids is None:
-            raise self._schema_error(
-                url, "prompt_token_ids missing although return_token_ids was sent"
-            )
-        prompt_ids = list(parsed.prompt_token_ids)
-        placeholders = parsed.mm_placeholders or {}
-        extra = sorted(set(placeholders) - {"image"})
-        if extra:
-            raise self._schema_error(url, f"mm_placeholders for modalities {extra} we never sent")
-        ranges = [PlaceholderRange(p.offset, p.length) for p in placeholders.get("image", [])]
-        hashes = prepared.image_hashes or []
-        if len(ranges) != len(hashes):
-            raise self._schema_error(
-                url,
-                f"{len(ranges)} image placeholders came back for {len(hashes)} images sent "
-                "(is return_token_ids supported by this server?)",
-            )
-        if not hashes:
-            return prompt_ids, MultiModalData()
-        mm = MultiModalData(
-            mm_hashes={"image": list(hashes)},
-            mm_placeholders={"image": ranges},
-            # the server processed the pixels: the client holds no model inputs for them
-            mm_items={"image": [{} for _ in hashes]},
-        )
-        try:
-            mm.validate(num_tokens=len(prompt_ids))
-        except MultiModalDataError as exc:
-            raise self._schema_error(url, str(exc)) from exc
-        return prompt_ids, mm
-
-    def _schema_error(self, url: str, what: str) -> BackendProtocolError:
-        return BackendProtocolError(
-            f"vLLM server {url} answered 200 with a response that breaks the generate "
-            f"schema: {what}",
-            backend=url,
-        )
-
     # -- max_model_len --------------------------------------------------------------
 
     async def _discover_max_model_len(self, client: httpx.AsyncClient) -> None:
@@ -745,67 +421,9 @@ def _normalise_base_url(url: str) -> str:
     return text
 
 
-def _sampling_params(sampling: SamplingParams) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": max(sampling.top_k, 0),  # vLLM: 0 (or -1) = all tokens
-        "min_p": sampling.min_p,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "skip_special_tokens": False,
-        "detokenize": False,
-    }
-    if sampling.seed is not None:
-        params["seed"] = sampling.seed
-    if sampling.logprobs:
-        params["logprobs"] = 0  # the sampled token's logprob only
-    return params
-
-
-def _load_image_parts(
-    parts: Sequence[Mapping[str, Any]], policy: ImagePolicy | None
-) -> tuple[list[str], list[str]]:
-    """Each image part loaded under ``policy`` and re-encoded as a PNG data URL; with the
-    image hashes. Text parts are skipped (vLLM reads only media parts)."""
-    from vf_mm.images import image_hash, load_image, png_data_url
-
-    urls: list[str] = []
-    hashes: list[str] = []
-    for i, part in enumerate(parts):
-        if not isinstance(part, Mapping):
-            raise MultiModalDataError(
-                f"content_parts[{i}] must be a dict, not {type(part).__name__}"
-            )
-        kind = part.get("type")
-        if kind == "text":
-            continue
-        if kind not in ("image", "image_url"):
-            raise MultiModalDataError(
-                f"content_parts[{i}] has type {kind!r}; the vLLM backend sends image parts "
-                "('image_url' or 'image') only"
-            )
-        source: Any = dict(part)
-        if kind == "image_url" and "image_url" not in part and "url" in part:
-            # vLLM's own flat form {"type": "image_url", "url": ...}
-            source = {"type": "image_url", "image_url": {"url": part["url"]}}
-        image = load_image(source, policy=policy, where=f"content_parts[{i}]")
-        urls.append(png_data_url(image))
-        hashes.append(image_hash(image))
-    return urls, hashes
-
-
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _shorten(text: str, limit: int = _MAX_DETAIL_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _error_detail(response: httpx.Response) -> str:
@@ -849,12 +467,3 @@ def _retry_after(response: httpx.Response) -> float | None:
     except ValueError:
         return None  # an HTTP date: fall back to our own backoff
     return seconds if seconds >= 0 else None
-
-
-def _describe_validation(errors: list[Any]) -> str:
-    shown = []
-    for e in errors[:3]:
-        where = ".".join(str(p) for p in e.get("loc", ())) or "(body)"
-        shown.append(f"{where}: {e.get('msg')}")
-    more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "; ".join(shown) + more
