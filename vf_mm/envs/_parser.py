@@ -95,11 +95,3 @@ class ThinkParser(Parser):
         if "</think>" in text:
             text = text.rsplit("</think>", 1)[1]
         return self.inner.parse(text)
-
-    def parse_answer(self, completion: Messages | str) -> Any:
-        if isinstance(completion, str):
-            return self.parse(completion)
-        for message in reversed(completion):
-            if message.get("role") == "assistant":
-                return self.parse(text_of(message))
-        return None
