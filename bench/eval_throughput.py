@@ -29,7 +29,7 @@ import torch
 import vf_mm
 from vf_mm.inference import LocalBackend
 from vf_mm.renderers import RendererPool, load_renderer
-from vf_mm.rollouts import evaluate_to_dir
+from vf_mm.results import evaluate_to_dir
 from vf_mm.testing import build_tiny_vlm
 
 

@@ -51,7 +51,7 @@ import msgspec
 import numpy as np
 
 import vf_mm
-from vf_mm.rollouts import pack_group, unpack_group
+from vf_mm.training import pack_group, unpack_group
 from vf_mm.types import (
     MultiModalData,
     PlaceholderRange,

@@ -37,15 +37,16 @@ import vf_mm as vf
 from vf_mm.inference import LocalBackend, SamplingParams
 from vf_mm.renderers import RendererPool, load_renderer
 from vf_mm.renderers._hf import model_class
-from vf_mm.rollouts import pack_group, unpack_group
 from vf_mm.testing import build_tiny_vlm
-from vf_mm.trainer import (
+from vf_mm.training import (
     GroupReceiver,
     GroupSender,
     build_samples,
     group_advantages,
     grpo_loss,
     make_batches,
+    pack_group,
+    unpack_group,
 )
 
 

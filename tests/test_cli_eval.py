@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vf_mm.cli import main
-from vf_mm.rollouts import read_results
+from vf_mm.results import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

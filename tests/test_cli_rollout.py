@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from vf_mm.cli import main
-from vf_mm.rollouts import unpack_group
-from vf_mm.trainer import GroupReceiver, read_groups
+from vf_mm.training import GroupReceiver, read_groups, unpack_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = '{"max_tokens": 8}'
@@ -92,16 +91,14 @@ def test_an_unsupported_stream_target_is_a_clear_error(capsys):
 
 
 def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path, monkeypatch):
-    import vf_mm.rollouts
-
-    real = vf_mm.rollouts.pack_group
+    from vf_mm.training import pack_group as real
 
     def picky(outputs, **kwargs):
         if any(o.trajectory for o in outputs):
             raise ValueError("cannot pack this")
         return real(outputs, **kwargs)
 
-    monkeypatch.setattr(vf_mm.rollouts, "pack_group", picky)
+    monkeypatch.setattr("vf_mm.training._streaming.pack_group", picky)  # fault injection
     path = tmp_path / "groups.vfs"
     assert main(["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]) == 0  # fmt: skip
     (g,) = read_groups(path)

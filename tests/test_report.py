@@ -417,7 +417,7 @@ def test_odd_values_do_not_crash(tmp_path):
     assert "5,000 more characters not included in this report" in text
     assert len(page.having("img-missing")) == 4
     assert report.images_embedded == 1  # the data: URL
-    assert any("line 9: not a JSON object" in w for w in report.warnings)
+    assert any("line 9: a JSON list, not an object" in w for w in report.warnings)
     report.html.encode("utf-8")  # the lone surrogate was replaced
 
 

@@ -16,6 +16,8 @@ against the standard exceptions keeps working.
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
     │   └── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
+    ├── GroupFrameError (ValueError)           a training group frame (pack_group / unpack_group) refused:
+    │                                          one hash for two tensors, a missing image, bad placeholders
     ├── ImageError (ValueError)                an image that vf_mm.images cannot load
     │   ├── UnsafeImageSourceError             the ImagePolicy refused where it comes from
     │   ├── ImageFetchError                    reading it failed (network, HTTP status, timeout)
@@ -25,13 +27,11 @@ against the standard exceptions keeps working.
     ├── MultiModalDataError (ValueError)       a multi-modal sidecar breaks the DESIGN.md rules
     ├── RenderError (ValueError)               messages a renderer cannot turn into tokens
     │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
-    ├── ResultsError (ValueError)              an evaluation results store (vf_mm.rollouts) refused:
+    ├── ResultsError (ValueError)              an evaluation results store (vf_mm.results) refused:
     │   │                                      a non-JSON value, an outdir in use, a corrupt line
     │   └── ResumeMismatchError                resume=True with a different run configuration
-    ├── SidecarError (ValueError)              a training group frame (pack_group / unpack_group) refused:
-    │                                          one hash for two tensors, a missing image, bad placeholders
     ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
-    ├── TransportError                         the trainer hop (vf_mm.trainer): a target or socket unusable
+    ├── TransportError                         the trainer hop (vf_mm.training): a target or socket unusable
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
     │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
     └── WireError                              the msgpack tensor codec and framed streams
@@ -62,6 +62,7 @@ __all__ = [
     "EnvironmentCheckError",
     "EnvironmentNotFoundError",
     "FrameTooLargeError",
+    "GroupFrameError",
     "ImageDecodeError",
     "ImageError",
     "ImageFetchError",
@@ -73,8 +74,7 @@ __all__ = [
     "RenderError",
     "ResultsError",
     "ResumeMismatchError",
-    "SidecarError",
-    "StreamError",
+        "StreamError",
     "StreamHeaderError",
     "TornFrameError",
     "TrajectoryError",
@@ -184,7 +184,7 @@ class UnsupportedModelError(RenderError):
 
 
 class ResultsError(VfMmError, ValueError):
-    """The evaluation results store (``vf_mm.rollouts``) refused: a value JSON cannot hold
+    """The evaluation results store (``vf_mm.results``) refused: a value JSON cannot hold
     (bytes, a tensor, NaN), an outdir that already holds results (without ``resume``) or is
     held by another writer, or a results file with a corrupt line (``path`` and 1-based
     ``line`` say which, when known)."""
@@ -207,8 +207,8 @@ class ResumeMismatchError(ResultsError):
         self.differences = differences
 
 
-class SidecarError(VfMmError, ValueError):
-    """A group of rollouts that ``vf_mm.rollouts.pack_group`` will not pack or
+class GroupFrameError(VfMmError, ValueError):
+    """A group of rollouts that ``vf_mm.training.pack_group`` will not pack or
     ``unpack_group`` will not rebuild: two different tensors under one image hash, a step
     that refers to an image the group does not carry, placeholders that break the sidecar
     rules (overlapping, unsorted, past the prompt), or a frame that is not a group. The
@@ -250,7 +250,7 @@ class PromptTooLongError(BackendError, ValueError):
 
 
 class TransportError(VfMmError):
-    """The trainer hop (``vf_mm.trainer.GroupSender`` / ``GroupReceiver``) cannot go on: a
+    """The trainer hop (``vf_mm.training.GroupSender`` / ``GroupReceiver``) cannot go on: a
     target that is neither a path nor a ZeroMQ endpoint, an address that cannot be bound or
     connected, a sender used after ``close``, pyzmq refusing an operation."""
 

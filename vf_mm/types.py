@@ -42,6 +42,7 @@ __all__ = [
     "TrajectoryStep",
     "UserMessage",
     "content_parts",
+    "image_part_source",
     "image_parts",
     "text_of",
 ]
@@ -144,6 +145,17 @@ def image_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, C
             if isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES:
                 found.append((m, p, part))
     return found
+
+
+def image_part_source(part: Mapping[str, Any]) -> Any:
+    """The image an image part points at, unchecked: the URL of an OpenAI
+    ``{"type": "image_url", "image_url": {"url": ...}}`` (or ``"image_url": "..."``), else the
+    first of ``image`` / ``url`` / ``path`` that is set (vf_mm's and transformers' forms);
+    None when there is none. ``vf_mm.images.load_image`` is what checks and loads it."""
+    if part.get("type") == "image_url":
+        inner = part.get("image_url")
+        return inner.get("url") if isinstance(inner, Mapping) else inner
+    return next((part[k] for k in ("image", "url", "path") if part.get(k) is not None), None)
 
 
 def text_of(message: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Entry point of ``vf-mm``: parses arguments and dispatches to one module per command."""
+"""The ``vf-mm`` command line: one module per command, each a thin layer over library code."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from vf_mm.errors import VfMmError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vf-mm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="vf-mm",
+        description="Multimodal, multi-turn RL environments: evaluate a model on an "
+        "environment, stream rollouts to a trainer, serve a checkpoint, and look at the "
+        "results.",
+        epilog="Start with `vf-mm eval shapes` (the embedded tiny model, no download), then "
+        "`vf-mm view outputs/<run>`. `vf-mm COMMAND --help` explains each command.",
+    )
     parser.add_argument("--version", action="version", version=f"vf-mm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     from vf_mm.cli import _eval, _rollout, _serve, _stream, _view

@@ -29,8 +29,8 @@ from vf_mm.client import RendererClient
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rubric import Rubric
 from vf_mm.errors import VfMmError
-from vf_mm.inference._types import SamplingParams
-from vf_mm.types import Messages, RolloutOutput
+from vf_mm.inference import SamplingParams
+from vf_mm.types import IMAGE_PART_TYPES, Messages, RolloutOutput
 
 IMAGE_COLUMNS = ("image", "images")
 _STOP_ATTR = "__vf_mm_stop__"
@@ -369,7 +369,7 @@ def _rows(dataset: Any, n: int, seed: int | None) -> list[dict[str, Any]]:
 
 
 def _image_part(image: Any) -> dict[str, Any]:
-    if isinstance(image, Mapping) and image.get("type") in ("image", "image_url"):
+    if isinstance(image, Mapping) and image.get("type") in IMAGE_PART_TYPES:
         return dict(image)
     if isinstance(image, Mapping) and "bytes" in image:  # datasets' Image feature, undecoded
         return {"type": "image", "image": image["bytes"] if image["bytes"] else image.get("path")}

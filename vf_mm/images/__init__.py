@@ -62,7 +62,8 @@ plain ``convert("RGB")``; vf_mm follows transformers.
 
 from __future__ import annotations
 
-from vf_mm.images._encode import png_data_url
+from vf_mm.images._data_url import decode_data_url
+from vf_mm.images._encode import encode_png, png_data_url
 from vf_mm.images._fetch import Fetcher, Resolver, system_resolver
 from vf_mm.images._guard import is_public_address
 from vf_mm.images._hash import image_hash
@@ -78,6 +79,8 @@ from vf_mm.images._policy import (
 
 __all__ = [
     "png_data_url",
+    "encode_png",
+    "decode_data_url",
     "DEFAULT_FORMATS",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_PIXELS",

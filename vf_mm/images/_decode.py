@@ -24,6 +24,7 @@ import struct
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from vf_mm._text import describe_exception
 from vf_mm.errors import ImageDecodeError, ImageError, ImageTooLargeError
 from vf_mm.images._policy import ImagePolicy
 
@@ -145,7 +146,7 @@ def decode_bytes(data: bytes | bytearray | memoryview, policy: ImagePolicy) -> I
     except UnidentifiedImageError:
         raise ImageDecodeError(_not_an_image(data, policy)) from None
     except Exception as exc:  # Pillow's header parsers raise many types on bad input
-        raise ImageDecodeError(f"corrupt image header ({_why(exc)})") from None
+        raise ImageDecodeError(f"corrupt image header ({describe_exception(exc)})") from None
     try:
         check_dimensions(*image.size, policy)
         reader.armed = True
@@ -163,7 +164,9 @@ def decode_bytes(data: bytes | bytearray | memoryview, policy: ImagePolicy) -> I
             raise
         if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
             raise ImageTooLargeError(f"decompression bomb refused by Pillow ({exc})") from None
-        raise ImageDecodeError(f"corrupt or truncated {image.format} data ({_why(exc)})") from None
+        raise ImageDecodeError(
+            f"corrupt or truncated {image.format} data ({describe_exception(exc)})"
+        ) from None
     if result is not image:
         image.close()
     return result
@@ -195,9 +198,6 @@ def to_rgb(image: Image.Image, *, owned: bool) -> Image.Image:
     except ImageError:
         raise
     except (ValueError, OSError, struct.error) as exc:
-        raise ImageDecodeError(f"cannot convert mode {image.mode} to RGB ({_why(exc)})") from None
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc) or exc.__class__.__name__
-    return text if len(text) <= 160 else text[:159] + "…"
+        raise ImageDecodeError(
+            f"cannot convert mode {image.mode} to RGB ({describe_exception(exc)})"
+        ) from None

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from vf_mm._text import describe_exception
 from vf_mm.errors import ImageError, ImageFetchError, UnsafeImageSourceError
 from vf_mm.images._guard import HttpTarget, check_addresses, check_http_url
 from vf_mm.images._policy import ImagePolicy
@@ -189,7 +190,7 @@ class Fetcher:
             raise ImageFetchError(f"timed out after timeout_s={policy.timeout_s}") from None
         except (httpx.HTTPError, OSError, ssl.SSLError) as exc:
             raise ImageFetchError(
-                f"request failed ({exc.__class__.__name__}: {_short(exc)})"
+                f"request failed ({exc.__class__.__name__}: {describe_exception(exc)})"
             ) from None
 
     @staticmethod
@@ -223,11 +224,6 @@ class Fetcher:
             raise ImageFetchError(f"timed out after timeout_s={policy.timeout_s}") from None
         except (httpx.HTTPError, OSError) as exc:
             raise ImageFetchError(
-                f"reading the body failed ({exc.__class__.__name__}: {_short(exc)})"
+                f"reading the body failed ({exc.__class__.__name__}: {describe_exception(exc)})"
             ) from None
         return b"".join(chunks)
-
-
-def _short(exc: BaseException, limit: int = 160) -> str:
-    text = str(exc)
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from PIL import Image
 
+from vf_mm._text import shorten
 from vf_mm.errors import ImageDecodeError, UnsafeImageSourceError
 
 __all__ = ["Kind", "Source", "classify", "describe", "looks_like_bare_base64"]
@@ -111,10 +112,7 @@ def classify(source: Any) -> Source:
 
 
 def _shorten(text: str, limit: int = _MAX_SHOWN) -> str:
-    if len(text) <= limit:
-        return text
-    keep = limit - 1
-    return text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
+    return shorten(text, limit, keep_end=True)
 
 
 def _redact_url(url: str) -> str:

@@ -5,8 +5,9 @@
 ``LocalBackend`` over HTTP with vLLM's token-in/token-out route.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from vf_mm._lazy import lazy_exports
 from vf_mm.inference._types import (
     Backend,
     ChatBackend,
@@ -34,24 +35,17 @@ __all__ = [
     "check_prompt_length",
 ]
 
-# Backends import torch or httpx: load them on first use, so that importing vf_mm (and
-# vf_mm.wire through it) stays light.
-_LAZY = {
-    "LocalBackend": "vf_mm.inference._local",
-    "OpenAIChatBackend": "vf_mm.inference._openai",
-    "VLLMBackend": "vf_mm.inference._vllm",
-}
-
 if TYPE_CHECKING:
     from vf_mm.inference._local import LocalBackend
     from vf_mm.inference._openai import OpenAIChatBackend
     from vf_mm.inference._vllm import VLLMBackend
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vf_mm.inference' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+# Backends import torch or httpx: they load on first use, so importing vf_mm stays light.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "LocalBackend": "vf_mm.inference._local",
+        "OpenAIChatBackend": "vf_mm.inference._openai",
+        "VLLMBackend": "vf_mm.inference._vllm",
+    },
+)

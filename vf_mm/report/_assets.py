@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import io
 import re
@@ -12,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vf_mm.errors import ImageError
+from vf_mm.images import decode_data_url, encode_png
 from vf_mm.report._format import _short
 
 #: assets bigger than this are not embedded (a placeholder says so)
@@ -29,7 +30,6 @@ _BROWSER_MIME = {
     "BMP": "image/bmp",
 }
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-_DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?((?:;[^,;]*)*?)(;base64)?,(.*)$", re.S)
 
 
 @dataclass
@@ -87,7 +87,10 @@ class _Assets:
 
     def _load(self, ref: str) -> _Asset | str:
         if ref.lower().startswith("data:"):
-            data_or_err = _decode_data_url(ref)
+            try:
+                data_or_err = decode_data_url(ref, max_bytes=ASSET_MAX_BYTES)
+            except ImageError as exc:
+                data_or_err = str(exc)
         else:
             data_or_err = self._read_local(ref)
         if isinstance(data_or_err, str):
@@ -104,9 +107,7 @@ class _Assets:
                 width, height, fmt = im.width, im.height, im.format
                 mime = _BROWSER_MIME.get(fmt or "")
                 if mime is None:  # a format browsers do not show: convert it to PNG
-                    buf = io.BytesIO()
-                    im.save(buf, format="PNG")
-                    data, mime = buf.getvalue(), "image/png"
+                    data, mime = encode_png(im, compress_level=6), "image/png"
         except Exception as exc:  # any decoder failure means: unreadable, show a placeholder
             return f"unreadable image ({type(exc).__name__}: {_short(str(exc), 120)})"
         if width < 1 or height < 1:
@@ -144,18 +145,6 @@ class _Assets:
             return "asset not found"
         except OSError as exc:
             return f"could not read it ({exc.strerror or exc})"
-
-
-def _decode_data_url(ref: str) -> bytes | str:
-    m = _DATA_URL.match(ref)
-    if m is None:
-        return "malformed data: URL"
-    if not m.group(3):
-        return "data: URL is not base64"
-    try:
-        return base64.b64decode(re.sub(r"\s+", "", urllib.parse.unquote(m.group(4))), validate=True)
-    except (binascii.Error, ValueError):
-        return "data: URL with invalid base64"
 
 
 def _fit(w: int, h: int) -> tuple[int, int, bool]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from vf_mm.report._assets import _Assets
-from vf_mm.report._data import _read_metadata, _read_results
+from vf_mm.report._data import _read_run
 from vf_mm.report._format import _number
 from vf_mm.report._html import _CSP, _CSS, _JS, _template
 from vf_mm.report._views import _card, _config_rows, _metric_rows, _result_rows
@@ -42,17 +42,12 @@ def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Repor
     root = Path(outdir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a directory (expected an eval run directory)")
-    results_path, meta_path = root / "results.jsonl", root / "metadata.json"
-    if not results_path.is_file() and not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{root}: holds neither results.jsonl nor metadata.json; is it an eval run directory?"
-        )
     if max_rollouts is not None and max_rollouts < 0:
         raise ValueError(f"max_rollouts must be >= 0, got {max_rollouts}")
 
-    warnings: list[str] = []
-    metadata = _read_metadata(meta_path, warnings)
-    rows, stats = _read_results(results_path, max_rollouts, warnings)
+    run = _read_run(root)
+    metadata, warnings, total = run.metadata, run.warnings, len(run.rows)
+    rows = run.rows if max_rollouts is None else run.rows[:max_rollouts]
     assets = _Assets(root)
     rewards = [r for r in (_number(row.get("reward")) for row in rows) if r is not None]
     finite = [r for r in rewards if math.isfinite(r)]
@@ -63,25 +58,26 @@ def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Repor
         warnings.append(
             f"{flagged} rollout(s) have warnings (missing or unreadable images); see their cards"
         )
-    if max_rollouts is not None and stats.total > len(rows):
+    if max_rollouts is not None and total > len(rows):
         warnings.append(
-            f"showing the first {len(rows)} of {stats.total} rollouts (--max-rollouts {max_rollouts})"
+            f"showing the first {len(rows)} of {total} rollouts (--max-rollouts {max_rollouts})"
         )
 
     config = metadata.get("config") if isinstance(metadata.get("config"), dict) else {}
-    results = metadata.get("results") if isinstance(metadata.get("results"), dict) else None
+    results = run.aggregates
+    shown = results if results is not None else run.computed()
     title = " · ".join(str(config[k]) for k in ("env_id", "model") if config.get(k) is not None)
     html = _template().render(
         title=title or root.resolve().name,
         outdir=str(root),
         config_rows=_config_rows(metadata, config),
-        result_rows=_result_rows(results if results is not None else stats.summary()),
-        results_computed=results is None and stats.total > 0,
-        metric_rows=_metric_rows(results if results is not None else stats.summary()),
+        result_rows=_result_rows(shown),
+        results_computed=results is None and total > 0,
+        metric_rows=_metric_rows(shown),
         interrupted=bool(metadata) and metadata.get("finished_at", "absent") is None,
         warnings=warnings,
         cards=cards,
-        total=stats.total,
+        total=total,
         assets=assets.embedded(),
         asset_css=Markup(assets.css()),
         css=Markup(_CSS),
@@ -90,4 +86,4 @@ def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Repor
     )
     # lone surrogates (legal in JSON, not in UTF-8) become "?" so the file always writes
     html = html.encode("utf-8", "replace").decode("utf-8")
-    return Report(html, stats.total, len(rows), len(assets.embedded()), warnings)
+    return Report(html, total, len(rows), len(assets.embedded()), warnings)

@@ -6,6 +6,8 @@ import json
 import math
 from typing import Any
 
+from vf_mm._text import shorten
+
 #: text longer than this (characters or lines) shows a preview and a "show more"
 TEXT_PREVIEW_CHARS = 2000
 TEXT_PREVIEW_LINES = 40
@@ -63,7 +65,7 @@ def _plural(n: Any, word: str) -> str:
 
 
 def _short(s: str, n: int = 200) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
+    return shorten(s, n)
 
 
 def _text(s: Any) -> dict[str, Any]:

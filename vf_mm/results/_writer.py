@@ -1,6 +1,6 @@
 """``ResultsWriter``: appends rollouts to ``OUTDIR/results.jsonl``, crash safe and resumable.
 
-The file format is documented in ``_results.py`` (module docstring).
+The file format is documented in ``_format.py`` (module docstring).
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from vf_mm._text import shorten
 from vf_mm.errors import ImageError, ResultsError, ResumeMismatchError
 from vf_mm.images import ImagePolicy
-from vf_mm.rollouts._assets import (
+from vf_mm.results._assets import (
     AssetStore,
     atomic_write_bytes,
     fsync_dir,
     is_temp_name,
     to_json_value,
 )
-from vf_mm.rollouts._format import (
+from vf_mm.results._format import (
     METADATA_FILE,
     RESULTS_FILE,
     RESULTS_FORMAT,
@@ -36,8 +37,8 @@ from vf_mm.rollouts._format import (
     _number,
     _rollout_index,
 )
-from vf_mm.rollouts._reader import _scan, read_metadata, read_results
-from vf_mm.rollouts._summary import summarize
+from vf_mm.results._reader import read_metadata, read_results, scan_results
+from vf_mm.results._summary import summarize
 from vf_mm.types import RolloutOutput
 
 try:
@@ -45,7 +46,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock, the rest works
     fcntl = None  # type: ignore[assignment]
 
-logger = logging.getLogger("vf_mm.rollouts")
+logger = logging.getLogger("vf_mm.results")
 
 
 def _now() -> str:
@@ -61,7 +62,7 @@ def _in_use_message(outdir: Path, names: Sequence[str]) -> str:
 
 def _short(value: Any, limit: int = 80) -> str:
     text = value if value is ResumeMismatchError.MISSING else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return shorten(text, limit)
 
 
 class ResultsWriter:
@@ -184,8 +185,9 @@ class ResultsWriter:
             self._check_config(stored)
             if isinstance(stored.get("started_at"), str):
                 self.started_at = stored["started_at"]
-        scan = _scan(self.results_path, keep_rows=False)  # raises on a corrupt middle line
-        if scan.end < scan.size:
+        scan = scan_results(self.results_path, keep_rows=False)  # a corrupt middle line raises
+        torn = scan.torn_tail
+        if torn is not None:
             os.ftruncate(self._fd, scan.end)
             os.fsync(self._fd)
             self.truncated_bytes = scan.size - scan.end
@@ -193,9 +195,9 @@ class ResultsWriter:
                 "%s: cut off a torn last line (line %d, %d bytes: %s) left by an interrupted "
                 "writer",
                 self.results_path,
-                scan.torn_line,
+                torn.line,
                 self.truncated_bytes,
-                scan.torn_reason,
+                torn.reason,
             )
         self._size = scan.end
         self._done = set(scan.keys)
@@ -434,7 +436,7 @@ class ResultsWriter:
             with self._lock:
                 self._check_writable()
                 self._sync_locked()
-            aggregates = summarize(read_results(self.results_path, strict=True))
+            aggregates = summarize(read_results(self.results_path, bad_lines="raise"))
         checked = to_json_value(aggregates, "aggregates")
         with self._lock:
             self._check_writable()

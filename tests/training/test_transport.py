@@ -29,8 +29,8 @@ from vf_mm.errors import (
     TornFrameError,
     TransportError,
 )
-from vf_mm.trainer import GroupReceiver, GroupSender, is_endpoint, read_groups
-from vf_mm.trainer._transport import (
+from vf_mm.training import GroupReceiver, GroupSender, is_endpoint, read_groups
+from vf_mm.training._transport import (
     ACK,
     ACK_MAGIC,
     HEAD_BYTES,
@@ -167,7 +167,7 @@ def test_ipc_round_trip_from_a_thread(ipc_dir):
 SENDER_SCRIPT = """
 import sys
 import numpy as np
-from vf_mm.trainer import GroupSender
+from vf_mm.training import GroupSender
 with GroupSender(sys.argv[1]) as sender:
     for i in range(3):
         sender.send({"example_id": i, "x": np.full((512, 512), i, dtype=np.float32)})

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vf_mm.rollouts._results import ResultsWriter, read_results, summarize
+from vf_mm.results._reader import read_results
+from vf_mm.results._summary import summarize
+from vf_mm.results._writer import ResultsWriter
 
 
 @dataclass(slots=True)

@@ -31,8 +31,8 @@ from typing import Any
 from PIL import Image
 
 from vf_mm.errors import ResultsError
-from vf_mm.images import ImagePolicy, image_hash, load_image
-from vf_mm.types import IMAGE_PART_TYPES
+from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
+from vf_mm.types import IMAGE_PART_TYPES, image_part_source
 
 __all__ = [
     "ASSETS_DIR",
@@ -224,7 +224,7 @@ class AssetStore:
         fd, tmp = _temp_in(self.dir, final.name)
         try:
             with os.fdopen(fd, "wb") as f:
-                image.save(f, format="PNG", compress_level=self.compress_level)
+                f.write(encode_png(image, compress_level=self.compress_level))
                 f.flush()
                 os.fsync(f.fileno())
             with self._lock:
@@ -335,11 +335,7 @@ class AssetStore:
 
     def _kept_url(self, part: Mapping[str, Any]) -> str | None:
         """The part's URL when it is kept as it is: http(s), or an asset of this store."""
-        if part.get("type") == "image_url":
-            inner = part.get("image_url")
-            url = inner.get("url") if isinstance(inner, Mapping) else inner
-        else:
-            url = next((part[k] for k in ("image", "url", "path") if part.get(k) is not None), None)
+        url = image_part_source(part)
         if not isinstance(url, str):
             return None
         if _HTTP_URL.match(url):

@@ -13,8 +13,8 @@ import vf_mm as vf
 from vf_mm.errors import TrajectoryError
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import ScriptedBackend, build_tiny_vlm
-from vf_mm.trainer._batch import make_batches
-from vf_mm.trainer._samples import build_samples, group_advantages
+from vf_mm.training._batch import make_batches
+from vf_mm.training._samples import build_samples, group_advantages
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_group_advantages():
 
 def test_grpo_loss_is_finite_and_has_gradients(setup):
     from vf_mm.renderers._hf import model_class
-    from vf_mm.trainer._grpo import grpo_loss
+    from vf_mm.training._grpo import grpo_loss
 
     path, renderer = setup
     pad = renderer.vision.image_token_id

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from vf_mm.rollouts import pass_at_k, summarize
+from vf_mm.results import pass_at_k, summarize
 
 
 def row(example_id, reward, *, error=None, metrics=None, turns=1, tokens=(10, 5)):

@@ -14,7 +14,7 @@ from PIL import Image
 
 from vf_mm.errors import ImageDecodeError, ResultsError, ResumeMismatchError
 from vf_mm.images import image_hash
-from vf_mm.rollouts import (
+from vf_mm.results import (
     METADATA_FILE,
     RESULTS_FILE,
     ROW_KEYS,
@@ -225,7 +225,7 @@ def test_concurrent_writes_from_threads(tmp_path):
             thread.start()
         for thread in threads:
             thread.join()
-    rows = read_results(tmp_path, strict=True)
+    rows = read_results(tmp_path, bad_lines="raise")
     assert sorted((r["example_id"], r["rollout_index"]) for r in rows) == [
         (t, r) for t in range(8) for r in range(20)
     ]
@@ -433,7 +433,7 @@ def test_resume_after_a_torn_last_line_at_every_byte_offset(tmp_path):
     # and the run goes on from there: the lost rollout is written again, once
     with new_writer(tmp_path, resume=True) as writer:
         writer.write(output(2), rollout_index=0)
-    assert [r["example_id"] for r in read_results(tmp_path, strict=True)] == [0, 1, 2]
+    assert [r["example_id"] for r in read_results(tmp_path, bad_lines="raise")] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("tail", [b"\x00" * 64 + b"\n", b"{not json}\n", b"[1, 2]\n", b"{}\n"])
@@ -480,12 +480,12 @@ def test_read_results_raises_on_a_repeated_key(tmp_path):
 def test_read_results_leaves_out_a_torn_last_line_loudly(tmp_path, caplog):
     data, last = _three_rows(tmp_path)
     (tmp_path / RESULTS_FILE).write_bytes(data[: last + 10])
-    with caplog.at_level(logging.WARNING, logger="vf_mm.rollouts"):
+    with caplog.at_level(logging.WARNING, logger="vf_mm.results"):
         rows = read_results(tmp_path)
     assert [r["example_id"] for r in rows] == [0, 1]
     assert "line (3) is torn" in caplog.text
     with pytest.raises(ResultsError, match="torn") as caught:
-        read_results(tmp_path / RESULTS_FILE, strict=True)
+        read_results(tmp_path / RESULTS_FILE, bad_lines="raise")
     assert caught.value.line == 3
 
 

@@ -22,7 +22,7 @@ import sys
 
 from PIL import Image
 
-from vf_mm.rollouts import ResultsWriter
+from vf_mm.results import ResultsWriter
 from vf_mm.types import ResponseTokens, RolloutOutput, TrajectoryStep
 
 METADATA = {"env_id": "kill-test", "config": {"env_id": "kill-test", "rollouts_per_example": 0}}

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.rollouts.test_sidecar import IMAGE_PAD, World, groups, make_group
+from tests.training.test_groups import IMAGE_PAD, World, groups, make_group
 from vf_mm.errors import TrajectoryError
-from vf_mm.rollouts import pack_group, unpack_group
-from vf_mm.trainer import build_samples
+from vf_mm.training import build_samples, pack_group, unpack_group
 from vf_mm.wire import read_stream, write_stream
 
 

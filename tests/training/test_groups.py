@@ -24,16 +24,16 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vf_mm import RendererClient
-from vf_mm.errors import SidecarError, TornFrameError, VfMmError
+from vf_mm.errors import GroupFrameError, TornFrameError, VfMmError
 from vf_mm.images import image_hash, load_image
 from vf_mm.renderers import load_renderer
-from vf_mm.rollouts import (
+from vf_mm.testing import ScriptedBackend, build_tiny_vlm
+from vf_mm.training import (
     GROUP_FORMAT,
     TrainingRollout,
     pack_group,
     unpack_group,
 )
-from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 from vf_mm.types import (
     MultiModalData,
     PlaceholderRange,
@@ -516,12 +516,12 @@ def item(pixels: np.ndarray) -> dict[str, np.ndarray]:
 def test_two_tensors_claiming_one_hash_are_refused(other):
     first = one_step_rollout([item(np.ones((4, 6), np.float32))], ["h1"])
     second = one_step_rollout([item(other)], ["h1"])
-    with pytest.raises(SidecarError, match=r"two different tensors claim image hash h1") as exc:
+    with pytest.raises(GroupFrameError, match=r"two different tensors claim image hash h1") as exc:
         pack_group([first, second])
     assert "rollout 1, step 0" in str(exc.value)
     assert isinstance(exc.value, VfMmError) and isinstance(exc.value, ValueError)
     # within one step too
-    with pytest.raises(SidecarError, match="h1"):
+    with pytest.raises(GroupFrameError, match="h1"):
         pack_group([one_step_rollout([item(np.ones((4, 6), np.float32)), item(other)], ["h1"] * 2)])
 
 
@@ -545,7 +545,7 @@ def test_a_step_referring_to_a_missing_image_is_refused():
     missing = frame["rollouts"][1]["steps"][2]["mm"]["image"]["hashes"][2]
     del frame["images"][missing]
     with pytest.raises(
-        SidecarError, match=rf"rollout 1, step 2: image 2 refers to image '{missing}'"
+        GroupFrameError, match=rf"rollout 1, step 2: image 2 refers to image '{missing}'"
     ):
         unpack_group(frame)
 
@@ -565,23 +565,23 @@ def test_a_step_referring_to_a_missing_image_is_refused():
 def test_bad_placeholders_are_refused(tamper, message):
     frame = packed_frame()
     tamper(frame["rollouts"][0]["steps"][2]["mm"]["image"]["placeholders"])
-    with pytest.raises(SidecarError, match=message) as exc:
+    with pytest.raises(GroupFrameError, match=message) as exc:
         unpack_group(frame)
     assert "rollout 0, step 2" in str(exc.value)
 
 
 def test_bad_frames_are_refused():
-    with pytest.raises(SidecarError, match=r"not a vf_mm\.group/1 frame"):
+    with pytest.raises(GroupFrameError, match=r"not a vf_mm\.group/1 frame"):
         unpack_group({"format": "vf_mm.group/0"})
-    with pytest.raises(SidecarError, match=r"not a vf_mm\.group/1 frame"):
+    with pytest.raises(GroupFrameError, match=r"not a vf_mm\.group/1 frame"):
         unpack_group([1, 2])
     frame = packed_frame()
     frame["rollouts"][0]["steps"][0]["completion_mask"] = np.zeros(9, np.uint8)
-    with pytest.raises(SidecarError, match="rollout 0, step 0: completion_ids has"):
+    with pytest.raises(GroupFrameError, match="rollout 0, step 0: completion_ids has"):
         unpack_group(frame)
     frame = packed_frame()
     del frame["rollouts"][1]["steps"][0]["prompt_ids"]
-    with pytest.raises(SidecarError, match="rollout 1, step 0: the frame has no 'prompt_ids'"):
+    with pytest.raises(GroupFrameError, match="rollout 1, step 0: the frame has no 'prompt_ids'"):
         unpack_group(frame)
 
 
@@ -589,19 +589,19 @@ def test_bad_groups_are_refused_when_packing():
     world = World(7)
     a, b = plain_group(world, 1), plain_group(world, 1)
     b[0].example_id = "other"
-    with pytest.raises(SidecarError, match="one example"):
+    with pytest.raises(GroupFrameError, match="one example"):
         pack_group([*a, *b])
-    with pytest.raises(SidecarError, match="example_id=5"):
+    with pytest.raises(GroupFrameError, match="example_id=5"):
         pack_group(a, example_id=5)
     assert pack_group(a, example_id="ex-7")["example_id"] == "ex-7"
-    with pytest.raises(SidecarError, match="1 advantages for 2 rollouts"):
+    with pytest.raises(GroupFrameError, match="1 advantages for 2 rollouts"):
         pack_group([*a, *a], advantages=[1.0])
-    with pytest.raises(SidecarError, match="distinct"):
+    with pytest.raises(GroupFrameError, match="distinct"):
         pack_group([*a, *a], rollout_indices=[1, 1])
     bad = plain_group(world, 2)
     mm = bad[0].trajectory[1].tokens.multi_modal_data
     mm.mm_placeholders["image"][1] = PlaceholderRange(mm.mm_placeholders["image"][0].offset, 1)
-    with pytest.raises(SidecarError, match=r"rollout 0, step 1: .*overlaps"):
+    with pytest.raises(GroupFrameError, match=r"rollout 0, step 1: .*overlaps"):
         pack_group(bad)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vf_mm.errors import TrajectoryError
-from vf_mm.trainer._samples import Sample
+from vf_mm.training._samples import Sample
 
 
 class TensorList:

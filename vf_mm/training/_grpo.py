@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vf_mm.trainer._batch import MicroBatch
+from vf_mm.training._batch import MicroBatch
 
 
 def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:

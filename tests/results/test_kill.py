@@ -25,7 +25,7 @@ import pytest
 from PIL import Image
 
 from vf_mm.images import image_hash, load_image
-from vf_mm.rollouts import read_metadata, read_results
+from vf_mm.results import read_metadata, read_results
 
 from ._kill_worker import make_output, noise_image, shared_image
 
@@ -119,7 +119,7 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, start):
         assert _truncated(out), f"seed {seed}: a torn line was not cut off; {log}"
     assert time.monotonic() - started < 30
 
-    rows = read_results(outdir, strict=True)
+    rows = read_results(outdir, bad_lines="raise")
     keys = [(r["example_id"], r["rollout_index"]) for r in rows]
     expected = {(e, r) for e in range(NUM_EXAMPLES) for r in range(ROLLOUTS)}
     assert sorted(keys) == sorted(expected), f"seed {seed}: {log}"

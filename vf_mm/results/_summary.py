@@ -1,6 +1,6 @@
 """Aggregates of results rows: ``summarize`` and the unbiased ``pass_at_k`` estimate.
 
-The file format is documented in ``_results.py`` (module docstring).
+The file format is documented in ``_format.py`` (module docstring).
 """
 
 from __future__ import annotations

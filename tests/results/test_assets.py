@@ -14,7 +14,7 @@ from PIL import Image
 
 from vf_mm.errors import ImageDecodeError, ResultsError
 from vf_mm.images import image_hash
-from vf_mm.rollouts import AssetStore, to_json_value
+from vf_mm.results import AssetStore, to_json_value
 
 
 def gradient(width: int = 20, height: int = 10, shift: int = 0) -> Image.Image:

@@ -58,7 +58,7 @@ carried (the trainer needs tokens; the rollout's own prompt and completion are),
 rebuilt steps have empty ``prompt``/``completion`` lists; ``RolloutOutput.timing`` is not
 carried either.
 
-Checks, each a ``vf_mm.errors.SidecarError`` naming the rollout and step: two different
+Checks, each a ``vf_mm.errors.GroupFrameError`` naming the rollout and step: two different
 tensors under one hash within a group (shapes, dtypes and bytes are compared, only when
 the two item objects differ: items shared by bridging cost nothing), a step that refers
 to a hash the group does not carry, placeholders that fail ``MultiModalData.validate``
@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from vf_mm.errors import MultiModalDataError, SidecarError, TrajectoryError
+from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
 from vf_mm.images import ImagePolicy, image_hash, load_image
 from vf_mm.types import (
     IMAGE_PART_TYPES,
@@ -84,6 +84,7 @@ from vf_mm.types import (
     ResponseTokens,
     RolloutOutput,
     TrajectoryStep,
+    image_part_source,
 )
 
 __all__ = ["GROUP_FORMAT", "TrainingRollout", "pack_group", "unpack_group"]
@@ -137,23 +138,23 @@ def pack_group(
     ids = {o.example_id for o in outputs}
     if example_id is None:
         if len(ids) != 1:
-            raise SidecarError(
+            raise GroupFrameError(
                 "pack_group needs the rollouts of one example"
                 + (f", got example ids {sorted(map(str, ids))}" if ids else " (got none)")
             )
         example_id = outputs[0].example_id
     elif ids - {example_id}:
-        raise SidecarError(
+        raise GroupFrameError(
             f"pack_group(example_id={example_id!r}) got rollouts of example ids "
             f"{sorted(map(str, ids))}"
         )
     indices = list(range(n)) if rollout_indices is None else [int(i) for i in rollout_indices]
     if len(indices) != n or len(set(indices)) != n:
-        raise SidecarError(f"rollout_indices must be {n} distinct ints, got {rollout_indices!r}")
+        raise GroupFrameError(f"rollout_indices must be {n} distinct ints, got {rollout_indices!r}")
     if advantages is not None:
         advantages = [float(a) for a in advantages]
         if len(advantages) != n:
-            raise SidecarError(f"{len(advantages)} advantages for {n} rollouts")
+            raise GroupFrameError(f"{len(advantages)} advantages for {n} rollouts")
 
     packer = _Packer(policy)
     rollouts = []
@@ -200,7 +201,7 @@ class _Packer:
         try:
             tokens.validate()
         except (TrajectoryError, MultiModalDataError) as exc:
-            raise SidecarError(f"{where}: {exc}") from exc
+            raise GroupFrameError(f"{where}: {exc}") from exc
         mm = tokens.multi_modal_data
         return {
             "prompt_ids": _ids(tokens.prompt_ids),
@@ -226,7 +227,7 @@ class _Packer:
 
     def _intern(self, h: str, item: Any, where: str) -> None:
         if not isinstance(item, Mapping):
-            raise SidecarError(
+            raise GroupFrameError(
                 f"{where}: an item must be a dict of tensors, not {type(item).__name__}"
             )
         known = self.images.get(h)
@@ -237,7 +238,7 @@ class _Packer:
             return
         problem = _difference(known, item)
         if problem is not None:
-            raise SidecarError(
+            raise GroupFrameError(
                 f"{where}: two different tensors claim image hash {h} in one group ({problem}); "
                 "a hash must name one image's model inputs (were two processors or "
                 "processor settings mixed?)"
@@ -260,7 +261,7 @@ class _Packer:
         return out
 
     def _image_part(self, part: Mapping[str, Any], where: str) -> Any:
-        source = _image_source(part)
+        source = image_part_source(part)
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
@@ -280,16 +281,6 @@ class _Packer:
             self._hashes[key] = digest
             self._keep.append(source)
         return {"type": "image_ref", "hash": digest}
-
-
-def _image_source(part: Mapping[str, Any]) -> Any:
-    if part.get("type") == "image_url":
-        url = part.get("image_url")
-        return url.get("url") if isinstance(url, Mapping) else url
-    for key in ("image", "url", "path"):  # vf_mm's and transformers' forms
-        if part.get(key) is not None:
-            return part[key]
-    return None
 
 
 def _ids(values: Sequence[int]) -> np.ndarray:
@@ -359,19 +350,19 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
     items that are the group's decoded item dicts: one dict per distinct image, shared by
     every step and rollout that shows it, its numpy arrays made read-only (as the
     renderer's cached arrays are) so that a write through one step cannot change another.
-    Raises ``SidecarError`` on a frame that breaks the rules (module docstring).
+    Raises ``GroupFrameError`` on a frame that breaks the rules (module docstring).
     """
     if not isinstance(data, Mapping) or data.get("format") != GROUP_FORMAT:
         found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-        raise SidecarError(f"not a {GROUP_FORMAT} frame (format {found!r})")
+        raise GroupFrameError(f"not a {GROUP_FORMAT} frame (format {found!r})")
     example_id = _get(data, "example_id", "the group")
     images = _get(data, "images", "the group")
     if not isinstance(images, Mapping):
-        raise SidecarError(f"the group's images must be a map, not {type(images).__name__}")
+        raise GroupFrameError(f"the group's images must be a map, not {type(images).__name__}")
     items: dict[str, Any] = {}
     for h, item in images.items():
         if not isinstance(item, Mapping):
-            raise SidecarError(f"image {h}: an item must be a map, not {type(item).__name__}")
+            raise GroupFrameError(f"image {h}: an item must be a map, not {type(item).__name__}")
         for value in item.values():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
@@ -380,7 +371,7 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
     for r, entry in enumerate(_get(data, "rollouts", "the group")):
         where = f"example {example_id!r}, rollout {r}"
         if not isinstance(entry, Mapping):
-            raise SidecarError(f"{where}: must be a map, not {type(entry).__name__}")
+            raise GroupFrameError(f"{where}: must be a map, not {type(entry).__name__}")
         index = _get(entry, "rollout_index", where)
         where = f"example {example_id!r}, rollout {index}"
         trajectory = [
@@ -409,15 +400,15 @@ def _get(mapping: Mapping[str, Any], key: str, where: str) -> Any:
     try:
         return mapping[key]
     except KeyError:
-        raise SidecarError(f"{where}: the frame has no {key!r} field") from None
+        raise GroupFrameError(f"{where}: the frame has no {key!r} field") from None
 
 
 def _unpack_step(step: Any, items: Mapping[str, Any], where: str) -> TrajectoryStep:
     if not isinstance(step, Mapping):
-        raise SidecarError(f"{where}: must be a map, not {type(step).__name__}")
+        raise GroupFrameError(f"{where}: must be a map, not {type(step).__name__}")
     if "tokens" in step:
         if step["tokens"] is not None:
-            raise SidecarError(f"{where}: 'tokens' may only be null (a step without token ids)")
+            raise GroupFrameError(f"{where}: 'tokens' may only be null (a step without token ids)")
         return TrajectoryStep(prompt=[], completion=[], tokens=None, reward=step.get("reward"))
     prompt_ids = _list(step, "prompt_ids", where)
     wire_mm = _get(step, "mm", where)
@@ -433,26 +424,26 @@ def _unpack_step(step: Any, items: Mapping[str, Any], where: str) -> TrajectoryS
         )
         tokens.validate()
     except (TrajectoryError, MultiModalDataError, TypeError) as exc:
-        raise SidecarError(f"{where}: {exc}") from exc
+        raise GroupFrameError(f"{where}: {exc}") from exc
     return TrajectoryStep(prompt=[], completion=[], tokens=tokens, reward=step.get("reward"))
 
 
 def _unpack_mm(wire: Any, items: Mapping[str, Any], where: str) -> MultiModalData:
     if not isinstance(wire, Mapping):
-        raise SidecarError(f"{where}: 'mm' must be a map or null, not {type(wire).__name__}")
+        raise GroupFrameError(f"{where}: 'mm' must be a map or null, not {type(wire).__name__}")
     mm = MultiModalData()
     for modality, entry in wire.items():
         hashes = list(_get(entry, "hashes", f"{where}, mm {modality!r}"))
         pairs = _get(entry, "placeholders", f"{where}, mm {modality!r}")
         if len(pairs) != len(hashes):
-            raise SidecarError(
+            raise GroupFrameError(
                 f"{where}: mm {modality!r} has {len(hashes)} hashes and {len(pairs)} placeholders"
             )
         found = []
         for i, h in enumerate(hashes):
             item = items.get(h) if isinstance(h, str) else None
             if item is None:
-                raise SidecarError(
+                raise GroupFrameError(
                     f"{where}: {modality} {i} refers to image {h!r}, which the group does not "
                     "carry (its images table has no such hash)"
                 )
@@ -460,7 +451,9 @@ def _unpack_mm(wire: Any, items: Mapping[str, Any], where: str) -> MultiModalDat
         ranges = []
         for pair in pairs:
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise SidecarError(f"{where}: a placeholder must be [offset, length], got {pair!r}")
+                raise GroupFrameError(
+                    f"{where}: a placeholder must be [offset, length], got {pair!r}"
+                )
             ranges.append(PlaceholderRange(*pair))
         mm.mm_hashes[modality] = hashes
         mm.mm_placeholders[modality] = ranges
@@ -474,4 +467,4 @@ def _list(step: Mapping[str, Any], key: str, where: str) -> list[Any]:
         return values.tolist()
     if isinstance(values, (list, tuple)):
         return list(values)
-    raise SidecarError(f"{where}: {key} must be a list or an array, not {type(values).__name__}")
+    raise GroupFrameError(f"{where}: {key} must be a list or an array, not {type(values).__name__}")

@@ -1,0 +1,167 @@
+"""What ``vf-mm eval`` and ``vf-mm rollout`` share: their arguments, the model and backend
+they run, and the progress bar and summary table they draw.
+
+The commands stay thin: each parses its own few options, builds the environment and a
+``RendererClient`` here, and hands them to a library function (``evaluate_to_dir``,
+``stream_rollouts``) whose progress callback drives the bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+import vf_mm
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def add_run_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    backends: tuple[str, ...],
+    num_examples: tuple[int, str],
+    rollouts_per_example: tuple[int, str],
+) -> None:
+    """The arguments every command that runs an environment takes: which environment,
+    which model on which backend, how many rollouts, and the environment's and
+    sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help)."""
+    p.add_argument("env", help="environment id (installed, or environments/<id>)")
+    p.add_argument(
+        "-m",
+        "--model",
+        help="checkpoint dir (local) or served model name (vllm/openai); "
+        "default: the embedded tiny model (local only)",
+    )
+    p.add_argument("--backend", choices=backends, default="local")
+    p.add_argument(
+        "-b", "--base-url", action="append", help="server URL (repeat for several vLLM servers)"
+    )
+    p.add_argument("-n", "--num-examples", type=int, default=num_examples[0], help=num_examples[1])
+    p.add_argument(
+        "-r",
+        "--rollouts-per-example",
+        type=int,
+        default=rollouts_per_example[0],
+        help=rollouts_per_example[1],
+    )
+    p.add_argument("-c", "--max-concurrent", type=int, default=32, help="rollouts at once")
+    p.add_argument(
+        "-a", "--env-args", type=_json_object, default={}, help="JSON object for load_environment"
+    )
+    p.add_argument(
+        "-S", "--sampling-args", type=_json_object, default={}, help="JSON object of sampling args"
+    )
+    p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
+
+
+def default_model() -> Path:
+    """The embedded tiny model: built offline on first use, then reused."""
+    from vf_mm.testing import build_tiny_vlm
+
+    cache = Path(os.environ.get("VF_MM_CACHE", Path.home() / ".cache" / "vf_mm"))
+    path = cache / "tiny-qwen2_5_vl-v1"
+    if not (path / "config.json").exists():
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        build_tiny_vlm(tmp, "qwen2_5_vl")
+        try:
+            tmp.replace(path)
+        except OSError:  # another process built it first: use theirs
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def resolve_model(args: argparse.Namespace) -> str | None:
+    """``-m`` as given, else the embedded tiny model for the local backend, else None."""
+    if args.model:
+        return str(args.model)
+    return str(default_model()) if args.backend == "local" else None
+
+
+def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
+    """A ``RendererClient`` over the backend ``args`` name (close it with ``aclose``)."""
+    from vf_mm.renderers import RendererPool, load_renderer
+
+    if args.backend == "openai":
+        from vf_mm.inference import OpenAIChatBackend
+
+        base = args.base_url[0] if args.base_url else None
+        return vf_mm.RendererClient(
+            OpenAIChatBackend(model, base_url=base, api_key=getattr(args, "api_key", None)), None
+        )
+    pool = RendererPool(lambda: load_renderer(model), size=max(2, min(8, os.cpu_count() or 2)))
+    if args.backend == "vllm":
+        from vf_mm.inference import VLLMBackend
+
+        if not args.base_url:
+            raise SystemExit("--backend vllm needs -b BASE_URL")
+        return vf_mm.RendererClient(VLLMBackend(args.base_url, model=model), pool)
+    from vf_mm.inference import LocalBackend
+
+    return vf_mm.RendererClient(LocalBackend(model), pool)
+
+
+def progress_bar(console: Console, unit: str, extra: Iterable[ProgressColumn] = ()) -> Progress:
+    """The bar both commands draw: done/total, rate, mean reward, errors (``extra`` after)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn((f"{unit}  " if unit else "") + "{task.fields[rate]:.2f} rollouts/s"),
+        TextColumn("reward {task.fields[reward]}"),
+        TextColumn("errors {task.fields[errors]}"),
+        *extra,
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def reward_text(mean: float | None) -> str:
+    return "-" if mean is None else f"{mean:.3f}"
+
+
+def summary_table(title: str, rows: Iterable[tuple[str, Any] | tuple[str, Any, Any]]) -> Table:
+    """A two- or three-column table (name, value[, std]) with numbers formatted alike."""
+    rows = list(rows)
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("mean" if any(len(r) == 3 for r in rows) else "", justify="right")
+    if any(len(r) == 3 for r in rows):
+        table.add_column("std", justify="right")
+    width = max((len(r) for r in rows), default=2)
+    for row in rows:
+        cells = [row[0], *(fmt(v) for v in row[1:])]
+        table.add_row(*cells, *[""] * (width - len(cells)))
+    return table
+
+
+def fmt(value: Any) -> str:
+    """``-`` for a missing value, 4 decimals for a float, ``str`` for anything else."""
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,51 @@
+"""An evaluation run directory: ``OUTDIR/results.jsonl``, ``OUTDIR/metadata.json``, ``OUTDIR/assets/``.
+
+Everything that writes, reads or sums up a run directory lives here, and everything else
+(``vf-mm eval``, ``vf-mm view``, users' notebooks) goes through these names:
+
+- ``ResultsWriter(outdir, metadata={...}, resume=False)`` appends one JSON line per
+  (example, rollout) with ``write(output, rollout_index=r)``. Images in the messages are
+  stored once each as ``assets/<hash>.png`` (``AssetStore``) and the lines hold
+  ``{"type": "image_url", "image_url": {"url": "assets/<hash>.png"}}`` references, never
+  base64 pixels. A run killed at any moment resumes with ``resume=True``.
+- ``read_results(outdir, bad_lines=...)`` is **the** reader: it says what to do with a bad
+  line (``"raise"``, ``"torn-tail"`` — the default: only a torn last line is left out —
+  or ``"skip"``) and ``scan_results`` returns the rows together with what was wrong.
+  ``read_metadata(outdir)`` reads ``metadata.json``.
+- ``summarize(rows)`` computes the aggregates stored in metadata.json and shown by the
+  CLI and the report; ``pass_at_k`` is its unbiased estimator.
+- ``evaluate_to_dir(env, client, outdir, ...)`` runs an environment's evaluation into a
+  run directory (what ``vf-mm eval`` does, without the terminal), reporting
+  ``EvalProgress``.
+
+The file formats are documented in ``vf_mm/results/_format.py`` (module docstring).
+"""
+
+from __future__ import annotations
+
+from vf_mm.results._assets import ASSETS_DIR, AssetStore, to_json_value
+from vf_mm.results._format import METADATA_FILE, RESULTS_FILE, RESULTS_FORMAT, ROW_KEYS
+from vf_mm.results._reader import BadLine, ResultsScan, read_metadata, read_results, scan_results
+from vf_mm.results._runner import EvalProgress, evaluate_to_dir
+from vf_mm.results._summary import pass_at_k, summarize
+from vf_mm.results._writer import ResultsWriter
+
+__all__ = [
+    "ASSETS_DIR",
+    "METADATA_FILE",
+    "RESULTS_FILE",
+    "RESULTS_FORMAT",
+    "ROW_KEYS",
+    "AssetStore",
+    "BadLine",
+    "EvalProgress",
+    "ResultsScan",
+    "ResultsWriter",
+    "evaluate_to_dir",
+    "pass_at_k",
+    "read_metadata",
+    "read_results",
+    "scan_results",
+    "summarize",
+    "to_json_value",
+]
