@@ -24,7 +24,7 @@ against the standard exceptions keeps working.
     │   ├── ImageDecodeError                   the bytes are not a whole image we decode
     │   └── ImageTooLargeError                 over the policy's byte or pixel limit
     ├── MissingDependencyError (ImportError)   an optional library is needed for this input
-    ├── MultiModalDataError (ValueError)       a multi-modal sidecar breaks the DESIGN.md rules
+    ├── MultiModalDataError (ValueError)       a step's multi-modal data (its sidecar) breaks its rules
     ├── RenderError (ValueError)               messages a renderer cannot turn into tokens
     │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
     ├── ResultsError (ValueError)              an evaluation results store (vf_mm.results) refused:

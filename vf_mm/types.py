@@ -8,8 +8,17 @@ crosses a trust boundary (a backend's answer, a decoded stream).
 
 Nothing here mutates its inputs: helpers return new lists, and ``MultiModalData``
 methods return new objects that *share* the item dicts (the tensors), never copy
-them. The rules for the multi-modal sidecar are in DESIGN.md, "Multi-modal sidecar
-rules"; ``MultiModalData.validate`` is where they are enforced.
+them. A step's *sidecar* is its ``MultiModalData``: the images' hashes, placeholders and
+model inputs beside its token ids. Its rules (``MultiModalData`` docstring) are enforced
+by ``MultiModalData.validate``:
+
+- placeholders are absolute offsets into the step's prompt token ids, sorted and never
+  overlapping; per modality, ``len(mm_hashes) == len(mm_placeholders) == len(mm_items)``;
+- a bridge never mutates the caller's previous sidecar (copy, then append);
+- the same image twice is two placeholder entries (matched by position, not hash) whose
+  tensors are stored once;
+- on the training wire each distinct image's tensors travel once per group, whatever the
+  steps do (extension, branching, compaction, repeats): see ``vf_mm.training``.
 """
 
 from __future__ import annotations
@@ -206,7 +215,7 @@ class MultiModalData:
     Per modality (``"image"``, ...) three lists, parallel by index: ``mm_hashes[m][i]``
     is item i's content hash, ``mm_placeholders[m][i]`` its token range, and
     ``mm_items[m][i]`` its model inputs (e.g. ``{"pixel_values": tensor,
-    "image_grid_thw": tensor}``). Invariants (DESIGN.md), checked by ``validate``:
+    "image_grid_thw": tensor}``). Invariants, checked by ``validate``:
     the three dicts have the same modality keys, equal list lengths per modality,
     placeholders sorted by offset and non-overlapping across *all* modalities.
 
@@ -266,7 +275,7 @@ class MultiModalData:
         return out
 
     def validate(self, num_tokens: int | None = None) -> None:
-        """Raise ``MultiModalDataError`` if a DESIGN.md rule is broken; ``num_tokens``
+        """Raise ``MultiModalDataError`` if a sidecar rule (class docstring) is broken; ``num_tokens``
         (the prompt's length) also checks that every placeholder lies inside it."""
         keys = (set(self.mm_hashes), set(self.mm_placeholders), set(self.mm_items))
         if not keys[0] == keys[1] == keys[2]:

@@ -22,9 +22,10 @@ Open the report with ``#selftest`` after its URL and it checks itself: it decode
 embedded image and writes a JSON summary into ``<pre id="selftest">`` (the tests read it
 from a headless browser).
 
-Modules: ``_build`` (``make_report``/``build_report``), ``_data`` (reading the run
-directory), ``_assets`` (embedding images), ``_views`` (view models for the template),
-``_format`` (text and number formatting) and ``_html`` (the page template, CSS and JS).
+Modules: ``_build`` (reading the run directory through ``vf_mm.results``, then
+``make_report`` / ``build_report``), ``_assets`` (embedding images), ``_views`` (view models
+for the template, and how numbers and text are formatted) and ``_html`` (the page template,
+CSS and JS).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from vf_mm.report._assets import THUMB_MAX_H as THUMB_MAX_H
 from vf_mm.report._assets import THUMB_MAX_W as THUMB_MAX_W
 from vf_mm.report._assets import THUMB_MIN as THUMB_MIN
 from vf_mm.report._build import Report, build_report, make_report
-from vf_mm.report._format import TEXT_MAX_CHARS as TEXT_MAX_CHARS
-from vf_mm.report._format import TEXT_PREVIEW_CHARS as TEXT_PREVIEW_CHARS
-from vf_mm.report._format import TEXT_PREVIEW_LINES as TEXT_PREVIEW_LINES
+from vf_mm.report._views import TEXT_MAX_CHARS as TEXT_MAX_CHARS
+from vf_mm.report._views import TEXT_PREVIEW_CHARS as TEXT_PREVIEW_CHARS
+from vf_mm.report._views import TEXT_PREVIEW_LINES as TEXT_PREVIEW_LINES
 
 __all__ = ["Report", "build_report", "make_report"]

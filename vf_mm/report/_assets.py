@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vf_mm._text import shorten
 from vf_mm.errors import ImageError
 from vf_mm.images import decode_data_url, encode_png
-from vf_mm.report._format import _short
 
 #: assets bigger than this are not embedded (a placeholder says so)
 ASSET_MAX_BYTES = 32 * 1024 * 1024
@@ -73,7 +73,7 @@ class _Assets:
     def view(self, ref: Any) -> dict[str, Any]:
         """What to draw for an image reference: an embedded asset, a remote link or a placeholder."""
         if not isinstance(ref, str) or not ref.strip():
-            return {"type": "missing", "ref": _short(repr(ref)), "reason": "no image URL"}
+            return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": "no image URL"}
         ref = ref.strip()
         if ref.lower().startswith(("http://", "https://")):
             return {"type": "remote", "url": ref}
@@ -81,7 +81,7 @@ class _Assets:
             self._by_ref[ref] = self._load(ref)
         got = self._by_ref[ref]
         if isinstance(got, str):
-            return {"type": "missing", "ref": _short(ref), "reason": got}
+            return {"type": "missing", "ref": shorten(ref, 200), "reason": got}
         tw, th, pix = _fit(got.width, got.height)
         return {"type": "asset", "asset": got, "w": tw, "h": th, "pixelated": pix}
 
@@ -109,7 +109,7 @@ class _Assets:
                 if mime is None:  # a format browsers do not show: convert it to PNG
                     data, mime = encode_png(im, compress_level=6), "image/png"
         except Exception as exc:  # any decoder failure means: unreadable, show a placeholder
-            return f"unreadable image ({type(exc).__name__}: {_short(str(exc), 120)})"
+            return f"unreadable image ({type(exc).__name__}: {shorten(str(exc), 120)})"
         if width < 1 or height < 1:
             return "empty image (0 pixels)"
         asset = _Asset(

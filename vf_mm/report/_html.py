@@ -8,7 +8,7 @@ import hashlib
 
 import jinja2
 
-from vf_mm.report._format import _plural
+from vf_mm.report._views import _plural
 
 _CSS = """
 :root{--fg:#1d2330;--muted:#5f6b7a;--line:#dde2ea;--bg:#f4f6f9;--card:#fff;--err:#b42318;

@@ -1,4 +1,5 @@
-"""View models: plain dicts and strings; the template escapes every string."""
+"""What the page shows of each value: view models (plain dicts and strings; the template
+escapes every string) and the formatting of numbers, JSON and long text."""
 
 from __future__ import annotations
 
@@ -7,10 +8,88 @@ import math
 from datetime import datetime
 from typing import Any
 
+from vf_mm._text import shorten
 from vf_mm.report._assets import _Assets
-from vf_mm.report._format import _fmt, _fmt_stat, _json, _number, _short, _text
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+#: text longer than this (characters or lines) shows a preview and a "show more"
+TEXT_PREVIEW_CHARS = 2000
+TEXT_PREVIEW_LINES = 40
+#: text past this many characters is left out of the report (and the count said)
+TEXT_MAX_CHARS = 200_000
+
+
+def _number(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) >= 10_000 else str(x)
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "NaN"
+        if math.isinf(x):
+            return "∞" if x > 0 else "-∞"
+        if x.is_integer() and abs(x) < 1e15:
+            return str(int(x))
+        return f"{x:.4g}"
+    if isinstance(x, str):
+        return x
+    return _json(x, indent=None)
+
+
+def _fmt_stat(x: Any) -> str:
+    if isinstance(x, dict) and "mean" in x:
+        std = f" ± {_fmt(x['std'])}" if x.get("std") is not None else ""
+        return f"{_fmt(x['mean'])}{std}"
+    if isinstance(x, dict):
+        return ", ".join(f"{k}: {_fmt_stat(v)}" for k, v in x.items())
+    return _fmt(x)
+
+
+def _json(x: Any, indent: int | None = 2) -> str:
+    try:
+        return json.dumps(x, indent=indent, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        return repr(x)
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" if str(n) == "1" else f"{n} {word}s"
+
+
+def _text(s: Any) -> dict[str, Any]:
+    """A text block: ``head`` always shown, ``tail`` behind "show more", ``omitted`` dropped."""
+    s = s if isinstance(s, str) else _json(s)
+    total = len(s)
+    omitted = max(0, total - TEXT_MAX_CHARS)
+    s = s[:TEXT_MAX_CHARS]
+    cut = min(len(s), TEXT_PREVIEW_CHARS)
+    newline = -1
+    for _ in range(TEXT_PREVIEW_LINES):
+        newline = s.find("\n", newline + 1)
+        if newline < 0:
+            break
+    if newline >= 0:
+        cut = min(cut, newline + 1)
+    if cut >= len(s) - 200 and not omitted:  # not worth a fold for the last few characters
+        cut = len(s)
+    elif s[cut - 1] != "\n":  # end the preview at a line break or a space near the limit
+        at = s.rfind("\n", cut - 300, cut)
+        at = at if at > 0 else s.rfind(" ", cut - 80, cut)
+        cut = at + 1 if at > 0 else cut
+    return {"head": s[:cut], "tail": s[cut:], "omitted": omitted, "total": total}
 
 
 def _part_views(content: Any, assets: _Assets) -> list[dict[str, Any]]:
@@ -99,7 +178,7 @@ def _messages(messages: Any, assets: _Assets, default_role: str) -> list[dict[st
 def _reward_view(reward: Any, lo: float, hi: float) -> dict[str, str]:
     r = _number(reward)
     if r is None:
-        text = "no reward" if reward is None else _short(_fmt(reward), 24)
+        text = "no reward" if reward is None else shorten(_fmt(reward), 24)
         return {"text": text, "class": "none", "style": "", "sort": ""}
     if not math.isfinite(r):
         return {"text": _fmt(r), "class": "nonfinite", "style": "", "sort": ""}
