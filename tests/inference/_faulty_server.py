@@ -6,7 +6,7 @@ Each ``POST /inference/v1/generate`` takes the next action from ``script`` (or
 ``default`` when the script is empty):
 
 - ``ok()``: a fake generation: the completion is the (expanded) prompt's last 3 tokens
-  (cut to ``max_tokens``), logprobs ``-0.1 * (j + 1)`` in vLLM 0.33's shape, ``usage``;
+  (cut to ``max_tokens``), logprobs ``-0.1 * (j + 1)`` in vLLM 0.32's shape, ``usage``;
   with ``return_token_ids`` every image pad of the prompt is expanded to ``expand`` pads
   and ``prompt_token_ids`` / ``mm_placeholders`` come back.
 - ``status(code, body, headers)``: an error status with a JSON (dict) or text body.

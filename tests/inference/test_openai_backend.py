@@ -315,8 +315,7 @@ def test_api_key_rules(monkeypatch):
 
 
 def test_against_vf_mm_serve(tiny_vlm_checkpoint):
-    from vf_mm.inference import LocalBackend
-    from vf_mm.inference._server import create_app
+    from vf_mm.inference import LocalBackend, create_app
     from vf_mm.renderers import load_renderer
 
     local = LocalBackend(tiny_vlm_checkpoint)

@@ -25,23 +25,18 @@ import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 
-from vf_mm.inference import GenerateResult, LocalBackend, Usage
-from vf_mm.inference._server import create_app
+from vf_mm.inference import (
+    GenerateRequest,
+    GenerateResult,
+    LocalBackend,
+    SamplingParams,
+    Usage,
+    VLLMBackend,
+    create_app,
+)
 from vf_mm.renderers import load_renderer
 
 MODEL = "tiny"
-
-
-def _has_mm_kwargs() -> bool:
-    try:
-        from vf_mm.inference import _mm_kwargs
-
-        return hasattr(_mm_kwargs, "encode_kwargs_item")
-    except ImportError:
-        return False
-
-
-HAS_MM_KWARGS = _has_mm_kwargs()
 
 
 # -- fixtures --------------------------------------------------------------------------
@@ -248,7 +243,6 @@ def _features_round_trip(client, renderer, encode):
     assert _generate(client, other).status_code == 200
 
 
-@pytest.mark.skipif(not HAS_MM_KWARGS, reason="vf_mm.inference._mm_kwargs not there yet")
 def test_image_features_with_real_kwargs_data(client, renderer):
     _features_round_trip(client, renderer, _real_encode)
 
@@ -290,7 +284,6 @@ def test_image_checks_pads_and_grid(client, renderer, stand_in_codec):
     assert "kwargs_data.image[0]" in _error(_generate(client, garbage))
 
 
-@pytest.mark.skipif(not HAS_MM_KWARGS, reason="vf_mm.inference._mm_kwargs not there yet")
 def test_malformed_real_kwargs_data_is_400(client, renderer):
     body = _image_request(renderer, _real_encode, seed=41)
     body["features"]["kwargs_data"] = {"image": [base64.b64encode(b"\x93\x01\x02\x03").decode()]}
@@ -532,20 +525,8 @@ def test_content_parts_refusals(client, renderer):
     assert "one pad per image" in refuse(two)
 
 
-def _vllm_backend_class():
-    try:
-        from vf_mm.inference._vllm import VLLMBackend
-    except ImportError:
-        return None
-    return VLLMBackend
-
-
-@pytest.mark.skipif(_vllm_backend_class() is None, reason="VLLMBackend not there yet")
 def test_vllm_backend_speaks_to_vf_mm_serve(backend, renderer):
     """vf_mm's own vLLM client, both modes, against this server (in-process ASGI)."""
-    from vf_mm.inference import GenerateRequest, SamplingParams
-
-    VLLMBackend = _vllm_backend_class()
     app = create_app(backend, renderer=renderer, model_name=MODEL)
     image = _image(71, (56, 84))
     rendered, collapsed = _collapsed(renderer, image)
@@ -664,16 +645,15 @@ def test_chat_with_an_image_data_url(client, renderer):
 
 
 def test_chat_never_fetches_urls(client, monkeypatch):
-    from vf_mm.images import _fetch
-
     fetched: list[Any] = []
 
-    def send(self, transport, target, policy, deadline):
-        fetched.append(target)
+    def connect(self, address):
+        fetched.append(address)
         raise AssertionError("the server tried to fetch a client URL")
 
-    monkeypatch.setattr(_fetch.Fetcher, "_send", send)
-    monkeypatch.setattr(_fetch.Fetcher, "_resolve", send)
+    # no name is resolved and no connection opened, whatever the URL
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect)
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: fetched.append(a) or [])
     for url in (
         "http://169.254.169.254/x.png",
@@ -836,7 +816,7 @@ def serve_cli(tiny_vlm_checkpoint, tmp_path_factory):
 
 def test_vf_mm_serve_cli(serve_cli, renderer):
     from vf_mm.errors import BackendHTTPError
-    from vf_mm.inference import OpenAIChatBackend, SamplingParams
+    from vf_mm.inference import OpenAIChatBackend
 
     proc, base, log = serve_cli
     deadline = time.monotonic() + 90

@@ -88,7 +88,7 @@ def noise_image(seed: int, size: tuple[int, int] = (20, 14)) -> Image.Image:
 
 @pytest.fixture
 def fake_encoder(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Replace vf_mm.inference._mm_kwargs (real or absent) with a recording fake."""
+    """Replace vf_mm.inference._mm_kwargs with a recording fake."""
     calls: list[Any] = []
 
     def encode_kwargs_item(item: Any, *, modality: str = "image") -> str:

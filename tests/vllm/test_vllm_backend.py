@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from vf_mm.errors import PromptTooLongError
-from vf_mm.inference import GenerateRequest, SamplingParams
+from vf_mm.inference import GenerateRequest, SamplingParams, VLLMBackend
 from vf_mm.renderers import load_renderer
 
 pytestmark = pytest.mark.vllm
 
-VLLMBackend = pytest.importorskip("vf_mm.inference._vllm").VLLMBackend
 SEEDS = (11, 11, 12, 13, 11, 14, 15, 11)
 
 

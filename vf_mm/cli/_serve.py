@@ -16,16 +16,19 @@ def register(sub: Any) -> None:
         help="serve a checkpoint over HTTP: vLLM's /inference/v1/generate, "
         "/v1/chat/completions, /v1/models, /health",
         description="Serve a checkpoint with the in-process transformers engine. Routes: "
-        "POST /inference/v1/generate (vLLM's token-in/token-out schema, images in features "
-        "mode), POST /v1/chat/completions (OpenAI-compatible, images as data: URLs), "
-        "GET /v1/models, GET /health. No authentication: keep it on 127.0.0.1 or a "
-        "trusted network.",
+        "POST /inference/v1/generate (vLLM's token-in/token-out schema; images as features "
+        "or as content_parts data: URLs), POST /v1/chat/completions (OpenAI-compatible, "
+        "images as data: URLs), GET /v1/models, GET /health. No authentication: keep it "
+        "on 127.0.0.1 or a trusted network.",
     )
     serve.add_argument("--model", required=True, type=Path, help="checkpoint directory")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument(
-        "--max-batch", type=int, default=32, help="most requests generated in one batch"
+        "--max-batch",
+        type=int,
+        default=32,
+        help="most requests generated in one batch (default 32)",
     )
     serve.add_argument(
         "--batch-window-ms",
@@ -42,6 +45,7 @@ def register(sub: Any) -> None:
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level (default info)",
     )
     serve.set_defaults(run=run_serve)
 
@@ -68,8 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 1
 
     from vf_mm.errors import VfMmError
-    from vf_mm.inference._local import LocalBackend
-    from vf_mm.inference._server import create_app
+    from vf_mm.inference import LocalBackend, create_app
     from vf_mm.renderers import load_renderer
 
     if args.max_batch < 1:

@@ -1,8 +1,9 @@
 """Inference backends: token ids (and images) in, sampled token ids and logprobs out.
 
 ``Backend`` (token level: ``LocalBackend``, ``VLLMBackend``) and ``ChatBackend``
-(message level: ``OpenAIChatBackend``) are the two contracts; ``vf-mm serve`` exposes a
-``LocalBackend`` over HTTP with vLLM's token-in/token-out route.
+(message level: ``OpenAIChatBackend``) are the two contracts. ``create_app`` is the
+HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind vLLM's
+token-in/token-out route and an OpenAI-compatible chat route.
 """
 
 from typing import TYPE_CHECKING
@@ -33,19 +34,23 @@ __all__ = [
     "Usage",
     "VLLMBackend",
     "check_prompt_length",
+    "create_app",
 ]
 
 if TYPE_CHECKING:
     from vf_mm.inference._local import LocalBackend
     from vf_mm.inference._openai import OpenAIChatBackend
+    from vf_mm.inference._server import create_app
     from vf_mm.inference._vllm import VLLMBackend
 
-# Backends import torch or httpx: they load on first use, so importing vf_mm stays light.
+# Backends import torch or httpx, the server starlette: they load on first use, so
+# importing vf_mm stays light.
 __getattr__ = lazy_exports(
     __name__,
     {
         "LocalBackend": "vf_mm.inference._local",
         "OpenAIChatBackend": "vf_mm.inference._openai",
         "VLLMBackend": "vf_mm.inference._vllm",
+        "create_app": "vf_mm.inference._server",
     },
 )

@@ -16,8 +16,10 @@ the model would see the wrong image **with no error**. Start servers that receiv
 features with ``--no-mm-device-do-normalize`` (the vllm test tier does, and checks the
 outputs against the server's own processing), or use ``mode="content_parts"``.
 
-The request and response bodies (the vLLM schema followed) and how images are sent in
-``content_parts`` mode: see ``vf_mm/inference/_vllm_schema.py``.
+The request and response bodies, and how images are loaded and sent in
+``content_parts`` mode, are the wire format's: ``vf_mm.inference._vllm_protocol``. In
+that mode the length check before sending sees the unexpanded prompt (one pad per
+image), so only the server can refuse a prompt that its images make too long.
 
 Retries
 -------
@@ -35,7 +37,6 @@ attempts.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -45,16 +46,29 @@ from typing import Literal
 
 import httpx
 
-from vf_mm.errors import BackendError, BackendHTTPError, BackendUnavailableError
+from vf_mm.errors import (
+    BackendError,
+    BackendHTTPError,
+    BackendProtocolError,
+    BackendUnavailableError,
+    MultiModalDataError,
+)
 from vf_mm.images import ImagePolicy
 from vf_mm.inference._types import GenerateRequest, GenerateResult, check_prompt_length
-from vf_mm.inference._vllm_schema import _Codec, _Prepared, _Retryable, _shorten
+from vf_mm.inference._vllm_protocol import (
+    GENERATE_PATH,
+    RequestBody,
+    ResponseNotJSON,
+    ResponseSchemaError,
+    decode_response,
+    encode_request,
+    error_detail,
+)
 
 __all__ = ["VLLMBackend"]
 
 logger = logging.getLogger(__name__)
 
-GENERATE_PATH = "/inference/v1/generate"
 MODELS_PATH = "/v1/models"
 
 #: Connections kept per client: far more than any one server's batch, so requests
@@ -69,6 +83,8 @@ _KEEPALIVE_EXPIRY_S = 60.0
 
 @dataclass(slots=True)
 class _Server:
+    """One base URL and its counters (what ``stats`` reports and ``_pick`` weighs)."""
+
     url: str
     outstanding: int = 0
     requests: int = 0
@@ -78,7 +94,16 @@ class _Server:
     down_until: float = 0.0
 
 
-class VLLMBackend(_Codec):
+class _Retryable(Exception):
+    """One attempt failed in a way worth trying again."""
+
+    def __init__(self, error: BackendError, *, delay: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.delay = delay  # the server's Retry-After, when it gave one
+
+
+class VLLMBackend:
     """Generate with one or more vLLM servers through ``/inference/v1/generate``.
 
     ``base_urls``: the servers' roots (``http://host:8000``; a trailing ``/v1`` is
@@ -214,6 +239,36 @@ class VLLMBackend(_Codec):
     def __repr__(self) -> str:
         return f"VLLMBackend({self.base_urls!r}, mode={self.mode!r}, model={self.model!r})"
 
+    # -- the request body ---------------------------------------------------------------
+
+    async def _prepare(self, request: GenerateRequest) -> RequestBody:
+        parts = request.content_parts
+        mmd = request.multi_modal_data
+        has_parts = bool(parts)
+        has_features = mmd is not None and not mmd.is_empty
+        if has_parts and has_features:
+            raise MultiModalDataError(
+                "a request carries either content_parts (raw images) or multi_modal_data "
+                "(rendered images), not both"
+            )
+        if has_parts and self.mode != "content_parts":
+            raise MultiModalDataError(
+                "this VLLMBackend is in 'features' mode: render the images on the client "
+                "(multi_modal_data), or create the backend with mode='content_parts'"
+            )
+        if has_parts or has_features:
+            # image decoding / encoding and base64 of the tensors: off the event loop
+            return await asyncio.to_thread(self._encode, request)
+        return self._encode(request)
+
+    def _encode(self, request: GenerateRequest) -> RequestBody:
+        return encode_request(
+            request,
+            model=self.model,
+            image_policy=self.image_policy,
+            send_kwargs_data=self.send_kwargs_data,
+        )
+
     # -- sending, with retries ------------------------------------------------------
 
     def _get_client(self) -> httpx.AsyncClient:
@@ -256,7 +311,7 @@ class VLLMBackend(_Codec):
         return delay / 2 + random.uniform(0, delay / 2)
 
     async def _send(
-        self, client: httpx.AsyncClient, request: GenerateRequest, prepared: _Prepared
+        self, client: httpx.AsyncClient, request: GenerateRequest, prepared: RequestBody
     ) -> GenerateResult:
         attempts = self.max_retries + 1
         tried: set[int] = set()
@@ -275,11 +330,7 @@ class VLLMBackend(_Codec):
                 used.append(server.url)
             try:
                 content = await self._attempt(client, server, prepared.body, retry=attempt > 0)
-                try:
-                    return self._result(content, request, prepared, server.url)
-                except (BackendError, _Retryable):
-                    server.failures += 1
-                    raise
+                return self._result(content, request, prepared, server)
             except _Retryable as exc:
                 last = exc
                 logger.debug("%s: attempt %d/%d failed: %s", server.url, attempt + 1, attempts, exc)
@@ -337,7 +388,7 @@ class VLLMBackend(_Codec):
             if status == 200:
                 failed = False
                 return response.content
-            detail = _error_detail(response)
+            detail = error_detail(response.text, response.reason_phrase or "(empty body)")
             error = BackendHTTPError(
                 f"vLLM server {server.url} answered {status}: {detail}{_hint(status)}",
                 backend=server.url,
@@ -350,6 +401,29 @@ class VLLMBackend(_Codec):
         finally:
             server.outstanding -= 1
             server.failures += int(failed)
+
+    def _result(
+        self, content: bytes, request: GenerateRequest, prepared: RequestBody, server: _Server
+    ) -> GenerateResult:
+        """The answer of a 200; a body that is not JSON is retried, one that breaks the
+        schema is final (either counts as the server's failure)."""
+        try:
+            return decode_response(content, request, prepared)
+        except ResponseNotJSON as exc:
+            server.failures += 1
+            raise _Retryable(
+                BackendProtocolError(
+                    f"vLLM server {server.url} answered 200 with a body that is not JSON: {exc}",
+                    backend=server.url,
+                )
+            ) from exc
+        except ResponseSchemaError as exc:
+            server.failures += 1
+            raise BackendProtocolError(
+                f"vLLM server {server.url} answered 200 with a response that breaks the "
+                f"generate schema: {exc}",
+                backend=server.url,
+            ) from exc
 
     def _mark_down(self, server: _Server) -> None:
         server.consecutive_failures += 1
@@ -424,29 +498,6 @@ def _normalise_base_url(url: str) -> str:
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _error_detail(response: httpx.Response) -> str:
-    """The server's message: vLLM's ``{"error": {"message"}}``, older vLLM's top-level
-    ``{"message"}``, FastAPI's ``{"detail"}``, or the raw text; shortened."""
-    text = response.text
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return _shorten(text) or response.reason_phrase or "(empty body)"
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return _shorten(error["message"])
-        if isinstance(error, str):
-            return _shorten(error)
-        for key in ("message", "detail"):
-            value = data.get(key)
-            if isinstance(value, str):
-                return _shorten(value)
-            if value is not None:
-                return _shorten(json.dumps(value))
-    return _shorten(text)
 
 
 def _hint(status: int) -> str:

@@ -1,0 +1,815 @@
+"""``vf-mm serve``: a token-in/token-out HTTP server over a ``Backend`` (the local engine).
+
+``create_app(backend, renderer=..., model_name=...)`` returns a Starlette app with
+
+- ``POST /inference/v1/generate``: vLLM's token-in/token-out route (the subset of vLLM
+  0.32's ``GenerateRequest`` in ``vllm/entrypoints/scale_out/token_in_token_out/protocol.py``
+  that a local engine can honour), so ``VLLMBackend`` and any vLLM client talk to it
+  unchanged. Images arrive in ``features`` mode: per image its ``mm_hash``, its
+  placeholder range and (optionally) its ``kwargs_data`` (base64 msgpack of vLLM's
+  ``MultiModalKwargsItem``; ``image_grid_thw`` comes as shape ``(3,)``, as vLLM sends it,
+  or ``(1, 3)``, as a transformers processor makes it). An entry of ``None`` is resolved
+  from a bounded cache of items that earlier requests sent, keyed by hash, as vLLM does.
+  ``pixel_values`` are taken as the transformers processor makes them (rescaled and
+  normalised), which is what a vLLM server started with ``--no-mm-device-do-normalize``
+  takes too. Or in
+  ``content_parts`` mode: ``token_ids`` hold one image pad per image and the parts
+  carry the images (``{"type": "image_url", "url": "data:..."}``, vLLM's flat form, or
+  OpenAI's nested ``image_url.url``); the renderer's image processor expands each pad,
+  and ``return_token_ids`` returns the expanded ids and their placeholders.
+- ``POST /v1/chat/completions``: OpenAI-compatible, messages in / message out; images
+  only as ``data:`` URLs unless an explicit ``image_policy`` allows more.
+- ``GET /v1/models`` and ``GET /health``.
+
+Request bodies are validated with pydantic models whose rules and messages follow
+vLLM's (``MultiModalFeatures._validate_parallel_fields``, ``GenerateRequest``'s
+validators, ``validate_cache_salt``, ``SamplingParams._verify_args``); every refusal is
+HTTP 400 with vLLM's error body ``{"error": {"message", "type", "param", "code"}}``.
+Validation failures read like vLLM's FastAPI handler (``"1 validation error: ..."``,
+``type`` ``"Bad Request"``); other refusals have ``type`` ``"BadRequestError"``; an
+unknown model is 404 ``"NotFoundError"``; a backend failure is 500
+``"InternalServerError"`` with its message.
+
+What the local engine cannot do is refused by name with a 400, never silently dropped:
+streaming, ``n > 1``, stop strings, penalties, ``output_mode="text"``, video.
+Logprobs are the sampled tokens' only: with ``sampling_params.logprobs = k > 0`` each
+entry's ``top_logprobs`` holds just the sampled token (``rank`` is None).
+
+Work that blocks (JSON parsing and validation of large bodies, base64/msgpack decoding,
+image loading and processing, rendering) runs in worker threads, never on the event loop.
+
+The server is one class, ``_Server``: its state (the model's vocabulary, image pad,
+merge size and context length; the item cache) and its four routes' handlers;
+``create_app`` mounts the handlers. Request models live in ``_server_models``, the
+error body in ``_server_errors``.
+
+The hash cache trusts the client's hashes as vLLM does: a client that sends the pixels
+of one image under another image's hash poisons later hash-only requests for it. Serve
+on 127.0.0.1 (the default) or to trusted clients only: there is no authentication.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from http import HTTPStatus
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from vf_mm.errors import ImageError, PromptTooLongError, VfMmError
+from vf_mm.images import ImagePolicy, load_image
+from vf_mm.inference._server_errors import (
+    RequestError,
+    error_response,
+    json_error,
+    validation_error,
+)
+from vf_mm.inference._server_models import (
+    UNSUPPORTED_SAMPLING,
+    ChatCompletionRequestModel,
+    GenerateRequestModel,
+)
+from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
+from vf_mm.types import MultiModalData, PlaceholderRange
+
+__all__ = ["DEFAULT_SERVER_IMAGE_POLICY", "create_app"]
+
+#: What ``/v1/chat/completions`` reads when no policy is given: ``data:`` URLs only
+#: (no network, no local path). A server must never fetch what a client names.
+DEFAULT_SERVER_IMAGE_POLICY = ImagePolicy.dataset(roots=())
+
+# vLLM clamps logprobs to this so that JSON never carries -inf
+_MIN_LOGPROB = -9999.0
+# parse bodies larger than this off the event loop
+_THREAD_PARSE_BYTES = 64 * 1024
+
+# -- the multi-modal item cache --------------------------------------------------------
+
+
+class _ItemCache:
+    """LRU of decoded image items by (modality, mm_hash), bounded in items and bytes."""
+
+    def __init__(self, max_items: int, max_bytes: int) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._items: OrderedDict[tuple[str, str], tuple[dict[str, Any], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        found = self._items.get(key)
+        if found is None:
+            return None
+        self._items.move_to_end(key)
+        return found[0]
+
+    def put(self, key: tuple[str, str], item: dict[str, Any]) -> None:
+        size = sum(int(getattr(v, "nbytes", 0)) for v in item.values())
+        if self.max_items <= 0 or size > self.max_bytes:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.nbytes -= old[1]
+        self._items[key] = (item, size)
+        self.nbytes += size
+        while len(self._items) > self.max_items or self.nbytes > self.max_bytes:
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.nbytes -= dropped
+
+
+def _decode_item(b64: str) -> dict[str, Any]:
+    """One ``kwargs_data`` entry decoded (looked up as a module global at each call, so
+    tests can stand in a codec of their own)."""
+    from vf_mm.inference import _mm_kwargs  # lazy: only image requests need it
+
+    return _mm_kwargs.decode_kwargs_item(b64)
+
+
+class _Server:
+    """The routes' handlers over one backend, and what they share: the model's facts
+    (vocabulary, image pad, merge size, context length), the item cache, body parsing."""
+
+    def __init__(
+        self,
+        backend: Any,
+        renderer: Any | None,
+        model_name: str,
+        image_policy: ImagePolicy | None,
+        mm_cache_items: int,
+        mm_cache_bytes: int,
+    ) -> None:
+        self.backend = backend
+        self.renderer = renderer
+        self.model_name = model_name
+        self.image_policy = image_policy or DEFAULT_SERVER_IMAGE_POLICY
+        self.cache = _ItemCache(mm_cache_items, mm_cache_bytes)
+        self.created = int(time.time())
+        self.max_model_len: int | None = getattr(backend, "max_model_len", None)
+        vision = _inner(renderer, "vision")
+        config = getattr(getattr(backend, "model", None), "config", None)
+        vision_config = getattr(config, "vision_config", None)
+        text_config = getattr(config, "text_config", config)
+        self.image_token_id: int | None = (
+            vision.image_token_id
+            if vision is not None
+            else getattr(backend, "image_token_id", None)
+        )
+        self.merge_size = int(
+            vision.merge_size
+            if vision is not None
+            else getattr(vision_config, "spatial_merge_size", 2)
+        )
+        self.patch_dim: int | None = None
+        if vision_config is not None and hasattr(vision_config, "patch_size"):
+            channels = getattr(vision_config, "in_channels", getattr(vision_config, "in_chans", 3))
+            temporal = getattr(vision_config, "temporal_patch_size", 2)
+            self.patch_dim = int(channels * temporal * vision_config.patch_size**2)
+        vocab = getattr(backend, "vocab_size", None) or getattr(text_config, "vocab_size", None)
+        if vocab is None:
+            tokenizer = _inner(renderer, "tokenizer")
+            vocab = len(tokenizer) if tokenizer is not None else None
+        self.vocab_size: int | None = vocab
+        self.stop_token_ids: tuple[int, ...] = tuple(getattr(renderer, "stop_token_ids", ()) or ())
+
+    # -- GET routes ----------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "vf-mm",
+                        "root": self.model_name,
+                        "parent": None,
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    # -- POST /inference/v1/generate -----------------------------------------------------
+
+    async def generate(self, request: Request) -> Response:
+        req: GenerateRequestModel = await self._body(request, GenerateRequestModel)
+        self._check_model(req.model)
+        self._check_supported(req)
+        self._check_tokens(req.token_ids)
+        sp = req.sampling_params
+        self._check_tokens(sp.stop_token_ids or [], "sampling_params.stop_token_ids")
+        token_ids = req.token_ids
+        if req.content_parts:
+            token_ids, mm = await run_in_threadpool(
+                self._expand_content_parts, req.token_ids, req.content_parts
+            )
+            # processed images serve later hash-only (features) requests too, as in vLLM
+            for h, item in zip(mm.mm_hashes["image"], mm.mm_items["image"], strict=True):
+                self.cache.put(("image", h), item)
+        else:
+            mm = await self._multi_modal_data(req)
+        sampling = SamplingParams(
+            max_tokens=self._max_tokens(sp.max_tokens, len(token_ids)),
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=max(sp.top_k, 0),
+            min_p=sp.min_p,
+            seed=sp.seed,
+            stop_token_ids=tuple(sp.stop_token_ids or ()),
+            logprobs=sp.logprobs is not None,
+        )
+        result = await self._generate(
+            GenerateRequest(
+                prompt_ids=token_ids,
+                sampling=sampling,
+                multi_modal_data=mm,
+                request_id=req.request_id,
+            )
+        )
+        logprobs = None
+        if sp.logprobs is not None and result.logprobs is not None:
+            logprobs = {
+                "content": [
+                    _token_logprob(t, lp)
+                    for t, lp in zip(result.completion_ids, result.logprobs, strict=True)
+                ]
+            }
+        prompt_tokens = result.usage.prompt_tokens or len(token_ids)
+        completion_tokens = len(result.completion_ids)
+        body: dict[str, Any] = {
+            "request_id": f"generate-tokens-{req.request_id}",
+            "model": self.model_name,
+            "created": int(time.time()),
+            "output_mode": "tokens",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": result.finish_reason,
+                    "stop_reason": result.stop_reason,
+                    "token_ids": list(result.completion_ids),
+                    "logprobs": logprobs,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+        if req.return_token_ids:
+            body["prompt_token_ids"] = list(token_ids)
+            body["mm_placeholders"] = (
+                {
+                    m: [{"offset": p.offset, "length": p.length} for p in ranges]
+                    for m, ranges in mm.mm_placeholders.items()
+                }
+                if mm is not None
+                else None
+            )
+        return JSONResponse(body)
+
+    def _check_supported(self, req: GenerateRequestModel) -> None:
+        def refuse(what: str, param: str) -> None:
+            raise RequestError(f"{what} is not supported by vf-mm serve", param=param)
+
+        if req.stream:
+            refuse("stream=true (streaming)", "stream")
+        if req.output_mode != "tokens":
+            refuse(f"output_mode={req.output_mode!r}", "output_mode")
+        if req.priority != 0:
+            raise RequestError(
+                f"Got priority {req.priority} but Priority scheduling is not enabled.",
+                param="priority",
+            )
+        if req.kv_transfer_params:
+            refuse("kv_transfer_params", "kv_transfer_params")
+        if req.ec_transfer_params:
+            refuse("ec_transfer_params", "ec_transfer_params")
+        sp = req.sampling_params
+        if sp.n != 1:
+            refuse(f"sampling_params.n={sp.n} (only 1; send n requests)", "n")
+        if sp.logprobs == -1:
+            refuse("sampling_params.logprobs=-1 (the whole vocabulary)", "logprobs")
+        for name, value in (sp.model_extra or {}).items():
+            defaults = UNSUPPORTED_SAMPLING.get(name)
+            if defaults is not None and not any(
+                value == d and type(value) is type(d) for d in defaults
+            ):
+                refuse(f"sampling_params.{name}={value!r}", name)
+
+    async def _multi_modal_data(self, req: GenerateRequestModel) -> MultiModalData | None:
+        features = req.features
+        pad = self.image_token_id
+        ids = np.asarray(req.token_ids, dtype=np.int64)
+        if features is None or not any(features.mm_hashes.values()):
+            if pad is not None and (n := int((ids == pad).sum())):
+                raise RequestError(
+                    f"token_ids hold {n} image pad tokens ({pad}) but the request has no "
+                    "features describing their images",
+                    param="features",
+                )
+            return None
+        other = sorted(m for m, h in features.mm_hashes.items() if h and m != "image")
+        if other:
+            raise RequestError(
+                f"modality {other[0]!r} is not supported by vf-mm serve (images only)",
+                param="features",
+            )
+        if pad is None:
+            raise RequestError(
+                f"the model {self.model_name} takes no images, but the request has features",
+                param="features",
+            )
+        hashes = features.mm_hashes["image"]
+        ranges = features.mm_placeholders["image"]
+        for i, p in enumerate(ranges):
+            span = ids[p.offset : p.offset + p.length]
+            if not bool((span == pad).all()):
+                bad = p.offset + int(np.argmax(span != pad))
+                raise RequestError(
+                    f"features.mm_placeholders.image[{i}] (offset {p.offset}, length "
+                    f"{p.length}) must cover image pad tokens ({pad}) only, but token_ids[{bad}] "
+                    f"is {int(ids[bad])}",
+                    param="features.mm_placeholders",
+                )
+        total = int((ids == pad).sum())
+        covered = sum(p.length for p in ranges)
+        if total != covered:
+            raise RequestError(
+                f"token_ids hold {total} image pad tokens ({pad}) but mm_placeholders cover "
+                f"{covered}",
+                param="features.mm_placeholders",
+            )
+        data = (features.kwargs_data or {}).get("image") or [None] * len(hashes)
+
+        def decode_all() -> dict[int, dict[str, Any]]:
+            out: dict[int, dict[str, Any]] = {}
+            for i, b64 in enumerate(data):
+                if b64 is None:
+                    continue
+                try:
+                    out[i] = self._check_item(_decode_item(b64), f"kwargs_data.image[{i}]")
+                except RequestError:
+                    raise
+                except (VfMmError, ValueError, TypeError) as exc:
+                    raise RequestError(
+                        f"features.kwargs_data.image[{i}]: {exc}", param="features.kwargs_data"
+                    ) from None
+            return out
+
+        decoded = await run_in_threadpool(decode_all) if any(d is not None for d in data) else {}
+        items: list[dict[str, Any]] = []
+        seen: dict[str, dict[str, Any]] = {}
+        for i, h in enumerate(hashes):
+            item = decoded.get(i)
+            if item is None:
+                item = seen.get(h) or self.cache.get(("image", h))
+                if item is None:
+                    raise RequestError(
+                        f"features.mm_hashes.image[{i}] = {h!r} is not in the server's "
+                        "multi-modal cache: send its kwargs_data",
+                        param="features.kwargs_data",
+                    )
+            seen.setdefault(h, item)
+            tokens = int(np.prod(item["image_grid_thw"])) // self.merge_size**2
+            if tokens != ranges[i].length:
+                grid = [int(x) for x in np.asarray(item["image_grid_thw"]).reshape(-1)]
+                raise RequestError(
+                    f"image {i} ({h!r}): its placeholder has length {ranges[i].length} but its "
+                    f"image_grid_thw {grid} makes prod(grid) / merge_size^2 = {tokens} tokens",
+                    param="features.mm_placeholders",
+                )
+            items.append(item)
+        for i, item in decoded.items():
+            self.cache.put(("image", hashes[i]), item)
+        return MultiModalData(
+            mm_hashes={"image": list(hashes)},
+            mm_placeholders={"image": [PlaceholderRange(p.offset, p.length) for p in ranges]},
+            mm_items={"image": items},
+        )
+
+    def _expand_content_parts(
+        self, token_ids: list[int], parts: list[dict[str, Any]]
+    ) -> tuple[list[int], MultiModalData]:
+        """content_parts mode: load each image (server policy), process it with the
+        renderer's image processor, and expand its single pad in ``token_ids``."""
+        vision = _inner(self.renderer, "vision")
+        if vision is None:
+            raise RequestError(
+                "content_parts need a server with a multimodal renderer; send features",
+                param="content_parts",
+            )
+        pad = vision.image_token_id
+        processed = []
+        for i, part in enumerate(parts):
+            where = f"content_parts[{i}]"
+            kind = part.get("type")
+            if kind != "image_url":
+                raise RequestError(
+                    f"{where} has type {kind!r}; vf-mm serve takes image_url parts only",
+                    param="content_parts",
+                )
+            url = part.get("url")
+            nested = part.get("image_url")
+            if url is None and isinstance(nested, dict):
+                url = nested.get("url")
+            if not isinstance(url, str) or not url:
+                raise RequestError(f"{where} has no image URL", param="content_parts")
+            try:
+                image = load_image(url, policy=self.image_policy, where=where)
+                processed.append(vision.process({"type": "image", "image": image}, where=where))
+            except ImageError as exc:
+                raise RequestError(str(exc), param="content_parts") from None
+        positions = [k for k, t in enumerate(token_ids) if t == pad]
+        if len(positions) != len(processed):
+            raise RequestError(
+                f"token_ids hold {len(positions)} image pad tokens ({pad}) but content_parts "
+                f"has {len(processed)} images: content_parts mode takes one pad per image",
+                param="content_parts",
+            )
+        ids: list[int] = []
+        data = MultiModalData(
+            mm_hashes={"image": []}, mm_placeholders={"image": []}, mm_items={"image": []}
+        )
+        start = 0
+        for position, image in zip(positions, processed, strict=True):
+            ids.extend(token_ids[start:position])
+            data.mm_placeholders["image"].append(PlaceholderRange(len(ids), image.num_tokens))
+            data.mm_hashes["image"].append(image.hash)
+            data.mm_items["image"].append(image.item)
+            ids.extend([pad] * image.num_tokens)
+            start = position + 1
+        ids.extend(token_ids[start:])
+        return ids, data
+
+    def _check_item(self, item: dict[str, Any], where: str) -> dict[str, Any]:
+        def bad(message: str) -> RequestError:
+            return RequestError(f"features.{where}: {message}", param="features.kwargs_data")
+
+        missing = [k for k in ("pixel_values", "image_grid_thw") if k not in item]
+        if missing:
+            raise bad(f"no {' or '.join(missing)} (got {', '.join(sorted(item)) or 'nothing'})")
+        grid = np.asarray(item["image_grid_thw"])
+        if grid.shape not in ((1, 3), (3,)) or grid.dtype.kind not in "iu" or (grid <= 0).any():
+            raise bad(f"image_grid_thw must be 3 positive ints, got {grid.tolist()}")
+        grid = grid.astype(np.int64).reshape(1, 3)
+        pv = np.asarray(item["pixel_values"])
+        if pv.ndim != 2 or not (pv.dtype.kind == "f" or pv.dtype.name == "bfloat16"):
+            raise bad(f"pixel_values must be a 2-D float array, got {pv.dtype} {pv.shape}")
+        rows = int(np.prod(grid))
+        if pv.shape[0] != rows:
+            raise bad(
+                f"pixel_values has {pv.shape[0]} rows but image_grid_thw "
+                f"{grid[0].tolist()} needs {rows}"
+            )
+        if self.patch_dim is not None and pv.shape[1] != self.patch_dim:
+            raise bad(
+                f"pixel_values rows have {pv.shape[1]} values; the model takes {self.patch_dim}"
+            )
+        if grid[0, 1] % self.merge_size or grid[0, 2] % self.merge_size:
+            raise bad(
+                f"image_grid_thw {grid[0].tolist()} is not a multiple of merge_size "
+                f"{self.merge_size}"
+            )
+        if pv.dtype != np.float32:
+            pv = pv.astype(np.float32)
+            pv.flags.writeable = False
+        out = dict(item)
+        out["pixel_values"] = pv
+        out["image_grid_thw"] = grid
+        return out
+
+    # -- POST /v1/chat/completions -------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        if self.renderer is None:
+            raise RequestError(
+                "this server has no renderer: /v1/chat/completions is unavailable",
+                status=HTTPStatus.NOT_IMPLEMENTED,
+            )
+        req: ChatCompletionRequestModel = await self._body(request, ChatCompletionRequestModel)
+        self._check_model(req.model)
+        self._check_chat_supported(req)
+        messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+        for m in messages:
+            if m["role"] == "developer":
+                m["role"] = "system"
+        tools = [t.model_dump(exclude_unset=True) for t in req.tools] if req.tools else None
+        rendered = await run_in_threadpool(self._render_chat, messages, tools)
+        self._check_tokens(req.stop_token_ids or [], "stop_token_ids")
+        prompt_len = len(rendered.token_ids)
+        try:
+            sampling = SamplingParams(
+                max_tokens=self._max_tokens(
+                    req.max_completion_tokens or req.max_tokens, prompt_len
+                ),
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=max(req.top_k or 0, 0),
+                min_p=req.min_p or 0.0,
+                seed=req.seed,
+                stop_token_ids=tuple(
+                    dict.fromkeys([*self.stop_token_ids, *(req.stop_token_ids or [])])
+                ),
+                logprobs=bool(req.logprobs),
+            )
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        result = await self._generate(
+            GenerateRequest(rendered.token_ids, sampling, rendered.multi_modal_data)
+        )
+        parsed = await run_in_threadpool(self.renderer.parse_response, result.completion_ids)
+        message: dict[str, Any] = {"role": "assistant"}
+        content: str | None = parsed.content
+        tool_calls = list(parsed.tool_calls) if req.tool_choice != "none" else []
+        if req.tool_choice == "none" or (parsed.tool_call_errors and not tool_calls):
+            # keep what the model wrote rather than drop a call that did not parse
+            text = parsed.text
+            if parsed.reasoning is not None:
+                text = text.partition("</think>")[2].lstrip("\n")
+            content = text
+        if tool_calls and not content:
+            content = None
+        message["content"] = content
+        if parsed.reasoning is not None:
+            message["reasoning_content"] = parsed.reasoning
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        finish = "tool_calls" if tool_calls else result.finish_reason
+        logprobs = None
+        if req.logprobs and result.logprobs is not None:
+            tokenizer = _inner(self.renderer, "tokenizer")
+            logprobs = {
+                "content": [
+                    _chat_logprob(tokenizer, t, lp)
+                    for t, lp in zip(result.completion_ids, result.logprobs, strict=True)
+                ]
+            }
+        completion_tokens = len(result.completion_ids)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                        "stop_reason": result.stop_reason,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_len,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_len + completion_tokens,
+                },
+            }
+        )
+
+    def _check_chat_supported(self, req: ChatCompletionRequestModel) -> None:
+        def refuse(what: str, param: str) -> None:
+            raise RequestError(f"{what} is not supported by vf-mm serve", param=param)
+
+        if req.stream:
+            refuse("stream=true (streaming)", "stream")
+        if req.n not in (None, 1):
+            refuse(f"n={req.n} (only 1)", "n")
+        if req.stop not in (None, "", []):
+            refuse("stop strings (use stop_token_ids)", "stop")
+        if req.top_logprobs:
+            refuse("top_logprobs > 0", "top_logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(req, name) not in (None, 0, 0.0):
+                refuse(f"{name}={getattr(req, name)}", name)
+        if req.response_format not in (None, {}) and req.response_format.get("type") != "text":
+            refuse("response_format (structured output)", "response_format")
+        if req.chat_template_kwargs:
+            refuse("chat_template_kwargs", "chat_template_kwargs")
+        if req.tool_choice not in (None, "auto", "none"):
+            refuse(f"tool_choice={req.tool_choice!r} (only 'auto' and 'none')", "tool_choice")
+
+    def _render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Any:
+        """Images loaded through the server's policy (never the renderer's), then render."""
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if not isinstance(content, list):
+                continue
+            for j, part in enumerate(content):
+                if part.get("type") == "image_url":
+                    try:
+                        image = load_image(
+                            part, policy=self.image_policy, where=f"message {i}, part {j}"
+                        )
+                    except ImageError as exc:
+                        raise RequestError(str(exc), param=f"messages.{i}.content.{j}") from None
+                    content[j] = {"type": "image", "image": image}
+        try:
+            return self.renderer.render(messages, tools=tools)
+        except (VfMmError, ValueError, TypeError, KeyError, IndexError) as exc:
+            raise RequestError(f"cannot render the messages: {exc}", param="messages") from None
+        except Exception as exc:
+            if any(c.__name__ == "TemplateError" for c in type(exc).__mro__):
+                raise RequestError(f"chat template error: {exc}", param="messages") from None
+            raise
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _body(self, request: Request, model: type[BaseModel]) -> Any:
+        raw = await request.body()
+
+        def parse() -> Any:
+            try:
+                data = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise json_error(exc) from None
+            except UnicodeDecodeError as exc:
+                raise RequestError(f"the body is not UTF-8 JSON: {exc}") from None
+            if not isinstance(data, dict):
+                raise RequestError(
+                    f"the body must be a JSON object, got {type(data).__name__}", param="body"
+                )
+            try:
+                return model.model_validate(data)
+            except ValidationError as exc:
+                raise validation_error(exc) from None
+
+        if len(raw) > _THREAD_PARSE_BYTES:
+            return await run_in_threadpool(parse)
+        return parse()
+
+    def _check_model(self, model: str | None) -> None:
+        # vLLM's OpenAIServing._check_model: an unknown name is 404 NotFoundError
+        if model is not None and model != self.model_name:
+            raise RequestError(
+                f"The model `{model}` does not exist.",
+                status=HTTPStatus.NOT_FOUND,
+                param="model",
+            )
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        try:
+            return await self.backend.generate(request)
+        except PromptTooLongError as exc:
+            raise RequestError(str(exc), param="token_ids") from None
+        except (RequestError, HTTPException):
+            raise
+        except Exception as exc:  # the engine failed: 500 with its message
+            raise RequestError(
+                f"generation failed: {type(exc).__name__}: {exc}",
+                status=HTTPStatus.INTERNAL_SERVER_ERROR,
+            ) from None
+
+    def _check_tokens(self, token_ids: Sequence[int], what: str = "token_ids") -> None:
+        if self.vocab_size is not None and token_ids:
+            top = max(token_ids)
+            if top >= self.vocab_size:
+                raise RequestError(f"Token id {top} is out of vocabulary", param=what)
+
+    def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
+        if self.max_model_len is None:
+            return requested if requested is not None else SamplingParams().max_tokens
+        room = self.max_model_len - prompt_len
+        if requested is None:
+            # vLLM's get_max_tokens: what is left of the context
+            if room < 1:
+                raise RequestError(
+                    f"The prompt (length {prompt_len}) leaves no room to generate in the "
+                    f"maximum model length of {self.max_model_len}.",
+                    param="token_ids",
+                )
+            return room
+        if requested > room:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {requested} output tokens and your prompt contains "
+                f"{prompt_len} input tokens, for a total of {prompt_len + requested} tokens. "
+                "Please reduce the length of the input prompt or the number of requested "
+                "output tokens.",
+                param="max_tokens",
+            )
+        return requested
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _inner(renderer: Any, attribute: str) -> Any:
+    """``renderer.<attribute>``, through a ``RendererPool`` too."""
+    if renderer is None:
+        return None
+    if hasattr(renderer, attribute):
+        return getattr(renderer, attribute)
+    borrow = getattr(renderer, "renderer", None)
+    if callable(borrow):
+        with borrow() as r:
+            return getattr(r, attribute, None)
+    return None
+
+
+def _clamp(logprob: float) -> float:
+    return _MIN_LOGPROB if math.isnan(logprob) else max(float(logprob), _MIN_LOGPROB)
+
+
+def _token_logprob(token_id: int, logprob: float) -> dict[str, Any]:
+    """One ``logprobs.content`` entry of the generate route. Only the sampled token's
+    logprob is known (the local engine keeps no top-k), so ``top_logprobs`` holds just
+    that token, which vLLM lists first; ``rank`` is unknown (None)."""
+    lp = _clamp(logprob)
+    entry = {"token_id": token_id, "logprob": lp, "rank": None}
+    return {
+        **entry,
+        "token": f"token_id:{token_id}",
+        "top_logprobs": [{**entry, "token": f"token_id:{token_id}"}],
+    }
+
+
+def _chat_logprob(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
+    text = tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+    return {
+        "token": text,
+        "logprob": _clamp(logprob),
+        "bytes": list(text.encode("utf-8")),
+        "top_logprobs": [],
+    }
+
+
+# -- the app ----------------------------------------------------------------------------
+
+
+def _route(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return error_response(exc.message, exc.status, err_type=exc.err_type, param=exc.param)
+        except HTTPException:
+            raise
+        except Exception as exc:  # anything unforeseen: 500 with a message, never a traceback
+            return error_response(
+                f"internal error: {type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR
+            )
+
+    return wrapped
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    status = HTTPStatus(exc.status_code)
+    return error_response(str(exc.detail), status, err_type=status.phrase)
+
+
+def create_app(
+    backend: Any,
+    *,
+    renderer: Any | None = None,
+    model_name: str,
+    image_policy: ImagePolicy | None = None,
+    mm_cache_items: int = 512,
+    mm_cache_bytes: int = 4 << 30,
+) -> Starlette:
+    """The HTTP app of ``vf-mm serve`` over ``backend`` (a token-level ``Backend``).
+
+    ``renderer``: needed for ``/v1/chat/completions`` (and tells which token is the
+    image pad); ``model_name``: the served name (``model`` fields must match it);
+    ``image_policy``: what chat images may be read (default: ``data:`` URLs only);
+    ``mm_cache_items`` / ``mm_cache_bytes`` bound the cache of decoded image items that
+    hash-only requests resolve against. The caller owns ``backend`` (and closes it).
+    """
+    server = _Server(backend, renderer, model_name, image_policy, mm_cache_items, mm_cache_bytes)
+    routes = [
+        Route("/inference/v1/generate", _route(server.generate), methods=["POST"]),
+        Route("/v1/chat/completions", _route(server.chat_completions), methods=["POST"]),
+        Route("/v1/models", _route(server.models), methods=["GET"]),
+        Route("/health", _route(server.health), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app.state.server = server
+    return app

