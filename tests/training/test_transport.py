@@ -30,18 +30,30 @@ from vf_mm.errors import (
     TransportError,
 )
 from vf_mm.training import GroupReceiver, GroupSender, is_endpoint, read_groups
-from vf_mm.training._transport import (
-    ACK,
-    ACK_MAGIC,
-    HEAD_BYTES,
-    KIND_END,
-    KIND_GROUP,
-    _head,
+from vf_mm.training._transport import ACK, ACK_MAGIC
+from vf_mm.wire import (
+    FRAME_HEADER_SIZE,
+    STREAM_HEADER_SIZE,
+    FrameKind,
+    StreamReader,
+    frame_header,
+    packb,
+    parse_frame_header,
+    read_stream,
+    stream_header,
 )
-from vf_mm.wire import StreamReader, packb, read_stream
-from vf_mm.wire._stream import FRAME_HEADER, STREAM_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
+HEAD_BYTES = 32  # part 0: a stream header and a frame head
+
+
+def head(message, kind: FrameKind = FrameKind.DATA) -> bytes:
+    """Part 0 of a transport message, built with the public frame API only."""
+    return stream_header() + frame_header(message, kind=kind)
+
+
+def kind_of(part0: bytes) -> int:
+    return parse_frame_header(part0[STREAM_HEADER_SIZE:]).kind
 
 
 def group(i: int, size: int = 64) -> dict:
@@ -134,14 +146,16 @@ def test_zmq_message_layout_is_a_one_frame_stream(ipc_dir):
     sender = GroupSender(endpoint, linger_s=10)
     sender.send(group(7))
     peer, *parts = router.recv_multipart()
-    assert len(parts) == 2 and len(parts[0]) == HEAD_BYTES
-    assert FRAME_HEADER.unpack_from(parts[0], STREAM_HEADER.size)[2] == KIND_GROUP
+    assert len(parts) == 2 and len(parts[0]) == HEAD_BYTES == STREAM_HEADER_SIZE + FRAME_HEADER_SIZE
+    assert parts[0] == head(parts[1])  # exactly the public frame API's bytes
+    assert kind_of(parts[0]) == FrameKind.DATA
     (item,) = StreamReader(io.BytesIO(parts[0] + parts[1]))
     assert_same(item, group(7))
     closing = threading.Thread(target=sender.close)
     closing.start()
-    peer, head, _ = router.recv_multipart()  # the end-of-stream marker
-    assert FRAME_HEADER.unpack_from(head, STREAM_HEADER.size)[2] == KIND_END
+    peer, end_head, end = router.recv_multipart()  # the end-of-stream marker
+    assert end_head == head(end, FrameKind.END)
+    assert kind_of(end_head) == FrameKind.END
     time.sleep(0.2)
     assert closing.is_alive()  # still waiting for the trainer to take everything
     router.send_multipart([peer, ACK.pack(ACK_MAGIC, 2)])
@@ -265,19 +279,23 @@ def test_receive_timeout_raises(ipc_dir):
 
 def bad_messages() -> list[tuple[list[bytes], type]]:
     good = packb(group(1))
-    head = bytearray(_head(memoryview(good), KIND_GROUP, True))
+    good_head = head(good)
     flipped = bytearray(good)
     flipped[len(flipped) // 2] ^= 0xFF
-    bad_magic = bytearray(head)
+    bad_magic = bytearray(good_head)
     bad_magic[1:5] = b"NOPE"
+    unknown_kind = bytearray(good_head)
+    unknown_kind[-4] = 9  # the frame head's u32 kind
     not_msgpack = b"\xc1\xc1\xc1"
     return [
-        ([bytes(head), bytes(flipped)], CorruptFrameError),  # checksum
-        ([bytes(head), bytes(good)[:-5]], CorruptFrameError),  # truncated
-        ([bytes(head)], CorruptFrameError),  # one part
+        ([good_head, bytes(flipped)], CorruptFrameError),  # checksum
+        ([good_head, bytes(good)[:-5]], CorruptFrameError),  # truncated
+        ([good_head], CorruptFrameError),  # one part
         ([bytes(bad_magic), bytes(good)], StreamHeaderError),
-        ([_head(memoryview(not_msgpack), KIND_GROUP, True), not_msgpack], DecodeError),
-        ([_head(memoryview(good), 9, True), bytes(good)], CorruptFrameError),  # unknown kind
+        ([head(not_msgpack), not_msgpack], DecodeError),
+        ([bytes(unknown_kind), bytes(good)], CorruptFrameError),  # unknown kind
+        ([head(packb("another message")), bytes(good)], CorruptFrameError),  # not its head
+        ([head(packb({"x": 1}), FrameKind.END), packb({"x": 1})], CorruptFrameError),  # no "sent"
     ]
 
 
@@ -297,8 +315,8 @@ def good_tail() -> list[list[bytes]]:
     good = packb(group(1))
     end = packb({"sent": 1, "error": None})
     return [
-        [_head(memoryview(good), KIND_GROUP, True), bytes(good)],
-        [_head(memoryview(end), KIND_END, True), bytes(end)],
+        [head(good), bytes(good)],
+        [head(end, FrameKind.END), bytes(end)],
     ]
 
 

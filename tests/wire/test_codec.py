@@ -31,8 +31,7 @@ import torch
 
 from vf_mm.errors import DecodeError, EncodeError, VfMmError
 from vf_mm.wire import Decoder, Encoder, Ext, packb, unpackb
-from vf_mm.wire._dtypes import _TABLE, BY_NAME
-from vf_mm.wire._format import ALIGN, EXT_TENSOR, FLAG_TORCH, TENSOR_HEAD, TENSOR_LAYOUT_VERSION
+from vf_mm.wire.dtypes import DTYPES, by_name
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental"),
@@ -42,9 +41,17 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 
-TORCH_DTYPES = [d.name for d in _TABLE if hasattr(torch, d.name)]
-NUMPY_DTYPES = [d.name for d in _TABLE if d.numpy is not None or d.ml_dtypes is not None]
-NO_NUMPY_DTYPES = [d.name for d in _TABLE if d.numpy is None and d.ml_dtypes is None]
+# The tensor extension as vf_mm/wire/_format.py documents it (spelled out here, so a change
+# to the format fails these tests instead of following it).
+EXT_TENSOR = 1
+TENSOR_LAYOUT_VERSION = 1
+FLAG_TORCH = 0x01
+TENSOR_HEAD = struct.Struct("<BBBBB")  # u8 version, u8 flags, u8 dtype code, u8 ndim, u8 pad
+ALIGN = 64
+
+TORCH_DTYPES = [d.name for d in DTYPES if hasattr(torch, d.name)]
+NUMPY_DTYPES = [d.name for d in DTYPES if d.numpy is not None or d.ml_dtypes is not None]
+NO_NUMPY_DTYPES = [d.name for d in DTYPES if d.numpy is None and d.ml_dtypes is None]
 
 _CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -53,7 +60,7 @@ _CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def np_dtype(name: str) -> np.dtype:
-    wire = BY_NAME[name]
+    wire = by_name(name)
     if wire.numpy is not None:
         return np.dtype(wire.numpy)
     return np.dtype(getattr(ml_dtypes, wire.ml_dtypes))
@@ -876,13 +883,13 @@ def test_message_is_valid_msgpack_with_tensor_ext() -> None:
         return flags, code, ndim, shape, payload[start:]
 
     flags, code, ndim, shape, data = parse(exts[out["t"]][1])
-    assert flags & FLAG_TORCH and code == BY_NAME["float32"].code and shape == (2, 3)
+    assert flags & FLAG_TORCH and code == by_name("float32").code and shape == (2, 3)
     assert data == tbytes(t)
     flags, code, ndim, shape, data = parse(exts[out["a"]][1])
-    assert not flags & FLAG_TORCH and code == BY_NAME["int16"].code and shape == (5,)
+    assert not flags & FLAG_TORCH and code == by_name("int16").code and shape == (5,)
     assert data == abytes(a)
     flags, code, ndim, shape, data = parse(exts[out["b"]][1])
-    assert ndim == 0 and shape == () and code == BY_NAME["bfloat16"].code
+    assert ndim == 0 and shape == () and code == by_name("bfloat16").code
     assert data == tbytes(b)
 
 
@@ -910,11 +917,11 @@ def test_wire_dtype_codes_are_stable() -> None:
         "bits16": 38, "bits1x8": 39, "bits2x4": 40, "bits4x2": 41,
     }  # fmt: skip
     for name, code in expected.items():
-        assert BY_NAME[name].code == code, name
+        assert by_name(name).code == code, name
     for name in TORCH_DTYPES:
         t = random_tensor(name, (1,))
         payload = bytes(packb(t))[6:]  # past the ext32 header
-        assert payload[2] == BY_NAME[name].code
+        assert payload[2] == by_name(name).code
         assert payload[0] == 1 and payload[1] == FLAG_TORCH and payload[3] == 1
 
 

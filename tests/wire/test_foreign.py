@@ -17,13 +17,13 @@ import torch
 
 from vf_mm.errors import DecodeError
 from vf_mm.wire import Encoder, StreamReader, StreamWriter, packb, unpackb
-from vf_mm.wire._dtypes import _TABLE
+from vf_mm.wire.dtypes import DTYPES
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "__torch_tensor__"
-TORCH_DTYPES = [d.name for d in _TABLE if hasattr(torch, d.name)]
+TORCH_DTYPES = [d.name for d in DTYPES if hasattr(torch, d.name)]
 _CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

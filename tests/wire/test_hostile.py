@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 
 from vf_mm.errors import DecodeError, FrameTooLargeError, StreamError, TornFrameError
 from vf_mm.wire import StreamReader, packb, unpackb, write_stream
-from vf_mm.wire._format import EXT_TENSOR, TENSOR_HEAD
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
 MB = 1 << 20
+EXT_TENSOR = 1  # the tensor extension code, as vf_mm/wire/_format.py documents it
+TENSOR_HEAD = struct.Struct("<BBBBB")  # u8 version, u8 flags, u8 dtype code, u8 ndim, u8 pad
 FUZZ = settings(
     max_examples=300,
     deadline=2000,  # ms per example: a hang fails the test

@@ -28,6 +28,7 @@ from vf_mm.errors import (
     TornFrameError,
 )
 from vf_mm.wire import (
+    FrameKind,
     StreamReader,
     StreamWriter,
     frame_header,
@@ -132,9 +133,9 @@ def test_layout_matches_the_documented_format(stream_bytes: bytes, items: list[A
     starts = frame_starts(stream_bytes)
     assert len(starts) == len(items)
     for start, item in zip(starts, items, strict=True):
-        n, crc, reserved = struct.unpack_from("<QII", stream_bytes, start)
+        n, crc, kind = struct.unpack_from("<QII", stream_bytes, start)
         message = stream_bytes[start + FRAME_HEAD : start + FRAME_HEAD + n]
-        assert reserved == 0
+        assert kind == 0  # a stream file holds DATA frames only
         assert crc == zlib.crc32(message, zlib.crc32(struct.pack("<Q", n)))
         assert message == bytes(packb(item))
         assert frame_header(message) == stream_bytes[start : start + FRAME_HEAD]
@@ -437,7 +438,7 @@ def test_flipped_crc_byte(stream_bytes: bytes) -> None:
 
 
 def test_every_frame_header_bit_flip_is_detected(stream_bytes: bytes, items: list[Any]) -> None:
-    # length (covered by the crc), crc and the reserved word: no single flip goes unnoticed
+    # length (covered by the crc), crc and the kind word: no single flip goes unnoticed
     starts = frame_starts(stream_bytes)
     start = starts[1]
     for pos in range(start, start + FRAME_HEAD):
@@ -461,8 +462,8 @@ def test_flipped_stream_header_bit_is_detected(stream_bytes: bytes) -> None:
                 StreamReader(io.BytesIO(bytes(data)))
 
 
-def test_flipped_reserved_field_is_detected(stream_bytes: bytes, items: list[Any]) -> None:
-    # the per-frame word after the crc is reserved (0): a flip there cannot switch the
+def test_flipped_kind_field_is_detected(stream_bytes: bytes, items: list[Any]) -> None:
+    # a stream file holds DATA (0) frames only: a flip in the kind word cannot switch the
     # check off, so a second fault in the payload is still caught
     starts = frame_starts(stream_bytes)
     for pos in range(starts[1] + 12, starts[1] + 16):
@@ -475,6 +476,32 @@ def test_flipped_reserved_field_is_detected(stream_bytes: bytes, items: list[Any
                 got.append(item)
         assert_items_equal(got, items[:1])
         assert info.value.index == 1
+
+
+@pytest.mark.parametrize("errors", ["raise", "skip"])
+def test_a_frame_of_another_kind_in_a_file_is_corrupt(items: list[Any], errors: str) -> None:
+    # a file's end is the end of the file: an END frame (or any kind but DATA) in it is
+    # refused like a failed checksum, and skipping it loses nothing after it
+    message = bytes(packb("not data"))
+    data = bytearray(stream_head())
+    data += frame_header(packb(items[1])) + bytes(packb(items[1]))
+    start = len(data)
+    data += frame_header(message, kind=FrameKind.END) + message
+    data += frame_header(packb(items[4])) + bytes(packb(items[4]))
+    with StreamReader(io.BytesIO(bytes(data)), errors=errors) as reader:
+        if errors == "raise":
+            got = []
+            with pytest.raises(CorruptFrameError, match=r"kind 1 \(END\)") as info:
+                for item in reader:
+                    got.append(item)
+            assert got == [items[1]]
+            assert (info.value.index, info.value.offset) == (1, start)
+        else:
+            got = list(reader)
+            assert_items_equal(got, [items[1], items[4]])
+            assert [(i, o, type(e)) for i, o, e in reader.skipped] == [
+                (1, start, CorruptFrameError)
+            ]
 
 
 def test_undecodable_frame_skip_mode(tmp_path: Path) -> None:

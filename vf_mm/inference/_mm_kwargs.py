@@ -50,7 +50,7 @@ import msgpack
 import numpy as np
 
 from vf_mm.errors import DecodeError, EncodeError
-from vf_mm.wire import _dtypes
+from vf_mm.wire import dtypes as _dtypes
 
 __all__ = ["FIELD_SPECS", "decode_kwargs_item", "encode_kwargs_item"]
 

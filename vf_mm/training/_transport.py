@@ -16,20 +16,25 @@
   connects to it). A receiver that binds may ask for ``tcp://127.0.0.1:*`` and read the
   port it got from ``receiver.endpoint``.
 
-ZeroMQ messages, sender to receiver (two parts each)::
+ZeroMQ messages, sender to receiver, are each one ``vf_mm.wire`` frame, in the frame
+format of ``vf_mm/wire/_frames.py``, in two parts::
 
-    part 0, 32 bytes:  the 16-byte stream header (magic, version, flags, crc32)
-                       | the 16-byte frame header of part 1: u64 n | u32 crc32 | u32 kind
-    part 1, n bytes:   the message (``vf_mm.wire.packb`` of the group), sent zero-copy
+    part 0, 32 bytes:  a stream header (``stream_header``) | the frame head of part 1
+                       (``frame_header``)
+    part 1, n bytes:   the frame's payload, sent zero-copy
 
-``kind`` 0 is a group: part 0 + part 1 are then byte for byte a one-frame stream file
-(``kind`` sits where a stream frame's reserved field is 0), and the receiver checks the
-header, the length and the crc32 exactly as ``StreamReader`` does, so a corrupt or
-truncated message is caught, never misread. ``kind`` 1 is the **end-of-stream marker**
-a sender sends on ``close()``: its part 1 is ``packb({"sent": N, "error": None | str})``
-(``error`` says why the sender stopped early, e.g. the exception that ended its
-``with`` block). A receiver ends its iteration cleanly after ``senders`` end markers
-(one per sender, default 1); ``receiver.ends`` holds them.
+Every message thus carries its own stream header (and with it whether it is
+checksummed), and the receiver checks it with the frame API as a stream file's reader
+does (``parse_stream_header``, ``parse_frame_header``, ``check_frame``), so a corrupt or
+truncated message is caught, never misread. The receiver accepts two frame kinds:
+
+- ``FrameKind.DATA``: a group, the payload ``vf_mm.wire.packb`` of it. Part 0 + part 1
+  are then byte for byte a one-frame stream file.
+- ``FrameKind.END``: the **end-of-stream marker** a sender sends on ``close()``, the
+  payload ``packb({"sent": N, "error": None | str})`` (``error`` says why the sender
+  stopped early, e.g. the exception that ended its ``with`` block); a payload without
+  a ``sent`` count is refused as corrupt. A receiver ends its iteration cleanly after
+  ``senders`` end markers (one per sender, default 1); ``receiver.ends`` holds them.
 
 Receiver to sender, one part of 16 bytes: ``b"\\x93VFMMack"`` | u64 how many of this
 sender's messages the receiver has *taken* (handed to the trainer, skipped as bad, or
@@ -65,7 +70,6 @@ import os
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -77,26 +81,29 @@ from vf_mm.errors import (
     FrameTooLargeError,
     MissingDependencyError,
     ReceiveTimeout,
-    StreamHeaderError,
     TransportError,
     WireError,
 )
-from vf_mm.wire import DEFAULT_MAX_FRAME_BYTES, StreamReader, StreamWriter, packb
-from vf_mm.wire._decode import Decoder, TensorType
-from vf_mm.wire._stream import (
-    FRAME_HEADER,
-    MAGIC,
-    STREAM_HAS_CRC,
-    STREAM_HEADER,
-    VERSION,
-    _crc,
+from vf_mm.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FRAME_HEADER_SIZE,
+    STREAM_HEADER_SIZE,
+    Decoder,
+    FrameKind,
+    StreamReader,
+    StreamWriter,
+    TensorType,
+    check_frame,
+    frame_header,
+    packb,
+    parse_frame_header,
+    parse_stream_header,
     stream_header,
 )
 
 ZMQ_SCHEMES = ("tcp://", "ipc://")
-KIND_GROUP = 0
-KIND_END = 1
-HEAD_BYTES = STREAM_HEADER.size + FRAME_HEADER.size  # 32
+MESSAGE_KINDS = (FrameKind.DATA, FrameKind.END)  # the frame kinds a receiver accepts
+HEAD_BYTES = STREAM_HEADER_SIZE + FRAME_HEADER_SIZE  # part 0: 32 bytes
 ACK = struct.Struct("<8sQ")
 ACK_MAGIC = b"\x93VFMMack"
 
@@ -138,9 +145,9 @@ def _millis(seconds: float | None) -> int:
     return -1 if seconds is None else max(0, round(seconds * 1000))
 
 
-def _head(message: memoryview, kind: int, checksum: bool) -> bytes:
-    crc = _crc(message.nbytes.to_bytes(8, "little"), message) if checksum else 0
-    return stream_header(checksum=checksum) + FRAME_HEADER.pack(message.nbytes, crc, kind)
+def _head(message: memoryview, kind: FrameKind, checksum: bool) -> bytes:
+    """Part 0 of a message: a stream header, then the frame head of ``message``."""
+    return stream_header(checksum=checksum) + frame_header(message, kind=kind, checksum=checksum)
 
 
 def _as_bytes_view(message: Any) -> memoryview:
@@ -260,7 +267,7 @@ class GroupSender:
                 self._writer.write_message(view)
             else:
                 self._wait_for_credit()
-                self._send_parts(view, KIND_GROUP)
+                self._send_parts(view, FrameKind.DATA)
             self.sent += 1
             self.bytes_sent += n
         return n
@@ -317,7 +324,7 @@ class GroupSender:
         except zmq.ZMQError as exc:
             raise TransportError(f"reading acknowledgements from {self.endpoint}: {exc}") from None
 
-    def _send_parts(self, view: memoryview, kind: int) -> None:
+    def _send_parts(self, view: memoryview, kind: FrameKind) -> None:
         zmq = _zmq()
         try:
             # part 0 is small (ZeroMQ copies it anyway); part 1 goes out without a copy
@@ -358,7 +365,7 @@ class GroupSender:
             try:
                 marker = _as_bytes_view(packb({"sent": self.sent, "error": error}))
                 self._socket.setsockopt(_zmq().SNDTIMEO, _millis(self.linger_s))
-                self._send_parts(marker, KIND_END)
+                self._send_parts(marker, FrameKind.END)
                 deadline = None if self.linger_s is None else time.monotonic() + self.linger_s
                 while self.acked < self.sent + 1:
                     left = None if deadline is None else deadline - time.monotonic()
@@ -493,7 +500,7 @@ class GroupReceiver:
             self.index += 1
             try:
                 kind, payload = self._check(parts, index)
-                if kind == KIND_END:
+                if kind == FrameKind.END:
                     self.ends.append(self._end_info(payload, index))
                     continue
                 item = payload if self.raw else self._decoder.decode(payload)
@@ -533,7 +540,7 @@ class GroupReceiver:
         with contextlib.suppress(zmq.ZMQError):  # the peer is gone: nothing waits for it
             self._socket.send_multipart([peer, ACK.pack(ACK_MAGIC, taken)], zmq.NOBLOCK)
 
-    def _check(self, parts: list[Any], index: int) -> tuple[int, memoryview]:
+    def _check(self, parts: list[Any], index: int) -> tuple[FrameKind, memoryview]:
         """(kind, payload) of a well-formed message, else the error that says what is wrong."""
         if len(parts) != 2:
             raise CorruptFrameError(
@@ -549,44 +556,12 @@ class GroupReceiver:
                 offset=-1,
                 index=index,
             )
-        magic, version, flags, head_crc = STREAM_HEADER.unpack_from(head)
-        if magic != MAGIC:
-            raise StreamHeaderError(f"message {index} is not a vf_mm message (magic {magic!r})")
-        if zlib.crc32(head[:12]) != head_crc:
-            raise StreamHeaderError(f"message {index}: its stream header fails its checksum")
-        if version != VERSION:
-            raise StreamHeaderError(
-                f"message {index} has stream version {version} (this vf_mm reads {VERSION})"
-            )
-        if flags & ~STREAM_HAS_CRC:
-            raise StreamHeaderError(f"message {index} has unknown stream flags {flags:#x}")
-        length, crc, kind = FRAME_HEADER.unpack_from(head, STREAM_HEADER.size)
+        checksum = parse_stream_header(head[:STREAM_HEADER_SIZE])
+        header = parse_frame_header(
+            head[STREAM_HEADER_SIZE:], max_frame_bytes=self.max_frame_bytes, index=index
+        )
         payload = parts[1].buffer
-        if length > self.max_frame_bytes:
-            raise FrameTooLargeError(
-                f"message {index} declares {length} bytes, over "
-                f"max_frame_bytes={self.max_frame_bytes}",
-                offset=-1,
-                length=length,
-                limit=self.max_frame_bytes,
-            )
-        if length != payload.nbytes:
-            raise CorruptFrameError(
-                f"message {index} declares {length} bytes but carries {payload.nbytes} "
-                "(truncated or padded)",
-                offset=-1,
-                index=index,
-            )
-        length_bytes = head[STREAM_HEADER.size : STREAM_HEADER.size + 8]
-        expected = _crc(length_bytes, payload) if flags & STREAM_HAS_CRC else 0
-        if crc != expected:
-            raise CorruptFrameError(f"message {index} fails its checksum", offset=-1, index=index)
-        if kind not in (KIND_GROUP, KIND_END):
-            raise CorruptFrameError(
-                f"message {index} is of unknown kind {kind} (sent by a newer vf_mm?)",
-                offset=-1,
-                index=index,
-            )
+        kind = check_frame(header, payload, checksum=checksum, kinds=MESSAGE_KINDS, index=index)
         return kind, payload
 
     def _end_info(self, payload: memoryview, index: int) -> dict[str, Any]:

@@ -6,8 +6,16 @@ dataclasses, pydantic models and a few standard types into one msgpack message;
 instead of copying it. ``write_stream`` / ``read_stream`` put many messages in one
 file, framed so that a writer cut off mid-write is detected, never misread.
 
+The frame API carries those frames anywhere else (a socket, a pipe of one's own):
+``stream_header`` / ``parse_stream_header`` build and check the 16-byte stream header,
+``frame_header`` builds a message's 16-byte frame head with its ``FrameKind`` (``DATA``,
+or a sender's ``END`` marker), ``parse_frame_header`` reads one into a ``FrameHeader``
+and ``check_frame`` checks a payload against it (length, crc32, accepted kinds).
+``vf_mm.wire.dtypes`` is the table of element types tensors travel as.
+
 The wire format is documented in ``vf_mm/wire/_format.py`` (messages) and
-``vf_mm/wire/_stream.py`` (streams). Importing this package does not import torch.
+``vf_mm/wire/_frames.py`` (stream headers and frames). Importing this package does not
+import torch.
 
 Errors are ``vf_mm.errors.EncodeError``, ``DecodeError`` and ``StreamError`` (with
 ``TornFrameError``, ``CorruptFrameError``, ``FrameTooLargeError``,
@@ -22,11 +30,21 @@ from typing import Any
 
 from vf_mm.wire._decode import Decoder, Ext, TensorType
 from vf_mm.wire._encode import Encoder, TensorFormat
-from vf_mm.wire._stream import (
+from vf_mm.wire._frames import (
     DEFAULT_MAX_FRAME_BYTES,
+    FRAME_HEADER_SIZE,
+    STREAM_HEADER_SIZE,
+    FrameHeader,
+    FrameKind,
+    check_frame,
+    frame_header,
+    parse_frame_header,
+    parse_stream_header,
+    stream_header,
+)
+from vf_mm.wire._stream import (
     StreamReader,
     StreamWriter,
-    frame_header,
     read_stream,
     repair_stream,
     write_stream,
@@ -34,15 +52,25 @@ from vf_mm.wire._stream import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "FRAME_HEADER_SIZE",
+    "STREAM_HEADER_SIZE",
     "Decoder",
     "Encoder",
     "Ext",
+    "FrameHeader",
+    "FrameKind",
     "StreamReader",
     "StreamWriter",
+    "TensorFormat",
+    "TensorType",
+    "check_frame",
     "frame_header",
     "packb",
+    "parse_frame_header",
+    "parse_stream_header",
     "read_stream",
     "repair_stream",
+    "stream_header",
     "unpackb",
     "write_stream",
 ]

@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 
 from vf_mm.errors import DecodeError, VfMmError
-from vf_mm.wire import _dtypes
+from vf_mm.wire import dtypes
 from vf_mm.wire._format import (
     EXT_DATE,
     EXT_DATETIME,
@@ -151,7 +151,7 @@ def _tensor(data: memoryview, tensors: TensorType) -> Any:
     version, flags, code, ndim, pad = TENSOR_HEAD.unpack_from(data)
     if version != TENSOR_LAYOUT_VERSION:
         raise DecodeError(f"tensor layout version {version} is not supported (this vf_mm reads 1)")
-    wire = _dtypes.by_code(code)
+    wire = dtypes.by_code(code)
     if ndim > MAX_NDIM:
         raise DecodeError(f"tensor declares {ndim} dimensions (at most {MAX_NDIM})")
     head = TENSOR_HEAD.size + 8 * ndim
@@ -170,15 +170,15 @@ def _tensor(data: memoryview, tensors: TensorType) -> Any:
 
 
 def _build(
-    buffer: Any, offset: int, wire: _dtypes.WireDType, shape: tuple[int, ...], as_torch: bool
+    buffer: Any, offset: int, wire: dtypes.WireDType, shape: tuple[int, ...], as_torch: bool
 ) -> Any:
     """A tensor of ``shape`` over ``buffer[offset:]``, copied only if misaligned."""
     count = math.prod(shape)
     if as_torch:
-        torch = _dtypes.torch_module()
+        torch = dtypes.torch_module()
         np_type = np.dtype(wire.numpy) if wire.numpy is not None else np.dtype(wire.carrier)
     else:
-        np_type = _dtypes.numpy_dtype(wire)
+        np_type = dtypes.numpy_dtype(wire)
     array = np.frombuffer(buffer, dtype=np_type, count=count, offset=offset)
     if not array.flags.aligned:
         array = array.copy()
@@ -187,7 +187,7 @@ def _build(
         return array
     tensor = torch.from_numpy(array)
     if wire.numpy is None:
-        tensor = tensor.view(_dtypes.torch_dtype(wire))
+        tensor = tensor.view(dtypes.torch_dtype(wire))
     return tensor
 
 
@@ -226,7 +226,7 @@ def _from_foreign(d: dict, tensors: TensorType) -> Any:
         dtype = dtype.decode(errors="replace")
     if not isinstance(dtype, str):
         raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has dtype {dtype!r}, not a string")
-    wire = _dtypes.by_name(dtype)
+    wire = dtypes.by_name(dtype)
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has a bad shape {shape!r}")
     if len(shape) > MAX_NDIM:
@@ -251,18 +251,18 @@ def _from_foreign(d: dict, tensors: TensorType) -> Any:
     return _build(array, 0, wire, shape_t, as_torch)
 
 
-def _stored_numpy_dtype(name: str, wire: _dtypes.WireDType) -> np.dtype:
+def _stored_numpy_dtype(name: str, wire: dtypes.WireDType) -> np.dtype:
     """How the sender laid the bytes out: its numpy typestr, byte order included, when it
     named one ('>f4'); otherwise our little-endian carrier for the dtype."""
     if wire.numpy is not None:
-        named = _dtypes.parse_numpy_dtype(name)
+        named = dtypes.parse_numpy_dtype(name)
         if named is not None and named.kind in "biufc" and named.itemsize == wire.itemsize:
             return named
         return np.dtype(wire.numpy)
     return np.dtype(wire.carrier)
 
 
-def _from_values(data: list, wire: _dtypes.WireDType, count: int, name: str) -> np.ndarray:
+def _from_values(data: list, wire: dtypes.WireDType, count: int, name: str) -> np.ndarray:
     """Little-endian bytes of ``wire`` holding exactly these values, or DecodeError."""
     try:
         values = np.asarray(data)
@@ -277,7 +277,7 @@ def _from_values(data: list, wire: _dtypes.WireDType, count: int, name: str) -> 
     if wire.numpy is not None:
         target = np.dtype(wire.numpy)
     elif wire.ml_dtypes is not None:
-        target = _dtypes.numpy_dtype(wire)
+        target = dtypes.numpy_dtype(wire)
     else:
         raise DecodeError(f"{wire.name} tensors cannot be rebuilt from a list of values")
     with np.errstate(all="ignore"):

@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 
 from vf_mm.errors import EncodeError, VfMmError
-from vf_mm.wire import _dtypes
+from vf_mm.wire import dtypes
 from vf_mm.wire._format import (
     ALIGN,
     EXT_DATE,
@@ -73,7 +73,7 @@ class _Job:
     """One tensor to place: where its placeholder sits in the skeleton and what to copy."""
 
     slot: int
-    wire: _dtypes.WireDType
+    wire: dtypes.WireDType
     shape: tuple[int, ...]
     source: Any  # a torch tensor (detached, on CPU) or a numpy array (little-endian)
     is_torch: bool
@@ -226,7 +226,7 @@ class Encoder:
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
         tensor = tensor.resolve_conj().resolve_neg()
-        wire = _dtypes.from_torch(tensor.dtype)
+        wire = dtypes.from_torch(tensor.dtype)
         if self._foreign:
             return _foreign_map(wire, tuple(tensor.shape), _torch_bytes(tensor, wire))
         return self._slot(_Job(0, wire, tuple(tensor.shape), tensor, True))
@@ -234,7 +234,7 @@ class Encoder:
     def _array(self, array: np.ndarray) -> Any:
         if array.dtype.hasobject or array.dtype.fields is not None:
             raise EncodeError(f"cannot encode a numpy array of dtype {array.dtype!r}")
-        wire = _dtypes.from_numpy(array.dtype)
+        wire = dtypes.from_numpy(array.dtype)
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
         if self._foreign:
@@ -324,14 +324,14 @@ def _copy_into(dst: np.ndarray, job: _Job) -> None:
         np.copyto(target, job.source.view(carrier), casting="no")
 
 
-def _torch_bytes(tensor: Any, wire: _dtypes.WireDType) -> bytes:
+def _torch_bytes(tensor: Any, wire: dtypes.WireDType) -> bytes:
     out = np.empty(tensor.numel() * wire.itemsize, dtype=np.uint8)
     if out.size:
         _copy_into(out, _Job(0, wire, tuple(tensor.shape), tensor, True))
     return out.tobytes()
 
 
-def _foreign_map(wire: _dtypes.WireDType, shape: tuple[int, ...], data: bytes) -> dict[str, Any]:
+def _foreign_map(wire: dtypes.WireDType, shape: tuple[int, ...], data: bytes) -> dict[str, Any]:
     name = np.dtype(wire.numpy).name if wire.numpy is not None else wire.name
     return {FOREIGN_TENSOR_KEY: True, "dtype": name, "shape": list(shape), "data": data}
 

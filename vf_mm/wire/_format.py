@@ -7,7 +7,7 @@ extension types with these codes:
 code   value       payload
 =====  ==========  ==============================================================
 1      tensor      u8 layout version (1), u8 flags (bit 0: a torch tensor, else a
-                   numpy array), u8 dtype code (``_dtypes``), u8 ndim (<= 64),
+                   numpy array), u8 dtype code (``dtypes``), u8 ndim (<= 64),
                    u8 pad (< 64), ndim x u64 shape (little-endian), pad zero bytes,
                    then the elements: little-endian, C order, exactly
                    prod(shape) * itemsize bytes

@@ -1,18 +1,10 @@
-"""Framed streams: many messages in one file or pipe, safe against a writer cut off mid-write.
+"""Stream files: many messages in one file or pipe, safe against a writer cut off mid-write.
 
-Layout (all integers little-endian)::
-
-    stream header, 16 bytes:  magic b"\\x93VFMM\\r\\n\\x1a" | u16 version (1) | u16 flags
-                              | u32 crc32 of the 12 bytes before it
-    each frame, 16 + n bytes: u64 n | u32 crc32 | u32 0 (reserved) | n bytes of message
-
-Bit 0 of the stream flags says every frame carries a crc32 of its 8 length bytes and
-its message (else the field is 0), so a bit flip in either is caught. The choice is
-made once for the whole stream, in a header that checks itself: a flipped bit cannot
-switch checking off for one frame. A stream that ends inside a
-frame header or payload is *torn*: the reader yields every whole frame before it,
-then raises ``TornFrameError`` with the torn frame's offset. Nothing is dropped
-silently and no partial frame is ever decoded.
+A stream is a stream header and then one ``DATA`` frame per item, laid out as
+``vf_mm/wire/_frames.py`` documents; its end is the end of the input (a file holds no
+end marker). A stream that ends inside a frame head or payload is *torn*: the reader
+yields every whole frame before it, then raises ``TornFrameError`` with the torn
+frame's offset. Nothing is dropped silently and no partial frame is ever decoded.
 
 Each frame is read into its own freshly allocated, 64-byte-aligned buffer, so the
 reader holds at most one frame in memory and decoded tensors are writable views of
@@ -23,55 +15,34 @@ from __future__ import annotations
 
 import io
 import os
-import struct
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import numpy as np
 
-from vf_mm.errors import (
-    CorruptFrameError,
-    DecodeError,
-    FrameTooLargeError,
-    StreamHeaderError,
-    TornFrameError,
-)
+from vf_mm.errors import CorruptFrameError, DecodeError, FrameTooLargeError, TornFrameError
 from vf_mm.wire._decode import Decoder, TensorType
 from vf_mm.wire._encode import Encoder, _aligned_empty
+from vf_mm.wire._frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FRAME_HEADER_SIZE,
+    STREAM_HEADER_SIZE,
+    check_frame,
+    frame_header,
+    parse_frame_header,
+    parse_stream_header,
+    stream_header,
+    torn_frame,
+)
 
-MAGIC = b"\x93VFMM\r\n\x1a"
-VERSION = 1
-STREAM_HEADER = struct.Struct("<8sHHI")
-FRAME_HEADER = struct.Struct("<QII")
-STREAM_HAS_CRC = 0x01
 _CHUNK = 64 << 20  # reads from pipes grow a frame this much at a time
-DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
 
 Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
 
 
-def _crc(length_bytes: bytes, payload: Any) -> int:
-    return zlib.crc32(payload, zlib.crc32(length_bytes))
-
-
-def stream_header(*, checksum: bool = True) -> bytes:
-    """The 16 bytes a stream starts with."""
-    head = struct.pack("<8sHH", MAGIC, VERSION, STREAM_HAS_CRC if checksum else 0)
-    return head + struct.pack("<I", zlib.crc32(head))
-
-
-def frame_header(message: Any, *, checksum: bool = True) -> bytes:
-    """The 16-byte frame header for an encoded message (exposed for custom transports)."""
-    n = memoryview(message).nbytes
-    length_bytes = struct.pack("<Q", n)
-    crc = _crc(length_bytes, message) if checksum else 0
-    return FRAME_HEADER.pack(n, crc, 0)
-
-
 class StreamWriter:
-    """Writes items as frames. Use as a context manager, or call ``close()``.
+    """Writes items as ``DATA`` frames. Use as a context manager, or call ``close()``.
 
     ``target`` is a path (created, or appended to with ``append=True``: the existing
     stream's checksum setting is kept) or a binary file object (we write a stream header
@@ -125,7 +96,7 @@ class StreamWriter:
         self._file.write(frame_header(message, checksum=self.checksum))
         self._file.write(message)
         self.frames_written += 1
-        return FRAME_HEADER.size + n
+        return FRAME_HEADER_SIZE + n
 
     def flush(self) -> None:
         self._file.flush()
@@ -164,15 +135,17 @@ class StreamReader:
     """Iterates over a framed stream, one decoded item per frame.
 
     ``offset`` is the byte offset just past the last whole frame read, ``index`` the
-    number of frames read, ``frame_offset`` where the last frame returned starts. On a torn tail the iterator raises ``TornFrameError`` after
-    the last whole frame; a reader tailing a file that is still being written can
-    keep ``offset`` and come back later.
+    number of frames read, ``frame_offset`` where the last frame returned starts. On a
+    torn tail the iterator raises ``TornFrameError`` after the last whole frame; a
+    reader tailing a file that is still being written can keep ``offset`` and come back
+    later.
 
-    ``errors="raise"`` (the default) raises at a frame whose checksum fails or whose
-    message does not decode. ``errors="skip"`` records such a frame's error in
-    ``skipped`` (as ``(index, offset, error)``) and goes on to the next frame: its
-    length was intact, so nothing after it is lost. A torn tail and a frame over
-    ``max_frame_bytes`` always raise, because the frames after them cannot be found.
+    ``errors="raise"`` (the default) raises at a frame that fails ``check_frame`` (its
+    crc32, or a kind other than ``DATA``) or whose message does not decode.
+    ``errors="skip"`` records such a frame's error in ``skipped`` (as ``(index, offset,
+    error)``) and goes on to the next frame: its length was intact, so nothing after it
+    is lost. A torn tail and a frame over ``max_frame_bytes`` always raise, because the
+    frames after them cannot be found.
 
     ``raw=True`` yields each frame's message bytes undecoded.
     """
@@ -204,26 +177,8 @@ class StreamReader:
             raise
 
     def _read_header(self) -> int:
-        head = _read_exactly(self._file, STREAM_HEADER.size)
-        if len(head) < STREAM_HEADER.size:
-            if head and not MAGIC.startswith(bytes(head[: len(MAGIC)])):
-                raise StreamHeaderError("not a vf_mm stream (bad magic)")
-            raise StreamHeaderError(
-                f"stream is {len(head)} bytes long: shorter than its {STREAM_HEADER.size}-byte header"
-            )
-        magic, version, flags, crc = STREAM_HEADER.unpack(head)
-        if magic != MAGIC:
-            raise StreamHeaderError(f"not a vf_mm stream (magic {magic!r})")
-        if zlib.crc32(head[:12]) != crc:
-            raise StreamHeaderError("the stream header fails its checksum (a corrupted file)")
-        if version != VERSION:
-            raise StreamHeaderError(
-                f"stream version {version} is not supported (this vf_mm reads 1)"
-            )
-        if flags & ~STREAM_HAS_CRC:
-            raise StreamHeaderError(f"unknown stream flags {flags:#x} (written by a newer vf_mm?)")
-        self.checksum = bool(flags & STREAM_HAS_CRC)
-        return STREAM_HEADER.size
+        self.checksum = parse_stream_header(_read_exactly(self._file, STREAM_HEADER_SIZE))
+        return STREAM_HEADER_SIZE
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -248,41 +203,28 @@ class StreamReader:
     def _next_frame(self) -> tuple[int, memoryview] | None:
         """The next whole frame's (offset, message); None at a clean end."""
         while True:
-            start = self.offset
-            head = _read_exactly(self._file, FRAME_HEADER.size)
+            start, index = self.offset, self.index
+            head = _read_exactly(self._file, FRAME_HEADER_SIZE)
             if not head:
                 return None
-            if len(head) < FRAME_HEADER.size:
-                raise _torn(self.index, start, FRAME_HEADER.size, len(head), "header")
-            length, crc, reserved = FRAME_HEADER.unpack(head)
-            if length > self.max_frame_bytes:
-                raise FrameTooLargeError(
-                    f"frame {self.index} at byte offset {start} declares {length} bytes, over "
-                    f"max_frame_bytes={self.max_frame_bytes} (a corrupt length, or raise the limit)",
-                    offset=start,
-                    length=length,
-                    limit=self.max_frame_bytes,
-                )
+            header = parse_frame_header(
+                head, max_frame_bytes=self.max_frame_bytes, index=index, offset=start
+            )
+            length = header.length
             remaining = _remaining(self._file)
             if remaining is not None and remaining < length:
-                raise _torn(self.index, start, length, remaining, "payload")
+                raise torn_frame(index, start, length, remaining, "payload")
             message = _read_payload(self._file, length, known_size=remaining is not None)
             if len(message) < length:
-                raise _torn(self.index, start, length, len(message), "payload")
-            self.offset = start + FRAME_HEADER.size + length
+                raise torn_frame(index, start, length, len(message), "payload")
+            self.offset = start + FRAME_HEADER_SIZE + length
             self.index += 1
-            bad = reserved != 0 or (
-                crc != _crc(bytes(head[:8]), message) if self.checksum else crc != 0
-            )
-            if bad:
-                error = CorruptFrameError(
-                    f"frame {self.index - 1} at byte offset {start} fails its checksum",
-                    offset=start,
-                    index=self.index - 1,
-                )
+            try:
+                check_frame(header, message, checksum=self.checksum, index=index, offset=start)
+            except CorruptFrameError as error:
                 if self.errors == "raise":
-                    raise error
-                self.skipped.append((self.index - 1, start, error))
+                    raise
+                self.skipped.append((index, start, error))
                 continue
             return start, memoryview(message)
 
@@ -334,35 +276,16 @@ def _check_whole(path: Path, max_frame_bytes: int) -> tuple[int, bool]:
         index = 0
         while offset < size:
             f.seek(offset)
-            head = f.read(FRAME_HEADER.size)
-            if len(head) < FRAME_HEADER.size:
-                raise _torn(index, offset, FRAME_HEADER.size, len(head), "header")
-            length = FRAME_HEADER.unpack(head)[0]
-            if length > max_frame_bytes:
-                raise FrameTooLargeError(
-                    f"frame {index} at byte offset {offset} declares {length} bytes, "
-                    f"over max_frame_bytes={max_frame_bytes}",
-                    offset=offset,
-                    length=length,
-                    limit=max_frame_bytes,
-                )
-            available = size - offset - FRAME_HEADER.size
+            head = f.read(FRAME_HEADER_SIZE)
+            length = parse_frame_header(
+                head, max_frame_bytes=max_frame_bytes, index=index, offset=offset
+            ).length
+            available = size - offset - FRAME_HEADER_SIZE
             if available < length:
-                raise _torn(index, offset, length, available, "payload")
-            offset += FRAME_HEADER.size + length
+                raise torn_frame(index, offset, length, available, "payload")
+            offset += FRAME_HEADER_SIZE + length
             index += 1
         return offset, header.checksum
-
-
-def _torn(index: int, start: int, expected: int, available: int, part: str) -> TornFrameError:
-    return TornFrameError(
-        f"stream is torn: frame {index} at byte offset {start} needs a {expected}-byte "
-        f"{part} but only {available} bytes follow; the {index} frames before it are whole",
-        offset=start,
-        index=index,
-        expected=expected,
-        available=available,
-    )
 
 
 def _read_exactly(f: IO[bytes], n: int) -> bytes:

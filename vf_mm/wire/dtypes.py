@@ -1,9 +1,15 @@
-"""The table of element types the codec puts on the wire.
+"""The table of element types the codec puts on the wire, public so that codecs of other
+formats carrying the same tensors (vLLM's multi-modal kwargs) resolve dtypes the same way.
 
 Each dtype has a one-byte wire code that never changes meaning (new dtypes get new
 codes), its torch name, its size in bytes, and, where numpy has it, a numpy dtype.
 Tensors are always written little-endian in C order. torch and numpy are looked up
 lazily: importing this module imports neither.
+
+``DTYPES`` is the table; ``by_code`` / ``by_name`` / ``from_numpy`` / ``from_torch``
+find a ``WireDType`` (unknown ones raise ``DecodeError`` or ``EncodeError``);
+``numpy_dtype`` / ``torch_dtype`` give the library's dtype for one, and
+``torch_module`` imports torch or raises ``MissingDependencyError``.
 """
 
 from __future__ import annotations
@@ -16,9 +22,23 @@ from typing import Any
 
 from vf_mm.errors import DecodeError, EncodeError, MissingDependencyError
 
+__all__ = [
+    "DTYPES",
+    "WireDType",
+    "by_code",
+    "by_name",
+    "from_numpy",
+    "from_torch",
+    "numpy_dtype",
+    "torch_dtype",
+    "torch_module",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class WireDType:
+    """One element type: its wire ``code``, torch ``name`` and ``itemsize`` in bytes."""
+
     code: int
     name: str  # torch's attribute name: torch.<name>
     itemsize: int
@@ -31,7 +51,7 @@ class WireDType:
         return {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8", 16: "<c16"}[self.itemsize]
 
 
-_TABLE: tuple[WireDType, ...] = (
+DTYPES: tuple[WireDType, ...] = (
     WireDType(1, "bool", 1, "|b1"),
     WireDType(2, "uint8", 1, "|u1"),
     WireDType(3, "int8", 1, "|i1"),
@@ -63,8 +83,8 @@ _TABLE: tuple[WireDType, ...] = (
     WireDType(41, "bits4x2", 1),
 )
 
-BY_CODE: dict[int, WireDType] = {d.code: d for d in _TABLE}
-BY_NAME: dict[str, WireDType] = {d.name: d for d in _TABLE}
+_BY_CODE: dict[int, WireDType] = {d.code: d for d in DTYPES}
+_BY_NAME: dict[str, WireDType] = {d.name: d for d in DTYPES}
 
 # Other spellings found in foreign payloads (str(torch.dtype) minus "torch.", numpy aliases).
 _ALIASES = {
@@ -85,8 +105,9 @@ if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
 
 
 def by_code(code: int) -> WireDType:
+    """The dtype with wire code ``code``; ``DecodeError`` for a code not in the table."""
     try:
-        return BY_CODE[code]
+        return _BY_CODE[code]
     except KeyError:
         raise DecodeError(f"unknown tensor dtype code {code}") from None
 
@@ -95,7 +116,7 @@ def by_name(name: str) -> WireDType:
     """Resolve a dtype spelled as torch or numpy would print it ('torch.bfloat16', 'float32', '<f4')."""
     key = name.removeprefix("torch.")
     key = _ALIASES.get(key, key)
-    found = BY_NAME.get(key)
+    found = _BY_NAME.get(key)
     if found is not None:
         return found
     dtype = parse_numpy_dtype(name)
@@ -141,6 +162,7 @@ def _numpy() -> Any:
 
 @cache
 def torch_dtype(wire: WireDType) -> Any:
+    """The torch dtype for ``wire``; ``MissingDependencyError`` when this torch lacks it."""
     torch = torch_module()
     dtype = getattr(torch, wire.name, None)
     if dtype is None:
@@ -151,10 +173,11 @@ def torch_dtype(wire: WireDType) -> Any:
 @cache
 def _torch_index() -> dict[Any, WireDType]:
     torch = torch_module()
-    return {getattr(torch, d.name): d for d in _TABLE if hasattr(torch, d.name)}
+    return {getattr(torch, d.name): d for d in DTYPES if hasattr(torch, d.name)}
 
 
 def from_torch(dtype: Any) -> WireDType:
+    """The wire dtype of a torch dtype; ``EncodeError`` for one the wire cannot carry."""
     try:
         return _torch_index()[dtype]
     except KeyError:
@@ -181,7 +204,7 @@ def numpy_dtype(wire: WireDType) -> Any:
 @cache
 def _numpy_index() -> dict[Any, WireDType]:
     np = _numpy()
-    return {np.dtype(d.numpy): d for d in _TABLE if d.numpy is not None}
+    return {np.dtype(d.numpy): d for d in DTYPES if d.numpy is not None}
 
 
 def from_numpy(dtype: Any) -> WireDType:
@@ -189,7 +212,7 @@ def from_numpy(dtype: Any) -> WireDType:
     np = _numpy()
     dtype = np.dtype(dtype)
     # ml_dtypes registers bfloat16 and the float8s under their own names (kind 'V' or 'f')
-    found = BY_NAME.get(dtype.name)
+    found = _BY_NAME.get(dtype.name)
     if found is None or found.ml_dtypes is None:
         found = _numpy_index().get(dtype.newbyteorder("<")) if dtype.kind in "biufc" else None
     if found is None:

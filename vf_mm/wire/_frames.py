@@ -1,0 +1,199 @@
+"""Frames: how vf_mm lays messages one after another in a file, a pipe or a socket.
+
+Layout (all integers little-endian)::
+
+    stream header, 16 bytes:  magic b"\\x93VFMM\\r\\n\\x1a" | u16 version (1) | u16 flags
+                              | u32 crc32 of the 12 bytes before it
+    each frame, 16 + n bytes: frame head: u64 n | u32 crc32 | u32 kind
+                              | payload: n bytes, one message
+
+The stream header comes first and settles once, for every frame after it, whether
+frames are checksummed: with bit 0 of the flags (``STREAM_HAS_CRC``) set, each frame's
+crc32 covers its 8 length bytes and its payload, so a flipped bit in either is caught;
+clear, the crc32 field is 0. The header checks itself, so a flipped bit cannot switch
+checking off. A reader refuses any other version or flag bit rather than guess.
+
+``kind`` is a ``FrameKind``: ``DATA`` (0) carries a message of the stream's content,
+``END`` (1) a sender's end-of-stream marker (its payload is defined by the transport
+that sends it). A stream file holds ``DATA`` frames only: its end is the end of the
+file, and every vf_mm that reads stream files reads it. The crc32 leaves ``kind`` out,
+so a ``DATA`` frame's bytes do not depend on which kinds exist; instead each reader
+names the kinds it accepts (``check_frame(..., kinds=...)``) and treats any other value
+as corruption. A stream file's reader accepts ``DATA`` alone, so any flipped kind bit
+there is caught; where a reader accepts several kinds, a flip from one accepted kind to
+another is not, and the payload's own checks are what is left.
+
+Reading a frame: ``parse_frame_header`` turns its 16 head bytes into a ``FrameHeader``
+and refuses a length over ``max_frame_bytes`` before any payload is read, so a corrupt
+length cannot cost memory; ``check_frame`` then checks the payload against it. A reader
+pulling frames off a byte stream that ends inside a head or a payload has a *torn*
+frame (``TornFrameError``: the writer was cut off; every frame before it is whole). A
+payload handed to ``check_frame`` is all there is of it (a socket message, or bytes
+already read), so a size that differs from the head's is corruption
+(``CorruptFrameError``), as are a failed crc32 and a kind the reader does not accept.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Collection
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+from vf_mm.errors import CorruptFrameError, FrameTooLargeError, StreamHeaderError, TornFrameError
+
+STREAM_MAGIC = b"\x93VFMM\r\n\x1a"
+STREAM_VERSION = 1
+STREAM_HAS_CRC = 0x01
+STREAM_HEADER_SIZE = 16
+FRAME_HEADER_SIZE = 16
+DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
+
+_STREAM_HEADER = struct.Struct("<8sHHI")
+_FRAME_HEADER = struct.Struct("<QII")
+_LENGTH = struct.Struct("<Q")
+
+
+class FrameKind(IntEnum):
+    """What a frame's payload is (the head's ``kind`` word)."""
+
+    DATA = 0
+    """A message of the stream's content: the only kind in a stream file."""
+    END = 1
+    """A sender's end-of-stream marker; the transport that sends it defines its payload."""
+
+
+class FrameHeader(NamedTuple):
+    """A frame head as read. ``kind`` is the raw value: ``check_frame`` says whether the
+    reader accepts it."""
+
+    length: int
+    crc: int
+    kind: int
+
+
+def stream_header(*, checksum: bool = True) -> bytes:
+    """The 16 bytes a stream starts with; ``checksum`` sets ``STREAM_HAS_CRC``."""
+    head = struct.pack("<8sHH", STREAM_MAGIC, STREAM_VERSION, STREAM_HAS_CRC if checksum else 0)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def parse_stream_header(data: Any) -> bool:
+    """Check the stream header at the start of ``data``; returns whether its frames carry
+    a crc32. Raises ``StreamHeaderError`` for anything else: fewer than 16 bytes, another
+    magic, a failed header crc32, another version, an unknown flag."""
+    head = bytes(memoryview(data)[:STREAM_HEADER_SIZE])
+    if len(head) < STREAM_HEADER_SIZE:
+        if head and not STREAM_MAGIC.startswith(head[: len(STREAM_MAGIC)]):
+            raise StreamHeaderError("not a vf_mm stream (bad magic)")
+        raise StreamHeaderError(
+            f"stream is {len(head)} bytes long: shorter than its {STREAM_HEADER_SIZE}-byte header"
+        )
+    magic, version, flags, crc = _STREAM_HEADER.unpack(head)
+    if magic != STREAM_MAGIC:
+        raise StreamHeaderError(f"not a vf_mm stream (magic {magic!r})")
+    if zlib.crc32(head[:12]) != crc:
+        raise StreamHeaderError("the stream header fails its checksum (corrupted bytes)")
+    if version != STREAM_VERSION:
+        raise StreamHeaderError(
+            f"stream version {version} is not supported (this vf_mm reads {STREAM_VERSION})"
+        )
+    if flags & ~STREAM_HAS_CRC:
+        raise StreamHeaderError(f"unknown stream flags {flags:#x} (written by a newer vf_mm?)")
+    return bool(flags & STREAM_HAS_CRC)
+
+
+def frame_header(message: Any, *, kind: FrameKind = FrameKind.DATA, checksum: bool = True) -> bytes:
+    """The 16-byte frame head for an encoded ``message``: its length, its crc32 (0 when
+    ``checksum`` is off, as the stream header must then say) and ``kind``."""
+    n = memoryview(message).nbytes
+    crc = _crc(_LENGTH.pack(n), message) if checksum else 0
+    return _FRAME_HEADER.pack(n, crc, FrameKind(kind))
+
+
+def parse_frame_header(
+    head: Any,
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    index: int = 0,
+    offset: int = -1,
+) -> FrameHeader:
+    """Unpack a 16-byte frame head. Fewer bytes mean the input ended inside it
+    (``TornFrameError``); a length over ``max_frame_bytes`` raises ``FrameTooLargeError``.
+    ``index`` and ``offset`` (-1: not a file) place the frame in error messages."""
+    head = memoryview(head).cast("B")
+    if head.nbytes < FRAME_HEADER_SIZE:
+        raise torn_frame(index, offset, FRAME_HEADER_SIZE, head.nbytes, "header")
+    header = FrameHeader(*_FRAME_HEADER.unpack_from(head))
+    if header.length > max_frame_bytes:
+        raise FrameTooLargeError(
+            f"{_where(index, offset)} declares {header.length} bytes, over "
+            f"max_frame_bytes={max_frame_bytes} (a corrupt length, or raise the limit)",
+            offset=offset,
+            length=header.length,
+            limit=max_frame_bytes,
+        )
+    return header
+
+
+def check_frame(
+    header: FrameHeader,
+    payload: Any,
+    *,
+    checksum: bool,
+    kinds: Collection[FrameKind] = (FrameKind.DATA,),
+    index: int = 0,
+    offset: int = -1,
+) -> FrameKind:
+    """Check ``payload`` (the whole of it) against its ``header``; returns its kind.
+
+    ``checksum`` is what the stream header said. Raises ``CorruptFrameError`` when the
+    payload's size is not the declared length, when it fails its crc32 (or the crc32
+    field is not 0 in a stream without checksums), or when its kind is not in ``kinds``.
+    """
+    where = _where(index, offset)
+    size = memoryview(payload).nbytes
+    if size != header.length:
+        raise CorruptFrameError(
+            f"{where} declares {header.length} bytes but carries {size} (truncated or padded)",
+            offset=offset,
+            index=index,
+        )
+    expected = _crc(_LENGTH.pack(header.length), payload) if checksum else 0
+    if header.crc != expected:
+        raise CorruptFrameError(f"{where} fails its checksum", offset=offset, index=index)
+    if header.kind not in kinds:
+        accepted = ", ".join(f"{FrameKind(k).name} ({int(k)})" for k in sorted(kinds))
+        found = (
+            FrameKind(header.kind).name
+            if header.kind in FrameKind._value2member_map_
+            else "unknown: written by a newer vf_mm, or corrupted"
+        )
+        raise CorruptFrameError(
+            f"{where} is of kind {header.kind} ({found}); this reader accepts {accepted}",
+            offset=offset,
+            index=index,
+        )
+    return FrameKind(header.kind)
+
+
+def torn_frame(index: int, offset: int, expected: int, available: int, part: str) -> TornFrameError:
+    """The error for frame ``index`` whose ``part`` ("header" or "payload") needs
+    ``expected`` bytes where the input has only ``available`` left."""
+    return TornFrameError(
+        f"stream is torn: {_where(index, offset)} needs a {expected}-byte {part} but only "
+        f"{available} bytes follow; the {index} frames before it are whole",
+        offset=offset,
+        index=index,
+        expected=expected,
+        available=available,
+    )
+
+
+def _where(index: int, offset: int) -> str:
+    return f"frame {index} at byte offset {offset}" if offset >= 0 else f"frame {index}"
+
+
+def _crc(length_bytes: bytes, payload: Any) -> int:
+    return zlib.crc32(payload, zlib.crc32(length_bytes))
