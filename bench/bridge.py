@@ -32,9 +32,8 @@ import transformers
 from PIL import Image
 
 import vf_mm
+from vf_mm.models import build_tiny_vlm, load_processor
 from vf_mm.renderers import load_renderer
-from vf_mm.renderers._hf import load_processor
-from vf_mm.testing import build_tiny_vlm
 
 
 def image(seed: int) -> Image.Image:

@@ -79,3 +79,67 @@ def test_types_exports_exist():
         "RolloutOutput",
     ):
         assert name in vf_mm.types.__all__
+
+
+def test_models_exports():
+    import vf_mm.models
+
+    assert set(vf_mm.models.__all__) == {
+        "CHAT_TEMPLATES",
+        "QWEN2_VL_TEMPLATE",
+        "QWEN3_VL_TEMPLATE",
+        "QWEN_VL_FAMILIES",
+        "build_tiny_lm",
+        "build_tiny_vlm",
+        "embedded_model",
+        "image_processor_class",
+        "load_processor",
+        "model_class",
+        "model_type",
+        "processor_class",
+        "qwen_tokenizer",
+        "tiny_tokenizer",
+    }
+    for name in vf_mm.models.__all__:
+        assert hasattr(vf_mm.models, name), name
+    assert vf_mm.models.QWEN_VL_FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    assert set(vf_mm.models.CHAT_TEMPLATES) == set(vf_mm.models.QWEN_VL_FAMILIES)
+
+
+def test_testing_reexports_the_models_and_inference_names():
+    import vf_mm.inference
+    import vf_mm.models
+    import vf_mm.testing
+
+    assert set(vf_mm.testing.__all__) == {
+        "FAMILIES",
+        "ScriptedBackend",
+        "ScriptedChatBackend",
+        "build_tiny_lm",
+        "build_tiny_vlm",
+    }
+    assert vf_mm.testing.build_tiny_vlm is vf_mm.models.build_tiny_vlm
+    assert vf_mm.testing.build_tiny_lm is vf_mm.models.build_tiny_lm
+    assert vf_mm.testing.ScriptedBackend is vf_mm.inference.ScriptedBackend
+    assert vf_mm.testing.FAMILIES == vf_mm.models.QWEN_VL_FAMILIES
+    assert isinstance(vf_mm.testing.ScriptedChatBackend(["x"]), vf_mm.inference.ChatBackend)
+
+
+def test_renderers_exports():
+    import vf_mm.renderers
+
+    assert "Renderer" in vf_mm.renderers.__all__
+    for name in vf_mm.renderers.__all__:
+        assert hasattr(vf_mm.renderers, name), name
+
+
+def test_embedded_model_is_built_once_into_the_cache(tmp_path, monkeypatch):
+    from vf_mm.models import embedded_model
+
+    monkeypatch.setenv("VF_MM_CACHE", str(tmp_path))
+    path = embedded_model()
+    assert path.parent == tmp_path and (path / "config.json").exists()
+    built = (path / "config.json").stat().st_mtime_ns
+    assert embedded_model() == path
+    assert (path / "config.json").stat().st_mtime_ns == built  # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind

@@ -23,13 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vf_mm.errors import BackendProtocolError
-from vf_mm.inference._types import (
-    Backend,
-    ChatBackend,
-    GenerateRequest,
-    SamplingParams,
-    Usage,
-)
+from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
+from vf_mm.renderers import Renderer
 from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
 
 
@@ -75,8 +70,8 @@ class ModelTurn:
 class RendererClient:
     """Turns messages into model turns through a renderer and a backend.
 
-    ``renderer``: a ``vf_mm.renderers`` renderer or ``RendererPool`` (needed for token
-    backends; use a pool when many rollouts run concurrently). ``backend``: a
+    ``renderer``: a ``vf_mm.renderers.Renderer``, e.g. a ``RendererPool`` (needed for
+    token backends; use a pool when many rollouts run concurrently). ``backend``: a
     ``Backend`` (token ids) or a ``ChatBackend`` (messages). ``sampling``: defaults for
     every turn, overridable per call.
     """
@@ -84,7 +79,7 @@ class RendererClient:
     def __init__(
         self,
         backend: Backend | ChatBackend,
-        renderer: Any | None = None,
+        renderer: Renderer | None = None,
         *,
         sampling: SamplingParams | None = None,
     ) -> None:
@@ -171,19 +166,20 @@ class RendererClient:
             if not _is_prefix(history, prompt):
                 reason = "no earlier step is a prefix of the prompt"
                 continue
-            out = _try_bridge(
-                self.renderer,
+            refusals: list[str] = []
+            out = self.renderer.bridge_to_next_turn(  # type: ignore[union-attr]
                 step.tokens.prompt_ids,
                 step.tokens.completion_ids,
                 prompt[len(history) :],
                 tools=tools,
                 previous_multi_modal_data=step.tokens.multi_modal_data,
                 previous_messages=history,
+                on_refusal=refusals.append,
             )
-            if isinstance(out, RenderedTokens):
+            if out is not None:
                 self.stats.bridges += 1
                 return out, True
-            reason = out
+            reason = refusals[0] if refusals else "the renderer declined to bridge"
             break
         self.stats.renders += 1
         self.stats.fallbacks[reason] += 1
@@ -205,14 +201,6 @@ def _copy_message(message: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(content, list):
         content = [dict(part) if isinstance(part, Mapping) else part for part in content]
     return {**message, "content": content}
-
-
-def _try_bridge(renderer: Any, *args: Any, **kwargs: Any) -> RenderedTokens | str:
-    if hasattr(renderer, "try_bridge"):
-        return renderer.try_bridge(*args, **kwargs)
-    kwargs.pop("previous_messages", None)
-    out = renderer.bridge_to_next_turn(*args, **kwargs)
-    return out if out is not None else "the renderer declined to bridge"
 
 
 def _is_prefix(history: Sequence[Any], prompt: Sequence[Any]) -> bool:

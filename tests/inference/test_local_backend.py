@@ -231,7 +231,7 @@ def test_logprobs_are_raw_even_if_the_checkpoint_sets_a_repetition_penalty(tmp_p
     import json
     import shutil
 
-    from vf_mm.renderers._hf import model_class
+    from vf_mm.models import model_class
 
     path = tmp_path / "m"
     shutil.copytree(renderer.tokenizer.name_or_path, path)

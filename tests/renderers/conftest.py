@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vf_mm.models import load_processor
 from vf_mm.renderers import load_renderer
-from vf_mm.renderers._hf import load_processor
 from vf_mm.testing import FAMILIES, build_tiny_vlm
 
 

@@ -19,6 +19,14 @@ def sample(renderer, text: str, *, stop: bool = True) -> list[int]:
     return ids + ([renderer.stop_token_ids[0]] if stop else [])
 
 
+def bridge_or_reason(renderer, *args, **kwargs):
+    """``bridge_to_next_turn``'s result, or the reason it gave to ``on_refusal``."""
+    reasons = []
+    out = renderer.bridge_to_next_turn(*args, on_refusal=reasons.append, **kwargs)
+    assert (out is None) == (len(reasons) == 1)
+    return out if out is not None else reasons[0]
+
+
 def split_turns(messages):
     """(history before the last assistant reply, that reply, the messages after it)."""
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
@@ -204,7 +212,9 @@ def test_refuses_a_completion_with_a_stop_token_before_its_end(renderer_and_proc
     stop = renderer.stop_token_ids[0]
     completion = [*sample(renderer, "a", stop=True), *sample(renderer, "b", stop=True)]
     assert completion.count(stop) == 2
-    out = renderer.try_bridge(first.token_ids, completion, [{"role": "user", "content": "next"}])
+    out = bridge_or_reason(
+        renderer, first.token_ids, completion, [{"role": "user", "content": "next"}]
+    )
     assert out == "the completion has a stop token before its end"
 
 
@@ -224,15 +234,19 @@ def test_qwen3_checks_the_real_history_when_given(checkpoints):
     completion = sample(renderer, "step one")
     reply = {"role": "assistant", "content": "step one"}
     new = [{"role": "user", "content": "and now?"}]
-    out = renderer.try_bridge(prompt.token_ids, completion, new, previous_multi_modal_data=prompt.multi_modal_data,
-                              previous_messages=[*history, reply])  # fmt: skip
+    out = bridge_or_reason(renderer, prompt.token_ids, completion, new, previous_multi_modal_data=prompt.multi_modal_data,
+                           previous_messages=[*history, reply])  # fmt: skip
     full = renderer.render([*history, reply, *new])
     assert out == "the template renders earlier turns differently once this turn is added" or (
         out.token_ids == full.token_ids
     )
     # and without the messages, the reasoning in the prompt tokens is enough to refuse
-    out = renderer.try_bridge(
-        prompt.token_ids, completion, new, previous_multi_modal_data=prompt.multi_modal_data
+    out = bridge_or_reason(
+        renderer,
+        prompt.token_ids,
+        completion,
+        new,
+        previous_multi_modal_data=prompt.multi_modal_data,
     )
     assert out == "the template drops the reasoning of earlier turns"
 

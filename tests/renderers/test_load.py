@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from tests.renderers.conftest import conversation
+from vf_mm.models import load_processor
 from vf_mm.renderers import (
     ChatTemplateRenderer,
     RendererPool,
@@ -14,7 +15,6 @@ from vf_mm.renderers import (
     is_multimodal,
     load_renderer,
 )
-from vf_mm.renderers._hf import load_processor
 
 
 def test_loads_from_directory_processor_and_tokenizer(checkpoints, family):
@@ -79,3 +79,21 @@ def test_pool_renders_from_threads(checkpoints):
         t.join()
     assert results == expected
     assert isinstance(single, ChatTemplateRenderer)
+
+
+def test_a_renderer_and_a_pool_are_renderers(checkpoints):
+    """Both meet the ``Renderer`` protocol, with the protocol's own signatures."""
+    import inspect
+
+    from vf_mm.renderers import Renderer
+
+    single = load_renderer(checkpoints["qwen2_5_vl"])
+    pool = RendererPool(lambda: load_renderer(checkpoints["qwen2_5_vl"]), size=1)
+    for renderer in (single, pool):
+        assert isinstance(renderer, Renderer)
+        for name in ("render", "bridge_to_next_turn", "parse_response"):
+            expected = inspect.signature(getattr(Renderer, name))
+            assert inspect.signature(getattr(type(renderer), name)) == expected, (renderer, name)
+        assert renderer.stop_token_ids == single.stop_token_ids
+        assert renderer.is_multimodal
+    assert not isinstance(object(), Renderer)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.renderers.conftest import conversation
+from vf_mm.models import load_processor
 from vf_mm.renderers import load_renderer
-from vf_mm.renderers._hf import load_processor
 from vf_mm.testing import build_tiny_vlm
 
 

@@ -138,7 +138,7 @@ def test_group_advantages():
 
 
 def test_grpo_loss_is_finite_and_has_gradients(setup):
-    from vf_mm.renderers._hf import model_class
+    from vf_mm.models import model_class
     from vf_mm.training._grpo import grpo_loss
 
     path, renderer = setup

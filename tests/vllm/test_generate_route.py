@@ -219,7 +219,7 @@ def _one_pad_prompt(rendered, image_pad: int) -> list[int]:
 
 
 def test_vl_features_with_our_kwargs_match_transformers(vl_server, vl_case, checkpoint_dirs):
-    from vf_mm.renderers._hf import model_class
+    from vf_mm.models import model_class
 
     rendered = vl_case["rendered"]
     mm = rendered.multi_modal_data

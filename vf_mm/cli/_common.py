@@ -81,20 +81,9 @@ def add_run_arguments(
 
 def default_model() -> Path:
     """The embedded tiny model: built offline on first use, then reused."""
-    from vf_mm.testing import build_tiny_vlm
+    from vf_mm.models import embedded_model
 
-    cache = Path(os.environ.get("VF_MM_CACHE", Path.home() / ".cache" / "vf_mm"))
-    path = cache / "tiny-qwen2_5_vl-v1"
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        build_tiny_vlm(tmp, "qwen2_5_vl")
-        try:
-            tmp.replace(path)
-        except OSError:  # another process built it first: use theirs
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return embedded_model()
 
 
 def resolve_model(args: argparse.Namespace) -> str | None:

@@ -33,8 +33,9 @@ def check_environment(
     return a small report (rows checked, images loaded, rewards seen)."""
     from vf_mm.client import RendererClient
     from vf_mm.images import ImagePolicy, load_image
+    from vf_mm.inference import ScriptedBackend
+    from vf_mm.models import build_tiny_vlm
     from vf_mm.renderers import load_renderer
-    from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 
     problems: list[str] = []
     report: dict[str, Any] = {"rows": 0, "images": 0, "rewards": []}

@@ -9,6 +9,7 @@ token-in/token-out route and an OpenAI-compatible chat route.
 from typing import TYPE_CHECKING
 
 from vf_mm._lazy import lazy_exports
+from vf_mm.inference._scripted import ScriptedBackend
 from vf_mm.inference._types import (
     Backend,
     ChatBackend,
@@ -31,6 +32,7 @@ __all__ = [
     "LocalBackend",
     "OpenAIChatBackend",
     "SamplingParams",
+    "ScriptedBackend",
     "Usage",
     "VLLMBackend",
     "check_prompt_length",

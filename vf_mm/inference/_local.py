@@ -63,7 +63,7 @@ class LocalBackend:
         max_model_len: int | None = None,
         seed: int = 0,
     ) -> None:
-        from vf_mm.renderers._hf import QWEN_VL_FAMILIES, model_class, model_type
+        from vf_mm.models import QWEN_VL_FAMILIES, model_class, model_type
 
         self.path = Path(model)
         self.name = f"local:{self.path.name}"

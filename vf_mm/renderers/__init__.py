@@ -1,17 +1,23 @@
 """Renderers: messages and images -> exact token ids, turn bridging, response parsing.
 
-``load_renderer(model)`` picks one for a checkpoint directory, processor or tokenizer.
-Every renderer offers ``render(messages, *, tools=None, add_generation_prompt=True)``,
+``Renderer`` is the contract every renderer meets:
+``render(messages, *, tools=None, add_generation_prompt=True)``;
 ``bridge_to_next_turn(previous_prompt_ids, previous_completion_ids, new_messages, *,
-tools=None, previous_multi_modal_data=None)`` (None means "re-render"),
-``parse_response(completion_ids)`` and ``stop_token_ids``. ``RendererPool`` shares
-renderers across threads; ``is_multimodal`` answers for a renderer or a pool.
+tools=None, previous_multi_modal_data=None)``, which returns None to mean "re-render"
+(the optional ``previous_messages`` let it check the real history, ``on_refusal``
+hears why it declined); ``parse_response(completion_ids)``; ``stop_token_ids``,
+``is_multimodal`` and ``bridge_refusals``. ``load_renderer(model)`` picks one for a
+checkpoint directory, processor or tokenizer (a ``ChatTemplateRenderer``);
+``RendererPool`` shares renderers across threads and is a ``Renderer`` itself;
+``is_multimodal`` answers for either. The model families and their transformers
+pieces are in ``vf_mm.models``.
 """
 
 from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.renderers._load import load_renderer
 from vf_mm.renderers._parse import ParsedResponse
 from vf_mm.renderers._pool import RendererPool, is_multimodal
+from vf_mm.renderers._protocol import Renderer
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 
@@ -20,6 +26,7 @@ __all__ = [
     "ParsedResponse",
     "ProcessedImage",
     "RenderError",
+    "Renderer",
     "RendererPool",
     "UnsupportedModelError",
     "VisionSpec",

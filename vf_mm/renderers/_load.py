@@ -7,7 +7,7 @@ from typing import Any
 
 from vf_mm.errors import UnsupportedModelError
 from vf_mm.images import ImagePolicy
-from vf_mm.renderers._hf import QWEN_VL_FAMILIES, load_processor, model_type
+from vf_mm.models import QWEN_VL_FAMILIES, load_processor, model_type
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import VisionSpec
 

@@ -1,32 +1,38 @@
 """``RendererPool``: renderers for many threads, and the one "is this multimodal" test.
 
-A peer checked ``isinstance(renderer, MultimodalRenderer)`` on a pool and so silently
-stopped carrying images forward; here every caller asks ``is_multimodal(obj)``,
-which answers for a renderer and for a pool alike.
+Every caller asks ``is_multimodal(obj)``, which answers for a renderer and for a pool
+alike: a check on the renderer's class would say "text" for a pool of vision
+renderers, and images would silently stop being carried forward.
 """
 
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+from vf_mm.renderers._parse import ParsedResponse
+from vf_mm.renderers._protocol import Renderer
+from vf_mm.types import MultiModalData, RenderedTokens
+
+R = TypeVar("R", bound=Renderer)
 
 
-class RendererPool:
+class RendererPool(Generic[R]):
     """``size`` renderers built by ``factory``; ``with pool.renderer() as r:`` borrows one.
 
     Tokenizers keep per-instance state that is not safe to share across threads while
-    encoding; a pool gives each concurrent render its own renderer. Calls made on the
-    pool itself (``render``, ``bridge_to_next_turn``, ``parse_response``) borrow one for
-    the duration of the call.
+    encoding; a pool gives each concurrent render its own renderer. A pool is itself a
+    ``Renderer``: calls made on it (``render``, ``bridge_to_next_turn``,
+    ``parse_response``) borrow one for the duration of the call.
     """
 
-    def __init__(self, factory: Callable[[], Any], size: int = 4) -> None:
+    def __init__(self, factory: Callable[[], R], size: int = 4) -> None:
         if size < 1:
             raise ValueError("a RendererPool needs at least one renderer")
         self._all = [factory() for _ in range(size)]
-        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[R] = queue.SimpleQueue()
         for r in self._all:
             self._free.put(r)
 
@@ -35,7 +41,7 @@ class RendererPool:
         return len(self._all)
 
     @property
-    def renderers(self) -> tuple[Any, ...]:
+    def renderers(self) -> tuple[R, ...]:
         """Every renderer of the pool (for reading their counters, not for rendering)."""
         return tuple(self._all)
 
@@ -48,28 +54,49 @@ class RendererPool:
         return self._all[0].stop_token_ids
 
     @contextmanager
-    def renderer(self) -> Iterator[Any]:
+    def renderer(self) -> Iterator[R]:
+        """Borrow one renderer, for what only a single renderer has (its tokenizer, its vision spec)."""
         r = self._free.get()
         try:
             yield r
         finally:
             self._free.put(r)
 
-    def render(self, *args: Any, **kwargs: Any) -> Any:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedTokens:
         with self.renderer() as r:
-            return r.render(*args, **kwargs)
+            return r.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
-    def bridge_to_next_turn(self, *args: Any, **kwargs: Any) -> Any:
+    def bridge_to_next_turn(
+        self,
+        previous_prompt_ids: Sequence[int],
+        previous_completion_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        previous_multi_modal_data: MultiModalData | None = None,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
+        on_refusal: Callable[[str], object] | None = None,
+    ) -> RenderedTokens | None:
         with self.renderer() as r:
-            return r.bridge_to_next_turn(*args, **kwargs)
+            return r.bridge_to_next_turn(
+                previous_prompt_ids,
+                previous_completion_ids,
+                new_messages,
+                tools=tools,
+                previous_multi_modal_data=previous_multi_modal_data,
+                previous_messages=previous_messages,
+                on_refusal=on_refusal,
+            )
 
-    def try_bridge(self, *args: Any, **kwargs: Any) -> Any:
+    def parse_response(self, completion_ids: Sequence[int]) -> ParsedResponse:
         with self.renderer() as r:
-            return r.try_bridge(*args, **kwargs)
-
-    def parse_response(self, *args: Any, **kwargs: Any) -> Any:
-        with self.renderer() as r:
-            return r.parse_response(*args, **kwargs)
+            return r.parse_response(completion_ids)
 
     @property
     def bridge_refusals(self) -> dict[str, int]:
@@ -81,6 +108,6 @@ class RendererPool:
         return total
 
 
-def is_multimodal(renderer: Any) -> bool:
+def is_multimodal(renderer: object) -> bool:
     """True when ``renderer`` (or a pool of them) turns images into tokens."""
     return bool(getattr(renderer, "is_multimodal", False))

@@ -12,11 +12,11 @@ sampled completion tokens verbatim, the template's turn closing, and the new mes
 rendered as the template would render them after that assistant turn. To know what the
 template does, the renderer renders a probe conversation (sentinel strings for the user
 and assistant text) with and without the new messages and compares. It returns None,
-and records why in ``bridge_refusals``, whenever it cannot guarantee the result equals
-a full render: an assistant message in the new messages, a template that renders
-earlier turns differently once later turns exist (Qwen3's dropping of earlier
-reasoning is caught this way), image pads in the previous tokens without the
-multi-modal data that explains them, and so on.
+and records why (in ``bridge_refusals`` and through ``on_refusal``), whenever it cannot
+guarantee the result equals a full render: an assistant message in the new messages, a
+template that renders earlier turns differently once later turns exist (Qwen3's
+dropping of earlier reasoning is caught this way), image pads in the previous tokens
+without the multi-modal data that explains them, and so on.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.errors import RenderError
@@ -122,29 +122,11 @@ class ChatTemplateRenderer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         previous_multi_modal_data: MultiModalData | None = None,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
+        on_refusal: Callable[[str], object] | None = None,
     ) -> RenderedTokens | None:
         """The next turn's prompt, built on the previous turn's tokens; None to re-render
-        (the reason is counted in ``bridge_refusals``)."""
-        out = self.try_bridge(
-            previous_prompt_ids,
-            previous_completion_ids,
-            new_messages,
-            tools=tools,
-            previous_multi_modal_data=previous_multi_modal_data,
-        )
-        return out if isinstance(out, RenderedTokens) else None
-
-    def try_bridge(
-        self,
-        previous_prompt_ids: Sequence[int],
-        previous_completion_ids: Sequence[int],
-        new_messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        previous_multi_modal_data: MultiModalData | None = None,
-        previous_messages: Sequence[Mapping[str, Any]] | None = None,
-    ) -> RenderedTokens | str:
-        """``bridge_to_next_turn``, but a refusal comes back as its reason (a str).
+        (the reason is counted in ``bridge_refusals`` and passed to ``on_refusal``).
 
         ``previous_messages`` (the previous prompt and the assistant message made from the
         completion) lets a template that rewrites earlier turns (``history_sensitive``,
@@ -152,6 +134,31 @@ class ChatTemplateRenderer:
         them such a template is not bridged across a new user query once any turn so
         far holds reasoning.
         """
+        out = self._bridge(
+            previous_prompt_ids,
+            previous_completion_ids,
+            new_messages,
+            tools,
+            previous_multi_modal_data,
+            previous_messages,
+        )
+        if isinstance(out, _Refusal):
+            with self._lock:
+                self.bridge_refusals[out.reason] += 1
+            if on_refusal is not None:
+                on_refusal(out.reason)
+            return None
+        return out
+
+    def _bridge(
+        self,
+        previous_prompt_ids: Sequence[int],
+        previous_completion_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        previous_multi_modal_data: MultiModalData | None,
+        previous_messages: Sequence[Mapping[str, Any]] | None,
+    ) -> RenderedTokens | _Refusal:
         reason = self._bridge_refusal(
             previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
         )
@@ -164,21 +171,19 @@ class ChatTemplateRenderer:
                 or self._think_end in previous_completion_ids,
             )
         if reason is not None:
-            return self._refuse(reason)
+            return _Refusal(reason)
         completion = list(previous_completion_ids)
         has_reasoning = self._think_end in completion
         template_messages, parts = self._prepare(new_messages)
         tail = self._tail_text(template_messages, tools, has_reasoning)
         if isinstance(tail, _Refusal):
-            return self._refuse(tail.reason)
+            return tail
         # The completion ends with the stop token the template writes to close the turn
         # (or was cut off by max_tokens and needs the whole closing).
         if completion and completion[-1] in self.stop_token_ids:
             stop_text = self.tokenizer.convert_ids_to_tokens(completion[-1])
             if not tail.startswith(stop_text):
-                return self._refuse(
-                    "the completion ends with a stop token the template does not write"
-                )
+                return _Refusal("the completion ends with a stop token the template does not write")
             tail = tail[len(stop_text) :]
         base = [*previous_prompt_ids, *completion]
         rendered = self._tokenize(tail, parts, base=len(base))
@@ -279,11 +284,6 @@ class ChatTemplateRenderer:
             with self._lock:
                 self._probe_cache[key] = cached
         return cached
-
-    def _refuse(self, reason: str) -> str:
-        with self._lock:
-            self.bridge_refusals[reason] += 1
-        return reason
 
     # -- parse --------------------------------------------------------------------------
 

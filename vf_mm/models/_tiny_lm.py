@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from vf_mm.testing._templates import QWEN2_VL_TEMPLATE
-from vf_mm.testing._tiny_vlm import TEXT_SHAPE
+from vf_mm.models._templates import QWEN2_VL_TEMPLATE
+from vf_mm.models._tiny_vlm import TEXT_SHAPE
+from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
 
 _CONFIG = dict(TEXT_SHAPE, tie_word_embeddings=False)  # the same language model as the VLMs
 
@@ -28,8 +29,6 @@ def build_tiny_lm(
         raise ValueError(f"unknown vocab {vocab!r}; choose 'tiny' or 'qwen'")
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from vf_mm.testing._vocab import qwen_tokenizer, tiny_tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

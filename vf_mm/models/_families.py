@@ -1,11 +1,17 @@
-"""Loading Qwen-VL pieces from transformers without torchvision.
+"""The Qwen-VL family registry: which families vf_mm renders, and their transformers pieces.
 
-On a CPU-only machine torchvision is absent, so transformers' "fast" image and video
-processors are unavailable and the stock processors refuse to build (they look up a
-video processor class). We use the PIL image processor (``Qwen2VLImageProcessorPil``,
-which every Qwen-VL family shares) and a processor subclass that accepts
-``video_processor=None``. ``AutoProcessor`` on such a directory silently returns only
-the tokenizer, so everything is loaded by concrete class.
+``QWEN_VL_FAMILIES`` are the ``model_type`` values that get image support;
+``model_type(path)`` reads a checkpoint's; ``model_class``, ``image_processor_class``
+and ``processor_class`` name the transformers classes of a family; ``load_processor``
+loads a checkpoint directory's processor.
+
+Everything loads without torchvision: on a CPU-only machine it is absent, so
+transformers' "fast" image and video processors are unavailable and the stock
+processors refuse to build (they look up a video processor class). The registry uses
+the PIL image processor (``Qwen2VLImageProcessorPil``, which every Qwen-VL family
+shares) and a processor subclass that accepts ``video_processor=None``.
+``AutoProcessor`` on such a directory silently returns only the tokenizer, so
+everything is loaded by concrete class.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def image_processor_class(family: str) -> type:
+    """The family's image processor class (the PIL one, which needs no torchvision)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -29,6 +36,7 @@ def image_processor_class(family: str) -> type:
 
 
 def model_class(family: str) -> type:
+    """The family's transformers model class (``...ForConditionalGeneration``)."""
     import transformers
 
     return {
@@ -62,6 +70,7 @@ def processor_class(family: str) -> type:
 
 
 def model_type(path: str | Path) -> str:
+    """The ``model_type`` of a checkpoint directory's ``config.json``."""
     config = Path(path) / "config.json"
     try:
         return json.loads(config.read_text())["model_type"]

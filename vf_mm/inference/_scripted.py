@@ -1,0 +1,54 @@
+"""``ScriptedBackend``: a token-level backend that replays scripted replies.
+
+It is a real ``Backend``: prompts in, completion ids, logprobs and usage out, cut at
+``max_tokens`` and closed with a stop token like a model's. What it samples is text
+chosen in advance, so an environment's rollout loop, its rubric and the client's
+turn bridging can be exercised with no model at all (``check_environment`` does, and
+so do tests and benchmarks that measure everything but the model).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vf_mm.inference._types import GenerateRequest, GenerateResult, Usage
+
+
+class ScriptedBackend:
+    """A token-level ``Backend`` that answers with scripted text, tokenized by ``renderer``'s
+    tokenizer and closed with its first stop token (cut at ``max_tokens`` like a model).
+
+    ``renderer`` supplies the tokenizer (its ``tokenizer``; itself when it has none) and
+    the stop token (its first ``stop_token_ids``).
+    ``replies``: strings used in turn (cycling), or one function of the
+    ``GenerateRequest`` returning the text. Every sampled token gets logprob ``-0.5``.
+    ``requests`` keeps what was asked, for assertions.
+    """
+
+    def __init__(self, renderer: Any, replies: Sequence[str] | Callable[[GenerateRequest], str], *,
+                 name: str = "scripted", max_model_len: int | None = None) -> None:  # fmt: skip
+        self.name = name
+        self.max_model_len = max_model_len
+        self._tokenizer = renderer.tokenizer if hasattr(renderer, "tokenizer") else renderer
+        self._stop = renderer.stop_token_ids[0]
+        self._replies = replies if callable(replies) else itertools.cycle(list(replies))
+        self.requests: list[GenerateRequest] = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.requests.append(request)
+        text = self._replies(request) if callable(self._replies) else next(self._replies)
+        ids = [*self._tokenizer(text, add_special_tokens=False)["input_ids"], self._stop]
+        finish = "stop"
+        if len(ids) > request.sampling.max_tokens:
+            ids, finish = ids[: request.sampling.max_tokens], "length"
+        return GenerateResult(
+            completion_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason=finish,  # type: ignore[arg-type]
+            usage=Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(ids)),
+        )
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,51 @@
+"""The model families vf_mm renders, and offline tiny checkpoints of them.
+
+Registry: ``QWEN_VL_FAMILIES`` are the checkpoint ``model_type`` values that get image
+support (any other checkpoint with a chat template renders as text).
+``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)``,
+``image_processor_class(family)`` and ``processor_class(family)`` are the family's
+transformers classes, and ``load_processor(path)`` loads a checkpoint's processor.
+All of them work without torchvision (CPU-only machines lack it).
+
+Recipes: ``build_tiny_vlm(path, family)`` and ``build_tiny_lm(path)`` write
+random-weight checkpoints in about a second with no network (the same files a real
+checkpoint has, so every loader in vf_mm, transformers and vLLM read them);
+``tiny_tokenizer()`` / ``qwen_tokenizer()`` are their tokenizers and
+``CHAT_TEMPLATES`` their chat templates, which render what the real models' do.
+``embedded_model()`` is the tiny Qwen2.5-VL ``vf-mm eval`` runs when given no model,
+built once into ``$VF_MM_CACHE`` (default ``~/.cache/vf_mm``).
+
+Importing this module loads neither torch nor transformers; each function imports
+what it needs.
+"""
+
+from vf_mm.models._embedded import embedded_model
+from vf_mm.models._families import (
+    QWEN_VL_FAMILIES,
+    image_processor_class,
+    load_processor,
+    model_class,
+    model_type,
+    processor_class,
+)
+from vf_mm.models._templates import CHAT_TEMPLATES, QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
+from vf_mm.models._tiny_lm import build_tiny_lm
+from vf_mm.models._tiny_vlm import build_tiny_vlm
+from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
+
+__all__ = [
+    "CHAT_TEMPLATES",
+    "QWEN2_VL_TEMPLATE",
+    "QWEN3_VL_TEMPLATE",
+    "QWEN_VL_FAMILIES",
+    "build_tiny_lm",
+    "build_tiny_vlm",
+    "embedded_model",
+    "image_processor_class",
+    "load_processor",
+    "model_class",
+    "model_type",
+    "processor_class",
+    "qwen_tokenizer",
+    "tiny_tokenizer",
+]

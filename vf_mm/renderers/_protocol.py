@@ -1,0 +1,73 @@
+"""``Renderer``: what the client, the pool and the server need from a renderer.
+
+A renderer turns messages into the exact token ids a model sees and back:
+``render`` a whole conversation, ``bridge_to_next_turn`` to extend the previous turn's
+tokens (so the sampled completion is kept verbatim and earlier images are not
+processed again), ``parse_response`` to read a completion, and ``stop_token_ids``, the
+ids that end an assistant turn (the backend must stop there). ``ChatTemplateRenderer``
+and ``RendererPool`` both are renderers; code that takes one takes either.
+
+A renderer's tokenizer and image processor are not part of the contract: a pool
+shares them across threads only by lending a whole renderer (``pool.renderer()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from vf_mm.renderers._parse import ParsedResponse
+from vf_mm.types import MultiModalData, RenderedTokens
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """Messages <-> exact token ids for one model (see the module docstring)."""
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The ids that end an assistant turn."""
+        ...
+
+    @property
+    def is_multimodal(self) -> bool:
+        """True when image parts become tokens (else a message holding one is refused)."""
+        ...
+
+    @property
+    def bridge_refusals(self) -> Mapping[str, int]:
+        """How often ``bridge_to_next_turn`` returned None, by reason."""
+        ...
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedTokens:
+        """Token ids (and the images' multi-modal data) of a whole conversation."""
+        ...
+
+    def bridge_to_next_turn(
+        self,
+        previous_prompt_ids: Sequence[int],
+        previous_completion_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        previous_multi_modal_data: MultiModalData | None = None,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
+        on_refusal: Callable[[str], object] | None = None,
+    ) -> RenderedTokens | None:
+        """The next turn's prompt: the previous prompt and completion verbatim, then
+        ``new_messages`` as a full render would write them. None means "render the whole
+        conversation instead"; the reason goes to ``on_refusal`` and ``bridge_refusals``.
+        ``previous_messages`` (the previous prompt plus the assistant message made from
+        the completion) lets the renderer check the real history instead of refusing
+        whenever the tokens alone cannot tell."""
+        ...
+
+    def parse_response(self, completion_ids: Sequence[int]) -> ParsedResponse:
+        """Reasoning, content and tool calls of a completion."""
+        ...
