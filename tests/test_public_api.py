@@ -1,4 +1,4 @@
-"""The public names DESIGN.md promises, checked the way a user reaches them."""
+"""The public names vf_mm promises its users, checked the way a user reaches them."""
 
 from __future__ import annotations
 

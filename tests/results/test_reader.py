@@ -52,7 +52,7 @@ def test_a_torn_last_line_is_left_out_by_default_and_says_where(tmp_path, caplog
 
 def test_a_corrupt_middle_line_raises_unless_skipping(tmp_path):
     write(tmp_path, row(0), b"not json\n", row(1))
-    with pytest.raises(ResultsError, match="line 2 is corrupt .*not the last line"):
+    with pytest.raises(ResultsError, match=r"line 2 is corrupt .*not the last line"):
         read_results(tmp_path)
     with pytest.raises(ResultsError, match="line 2 is corrupt"):
         read_results(tmp_path, bad_lines="raise")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from vf_mm.inference._mm_kwargs import decode_kwargs_item, encode_kwargs_item
+from vf_mm.inference import decode_kwargs_item, encode_kwargs_item
 
 pytestmark = pytest.mark.vllm
 

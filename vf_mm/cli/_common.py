@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -79,18 +78,15 @@ def add_run_arguments(
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
 
 
-def default_model() -> Path:
-    """The embedded tiny model: built offline on first use, then reused."""
-    from vf_mm.models import embedded_model
-
-    return embedded_model()
-
-
 def resolve_model(args: argparse.Namespace) -> str | None:
     """``-m`` as given, else the embedded tiny model for the local backend, else None."""
     if args.model:
         return str(args.model)
-    return str(default_model()) if args.backend == "local" else None
+    if args.backend != "local":
+        return None
+    from vf_mm.models import embedded_model  # built offline on first use, then reused
+
+    return str(embedded_model())
 
 
 def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:

@@ -1,7 +1,9 @@
 """Inference backends: token ids (and images) in, sampled token ids and logprobs out.
 
 ``Backend`` (token level: ``LocalBackend``, ``VLLMBackend``) and ``ChatBackend``
-(message level: ``OpenAIChatBackend``) are the two contracts. ``create_app`` is the
+(message level: ``OpenAIChatBackend``) are the two contracts. ``encode_kwargs_item`` /
+``decode_kwargs_item`` are vLLM's ``kwargs_data`` encoding of one image's model inputs
+(what ``features`` mode sends), checked against vLLM's own decoder. ``create_app`` is the
 HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind vLLM's
 token-in/token-out route and an OpenAI-compatible chat route.
 """
@@ -9,6 +11,7 @@ token-in/token-out route and an OpenAI-compatible chat route.
 from typing import TYPE_CHECKING
 
 from vf_mm._lazy import lazy_exports
+from vf_mm.inference._mm_kwargs import decode_kwargs_item, encode_kwargs_item
 from vf_mm.inference._scripted import ScriptedBackend
 from vf_mm.inference._types import (
     Backend,
@@ -37,6 +40,8 @@ __all__ = [
     "VLLMBackend",
     "check_prompt_length",
     "create_app",
+    "decode_kwargs_item",
+    "encode_kwargs_item",
 ]
 
 if TYPE_CHECKING:
