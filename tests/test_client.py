@@ -135,3 +135,18 @@ def test_in_place_edits_of_messages_do_not_rewrite_stored_steps(renderer):
     first_prompt = trajectory[0].prompt
     assert any(p["type"] == "image" for p in first_prompt[-1]["content"])
     assert client.stats.bridges == 0  # the edited history is not a prefix: rendered in full
+
+
+def test_tool_call_ids_are_unique_in_a_conversation_and_stable_across_runs(renderer):
+    call = '<tool_call>\n{"name": "look", "arguments": {"x": 1}}\n</tool_call>'
+    twice = f"{call}\n{call}"
+
+    def ids():
+        client = RendererClient(ScriptedBackend(renderer, [twice, call, call]), renderer)
+        _, _, outs = rollout(client, 3)
+        return [c["id"] for o in outs for c in o.message["tool_calls"]]
+
+    first = ids()
+    assert len(first) == 4 and len(set(first)) == 4  # same call, same text: still distinct
+    assert all(i.startswith("call_") for i in first)
+    assert ids() == first  # the same tokens give the same ids

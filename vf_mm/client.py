@@ -15,8 +15,10 @@ all of that: its turns carry messages and ``tokens=None``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
+from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -144,7 +146,7 @@ class RendererClient:
         self.stats.prompt_tokens += result.usage.prompt_tokens
         self.stats.completion_tokens += result.usage.completion_tokens
         return ModelTurn(
-            message=parsed.message,
+            message=_with_call_ids(parsed.message, tokens),
             tokens=tokens,
             usage=result.usage,
             bridged=bridged,
@@ -194,6 +196,20 @@ class RendererClient:
         self.stats.prompt_tokens += result.usage.prompt_tokens
         self.stats.completion_tokens += result.usage.completion_tokens
         return ModelTurn(message=result.message, tokens=None, usage=result.usage)
+
+
+def _with_call_ids(message: dict[str, Any], tokens: ResponseTokens) -> dict[str, Any]:
+    """The message with each tool call's id made unique within its conversation and stable
+    under a seed: derived from the turn's prompt and completion ids (the prompt grows every
+    turn, so two turns never share an id) and the call's position in the turn."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    digest = hashlib.sha256(
+        array("q", [*tokens.prompt_ids, -1, *tokens.completion_ids]).tobytes()
+    ).hexdigest()[:12]
+    ids = [f"call_{digest}_{i}" for i in range(len(calls))]
+    return {**message, "tool_calls": [{**c, "id": i} for c, i in zip(calls, ids, strict=True)]}
 
 
 def _copy_message(message: Mapping[str, Any]) -> dict[str, Any]:
