@@ -15,7 +15,8 @@ against the standard exceptions keeps working.
     │   └── PromptTooLongError (ValueError)    refused before sending: longer than the model allows
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
-    │   └── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
+    │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
+    │   └── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
     ├── GroupFrameError (ValueError)           a training group frame (pack_group / unpack_group) refused:
     │                                          one hash for two tensors, a missing image, bad placeholders
     ├── ImageError (ValueError)                an image that vf_mm.images cannot load
@@ -67,6 +68,7 @@ __all__ = [
     "ImageError",
     "ImageFetchError",
     "ImageTooLargeError",
+    "MissingColumnError",
     "MissingDependencyError",
     "MultiModalDataError",
     "PromptTooLongError",
@@ -165,6 +167,20 @@ class EnvError(VfMmError):
 
 class EnvironmentNotFoundError(EnvError, LookupError):
     """No installed environment package and no ``environments/<id>`` folder for an id."""
+
+
+class MissingColumnError(EnvError, KeyError):
+    """A reward function asks for a dataset column (``answer``, ``info``) that the rollout's
+    row does not have (or holds null): scoring it against a made-up ``None`` could match a
+    parser that found nothing. ``column`` names it; declare it optional on the
+    environment (``optional_columns=``) if the reward function copes without it."""
+
+    def __init__(self, message: str, *, column: str) -> None:
+        super().__init__(message)
+        self.column = column
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
 
 
 class EnvironmentCheckError(EnvError, AssertionError):

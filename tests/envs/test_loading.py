@@ -49,3 +49,23 @@ def test_check_environment_lists_every_problem(tiny):
     assert any("row 1 has neither" in p for p in problems)
     assert any("row 0" in p and "image" in p for p in problems)
     assert any("rollout failed" in p for p in problems)
+
+
+def test_check_environment_reports_columns_the_rubric_needs_and_rows_lack(tiny):
+    def correct(completion, answer):
+        return float(completion[-1]["content"] == answer)
+
+    rows = [{"question": "a", "answer": "1"}, {"question": "b"}]
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([correct]))
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, model_dir=tiny)
+    assert any(
+        "row 1 has no 'answer'" in p and "correct" in p and "optional_columns" in p
+        for p in info.value.problems
+    )
+    optional = vf.SingleTurnEnv(
+        dataset=rows,
+        rubric=vf.Rubric([lambda completion, answer: 0.0]),
+        optional_columns=["answer"],
+    )
+    assert vf.check_environment(optional, model_dir=tiny)["rows"] == 2

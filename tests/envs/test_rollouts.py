@@ -193,3 +193,73 @@ def test_tools_can_ask_for_the_rollout_state(renderer):
     call = '<tool_call>\n{"name": "where", "arguments": {"x": 5, "state": "forged"}}\n</tool_call>'
     state = asyncio.run(env.rollout(client(renderer, [call, "done"]), rows(1)[0], example_id=7))
     assert state["completion"][1]["content"] == "5 in example 7"
+
+
+def _parse_nothing(completion, answer, parser):
+    return float(parser.parse_answer(completion) == answer)  # None == None would be a "match"
+
+
+def test_a_row_without_an_answer_is_never_scored_as_a_match(renderer):
+    data = [
+        {"question": "q0"},
+        {"question": "q1", "answer": None},
+        {"question": "q2", "answer": "x"},
+    ]
+    env = vf.SingleTurnEnv(dataset=data, parser=vf.XMLParser(["answer"]),
+                           rubric=vf.Rubric([_parse_nothing], parser=vf.XMLParser(["answer"])))  # fmt: skip
+    outs = asyncio.run(env.evaluate(client(renderer, ["no tags at all"])))
+    by_id = {o.example_id: o for o in outs}
+    for missing in (0, 1):
+        assert by_id[missing].reward is None
+        assert "MissingColumnError" in by_id[missing].error and "'answer'" in by_id[missing].error
+        assert "optional_columns" in by_id[missing].error  # the hint says how to opt out
+    assert by_id[2].error is None and by_id[2].reward == 0.0  # rows that have one still score
+
+
+def test_group_reward_functions_are_checked_too(renderer):
+    def agree(completions, answers):
+        return [1.0 for _ in completions]
+
+    rubric = vf.Rubric()
+    rubric.add_group_reward_func(agree)
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=rubric)
+    (out,) = asyncio.run(env.evaluate(client(renderer, ["hi"])))
+    assert out.reward is None and "MissingColumnError" in out.error
+
+
+def test_a_column_declared_optional_reaches_the_reward_function_as_none(renderer):
+    seen = []
+
+    def lenient(completion, answer, info):
+        seen.append((answer, info))
+        return 0.5
+
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([lenient]),
+                           optional_columns=["answer", "info"])  # fmt: skip
+    (out,) = asyncio.run(env.evaluate(client(renderer, ["hi"])))
+    assert out.error is None and out.reward == 0.5 and seen == [(None, {})]
+
+
+def test_functions_that_do_not_ask_for_a_missing_column_are_unaffected(renderer):
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([lambda completion: 1.0]))
+    (out,) = asyncio.run(env.evaluate(client(renderer, ["hi"])))
+    assert out.error is None and out.reward == 1.0
+
+
+def test_optional_columns_names_only_scored_columns():
+    import pytest
+
+    with pytest.raises(ValueError, match="optional_columns"):
+        vf.SingleTurnEnv(dataset=[{"question": "q"}], optional_columns=["answr"])
+
+
+def test_a_kwargs_reward_function_is_called_without_the_missing_column(renderer):
+    seen = []
+
+    def anything(completion, **kwargs):
+        seen.append(sorted(kwargs))
+        return 1.0
+
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([anything]))
+    (out,) = asyncio.run(env.evaluate(client(renderer, ["hi"])))
+    assert out.error is None and "answer" not in seen[0] and "info" not in seen[0]

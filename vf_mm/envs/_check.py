@@ -2,7 +2,8 @@
 
 It checks, and reports every problem at once: the eval dataset has rows with a
 ``question`` or ``prompt``; every row formats into a prompt whose image parts load
-through the dataset image policy; a rollout against a scripted backend on an offline
+through the dataset image policy; every column a reward function names (``answer``,
+``info``) is in every row, unless declared optional; a rollout against a scripted backend on an offline
 tiny VLM completes without error; every reward and metric is a finite number; and two
 runs with the same seed give the same rewards.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm.envs._env import Environment
+from vf_mm.envs._rubric import asked_columns
 from vf_mm.errors import EnvironmentCheckError, VfMmError
 from vf_mm.types import image_parts
 
@@ -58,6 +60,14 @@ def check_environment(
             problems.append(f"row {i} does not format into a prompt: {exc}")
             continue
         report["rows"] += 1
+        for column in env.missing_columns(row):
+            for rf in env.rubric.funcs:
+                if column in asked_columns(rf.func):
+                    problems.append(
+                        f"row {i} has no {column!r} (or it is null) but reward function "
+                        f"{rf.name} asks for it: give every row one, or declare "
+                        f"optional_columns=[{column!r}]"
+                    )
         for m, p, part in image_parts(prompt):
             try:
                 load_image(part, policy=policy, where=f"row {i}, message {m}, part {p}")

@@ -33,6 +33,9 @@ from vf_mm.inference import SamplingParams
 from vf_mm.types import IMAGE_PART_TYPES, Messages, RolloutOutput
 
 IMAGE_COLUMNS = ("image", "images")
+#: dataset columns reward functions receive by name; a row without one (or with null) is
+#: refused to a reward function that asks for it, unless declared in ``optional_columns``
+SCORED_COLUMNS = ("answer", "info")
 _STOP_ATTR = "__vf_mm_stop__"
 
 
@@ -69,6 +72,10 @@ class Environment:
     ``answer``, ``info`` (a dict), ``task`` and image columns (``image``: one image,
     ``images``: a list; PIL images, bytes or paths), which become image parts of the
     first user message, before its text.
+
+    ``optional_columns`` names the scored columns (``answer``, ``info``) a row may lack:
+    a reward function that asks for a column its row lacks fails that rollout
+    (``MissingColumnError``) unless the column is declared optional here.
     """
 
     def __init__(
@@ -82,6 +89,7 @@ class Environment:
         sampling_args: Mapping[str, Any] | None = None,
         env_id: str | None = None,
         timeout_s: float | None = None,
+        optional_columns: Sequence[str] = (),
     ) -> None:
         if dataset is None and eval_dataset is None:
             raise ValueError("an environment needs a dataset or an eval_dataset")
@@ -93,6 +101,12 @@ class Environment:
         self.sampling_args = dict(sampling_args or {})
         self.env_id = env_id or type(self).__name__
         self.timeout_s = timeout_s
+        unknown = set(optional_columns) - set(SCORED_COLUMNS)
+        if unknown:
+            raise ValueError(
+                f"optional_columns may name {list(SCORED_COLUMNS)}, not {sorted(unknown)}"
+            )
+        self.optional_columns = tuple(optional_columns)
         self.tools: list[dict[str, Any]] | None = None
 
     # -- data ---------------------------------------------------------------------------
@@ -242,6 +256,13 @@ class Environment:
             error=None,
             timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
             row=dict(row),
+            missing_columns=self.missing_columns(row),
+        )
+
+    def missing_columns(self, row: Mapping[str, Any]) -> tuple[str, ...]:
+        """The scored columns ``row`` lacks (or holds null) that are not declared optional."""
+        return tuple(
+            c for c in SCORED_COLUMNS if row.get(c) is None and c not in self.optional_columns
         )
 
 

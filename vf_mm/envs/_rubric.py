@@ -8,6 +8,11 @@ reward function (``group=True``) sees the whole group of rollouts for one exampl
 once, each argument as a list (``prompts``, ``completions``, ``answers``, ``states``,
 ``infos``), and returns one number per rollout.
 
+``answer`` and ``info`` are the dataset row's columns: a reward function that names one
+the row lacks (or holds null) fails that rollout with ``MissingColumnError`` instead of
+receiving a made-up ``None`` (a parser that finds no answer would "match" it), unless the
+environment lists the column in ``optional_columns``.
+
 A rollout that failed (its ``state["error"]`` is set) is never passed to reward
 functions: its reward is None (not a made-up 0) and its error is what is reported;
 summaries count it as an error and a pass@k failure, and training skips it.
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vf_mm.envs._parser import Parser
+from vf_mm.errors import MissingColumnError
 
 ARGS = ("prompt", "completion", "answer", "state", "info", "parser", "example_id", "task")
 GROUP_ARGS = {"prompts": "prompt", "completions": "completion", "answers": "answer",
@@ -105,7 +111,8 @@ class Rubric:
         return (await self.score_group([state]))[0]
 
     def _kwargs(self, func: Callable[..., Any], state: dict[str, Any]) -> dict[str, Any]:
-        return _select(func, self._available(state))
+        kwargs = _select(func, self._available(state))
+        return _check_columns(func, kwargs, [state])
 
     def _available(self, state: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -127,7 +134,38 @@ class Rubric:
             plural: [a[single] for a in each] for plural, single in GROUP_ARGS.items()
         }
         available["parser"] = self.parser
-        return _select(func, available)
+        return _check_columns(func, _select(func, available), states)
+
+
+def asked_columns(func: Callable[..., Any]) -> set[str]:
+    """The dataset columns ``func`` names as parameters (``answer`` / ``answers``, ...)."""
+    names = inspect.signature(func).parameters
+    return {GROUP_ARGS.get(n, n) for n in names} & {"answer", "info"}
+
+
+def _check_columns(
+    func: Callable[..., Any], kwargs: dict[str, Any], states: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """Refuse to call ``func`` with a column some rollout's row lacks (state["missing_columns"]).
+
+    A ``**kwargs`` function that does not name the column is called without it (no key,
+    rather than a made-up None)."""
+    asked = asked_columns(func)
+    missing = {c for state in states for c in state.get("missing_columns", ())}
+    dropped = {p for p, s in GROUP_ARGS.items() if s in missing - asked} | (missing - asked)
+    kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
+    for state in states:
+        for column in state.get("missing_columns", ()):
+            if column in asked:
+                name = getattr(func, "__name__", repr(func))
+                raise MissingColumnError(
+                    f"reward function {name} asks for {column!r}, but the dataset row of "
+                    f"example {state.get('example_id')!r} has no {column!r} column (or it is "
+                    f"null). Give every row one, or declare it optional: "
+                    f"MyEnv(..., optional_columns=[{column!r}]) and let {name} handle None",
+                    column=column,
+                )
+    return kwargs
 
 
 def _select(func: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
