@@ -16,6 +16,7 @@ against the standard exceptions keeps working.
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
     │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
+    │   ├── MessageError (ValueError)          a message from environment code that is not a message
     │   └── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
     ├── GroupFrameError (ValueError)           a training group frame (pack_group / unpack_group) refused:
     │                                          one hash for two tensors, a missing image, bad placeholders
@@ -68,6 +69,7 @@ __all__ = [
     "ImageError",
     "ImageFetchError",
     "ImageTooLargeError",
+    "MessageError",
     "MissingColumnError",
     "MissingDependencyError",
     "MultiModalDataError",
@@ -76,7 +78,7 @@ __all__ = [
     "RenderError",
     "ResultsError",
     "ResumeMismatchError",
-        "StreamError",
+    "StreamError",
     "StreamHeaderError",
     "TornFrameError",
     "TrajectoryError",
@@ -167,6 +169,17 @@ class EnvError(VfMmError):
 
 class EnvironmentNotFoundError(EnvError, LookupError):
     """No installed environment package and no ``environments/<id>`` folder for an id."""
+
+
+class MessageError(EnvError, ValueError):
+    """A message that entered a rollout (a dataset prompt, an ``env_response`` return, a
+    tool result) and is not one: ``where`` names the method, turn and field, ``hint``
+    how to write it."""
+
+    def __init__(self, message: str, *, where: str, hint: str | None = None) -> None:
+        super().__init__(f"{message} ({hint})" if hint else message)
+        self.where = where
+        self.hint = hint
 
 
 class MissingColumnError(EnvError, KeyError):

@@ -129,3 +129,27 @@ def test_unknown_choices_are_refused(tmp_path):
         scan_results(tmp_path, bad_lines="ignore")
     with pytest.raises(ValueError, match="schema"):
         scan_results(tmp_path, schema="loose")
+
+
+def test_a_failed_rollout_may_be_retried_and_the_last_record_counts(tmp_path):
+    write(
+        tmp_path,
+        row(0, error="ImageFetchError: gone"),
+        row(1),
+        row(0, reward=1.0),  # the retry
+        row(2, error="RuntimeError: x"),
+    )
+    for bad_lines in ("raise", "torn-tail"):
+        scan = scan_results(tmp_path, bad_lines=bad_lines)
+        assert [(r["example_id"], r.get("reward")) for r in scan.rows] == [
+            (1, None),
+            (0, 1.0),
+            (2, None),
+        ]
+        assert scan.keys[(0, 0)] == 3 and scan.failed == {(2, 0)} and scan.retries == 1
+
+
+def test_a_retry_of_a_rollout_that_did_not_fail_is_refused(tmp_path):
+    write(tmp_path, row(0, error="E: x"), row(0), row(0))
+    with pytest.raises(ResultsError, match="line 3 repeats example 0 rollout 0 of line 2"):
+        read_results(tmp_path)

@@ -6,13 +6,14 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from vf_mm.errors import ImageDecodeError, ResultsError, ResumeMismatchError
+from vf_mm.errors import ResultsError, ResumeMismatchError
 from vf_mm.images import image_hash
 from vf_mm.results import (
     METADATA_FILE,
@@ -163,8 +164,6 @@ def test_unicode_is_written_as_utf8_and_line_separators_stay_inside_the_line(tmp
     [
         ({"reward": math.nan}, r"example 0 rollout 0, field 'reward'.*nan.*JSON has no NaN"),
         ({"metrics": {"acc": math.inf}}, r"field 'metrics.acc'.*inf"),
-        ({"info": {"blob": b"123"}}, r"field 'info.blob': bytes is not JSON"),
-        ({"answer": np.zeros(2)}, r"field 'answer'.*tensor or array"),
         ({"timing": {"t": -math.inf}}, r"field 'timing.t'"),
     ],
 )
@@ -184,12 +183,50 @@ def test_extra_keys_may_not_replace_row_fields(tmp_path):
     assert raw_lines(tmp_path) == []
 
 
-def test_image_error_names_the_rollout_and_place(tmp_path):
-    bad = [{"role": "tool", "tool_call_id": "t", "content": [{"type": "image", "image": b"x"}]}]
-    with new_writer(tmp_path) as writer, pytest.raises(ImageDecodeError) as caught:
-        writer.write(output(3, completion=bad), rollout_index=1)
-    assert caught.value.where == "example 3 rollout 1, completion, message 0, part 0"
-    assert raw_lines(tmp_path) == []
+@pytest.mark.parametrize(
+    ("change", "field", "match"),
+    [
+        ({"info": {"blob": b"123"}}, "info", r"field 'info.blob': bytes is not JSON"),
+        ({"answer": np.zeros(2)}, "answer", r"field 'answer'.*tensor or array"),
+    ],
+)
+def test_content_json_cannot_hold_is_recorded_and_the_run_goes_on(tmp_path, change, field, match):
+    with new_writer(tmp_path) as writer:
+        row = writer.write(output(0, **change), rollout_index=0)
+        writer.write(output(1), rollout_index=0)
+    (first, second) = read_results(tmp_path)
+    assert first == row and first["reward"] is None
+    assert first[field]["unavailable"] in ("dict", "ndarray")
+    assert re.search(match, first["error"]) and first["error"].startswith("ResultsError")
+    assert second["error"] is None and second["reward"] == 1.0
+
+
+def test_an_image_that_does_not_load_is_recorded_where_it_was(tmp_path):
+    bad = [
+        {"role": "user", "content": [{"type": "text", "text": "look"},
+                                     {"type": "image", "image": "/no/such/file.png"}]},
+        {"role": "tool", "tool_call_id": "t", "content": [{"type": "image", "image": b"x"}]},
+    ]  # fmt: skip
+    with new_writer(tmp_path) as writer:
+        writer.write(
+            output(3, completion=bad, error="RuntimeError: the rollout's own error"),
+            rollout_index=1,
+        )
+        writer.write(output(4, completion=bad), rollout_index=0)
+    own, stored = read_results(tmp_path)
+    assert own["error"] == "RuntimeError: the rollout's own error"  # kept, not replaced
+    assert own["reward"] is None
+    text, missing = own["completion"][0]["content"]
+    assert text == {"type": "text", "text": "look"}
+    assert missing["type"] == "unavailable" and missing["source"] == "/no/such/file.png"
+    assert "ImageFetchError" in missing["error"]
+    garbage = own["completion"][1]["content"][0]
+    assert garbage["type"] == "unavailable" and garbage["source"] is None
+    assert "ImageDecodeError" in garbage["error"]
+    assert (
+        stored["error"].startswith("ImageFetchError") and "example 4 rollout 0" in stored["error"]
+    )
+    assert "completion, message 0, part 1" in stored["error"]
 
 
 def test_a_key_is_written_once(tmp_path):

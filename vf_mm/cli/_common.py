@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -112,8 +113,66 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
     return vf_mm.RendererClient(LocalBackend(model), pool)
 
 
-def progress_bar(console: Console, unit: str, extra: Iterable[ProgressColumn] = ()) -> Progress:
-    """The bar both commands draw: done/total, rate, mean reward, errors (``extra`` after)."""
+#: exit status of a run that ``--max-errors`` stopped
+EXIT_STOPPED = 3
+
+
+class PlainProgress:
+    """Progress as plain lines, for logs and pipes (no terminal to redraw a bar on): one
+    line every ``every_s`` seconds and one at the end, each with done/total, rate, mean
+    reward and errors. Speaks the subset of ``rich.progress.Progress`` the commands use."""
+
+    def __init__(self, console: Console, unit: str, *, every_s: float = 10.0) -> None:
+        self.console, self.unit, self.every_s = console, unit, every_s
+        self._fields: dict[str, Any] = {}
+        self._last = 0.0
+        self._shown: tuple[Any, ...] = ()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._print()
+
+    def add_task(self, description: str, **fields: Any) -> int:
+        self._fields = {"description": description, "completed": 0, **fields}
+        return 0
+
+    def update(self, task: int, **fields: Any) -> None:
+        self._fields.update(fields)
+        now = time.monotonic()
+        if now - self._last >= self.every_s or self._done():
+            self._print()
+
+    def _done(self) -> bool:
+        total = self._fields.get("total")
+        return total is not None and self._fields.get("completed", 0) >= total
+
+    def _print(self) -> None:
+        f = self._fields
+        state = (f.get("completed"), f.get("total"), f.get("errors"))
+        if not f or state == self._shown:
+            return
+        self._last, self._shown = time.monotonic(), state
+        total = "?" if f.get("total") is None else f["total"]
+        unit = f" {self.unit}" if self.unit else ""
+        extra = f", {f['mb']:.1f} MB sent" if "mb" in f else ""
+        self.console.print(
+            f"{f['description']}: {f.get('completed', 0)}/{total}{unit} done, "
+            f"{f.get('rate', 0.0):.2f} rollouts/s, reward {f.get('reward', '-')}, "
+            f"errors {f.get('errors', 0)}{extra}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def progress_bar(
+    console: Console, unit: str, extra: Iterable[ProgressColumn] = ()
+) -> Progress | PlainProgress:
+    """The bar both commands draw: done/total, rate, mean reward, errors (``extra`` after);
+    plain periodic lines instead when the output is not a terminal."""
+    if not console.is_terminal:
+        return PlainProgress(console, unit)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

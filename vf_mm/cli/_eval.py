@@ -3,6 +3,10 @@
     vf-mm eval ENV [-m MODEL] [--backend local|vllm|openai] [-b BASE_URL] [-n N] [-r R]
                    [-c CONC] [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-o OUTDIR] [--resume]
 
+Exit status: 0 when every rollout ran (failed ones are recorded with their error), 1
+when vf_mm refused the run (an environment that does not load, an OUTDIR in use), 2 for
+bad arguments, 3 when ``--max-errors`` stopped it.
+
 A terminal over ``vf_mm.results.evaluate_to_dir``: with no ``-m`` it runs the embedded
 tiny model, so the whole path works on a fresh machine. Each rollout is appended to
 ``OUTDIR/results.jsonl`` as soon as its example's group is scored; ``--resume``
@@ -20,7 +24,9 @@ from typing import Any
 from rich.console import Console
 
 import vf_mm
+from vf_mm._text import shorten
 from vf_mm.cli._common import (
+    EXIT_STOPPED,
     add_run_arguments,
     make_client,
     progress_bar,
@@ -42,7 +48,23 @@ def register(sub: Any) -> None:
         "-k", "--api-key", default=None, help="API key (openai; default $OPENAI_API_KEY)"
     )
     p.add_argument("-o", "--outdir", type=Path, default=None)
-    p.add_argument("--resume", action="store_true", help="continue the run in OUTDIR")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in OUTDIR; rollouts that failed run again",
+    )
+    p.add_argument(
+        "--keep-errors",
+        action="store_true",
+        help="with --resume: keep failed rollouts as they are instead of running them again",
+    )
+    p.add_argument(
+        "--max-errors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop the run once N rollouts have failed (exit status 3); default: never",
+    )
     p.set_defaults(run=run_eval)
 
 
@@ -102,12 +124,17 @@ async def _eval(args: argparse.Namespace) -> int:
                 sampling_args=args.sampling_args,
                 seed=args.seed,
                 resume=args.resume,
+                retry_errors=not args.keep_errors,
+                max_errors=args.max_errors,
                 on_progress=show,
             )
     finally:
         await client.backend.aclose()
     console.print(_summary(env.env_id, model, aggregates))
     console.print(f"results: {outdir}/results.jsonl  (view: vf-mm view {outdir})")
+    if aggregates.get("stopped"):
+        console.print(f"[red]{aggregates['stopped']}[/]; --resume continues the run")
+        return EXIT_STOPPED
     return 0
 
 
@@ -120,6 +147,10 @@ def _summary(env_id: str, model: str, agg: dict[str, Any]) -> Any:
     ]
     rows += [(f"pass@{k}", value) for k, value in (agg.get("pass_at_k") or {}).items()]
     rows += [("rollouts", agg.get("count", 0)), ("errors", agg.get("errors", 0))]
+    rows += [
+        (f"  {kind['count']} × {name}", shorten(kind["first"], 60))  # noqa: RUF001
+        for name, kind in (agg.get("error_kinds") or {}).items()
+    ]
     rows += [(f"tokens: {name}", value) for name, value in (agg.get("tokens") or {}).items()]
     rows.append(("time", f"{agg.get('time_s', 0):.1f} s"))
     return summary_table(f"{env_id} on {Path(model).name}", rows)

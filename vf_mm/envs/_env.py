@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.client import RendererClient
+from vf_mm.envs._messages import check_messages
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rubric import Rubric
 from vf_mm.errors import VfMmError
@@ -242,7 +243,9 @@ class Environment:
         return outputs
 
     def new_state(self, row: Mapping[str, Any], *, example_id: Any, rollout_index: int) -> State:
-        prompt = self.format_prompt(row)
+        prompt = check_messages(
+            self.format_prompt(row), where=f"{self.env_id}: the prompt of example {example_id!r}"
+        )
         return State(
             prompt=prompt,
             completion=[],
@@ -355,7 +358,10 @@ class MultiTurnEnv(Environment):
             if await self._should_stop(state):
                 return
             t0 = time.perf_counter()
-            reply = await _maybe_await(self.env_response(messages, state))
+            reply = check_messages(
+                await _maybe_await(self.env_response(messages, state)),
+                where=f"{self.env_id}.env_response returned (turn {state['turn']})",
+            )
             state["timing"]["env_s"] += time.perf_counter() - t0
             messages = [*messages, *reply]
             state["completion"] = messages[len(state["prompt"]) :]

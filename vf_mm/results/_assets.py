@@ -30,7 +30,7 @@ from typing import Any
 
 from PIL import Image
 
-from vf_mm.errors import ResultsError
+from vf_mm.errors import ImageError, ResultsError
 from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
 from vf_mm.types import IMAGE_PART_TYPES, image_part_source
 
@@ -117,6 +117,11 @@ def _refusal(value: Any) -> str:
     else:
         hint = "only str, int, float, bool, None, lists and str-keyed dicts are stored"
     return f"{name} is not JSON ({hint})"
+
+
+def _unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
+    """What is stored in place of a value that could not be: its type and why."""
+    return {"unavailable": type(value).__name__, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _at(where: str, path: str) -> str:
@@ -267,6 +272,7 @@ class AssetStore:
         *,
         policy: ImagePolicy | None = None,
         where: str | None = None,
+        on_error: str = "raise",
     ) -> list[dict[str, Any]]:
         """A JSON-ready copy of ``messages`` with every image stored as an asset.
 
@@ -280,7 +286,16 @@ class AssetStore:
         ``messages`` is never modified. Images load with ``policy`` (the store's when None;
         ``ImagePolicy()`` then: any local path, no network). ``where`` is put before the
         place in errors (``"example 3 rollout 0, prompt"`` -> ``"..., prompt, message 2"``).
+
+        ``on_error="record"`` (for a rollout that failed) never raises for content: a part
+        whose image does not load becomes ``{"type": "unavailable", "error": why,
+        "source": the part's source if it is JSON (a path, a URL), else null}``, and any
+        other value JSON cannot hold becomes ``{"unavailable": its type, "error": why}``,
+        so the rest of the conversation is stored and the gap says what it was.
         """
+        if on_error not in ("raise", "record"):
+            raise ValueError(f"on_error must be 'raise' or 'record', not {on_error!r}")
+        record = on_error == "record"
         if isinstance(messages, (str, bytes, Mapping)):
             raise ResultsError(
                 f"{where or 'messages'}: must be a list of message dicts, "
@@ -291,23 +306,53 @@ class AssetStore:
         for m, message in enumerate(messages):
             at = f"message {m}" if where is None else f"{where}, message {m}"
             if not isinstance(message, Mapping):
-                raise ResultsError(f"{at}: a message must be a dict, not {type(message).__name__}")
+                error = ResultsError(
+                    f"{at}: a message must be a dict, not {type(message).__name__}"
+                )
+                if not record:
+                    raise error
+                out.append(_unavailable(message, error))
+                continue
             copy: dict[str, Any] = {}
             for key, value in message.items():
                 if not isinstance(key, str):
-                    raise ResultsError(f"{at}: key {key!r} is not a str")
-                if key == "content":
-                    copy[key] = self._content(value, at, policy)
-                else:
-                    copy[key] = to_json_value(value, at, key)
+                    if not record:
+                        raise ResultsError(f"{at}: key {key!r} is not a str")
+                    continue  # JSON cannot name it; the rollout's error says it failed
+                try:
+                    if key == "content":
+                        copy[key] = self._content(value, at, policy, record=record)
+                    else:
+                        copy[key] = to_json_value(value, at, key)
+                except (ResultsError, ImageError) as exc:
+                    if not record:
+                        raise
+                    copy[key] = _unavailable(value, exc)
             out.append(copy)
         return out
 
-    def _content(self, value: Any, where: str, policy: ImagePolicy | None) -> Any:
+    def _content(
+        self, value: Any, where: str, policy: ImagePolicy | None, *, record: bool = False
+    ) -> Any:
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, (list, tuple)):
-            return [self._part(part, f"{where}, part {p}", policy) for p, part in enumerate(value)]
+            parts = []
+            for p, part in enumerate(value):
+                try:
+                    parts.append(self._part(part, f"{where}, part {p}", policy))
+                except (ResultsError, ImageError) as exc:
+                    if not record:
+                        raise
+                    source = image_part_source(part) if isinstance(part, Mapping) else None
+                    parts.append(
+                        {
+                            "type": "unavailable",
+                            "error": f"{type(exc).__name__}: {exc}",
+                            "source": source if isinstance(source, str) else None,
+                        }
+                    )
+            return parts
         raise ResultsError(
             f"{where}, field 'content': must be a str, a list of parts or None, not "
             f"{type(value).__name__}"

@@ -15,6 +15,12 @@ seen before, or a last line without its newline) is the caller's explicit choice
     every bad line is left out and recorded; the rows that remain are whole. For
     showing what is there (the HTML report), never for resuming a run.
 
+A key may appear again only as a *retry*: when its earlier record has an ``error`` (a
+resumed run re-runs failed rollouts, and the file stays append-only). The last record of
+each key is the one read, in the place of the line that holds it; ``ResultsScan.failed``
+holds the keys whose last record failed. A key repeated after a record without an error
+is a bad line.
+
 What counts as a row is a second, separate choice: ``schema="strict"`` (the default) is
 what a ``ResultsWriter`` writes: JSON without NaN or infinity, a valid ``example_id`` and
 ``rollout_index``, each key once. ``schema="lenient"`` takes any JSON object per line
@@ -61,6 +67,8 @@ class ResultsScan:
     path: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
     keys: dict[Key, int] = field(default_factory=dict)  # (example_id, rollout_index) -> line
+    failed: set[Key] = field(default_factory=set)  # keys whose last record has an error
+    retries: int = 0  # records that replaced an earlier, failed one
     bad_lines: list[BadLine] = field(default_factory=list)
     size: int = 0  # bytes in the file
     end: int = 0  # end of the last whole line: where a torn tail starts (== size if none)
@@ -112,7 +120,12 @@ def scan_results(
             row, bad = _read_line(raw, lenient)
             if row is not None and not lenient:
                 key = (row["example_id"], row["rollout_index"])
-                if key in scan.keys:
+                if key in scan.failed:  # a retry of a failed rollout: the last record counts
+                    scan.failed.discard(key)
+                    scan.retries += 1
+                    if keep_rows:
+                        scan.rows = [r for r in scan.rows if _key(r) != key]
+                elif key in scan.keys:
                     bad = f"repeats example {key[0]!r} rollout {key[1]} of line {scan.keys[key]}"
                     if bad_lines != "skip":  # a whole, valid line: never a torn tail
                         raise ResultsError(
@@ -128,7 +141,9 @@ def scan_results(
                 continue
             assert row is not None
             if not lenient:  # a lenient row may have no key, or repeat one
-                scan.keys[(row["example_id"], row["rollout_index"])] = number
+                scan.keys[_key(row)] = number
+                if row.get("error") is not None:
+                    scan.failed.add(_key(row))
             if keep_rows:
                 scan.rows.append(row)
     scan.size = offset
@@ -143,6 +158,10 @@ def scan_results(
             scan.size - scan.end,
         )
     return scan
+
+
+def _key(row: dict[str, Any]) -> Key:
+    return (row["example_id"], row["rollout_index"])
 
 
 def _read_line(raw: bytes, lenient: bool) -> tuple[dict[str, Any] | None, str | None]:

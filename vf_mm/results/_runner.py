@@ -8,6 +8,7 @@ callback sees every stored rollout; the CLI draws its progress bar from it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,12 +53,26 @@ async def evaluate_to_dir(
     sampling_args: Mapping[str, Any] | None = None,
     seed: int | None = None,
     resume: bool = False,
+    retry_errors: bool = True,
+    max_errors: int | None = None,
     on_progress: Callable[[EvalProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``env`` with ``client`` into ``outdir``; returns the aggregates written to
-    metadata.json (``summarize`` of every row, this run's and earlier ones)."""
+    metadata.json (``summarize`` of every row, this run's and earlier ones).
+
+    A failed rollout is a row with its error, never the end of the run; ``resume`` runs the
+    failed ones again (``retry_errors=False`` keeps them). ``max_errors``
+    stops the run once this many of this run's rollouts have failed (a broken environment
+    should not burn a GPU hour): the rollouts in flight are cancelled, everything stored
+    so far stays (a later ``resume`` continues), and the aggregates say why in
+    ``"stopped"`` (null for a run that finished).
+    """
+    if max_errors is not None and max_errors < 1:
+        raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     outdir = Path(outdir)
-    with ResultsWriter(outdir, resume=resume, metadata=dict(metadata)) as writer:
+    with ResultsWriter(
+        outdir, resume=resume, retry_errors=retry_errors, metadata=dict(metadata)
+    ) as writer:
         rows = env.get_eval_dataset(num_examples)
         progress = EvalProgress(
             total=len(rows) * rollouts_per_example, done_before=len(writer.done)
@@ -65,27 +80,46 @@ async def evaluate_to_dir(
         if on_progress is not None:
             on_progress(progress)
 
+        stopped: list[str] = []
+
         async def store(output: Any, rollout_index: int) -> None:
-            await writer.awrite(output, rollout_index=rollout_index)  # PNGs encode off the loop
+            # the row written says whether it failed (the writer records content it cannot
+            # store as an error); PNGs encode off the event loop
+            row = await writer.awrite(output, rollout_index=rollout_index)
             progress.done += 1
-            if output.error:
+            if row["error"]:
                 progress.errors += 1
             else:
-                progress.rewards.append(output.reward)
+                progress.rewards.append(row["reward"])
             if on_progress is not None:
                 on_progress(progress)
+            if max_errors is not None and progress.errors >= max_errors and not stopped:
+                stopped.append(
+                    f"stopped after {progress.errors} failed rollouts (--max-errors "
+                    f"{max_errors}); {progress.done} of {progress.total - progress.done_before} "
+                    "done"
+                )
+                run.cancel()
 
-        await env.evaluate(
-            client,
-            num_examples=num_examples,
-            rollouts_per_example=rollouts_per_example,
-            concurrency=concurrency,
-            sampling_args=sampling_args,
-            seed=seed,
-            skip=set(writer.done),
-            on_result=store,
+        run = asyncio.ensure_future(
+            env.evaluate(
+                client,
+                num_examples=num_examples,
+                rollouts_per_example=rollouts_per_example,
+                concurrency=concurrency,
+                sampling_args=sampling_args,
+                seed=seed,
+                skip=set(writer.done),
+                on_result=store,
+            )
         )
+        try:
+            await run
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
         aggregates = summarize(read_results(outdir))
+        aggregates["stopped"] = stopped[0] if stopped else None
         aggregates["time_s"] = time.perf_counter() - progress.started
         stats = getattr(client, "stats", None)
         if stats is not None:

@@ -20,6 +20,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def error_kind(error: Any) -> tuple[str, str]:
+    """``(kind, message)`` of a row's error: ``"ImageFetchError: no such file"`` gives
+    ``("ImageFetchError", "no such file")``; an error without a type prefix is ``"Error"``."""
+    text = str(error)
+    head, sep, rest = text.partition(": ")
+    if sep and head.isidentifier():
+        return head, rest
+    return "Error", text
+
+
 def _mean_std(values: Sequence[float]) -> dict[str, Any]:
     if not values:
         return {"mean": None, "std": None, "count": 0}
@@ -37,6 +47,7 @@ def summarize(
     """Aggregates of results rows, for metadata.json and summary tables::
 
         {"count": rows, "examples": distinct example ids, "errors": rows with an error,
+         "error_kinds": {kind: {"count": n, "first": message}},  # most frequent first
          "reward": {"mean", "std", "count"},            # over rows whose reward is not null
          "metrics": {name: {"mean", "std", "count"}},   # over rows that have the metric
          "pass_at_k": {"1": p, ...}, "pass_threshold": threshold,
@@ -55,12 +66,16 @@ def summarize(
     outcomes: dict[Any, list[bool]] = {}
     turns: list[float] = []
     prompt_tokens = completion_tokens = without_tokens = errors = 0
+    error_kinds: dict[str, dict[str, Any]] = {}
     for row in rows:
         reward = row.get("reward")
         if reward is not None:
             rewards.append(float(reward))
         if row.get("error") is not None:
             errors += 1
+            kind, message = error_kind(row["error"])
+            entry = error_kinds.setdefault(kind, {"count": 0, "first": message})
+            entry["count"] += 1
         for name, value in (row.get("metrics") or {}).items():
             if value is not None:
                 metrics.setdefault(name, []).append(float(value))
@@ -94,6 +109,7 @@ def summarize(
         "count": len(rows),
         "examples": len(outcomes),
         "errors": errors,
+        "error_kinds": dict(sorted(error_kinds.items(), key=lambda kv: -kv[1]["count"])),
         "reward": _mean_std(rewards),
         "metrics": {name: _mean_std(values) for name, values in sorted(metrics.items())},
         "pass_at_k": pass_k,

@@ -75,7 +75,11 @@ class ResultsWriter:
     ``results.jsonl`` or ``metadata.json`` is refused (``ResultsError``). ``resume=True``
     on an OUTDIR with no run in it starts a new one.
 
-    After opening: ``done`` (the keys already written), ``truncated_bytes`` (the torn
+    A resumed run re-runs the rollouts whose record has an ``error``: they are not in
+    ``done``, and their new record is appended (the file stays append-only; the reader
+    takes the last record of each key). ``retry_errors=False`` keeps them as they are.
+
+    After opening: ``done`` (the keys already written and not to be run again), ``truncated_bytes`` (the torn
     tail cut off the results file, 0 if none), ``removed_temp_files`` (temporary files
     of a killed writer, deleted), ``resumed`` (whether earlier rows were found).
 
@@ -92,6 +96,7 @@ class ResultsWriter:
         outdir: str | os.PathLike[str],
         *,
         resume: bool = False,
+        retry_errors: bool = True,
         metadata: Mapping[str, Any],
         fsync_every: int | None = 100,
         policy: ImagePolicy | None = None,
@@ -113,6 +118,7 @@ class ResultsWriter:
         self.truncated_bytes = 0
         self.removed_temp_files = 0
         self.resumed = False
+        self.retry_errors = retry_errors
         self.started_at = _now()
         self._lock = threading.Lock()
         self._done: set[Key] = set()
@@ -200,7 +206,8 @@ class ResultsWriter:
                 torn.reason,
             )
         self._size = scan.end
-        self._done = set(scan.keys)
+        # a failed rollout is run again unless the caller keeps it (retry_errors=False)
+        self._done = set(scan.keys) - scan.failed if self.retry_errors else set(scan.keys)
         self.resumed = bool(self._done)
         self.removed_temp_files = self.assets.remove_temp_files() + self._remove_temp_metadata()
 
@@ -286,16 +293,22 @@ class ResultsWriter:
     ) -> dict[str, Any]:
         """Append ``output`` as one line (its images stored first); return the row written.
 
-        Raises ``ResultsError`` for a key already written, a value JSON cannot hold
-        (naming the field), or ``extra`` keys that clash with ``ROW_KEYS``; image
-        errors (``vf_mm.errors.ImageError``) say which message and part. Nothing is
-        appended when it raises.
+        A rollout's content that cannot be stored as it is (an image that does not load,
+        a value JSON cannot hold, in its messages, answer or info) does not stop the run:
+        the row is written with those values replaced by ``unavailable`` records saying
+        why (``AssetStore.to_jsonable(on_error="record")``), its ``error`` set (the
+        rollout's own error if it has one, else why it could not be stored) and its reward
+        null. Raises ``ResultsError`` for a key already written, a malformed key, reward or
+        metrics, or ``extra`` keys that clash with ``ROW_KEYS``; nothing is appended then.
         """
         key: Key = (_example_id(output.example_id), _rollout_index(rollout_index))
         with self._lock:
             self._check_writable()
             self._check_new(key)
-        row = self._row(output, key, extra)
+        try:
+            row = self._row(output, key, extra)
+        except _ContentError as exc:
+            row = self._row(output, key, extra, failure=exc.cause)
         data = _dumps(row)
         with self._lock:
             self._check_writable()
@@ -325,11 +338,19 @@ class ResultsWriter:
             )
 
     def _row(
-        self, output: RolloutOutput, key: Key, extra: Mapping[str, Any] | None
+        self,
+        output: RolloutOutput,
+        key: Key,
+        extra: Mapping[str, Any] | None,
+        *,
+        failure: BaseException | None = None,
     ) -> dict[str, Any]:
+        """The row for ``output``; ``failure`` (why the content could not be stored as it
+        is) writes it in record mode, with that as the error when the rollout had none."""
         where = f"example {key[0]!r} rollout {key[1]}"
-        prompt = self._messages(output.prompt, f"{where}, prompt")
-        completion = self._messages(output.completion, f"{where}, completion")
+        record = failure is not None
+        prompt = self._messages(output.prompt, f"{where}, prompt", record=record)
+        completion = self._messages(output.completion, f"{where}, completion", record=record)
         metrics = output.metrics if output.metrics is not None else {}
         if not isinstance(metrics, Mapping):
             raise ResultsError(f"{where}, field 'metrics': must be a dict of numbers")
@@ -343,15 +364,25 @@ class ResultsWriter:
             raise ResultsError(
                 f"{where}, field 'error': must be a str or None, not {type(error).__name__}"
             )
+        if failure is not None and not error:
+            error = f"{type(failure).__name__}: {failure}"
+        answer, info = (
+            (_stored(output.answer, where, "answer"), _stored(output.info, where, "info"))
+            if record
+            else (
+                self._json(output.answer, where, "answer"),
+                self._json(output.info, where, "info"),
+            )
+        )
         num_turns, prompt_tokens, completion_tokens = _turns_and_tokens(output)
         row: dict[str, Any] = {
             "example_id": key[0],
             "rollout_index": key[1],
             "prompt": prompt,
             "completion": completion,
-            "answer": to_json_value(output.answer, where, "answer"),
-            "info": to_json_value(output.info if output.info is not None else {}, where, "info"),
-            "reward": _number(output.reward, where, "reward"),
+            "answer": answer,
+            "info": info if info is not None else {},
+            "reward": None if record else _number(output.reward, where, "reward"),
             "metrics": {k: _number(v, where, f"metrics.{k}") for k, v in metrics.items()},
             "error": error,
             "num_turns": num_turns,
@@ -375,15 +406,28 @@ class ResultsWriter:
                 row[name] = to_json_value(value, where, name)
         return row
 
-    def _messages(self, messages: Any, where: str) -> list[dict[str, Any]]:
+    def _messages(self, messages: Any, where: str, *, record: bool) -> list[dict[str, Any]]:
         if messages is None:
             return []
+        if record:
+            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+                return [_unavailable_value(messages, where)]
+            return self.assets.to_jsonable(messages, where=where, on_error="record")
         try:
             return self.assets.to_jsonable(messages, where=where)
         except ImageError as exc:
             if exc.where is None:
                 exc.where = where
-            raise
+            raise _ContentError(exc) from exc
+        except ResultsError as exc:
+            raise _ContentError(exc) from exc
+
+    @staticmethod
+    def _json(value: Any, where: str, path: str) -> Any:
+        try:
+            return to_json_value(value, where, path)
+        except ResultsError as exc:
+            raise _ContentError(exc) from exc
 
     def _append(self, data: bytes) -> None:
         assert self._fd is not None
@@ -489,3 +533,27 @@ def _turns_and_tokens(output: RolloutOutput) -> tuple[int, int | None, int | Non
     prompt_tokens = sum(len(step.tokens.prompt_ids) for step in steps)  # type: ignore[union-attr]
     completion_tokens = sum(len(step.tokens.completion_ids) for step in steps)  # type: ignore[union-attr]
     return num_turns, prompt_tokens, completion_tokens
+
+
+class _ContentError(Exception):
+    """A rollout's content that cannot be stored as it is: the row is written again in
+    record mode (``ResultsWriter.write``)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _stored(value: Any, where: str, path: str) -> Any:
+    """``value`` as JSON, or an ``unavailable`` record of why it is not."""
+    try:
+        return to_json_value(value, where, path)
+    except ResultsError as exc:
+        return {"unavailable": type(value).__name__, "error": f"ResultsError: {exc}"}
+
+
+def _unavailable_value(value: Any, where: str) -> dict[str, Any]:
+    return {
+        "unavailable": type(value).__name__,
+        "error": f"{where}: must be a list of message dicts, not {type(value).__name__}",
+    }

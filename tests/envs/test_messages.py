@@ -1,0 +1,85 @@
+"""Messages are checked where they enter a rollout: reasonable forms normalised, the rest
+refused with the method, the field and a hint; inputs never mutated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vf_mm.envs._messages import check_messages
+from vf_mm.errors import EnvError, MessageError
+
+WHERE = "env.env_response returned (turn 2)"
+
+
+def check(value):
+    return check_messages(value, where=WHERE)
+
+
+def test_a_list_of_messages_passes_through_as_new_dicts():
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
+    out = check(messages)
+    assert out == messages and out[0] is not messages[0]
+
+
+def test_a_single_message_becomes_a_list():
+    assert check({"role": "user", "content": "hi"}) == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "image", [Image.new("RGB", (4, 4)), np.zeros((4, 4, 3), np.uint8), b"\x89PNG..."]
+)
+def test_bare_image_content_becomes_one_image_part(image):
+    original = {"role": "user", "content": image}
+    (out,) = check(original)
+    assert out["content"] == [{"type": "image", "image": image}]
+    assert original["content"] is image  # not mutated
+
+
+def test_bare_strings_and_images_inside_a_content_list_become_parts():
+    image = Image.new("RGB", (4, 4))
+    (out,) = check([{"role": "tool", "tool_call_id": "c", "content": ["look", image]}])
+    assert out["content"] == [{"type": "text", "text": "look"}, {"type": "image", "image": image}]
+
+
+def test_a_single_part_as_content_becomes_a_list():
+    (out,) = check({"role": "user", "content": {"type": "text", "text": "x"}})
+    assert out["content"] == [{"type": "text", "text": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (None, r"None, not a list of messages \(return \[\] for no new messages\)"),
+        ("hello", "a str, not a list of messages"),
+        (["hello"], "message 0: a str, not a message dict"),
+        ([{"content": "x"}], r"message 0: no 'role' \(give it one of"),
+        ([{"role": "usr", "content": "x"}], r"'usr' is not a role \(did you mean 'user'\?\)"),
+        ([{"role": "user"}], "field 'content': missing or None in a user message"),
+        ([{"role": "user", "content": 5}], "field 'content': a int, not text or content parts"),
+        (
+            [{"role": "user", "content": [{"type": "img", "image": 1}]}],
+            r"content part 0, field 'type': 'img' is not a content part type \(did you mean 'image'\?\)",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text"}]}],
+            "a text part needs a str, not NoneType",
+        ),
+        ([{"role": "user", "content": [{"type": "image"}]}], "an image part without an image"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            "field 'image_url': needs a URL",
+        ),
+        ([{"role": "user", "content": [5]}], "content part 0: a int, not a content part"),
+        (
+            [{"role": "assistant", "content": "", "tool_calls": "f()"}],
+            "'tool_calls': must be a list",
+        ),
+    ],
+)
+def test_what_is_refused_and_how_it_is_named(value, match):
+    with pytest.raises(MessageError, match=match) as info:
+        check(value)
+    assert str(info.value).startswith(WHERE)
+    assert isinstance(info.value, EnvError) and isinstance(info.value, ValueError)

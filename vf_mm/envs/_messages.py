@@ -1,0 +1,162 @@
+"""Checking messages where they enter a rollout: dataset prompts, system prompts,
+``env_response`` returns and tool results.
+
+Each message is checked once, at its point of entry, against the message types in
+``vf_mm.types``, so a mistake in environment code fails *that* rollout with an error
+naming the method, the turn, the exact field and a hint, instead of surfacing later as a
+template error, a results-store error that ends the run, or an image the model never saw.
+
+Forms a user would reasonably write are normalised, never stringified:
+
+- a single message dict where a list is expected becomes a one-element list;
+- content that is a bare image (a PIL image, an ``(H, W, 3)`` array, encoded bytes)
+  becomes one image part; a single part dict becomes a one-part list;
+- inside a content list, a bare str becomes a text part and a bare image an image part.
+
+Everything else that is not a message is refused with ``MessageError``. Inputs are never
+mutated: the result is a new list of new dicts (images are shared, not copied).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from vf_mm.errors import MessageError
+from vf_mm.types import IMAGE_PART_TYPES
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES))
+
+
+def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
+    """``value`` as a list of checked, normalised messages; ``MessageError`` naming
+    ``where`` (e.g. ``"gridnav.env_response returned, turn 3"``) if it is not one."""
+    if isinstance(value, Mapping):
+        value = [value]
+    elif value is None:
+        raise MessageError(
+            f"{where}: None, not a list of messages",
+            where=where,
+            hint="return [] for no new messages",
+        )
+    elif not isinstance(value, (list, tuple)):
+        raise MessageError(
+            f"{where}: a {type(value).__name__}, not a list of messages",
+            where=where,
+            hint='return [{"role": "user", "content": ...}, ...]',
+        )
+    return [_message(m, f"{where}, message {i}") for i, m in enumerate(value)]
+
+
+def _message(message: Any, where: str) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        raise MessageError(
+            f"{where}: a {type(message).__name__}, not a message dict",
+            where=where,
+            hint='a message is {"role": ..., "content": ...}',
+        )
+    role = message.get("role")
+    if role is None:
+        raise MessageError(
+            f"{where}: no 'role'", where=where, hint=f"give it one of {', '.join(ROLES)}"
+        )
+    if role not in ROLES:
+        raise MessageError(
+            f"{where}, field 'role': {role!r} is not a role",
+            where=where,
+            hint=_suggest(role, ROLES) or f"use one of {', '.join(ROLES)}",
+        )
+    out = dict(message)
+    content = message.get("content")
+    if content is None:
+        if role != "assistant":
+            raise MessageError(
+                f"{where}, field 'content': missing or None in a {role} message",
+                where=where,
+                hint='use "" for an empty text',
+            )
+    elif isinstance(content, str):
+        pass
+    elif isinstance(content, Mapping):
+        out["content"] = [_part(content, f"{where}, field 'content'")]
+    elif isinstance(content, (list, tuple)):
+        out["content"] = [_part(p, f"{where}, content part {i}") for i, p in enumerate(content)]
+    elif _is_image(content):
+        out["content"] = [{"type": "image", "image": content}]
+    else:
+        raise MessageError(
+            f"{where}, field 'content': a {type(content).__name__}, not text or content parts",
+            where=where,
+            hint='content is a str or a list of {"type": "text" | "image" | "image_url", ...}',
+        )
+    if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
+        raise MessageError(f"{where}, field 'tool_call_id': must be a str", where=where)
+    calls = message.get("tool_calls")
+    if calls is not None and not (
+        isinstance(calls, (list, tuple)) and all(isinstance(c, Mapping) for c in calls)
+    ):
+        raise MessageError(f"{where}, field 'tool_calls': must be a list of dicts", where=where)
+    return out
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    if _is_image(part):
+        return {"type": "image", "image": part}
+    if not isinstance(part, Mapping):
+        raise MessageError(
+            f"{where}: a {type(part).__name__}, not a content part",
+            where=where,
+            hint='a part is {"type": "text", "text": ...} or {"type": "image", "image": ...}',
+        )
+    kind = part.get("type")
+    if kind not in PART_TYPES:
+        raise MessageError(
+            f"{where}, field 'type': {kind!r} is not a content part type",
+            where=where,
+            hint=_suggest(kind, PART_TYPES) or f"use one of {', '.join(PART_TYPES)}",
+        )
+    if kind == "text" and not isinstance(part.get("text"), str):
+        raise MessageError(
+            f"{where}, field 'text': a text part needs a str, not "
+            f"{type(part.get('text')).__name__}",
+            where=where,
+        )
+    if kind == "image" and all(part.get(k) is None for k in ("image", "url", "path")):
+        raise MessageError(
+            f"{where}: an image part without an image",
+            where=where,
+            hint='{"type": "image", "image": PIL image | array | bytes | path}',
+        )
+    if kind == "image_url":
+        inner = part.get("image_url")
+        url = inner.get("url") if isinstance(inner, Mapping) else inner
+        if not isinstance(url, str) or not url:
+            raise MessageError(
+                f"{where}, field 'image_url': needs a URL",
+                where=where,
+                hint='{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}',
+            )
+    return dict(part)
+
+
+def _is_image(value: Any) -> bool:
+    """A PIL image, an (H, W[, C]) array or encoded image bytes: what ``load_image`` takes."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return True
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    shape = getattr(value, "shape", None)
+    return isinstance(shape, tuple) and len(shape) in (2, 3) and hasattr(value, "dtype")
+
+
+def _suggest(value: Any, choices: tuple[str, ...]) -> str | None:
+    if not isinstance(value, str):
+        return None
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}?" if close else None
