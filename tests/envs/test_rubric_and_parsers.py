@@ -91,3 +91,20 @@ def test_think_parser_drops_reasoning():
         completion("<think><answer>1</answer></think><answer>2</answer>")
     ) == {"answer": "2"}
     assert vf.ThinkParser().parse_answer(completion("<think>x</think>\n final ")) == "final"
+
+
+def test_format_reward_does_not_count_turns_that_only_call_tools():
+    parser = vf.XMLParser(["answer"])
+    call = {"id": "c", "type": "function", "function": {"name": "crop", "arguments": "{}"}}
+    block = '<tool_call>\n{"name": "crop", "arguments": {}}\n</tool_call>'
+    completion = [
+        # a template that does not render tool_calls keeps the block in the content
+        {"role": "assistant", "content": block, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "cropped"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "cropped"},
+        {"role": "assistant", "content": "<answer>3</answer>"},
+    ]
+    assert parser.format_reward(completion) == 1.0
+    talking = {"role": "assistant", "content": f"let me look\n{block}", "tool_calls": [call]}
+    assert parser.format_reward([talking, completion[-1]]) == 0.5  # text besides the call counts

@@ -9,7 +9,7 @@ Parsers never raise on model output: a missing field is None.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vf_mm.types import Messages, text_of
@@ -73,9 +73,8 @@ class XMLParser(Parser):
         """Share of assistant messages that contain every field exactly once (turns that
         only call tools are not answers, and do not count)."""
         assistant = [
-            m for m in completion
-            if m.get("role") == "assistant" and not (m.get("tool_calls") and not text_of(m).strip())
-        ]  # fmt: skip
+            m for m in completion if m.get("role") == "assistant" and not _only_tool_calls(m)
+        ]
         if not assistant:
             return 0.0
         good = sum(
@@ -95,3 +94,12 @@ class ThinkParser(Parser):
         if "</think>" in text:
             text = text.rsplit("</think>", 1)[1]
         return self.inner.parse(text)
+
+
+_TOOL_CALL_TEXT = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
+
+
+def _only_tool_calls(message: Mapping[str, Any]) -> bool:
+    """A turn that only calls tools: tool calls, and no text besides them (templates that
+    do not render ``tool_calls`` keep the ``<tool_call>`` blocks in the content)."""
+    return bool(message.get("tool_calls")) and not _TOOL_CALL_TEXT.sub("", text_of(message)).strip()
