@@ -150,3 +150,54 @@ def test_tool_call_ids_are_unique_in_a_conversation_and_stable_across_runs(rende
     assert len(first) == 4 and len(set(first)) == 4  # same call, same text: still distinct
     assert all(i.startswith("call_") for i in first)
     assert ids() == first  # the same tokens give the same ids
+
+
+class CoreRenderer:
+    """A renderer written to the promised core signature only (no extensions)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.bridged = 0
+
+    @property
+    def stop_token_ids(self):
+        return self.inner.stop_token_ids
+
+    @property
+    def tokenizer(self):  # what ScriptedBackend tokenizes its replies with
+        return self.inner.tokenizer
+
+    def render(self, messages, *, tools=None, add_generation_prompt=True):
+        return self.inner.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    def bridge_to_next_turn(
+        self,
+        previous_prompt_ids,
+        previous_completion_ids,
+        new_messages,
+        *,
+        tools=None,
+        previous_multi_modal_data=None,
+    ):
+        self.bridged += 1
+        return self.inner.bridge_to_next_turn(
+            previous_prompt_ids,
+            previous_completion_ids,
+            new_messages,
+            tools=tools,
+            previous_multi_modal_data=previous_multi_modal_data,
+        )
+
+    def parse_response(self, completion_ids):
+        return self.inner.parse_response(completion_ids)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_renderer_with_the_core_bridge_signature_works_alone_and_in_a_pool(renderer, pooled):
+    from vf_mm.renderers import RendererPool
+
+    core = CoreRenderer(renderer)
+    used = RendererPool(lambda: core, size=1) if pooled else core
+    client = RendererClient(ScriptedBackend(renderer, ["left", "up"]), used)
+    _, _, outs = rollout(client, 3)
+    assert [o.bridged for o in outs] == [False, True, True] and core.bridged == 2

@@ -26,7 +26,7 @@ from typing import Any
 
 from vf_mm.errors import BackendProtocolError
 from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
-from vf_mm.renderers import Renderer
+from vf_mm.renderers import Renderer, bridge
 from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
 
 
@@ -169,7 +169,8 @@ class RendererClient:
                 reason = "no earlier step is a prefix of the prompt"
                 continue
             refusals: list[str] = []
-            out = self.renderer.bridge_to_next_turn(  # type: ignore[union-attr]
+            out = bridge(
+                self.renderer,
                 step.tokens.prompt_ids,
                 step.tokens.completion_ids,
                 prompt[len(history) :],

@@ -5,7 +5,8 @@
 ``bridge_to_next_turn(previous_prompt_ids, previous_completion_ids, new_messages, *,
 tools=None, previous_multi_modal_data=None)``, which returns None to mean "re-render"
 (the optional ``previous_messages`` let it check the real history, ``on_refusal``
-hears why it declined); ``parse_response(completion_ids)``; ``stop_token_ids``,
+hears why it declined: optional extensions, which ``bridge(renderer, ...)`` passes only
+to a renderer that takes them); ``parse_response(completion_ids)``; ``stop_token_ids``,
 ``is_multimodal`` and ``bridge_refusals``. ``load_renderer(model)`` picks one for a
 checkpoint directory, processor or tokenizer (a ``ChatTemplateRenderer``);
 ``RendererPool`` shares renderers across threads and is a ``Renderer`` itself;
@@ -17,7 +18,7 @@ from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.renderers._load import load_renderer
 from vf_mm.renderers._parse import ParsedResponse
 from vf_mm.renderers._pool import RendererPool, is_multimodal
-from vf_mm.renderers._protocol import Renderer
+from vf_mm.renderers._protocol import Renderer, bridge
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 
@@ -30,6 +31,7 @@ __all__ = [
     "RendererPool",
     "UnsupportedModelError",
     "VisionSpec",
+    "bridge",
     "is_multimodal",
     "load_renderer",
 ]

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from vf_mm.renderers._parse import ParsedResponse
-from vf_mm.renderers._protocol import Renderer
+from vf_mm.renderers._protocol import Renderer, bridge
 from vf_mm.types import MultiModalData, RenderedTokens
 
 R = TypeVar("R", bound=Renderer)
@@ -84,7 +84,8 @@ class RendererPool(Generic[R]):
         on_refusal: Callable[[str], object] | None = None,
     ) -> RenderedTokens | None:
         with self.renderer() as r:
-            return r.bridge_to_next_turn(
+            return bridge(
+                r,
                 previous_prompt_ids,
                 previous_completion_ids,
                 new_messages,
@@ -103,7 +104,7 @@ class RendererPool(Generic[R]):
         """Refusal reasons summed over the pool's renderers."""
         total: dict[str, int] = {}
         for r in self._all:
-            for reason, n in r.bridge_refusals.items():
+            for reason, n in getattr(r, "bridge_refusals", {}).items():
                 total[reason] = total.get(reason, 0) + n
         return total
 

@@ -7,12 +7,19 @@ processed again), ``parse_response`` to read a completion, and ``stop_token_ids`
 ids that end an assistant turn (the backend must stop there). ``ChatTemplateRenderer``
 and ``RendererPool`` both are renderers; code that takes one takes either.
 
+``previous_messages`` and ``on_refusal`` are optional extensions of
+``bridge_to_next_turn``: a renderer written to the core signature ``(previous_prompt_ids,
+previous_completion_ids, new_messages, *, tools=None, previous_multi_modal_data=None)``
+is a renderer too. Callers go through ``bridge``, which passes the extensions only to a
+renderer that accepts them (checked once per renderer class).
+
 A renderer's tokenizer and image processor are not part of the contract: a pool
 shares them across threads only by lending a whole renderer (``pool.renderer()``).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -71,3 +78,43 @@ class Renderer(Protocol):
     def parse_response(self, completion_ids: Sequence[int]) -> ParsedResponse:
         """Reasoning, content and tool calls of a completion."""
         ...
+
+
+_EXTENSIONS = ("previous_messages", "on_refusal")
+_ACCEPTS: dict[type, frozenset[str]] = {}
+
+
+def bridge(
+    renderer: Any,
+    previous_prompt_ids: Sequence[int],
+    previous_completion_ids: Sequence[int],
+    new_messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    previous_multi_modal_data: MultiModalData | None = None,
+    previous_messages: Sequence[Mapping[str, Any]] | None = None,
+    on_refusal: Callable[[str], object] | None = None,
+) -> RenderedTokens | None:
+    """``renderer.bridge_to_next_turn(...)``, passing ``previous_messages`` / ``on_refusal``
+    only where its signature takes them: the one way callers (the client, the pool) bridge,
+    so a renderer written to the core signature works everywhere."""
+    kind = type(renderer)
+    accepts = _ACCEPTS.get(kind)
+    if accepts is None:
+        params = inspect.signature(renderer.bridge_to_next_turn).parameters
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        accepts = frozenset(n for n in _EXTENSIONS if var_kw or n in params)
+        _ACCEPTS[kind] = accepts
+    extras = {
+        name: value
+        for name, value in (("previous_messages", previous_messages), ("on_refusal", on_refusal))
+        if value is not None and name in accepts
+    }
+    return renderer.bridge_to_next_turn(
+        previous_prompt_ids,
+        previous_completion_ids,
+        new_messages,
+        tools=tools,
+        previous_multi_modal_data=previous_multi_modal_data,
+        **extras,
+    )
