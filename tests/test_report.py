@@ -499,3 +499,21 @@ def test_report_in_headless_chromium(run, tmp_path):
     assert any(c == (220, 30, 30) and n > 500 for n, c in colours)  # the red asset is visible
     if os.environ.get("VF_MM_SCREENSHOT_DIR"):
         shutil.copy(shot, Path(os.environ["VF_MM_SCREENSHOT_DIR"]) / "report.png")
+
+
+def test_a_file_another_tool_wrote_is_shown_and_summed_over_its_numbers(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    lines = [
+        '{"example_id": 0, "reward": 1.0, "metrics": {"m": 1}}',
+        '{"example_id": 1, "reward": NaN, "metrics": {"m": "n/a"}}',
+        '{"example_id": 2, "reward": "high"}',
+        '{"example_id": 3, "reward": 0.0, "metrics": {"m": 0}}',  # no newline at the end
+    ]
+    (root / "results.jsonl").write_text("\n".join(lines))
+    report = make_report(root)
+    assert report.rollouts_total == 4  # the whole last line is shown, not taken for torn
+    assert any("3 value(s)" in w and "not finite numbers" in w for w in report.warnings)
+    text = Page(report.html).all_text
+    assert "0.5 ± 0.5" in text  # the reward over the two numbers, not NaN
+    assert "NaN ± NaN" not in text

@@ -151,6 +151,10 @@ def _summary(env_id: str, model: str, agg: dict[str, Any]) -> Any:
         (f"  {kind['count']} × {name}", shorten(kind["first"], 60))  # noqa: RUF001
         for name, kind in (agg.get("error_kinds") or {}).items()
     ]
-    rows += [(f"tokens: {name}", value) for name, value in (agg.get("tokens") or {}).items()]
+    rows += [
+        (f"tokens: {name}", value)
+        for name, value in (agg.get("tokens") or {}).items()
+        if not (name == "rows_without_tokens" and value == 0)
+    ]
     rows.append(("time", f"{agg.get('time_s', 0):.1f} s"))
     return summary_table(f"{env_id} on {Path(model).name}", rows)

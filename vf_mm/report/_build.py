@@ -112,12 +112,41 @@ class _RunData:
         return results if isinstance(results, dict) else None
 
     def computed(self) -> dict[str, Any]:
-        """``summarize`` of the rows; a row it cannot sum (a hand-edited file) is a warning."""
-        try:
-            return summarize(self.rows) if self.rows else {}
-        except (TypeError, ValueError) as exc:
-            self.warnings.append(f"aggregates could not be computed from {RESULTS_FILE}: {exc}")
+        """``summarize`` of the rows, over the values that are finite numbers: a value that
+        is not (NaN, text, in a file another tool wrote or a person edited) is left out of
+        the aggregates, and a warning says how many were."""
+        if not self.rows:
             return {}
+        left_out = [0]
+        rows = [_summable(row, left_out) for row in self.rows]
+        if left_out[0]:
+            self.warnings.append(
+                f"{left_out[0]} value(s) in {RESULTS_FILE} are not finite numbers "
+                "(reward, metrics, turns or tokens); the aggregates leave them out"
+            )
+        return summarize(rows)
+
+
+def _summable(row: dict[str, Any], left_out: list[int]) -> dict[str, Any]:
+    """``row`` with every numeric field that is not a finite number set to None (metrics:
+    dropped), counting them in ``left_out[0]``."""
+
+    def finite(value: Any) -> float | None:
+        number = _number(value)
+        if value is not None and (number is None or not math.isfinite(number)):
+            left_out[0] += 1
+            return None
+        return number
+
+    out = dict(row)
+    for key in ("reward", "num_turns", "prompt_tokens", "completion_tokens"):
+        out[key] = finite(row.get(key))
+    metrics = row.get("metrics")
+    kept = {}
+    if isinstance(metrics, dict):
+        kept = {k: v for k, v in ((k, finite(v)) for k, v in metrics.items()) if v is not None}
+    out["metrics"] = kept
+    return out
 
 
 def _read_run(root: Path) -> _RunData:

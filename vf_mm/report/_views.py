@@ -296,7 +296,19 @@ def _result_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         if k == "pass_at_k" and isinstance(v, dict):
             rows.extend((f"pass@{kk}", _fmt(vv)) for kk, vv in v.items())
         elif k == "tokens" and isinstance(v, dict):
-            rows.extend((f"tokens: {kk}", _fmt_stat(vv)) for kk, vv in v.items())
+            rows.extend(
+                (f"tokens: {kk}", _fmt_stat(vv))
+                for kk, vv in v.items()
+                if not (kk == "rows_without_tokens" and vv == 0)
+            )
+        elif k == "error_kinds" and isinstance(v, dict):
+            rows.extend(
+                (f"{kind.get('count')} × {name}", shorten(str(kind.get("first", "")), 200))  # noqa: RUF001
+                for name, kind in v.items()
+                if isinstance(kind, dict)
+            )
+        elif k == "pass_threshold":
+            rows.append(("pass@k counts rewards ≥", _fmt(v)))
         elif k == "errors" and isinstance(results.get("count"), int) and isinstance(v, int):
             rows.append(("errors", f"{v} of {results['count']}"))
         else:

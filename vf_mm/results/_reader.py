@@ -25,7 +25,8 @@ What counts as a row is a second, separate choice: ``schema="strict"`` (the defa
 what a ``ResultsWriter`` writes: JSON without NaN or infinity, a valid ``example_id`` and
 ``rollout_index``, each key once. ``schema="lenient"`` takes any JSON object per line
 (NaN allowed, invalid UTF-8 replaced, keys optional and not indexed, repeats kept, blank
-lines ignored), for showing a file another tool wrote or a person edited.
+lines ignored, a whole last line without its newline kept), for showing a file another
+tool wrote or a person edited.
 
 The file format is documented in ``_format.py`` (module docstring).
 """
@@ -148,15 +149,6 @@ def scan_results(
                 scan.rows.append(row)
     scan.size = offset
     scan.end = pending.offset if pending is not None else offset
-    if pending is not None:
-        logger.warning(
-            "%s: the last line (%d) is torn (%s); %d bytes left out (resume the run to "
-            "truncate it)",
-            file,
-            pending.line,
-            pending.reason,
-            scan.size - scan.end,
-        )
     return scan
 
 
@@ -165,8 +157,13 @@ def _key(row: dict[str, Any]) -> Key:
 
 
 def _read_line(raw: bytes, lenient: bool) -> tuple[dict[str, Any] | None, str | None]:
-    """One line (with its newline) as ``(row, None)``, or ``(None, why it is bad)``."""
+    """One line (with its newline) as ``(row, None)``, or ``(None, why it is bad)``. A
+    lenient read takes a last line without its newline when it parses whole."""
     if not raw.endswith(b"\n"):
+        if lenient:
+            row, _ = _parse_line(raw, lenient=True)
+            if row is not None:
+                return row, None
         return None, "no newline at its end: cut off mid-write"
     row, why = _parse_line(raw[:-1], lenient=lenient)
     return (row, None) if row is not None else (None, why)
@@ -183,9 +180,21 @@ def read_results(
 ) -> list[dict[str, Any]]:
     """Every whole row of ``OUTDIR/results.jsonl``, in file order (``scan_results(...).rows``).
 
-    Asset URLs stay relative to the OUTDIR.
+    Asset URLs stay relative to the OUTDIR. A torn last line left out is logged as a
+    warning (``scan_results`` leaves reporting to its caller).
     """
-    return scan_results(path, bad_lines=bad_lines).rows
+    scan = scan_results(path, bad_lines=bad_lines)
+    torn = scan.torn_tail
+    if torn is not None:
+        logger.warning(
+            "%s: the last line (%d) is torn (%s); %d bytes left out (resume the run to "
+            "truncate it)",
+            scan.path,
+            torn.line,
+            torn.reason,
+            scan.size - scan.end,
+        )
+    return scan.rows
 
 
 def read_metadata(outdir: str | os.PathLike[str]) -> dict[str, Any]:
