@@ -4,6 +4,7 @@ layers, and no code reaches into another subpackage's private modules."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -64,7 +65,13 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     ``b`` may be a module), anywhere in the file, lazy imports included."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        if isinstance(node, ast.ImportFrom) and node.module == "vf_mm":
+            for alias in node.names:  # a submodule, or a name the root re-exports
+                is_module = (PACKAGE / alias.name).is_dir() or (
+                    PACKAGE / f"{alias.name}.py"
+                ).is_file()
+                found.append((node.lineno, f"vf_mm.{alias.name}" if is_module else "vf_mm"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
@@ -127,7 +134,7 @@ def test_the_architecture_map_names_every_module_and_nothing_else():
 
 
 def test_every_package_has_a_layer():
-    tops = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()}
+    tops = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()} | {"vf_mm"}
     tops = {t for t in tops if t != "__init__" and t != "__pycache__" and not t.startswith(".")}
     assert sorted(tops ^ set(_layers())) == []
 
@@ -141,23 +148,36 @@ def test_imports_point_down_the_layers():
             continue  # the root re-exports the public surface
         own = parts[0].removesuffix(".py")
         for line, name in _imports(path):
-            target = name.split(".")[1] if "." in name else None
-            if target is None or target == own or target not in layers:
+            target = name.split(".")[1] if "." in name else name  # "vf_mm": the root
+            if target == own or target not in layers:
                 continue
             if layers[target] >= layers[own]:
                 upward.append(f"{path.relative_to(ROOT)}:{line}: {own} -> {target}")
     assert sorted(set(upward)) == [], "an import points up (or across) the layers"
 
 
+def test_the_package_uses_absolute_imports_only():
+    relative = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in _python_files("vf_mm")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert relative == [], "the import checks above read absolute imports: write them so"
+
+
 def test_nothing_in_the_project_points_outside_it():
     outside = []
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0].startswith(".") or rel.parts[0] in {"outputs", "out"} or not path.is_file():
-            continue
-        if path.suffix not in {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".yaml", ".yml"}:
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if OUTSIDE in text or re.search(r"\b(DESIGN|FACTS)\.md\b", text):
-            outside.append(str(rel))
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in {"outputs", "out"}]
+        for name in files:
+            path = Path(folder) / name
+            rel = path.relative_to(ROOT)
+            if path.suffix in {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".yaml", ".yml"}:
+                outside += _points_outside(path, rel)
     assert outside == [], "a user's clone has no such folder: keep what matters in the project"
+
+
+def _points_outside(path: Path, rel: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return [str(rel)] if OUTSIDE in text or re.search(r"\b(DESIGN|FACTS)\.md\b", text) else []

@@ -1,7 +1,7 @@
 """Lazy re-exports: a package names a class in ``__all__`` but imports its module on first use.
 
-The backends and the trainer-side tensors import torch, httpx or zmq; importing
-``vf_mm`` (and ``vf_mm.wire`` through it) must not. A package that re-exports such names
+The backends, the server and the trainer-side tensors import torch, transformers or
+starlette; importing ``vf_mm`` (and ``vf_mm.wire`` through it) must not. A package that re-exports such names
 sets ``__getattr__ = lazy_exports(__name__, {"Name": "vf_mm.pkg._module", ...})`` and
 lists the names under ``if TYPE_CHECKING:`` for type checkers.
 """

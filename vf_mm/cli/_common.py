@@ -54,8 +54,8 @@ def add_run_arguments(
     p.add_argument(
         "-m",
         "--model",
-        help="checkpoint dir (local) or served model name (vllm/openai); "
-        "default: the embedded tiny model (local only)",
+        help="checkpoint directory (local, and vllm: the renderer needs its tokenizer and "
+        "processor), or the API's model name (openai); default: the embedded tiny model",
     )
     p.add_argument("--backend", choices=backends, default="local")
     p.add_argument(

@@ -17,6 +17,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from vf_mm._text import shorten
 from vf_mm.errors import StreamError
 from vf_mm.wire import StreamReader, write_stream
 
@@ -69,11 +70,12 @@ def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int
                 tensors = _tensors(item)
                 size = sum(_nbytes(t) for t in tensors)
                 if frames < args.frames:
-                    keys = (
-                        ", ".join(map(str, item)) if isinstance(item, dict) else type(item).__name__
+                    keys = shorten(
+                        ", ".join(map(str, item))
+                        if isinstance(item, dict)
+                        else type(item).__name__,
+                        48,
                     )
-                    if len(keys) > 48:
-                        keys = keys[:47] + "…"
                     table.add_row(
                         str(frames),
                         f"{reader.frame_offset:,}",

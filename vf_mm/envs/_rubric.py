@@ -30,7 +30,6 @@ from typing import Any
 from vf_mm.envs._parser import Parser
 from vf_mm.errors import MissingColumnError
 
-ARGS = ("prompt", "completion", "answer", "state", "info", "parser", "example_id", "task")
 GROUP_ARGS = {"prompts": "prompt", "completions": "completion", "answers": "answer",
               "states": "state", "infos": "info", "example_ids": "example_id", "tasks": "task"}  # fmt: skip
 

@@ -111,24 +111,20 @@ def classify(source: Any) -> Source:
     )
 
 
-def _shorten(text: str, limit: int = _MAX_SHOWN) -> str:
-    return shorten(text, limit, keep_end=True)
-
-
 def _redact_url(url: str) -> str:
     """The URL without credentials, query string or fragment (signed URLs carry secrets
     there), shortened."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return _shorten(url.split("?", 1)[0].split("#", 1)[0])
+        return shorten(url.split("?", 1)[0].split("#", 1)[0], _MAX_SHOWN, keep_end=True)
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "…@" + netloc.rsplit("@", 1)[1]
     shown = f"{parts.scheme}://{netloc}{parts.path}"
     if parts.query or parts.fragment:
         shown += "?…"
-    return _shorten(shown)
+    return shorten(shown, _MAX_SHOWN, keep_end=True)
 
 
 def describe(source: Any) -> str:
@@ -137,24 +133,24 @@ def describe(source: Any) -> str:
         try:
             return describe(_unwrap_part(source))
         except ImageDecodeError:
-            return f"<content part {_shorten(_shape(source), 80)}>"
+            return f"<content part {shorten(_shape(source), 80, keep_end=True)}>"
     if isinstance(source, Image.Image):
         return f"<PIL image {source.mode} {source.width}x{source.height}>"
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<{memoryview(source).nbytes} bytes>"
     if isinstance(source, os.PathLike):
-        return _shorten(repr(os.fspath(source)))
+        return shorten(repr(os.fspath(source)), _MAX_SHOWN, keep_end=True)
     if isinstance(source, str):
         head = source[:5].lower()
         if head == "data:":
             comma = source.find(",", 0, 200)
             header = source[:comma] if comma >= 0 else source[:40]
-            return f"{_shorten(header, 80)},… ({len(source)} chars)"
+            return f"{shorten(header, 80, keep_end=True)},… ({len(source)} chars)"
         if _SCHEME.match(source) and not re.match(r"^[A-Za-z]:", source):
             return _redact_url(source)
         if _BASE64ISH.match(source[:4096]):
             return f"{source[:16]!r}… ({len(source)} chars)"
-        return _shorten(repr(source))
+        return shorten(repr(source), _MAX_SHOWN, keep_end=True)
     return f"<{type(source).__name__}>"
 
 

@@ -1,4 +1,4 @@
-"""``Renderer``: what the client, the pool and the server need from a renderer.
+"""``Renderer``: what the client and the pool need from a renderer; ``bridge``, the one way to call it.
 
 A renderer turns messages into the exact token ids a model sees and back:
 ``render`` a whole conversation, ``bridge_to_next_turn`` to extend the previous turn's
