@@ -57,7 +57,17 @@ def add_run_arguments(
         help="checkpoint directory (local, and vllm: the renderer needs its tokenizer and "
         "processor), or the API's model name (openai); default: the embedded tiny model",
     )
-    p.add_argument("--backend", choices=backends, default="local")
+    kinds = {
+        "local": "in-process transformers",
+        "vllm": "vLLM servers (-b)",
+        "openai": "an OpenAI-compatible API",
+    }
+    p.add_argument(
+        "--backend",
+        choices=backends,
+        default="local",
+        help="; ".join(f"{name}: {kinds[name]}" for name in backends),
+    )
     p.add_argument(
         "-b", "--base-url", action="append", help="server URL (repeat for several vLLM servers)"
     )

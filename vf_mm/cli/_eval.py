@@ -37,7 +37,16 @@ from vf_mm.cli._common import (
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("eval", help="evaluate a model on an environment")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a model on an environment",
+        description="Run R rollouts of the first N rows of an environment's eval split, "
+        "score them, and write OUTDIR/results.jsonl, metadata.json and assets/ (images by "
+        "content hash). A rollout that fails is recorded with its error; the run goes on. "
+        "Exit status: 0 done, 1 refused (e.g. an OUTDIR in use), 2 bad arguments, 3 stopped "
+        "by --max-errors.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_run_arguments(
         p,
         backends=("local", "vllm", "openai"),
@@ -47,7 +56,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "-k", "--api-key", default=None, help="API key (openai; default $OPENAI_API_KEY)"
     )
-    p.add_argument("-o", "--outdir", type=Path, default=None)
+    p.add_argument(
+        "-o",
+        "--outdir",
+        type=Path,
+        default=None,
+        help="run directory (default: outputs/ENV--MODEL--TIME)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",

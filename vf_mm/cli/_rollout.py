@@ -40,7 +40,13 @@ _ABORT_LINGER_S = 5.0
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "rollout", help="run an environment's train split and stream scored groups to a trainer"
+        "rollout",
+        help="run an environment's train split and stream scored groups to a trainer",
+        description="Run R rollouts (a group) of each of the first N rows of an "
+        "environment's train split and send each scored group, as one frame with each "
+        "distinct image's tensors once, to a stream file or a ZeroMQ endpoint where a "
+        "trainer listens. A slow trainer blocks the sender (bounded memory).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_run_arguments(
         p,
