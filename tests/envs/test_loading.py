@@ -69,3 +69,60 @@ def test_check_environment_reports_columns_the_rubric_needs_and_rows_lack(tiny):
         optional_columns=["answer"],
     )
     assert vf.check_environment(optional, model_dir=tiny)["rows"] == 2
+
+
+def _write_env(folder, module="my_env"):
+    folder.mkdir(parents=True)
+    (folder / f"{module}.py").write_text(textwrap.dedent(ENV_SOURCE))
+    return folder
+
+
+def test_a_path_to_an_environment_folder_or_module_file_loads(tmp_path, monkeypatch):
+    folder = _write_env(tmp_path / "somewhere" / "my-env")
+    monkeypatch.chdir(tmp_path)
+    for given in (
+        str(folder),
+        "somewhere/my-env",
+        "./somewhere/my-env/",
+        str(folder / "my_env.py"),
+    ):
+        env = vf.load_environment(given, n=1)
+        assert len(env.get_eval_dataset()) == 1
+        assert env.env_id in ("my-env", "my_env")  # named after the folder or the module
+
+
+def test_a_folder_that_holds_no_environment_says_what_it_holds(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(EnvironmentNotFoundError, match=r"holds: notes\.txt") as info:
+        vf.load_environment(str(tmp_path))
+    assert f"{tmp_path.name.replace('-', '_')}.py" in str(info.value)
+
+
+def test_search_folders_come_from_arguments_and_vf_mm_env_path(tmp_path, monkeypatch):
+    _write_env(tmp_path / "a" / "alpha", "alpha")
+    _write_env(tmp_path / "b" / "beta", "beta")
+    monkeypatch.setenv("VF_MM_ENV_PATH", str(tmp_path / "b"))
+    assert vf.load_environment("alpha", search_paths=[tmp_path / "a"]).env_id == "alpha"
+    assert vf.load_environment("beta").env_id == "beta"  # from the environment variable
+
+
+def test_not_found_lists_every_place_and_what_is_there(tmp_path, monkeypatch):
+    _write_env(tmp_path / "here" / "gamma", "gamma")
+    monkeypatch.setenv("VF_MM_ENV_PATH", str(tmp_path / "missing"))
+    with pytest.raises(EnvironmentNotFoundError) as info:
+        vf.load_environment("nope", search_paths=[tmp_path / "here"])
+    text = str(info.value)
+    assert f"{tmp_path / 'here'}/: gamma" in text
+    assert f"{tmp_path / 'missing'}/: no such folder" in text
+    assert "entry points in group 'vf_mm.environments'" in text and "--env-dir" in text
+
+
+def test_the_cli_takes_env_dir_and_paths(tmp_path, monkeypatch):
+    from vf_mm.cli import main
+
+    _write_env(tmp_path / "envs" / "delta", "delta")
+    monkeypatch.chdir(tmp_path)
+    common = ["-n", "1", "-r", "1", "-S", '{"max_tokens": 2}']
+    assert main(["eval", "delta", "--env-dir", "envs", "-o", "o1", *common]) == 0
+    assert main(["eval", "envs/delta", "-o", "o2", *common]) == 0
+    assert main(["eval", "delta", "-o", "o3", *common]) == 1  # not found without --env-dir

@@ -50,7 +50,18 @@ def add_run_arguments(
     """The arguments every command that runs an environment takes: which environment,
     which model on which backend, how many rollouts, and the environment's and
     sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help)."""
-    p.add_argument("env", help="environment id (installed, or environments/<id>)")
+    p.add_argument(
+        "env",
+        help="environment id (installed, or a folder <id>/ under --env-dir, $VF_MM_ENV_PATH or "
+        "./environments), or a path to an environment folder or module file",
+    )
+    p.add_argument(
+        "--env-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of environment folders to look in first (repeatable)",
+    )
     p.add_argument(
         "-m",
         "--model",

@@ -91,7 +91,7 @@ async def _eval(args: argparse.Namespace) -> int:
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
     console = Console()
-    env = vf_mm.load_environment(args.env, **args.env_args)
+    env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
     model = resolve_model(args)
     if model is None:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")

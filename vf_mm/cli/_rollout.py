@@ -84,7 +84,7 @@ async def _rollout(args: argparse.Namespace) -> int:
     if args.rollouts_per_example < 1:
         console.print("[red]-r must be at least 1[/]")
         return 2
-    env = vf_mm.load_environment(args.env, **args.env_args)
+    env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
     model = resolve_model(args)
     if model is None:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")

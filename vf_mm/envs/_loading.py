@@ -1,14 +1,21 @@
 """``load_environment(env_id, **env_args)``: find an environment and build it.
 
-Where it looks, in order:
+``env_id`` is an id or a path. A path (it names an existing file or folder, or holds a
+``/``) is loaded directly: a module file ``path/to/my_env.py``, or an environment folder
+``path/to/my-env/`` holding ``my_env.py`` or a package ``my_env/`` (as the example
+environments are laid out), or a folder that is itself a package (``__init__.py``).
+
+An id is looked for, in order:
 
 1. installed packages that declare an entry point in the ``vf_mm.environments`` group
    (``[project.entry-points."vf_mm.environments"] my-env = "my_env:load_environment"``);
-2. ``environments/<env_id>/`` under the current directory, then under vf_mm's own
-   checkout (an editable install), or in ``search_paths``: a module
-   ``<env_id>.py`` (dashes as underscores) or a package of that name inside it, as the
-   example environments are laid out, so a working tree runs without installing;
+2. ``<root>/<env_id>/`` (dashes or underscores) for each root: ``search_paths`` (the CLI's
+   ``--env-dir``, in order), then the folders in ``$VF_MM_ENV_PATH`` (``os.pathsep``
+   separated), then ``./environments`` and vf_mm's own checkout's ``environments/``;
 3. an importable module named ``env_id`` with a ``load_environment`` function.
+
+When nothing matches, the error lists every place it looked and the environments it
+found there.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +33,8 @@ from vf_mm.envs._env import Environment
 from vf_mm.errors import EnvironmentNotFoundError
 
 ENTRY_POINT_GROUP = "vf_mm.environments"
+#: folders to look for environments in, before ./environments (os.pathsep separated)
+ENV_PATH_VAR = "VF_MM_ENV_PATH"
 
 
 def load_environment(
@@ -36,9 +46,18 @@ def load_environment(
         raise EnvironmentNotFoundError(
             f"{env_id}: load_environment returned a {type(env).__name__}, not a vf_mm Environment"
         )
-    if env.env_id == type(env).__name__:
-        env.env_id = env_id
+    if env.env_id == type(env).__name__:  # named after how it was found
+        env.env_id = _display_id(env_id)
     return env
+
+
+def _display_id(env_id: str) -> str:
+    """The id of an environment given by id (as is) or by path (its folder or module name)."""
+    path = Path(env_id)
+    if path.exists() or "/" in env_id or env_id.endswith(".py"):
+        resolved = path.resolve()
+        return resolved.stem if resolved.suffix == ".py" else resolved.name
+    return env_id
 
 
 def list_environments(search_paths: Sequence[str | Path] | None = None) -> list[str]:
@@ -51,6 +70,9 @@ def list_environments(search_paths: Sequence[str | Path] | None = None) -> list[
 
 
 def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
+    path = Path(env_id)
+    if path.exists() or "/" in env_id or env_id.endswith(".py"):
+        return _load_path(path, env_id)
     wanted = {env_id, env_id.replace("-", "_"), env_id.replace("_", "-")}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in wanted:
@@ -70,17 +92,56 @@ def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
         module = None
     if module is not None and hasattr(module, "load_environment"):
         return module.load_environment
+    places = [f"  entry points in group {ENTRY_POINT_GROUP!r}: {_installed() or 'none'}"]
+    places += [f"  {root}/: {_found_in(root)}" for root in _roots(search_paths)]
+    places.append(f"  an importable module {module_name!r}: none with load_environment")
     raise EnvironmentNotFoundError(
-        f"no environment {env_id!r}: no entry point in group {ENTRY_POINT_GROUP!r}, none of "
-        f"{', '.join(searched)}, no importable module {module_name!r} with load_environment; "
-        f"available: {', '.join(list_environments(search_paths)) or 'none'}"
+        f"no environment {env_id!r}. Looked in:\n" + "\n".join(places) + "\n"
+        "Pass a path (vf-mm eval ./path/to/env), add a folder with --env-dir or "
+        "VF_MM_ENV_PATH, or install the environment (pip install -e environments/<id>)."
     )
 
 
+def _installed() -> str:
+    return ", ".join(
+        sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    )
+
+
+def _found_in(root: Path) -> str:
+    if not root.is_dir():
+        return "no such folder"
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and _module_file(p, p.name))
+    return ", ".join(names) if names else "no environments"
+
+
+def _load_path(path: Path, env_id: str) -> Any:
+    """An environment named by a path: a module file, an environment folder, a package."""
+    if path.is_file():
+        if path.suffix != ".py":
+            raise EnvironmentNotFoundError(f"{path}: not a Python module (.py)")
+        return _load_from(path.resolve(), path.stem)
+    if path.is_dir():
+        name = path.resolve().name
+        source = _module_file(path, name) or (
+            path / "__init__.py" if (path / "__init__.py").is_file() else None
+        )
+        if source is not None:
+            return _load_from(source.resolve(), name)
+        held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+        raise EnvironmentNotFoundError(
+            f"{path}: an environment folder holds {name.replace('-', '_')}.py, a package "
+            f"{name.replace('-', '_')}/ or an __init__.py; this one holds: "
+            f"{', '.join(held[:20]) or 'nothing'}"
+            + (f" and {len(held) - 20} more" if len(held) > 20 else "")
+        )
+    raise EnvironmentNotFoundError(f"{env_id}: no such file or folder")
+
+
 def _roots(search_paths: Sequence[str | Path] | None) -> list[Path]:
-    if search_paths:
-        return [Path(p) for p in search_paths]
-    roots = [Path.cwd() / "environments"]
+    roots = [Path(p) for p in search_paths or ()]
+    roots += [Path(p) for p in os.environ.get(ENV_PATH_VAR, "").split(os.pathsep) if p]
+    roots.append(Path.cwd() / "environments")
     checkout = Path(__file__).resolve().parents[2] / "environments"  # vf_mm's own working tree
     if checkout.is_dir() and checkout not in roots:
         roots.append(checkout)
