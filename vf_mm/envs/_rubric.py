@@ -150,21 +150,18 @@ def _check_columns(
     A ``**kwargs`` function that does not name the column is called without it (no key,
     rather than a made-up None)."""
     asked = asked_columns(func)
-    missing = {c for state in states for c in state.get("missing_columns", ())}
-    dropped = {p for p, s in GROUP_ARGS.items() if s in missing - asked} | (missing - asked)
-    kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
     for state in states:
-        for column in state.get("missing_columns", ()):
-            if column in asked:
-                name = getattr(func, "__name__", repr(func))
-                raise MissingColumnError(
-                    f"reward function {name} asks for {column!r}, but the dataset row of "
-                    f"example {state.get('example_id')!r} has no {column!r} column (or it is "
-                    f"null). Give every row one, or declare it optional: "
-                    f"MyEnv(..., optional_columns=[{column!r}]) and let {name} handle None",
-                    column=column,
-                )
-    return kwargs
+        for column in asked.intersection(state.get("missing_columns", ())):
+            name = getattr(func, "__name__", repr(func))
+            raise MissingColumnError(
+                f"reward function {name} asks for {column!r}, but the dataset row of "
+                f"example {state.get('example_id')!r} has no {column!r} column (or it is "
+                f"null). Give every row one, or declare it optional: "
+                f"MyEnv(..., optional_columns=[{column!r}]) and let {name} handle None",
+                column=column,
+            )
+    unasked = {c for state in states for c in state.get("missing_columns", ())}  # none asked
+    return {k: v for k, v in kwargs.items() if GROUP_ARGS.get(k, k) not in unasked}
 
 
 def _select(func: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def _refusal(value: Any) -> str:
     return f"{name} is not JSON ({hint})"
 
 
-def _unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
+def unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
     """What is stored in place of a value that could not be: its type and why."""
     return {"unavailable": type(value).__name__, "error": f"{type(exc).__name__}: {exc}"}
 
@@ -296,11 +296,14 @@ class AssetStore:
         if on_error not in ("raise", "record"):
             raise ValueError(f"on_error must be 'raise' or 'record', not {on_error!r}")
         record = on_error == "record"
-        if isinstance(messages, (str, bytes, Mapping)):
-            raise ResultsError(
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+            error = ResultsError(
                 f"{where or 'messages'}: must be a list of message dicts, "
                 f"not {type(messages).__name__}"
             )
+            if not record:
+                raise error
+            return [unavailable(messages, error)]
         policy = policy or self.policy
         out: list[dict[str, Any]] = []
         for m, message in enumerate(messages):
@@ -311,7 +314,7 @@ class AssetStore:
                 )
                 if not record:
                     raise error
-                out.append(_unavailable(message, error))
+                out.append(unavailable(message, error))
                 continue
             copy: dict[str, Any] = {}
             for key, value in message.items():
@@ -327,7 +330,7 @@ class AssetStore:
                 except (ResultsError, ImageError) as exc:
                     if not record:
                         raise
-                    copy[key] = _unavailable(value, exc)
+                    copy[key] = unavailable(value, exc)
             out.append(copy)
         return out
 

@@ -25,6 +25,7 @@ from vf_mm.results._assets import (
     fsync_dir,
     is_temp_name,
     to_json_value,
+    unavailable,
 )
 from vf_mm.results._format import (
     METADATA_FILE,
@@ -410,8 +411,6 @@ class ResultsWriter:
         if messages is None:
             return []
         if record:
-            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-                return [_unavailable_value(messages, where)]
             return self.assets.to_jsonable(messages, where=where, on_error="record")
         try:
             return self.assets.to_jsonable(messages, where=where)
@@ -549,11 +548,4 @@ def _stored(value: Any, where: str, path: str) -> Any:
     try:
         return to_json_value(value, where, path)
     except ResultsError as exc:
-        return {"unavailable": type(value).__name__, "error": f"ResultsError: {exc}"}
-
-
-def _unavailable_value(value: Any, where: str) -> dict[str, Any]:
-    return {
-        "unavailable": type(value).__name__,
-        "error": f"{where}: must be a list of message dicts, not {type(value).__name__}",
-    }
+        return unavailable(value, exc)
