@@ -263,3 +263,23 @@ def test_a_kwargs_reward_function_is_called_without_the_missing_column(renderer)
     env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([anything]))
     (out,) = asyncio.run(env.evaluate(client(renderer, ["hi"])))
     assert out.error is None and "answer" not in seen[0] and "info" not in seen[0]
+
+
+def test_a_reward_function_that_fails_on_one_rollout_fails_that_rollout_only(renderer):
+    calls = []
+
+    def flaky(completion):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("reward blew up")
+        return 1.0
+
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([flaky]))
+    outs = asyncio.run(env.evaluate(client(renderer, ["hi"]), rollouts_per_example=2))
+    failed = [o for o in outs if o.error]
+    scored = [o for o in outs if not o.error]
+    assert len(failed) == 1 and len(scored) == 1
+    assert failed[0].reward is None
+    assert failed[0].error.startswith("RuntimeError: reward blew up")  # its type first
+    assert "reward function flaky" in failed[0].error
+    assert scored[0].reward == 1.0  # the sibling keeps its own score

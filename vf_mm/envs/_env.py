@@ -20,16 +20,15 @@ import asyncio
 import inspect
 import random
 import time
-import traceback
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from vf_mm._text import describe_failure
 from vf_mm.client import RendererClient
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rubric import Rubric
-from vf_mm.errors import VfMmError
 from vf_mm.inference import SamplingParams
 from vf_mm.types import IMAGE_PART_TYPES, Messages, RolloutOutput
 
@@ -213,12 +212,14 @@ class Environment:
         return outputs
 
     async def score(self, states: Sequence[State]) -> list[RolloutOutput]:
-        """Score one example's group of rollouts; a rubric failure becomes each rollout's error."""
+        """Score one example's group of rollouts. A reward function that fails on one rollout
+        fails that rollout (``Rubric.score_group``); a failure that concerns the whole group
+        (a group reward function) becomes each rollout's error."""
         start = time.perf_counter()
         try:
             scores = await self.rubric.score_group(states)
         except Exception as exc:  # env code: record it, keep the run going
-            message = f"scoring failed: {_describe(exc)}"
+            message = f"{describe_failure(exc)} (scoring the example's group)"
             scores = [(None, {})] * len(states)
             for state in states:
                 state["error"] = state.get("error") or message
@@ -313,7 +314,7 @@ class MultiTurnEnv(Environment):
             state = State(
                 prompt=[], completion=[], answer=row.get("answer"), info=dict(row.get("info") or {}),
                 task=self.env_id, example_id=example_id, rollout_index=rollout_index, turn=0,
-                trajectory=[], error=f"bad example: {_describe(exc)}",
+                trajectory=[], error=f"{describe_failure(exc)} (making the example's prompt)",
                 timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
             )  # fmt: skip
             return state
@@ -324,7 +325,7 @@ class MultiTurnEnv(Environment):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a backend, image or env failure fails this rollout only
-            state["error"] = _describe(exc)
+            state["error"] = describe_failure(exc)
         state["timing"]["total_s"] = time.perf_counter() - start
         return state
 
@@ -411,14 +412,3 @@ def _with_seed(sampling: SamplingParams, seed: int) -> SamplingParams:
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
-
-
-def _describe(exc: BaseException) -> str:
-    """One line naming the error: vf_mm errors by their message, others with where they came from."""
-    if isinstance(exc, VfMmError):
-        return f"{type(exc).__name__}: {exc}"
-    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-    where = (
-        f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name})" if frame else ""
-    )
-    return f"{type(exc).__name__}: {exc}{where}"

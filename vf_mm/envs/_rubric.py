@@ -13,6 +13,10 @@ the row lacks (or holds null) fails that rollout with ``MissingColumnError`` ins
 receiving a made-up ``None`` (a parser that finds no answer would "match" it), unless the
 environment lists the column in ``optional_columns``.
 
+A reward function that raises (or returns something that is not a finite number) on one
+rollout fails that rollout, with the function named in its error; the group's other
+rollouts are scored as usual. A group reward function's failure fails the group.
+
 A rollout that failed (its ``state["error"]`` is set) is never passed to reward
 functions: its reward is None (not a made-up 0) and its error is what is reported;
 summaries count it as an error and a pass@k failure, and training skips it.
@@ -27,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vf_mm._text import describe_failure
 from vf_mm.envs._parser import Parser
 from vf_mm.errors import MissingColumnError
 
@@ -91,12 +96,20 @@ class Rubric:
                     )
                 for i, value in zip(ok, values, strict=True):
                     metrics[i][rf.name] = _number(rf.name, value)
-            else:
+            else:  # a failure here is that rollout's own: its siblings are still scored
                 results = await asyncio.gather(
-                    *(_call(rf.func, self._kwargs(rf.func, states[i])) for i in ok)
+                    *(self._score_one(rf, states[i]) for i in ok), return_exceptions=True
                 )
-                for i, value in zip(ok, results, strict=True):
-                    metrics[i][rf.name] = _number(rf.name, value)
+                for i, value in zip(list(ok), results, strict=True):
+                    if isinstance(value, Exception):
+                        states[i]["error"] = (
+                            f"{describe_failure(value)} (reward function {rf.name})"
+                        )
+                        ok.remove(i)
+                    elif isinstance(value, BaseException):
+                        raise value
+                    else:
+                        metrics[i][rf.name] = value
         out = []
         for i, state in enumerate(states):
             if state.get("error"):
@@ -105,6 +118,9 @@ class Rubric:
             reward = sum(rf.weight * metrics[i][rf.name] for rf in self.funcs if rf.weight)
             out.append((float(reward), metrics[i]))
         return out
+
+    async def _score_one(self, rf: RewardFunc, state: dict[str, Any]) -> float:
+        return _number(rf.name, await _call(rf.func, self._kwargs(rf.func, state)))
 
     async def score_rollout(self, state: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
         return (await self.score_group([state]))[0]
