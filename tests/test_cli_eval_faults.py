@@ -58,8 +58,8 @@ def run(tmp_path, monkeypatch, fault, *extra):
 
 def assert_only_row_1_failed(rows, meta, kind, text):
     assert set(rows) == {0, 1, 2}
-    assert rows[1]["reward"] is None and rows[1]["error"].startswith(kind)
-    assert text in rows[1]["error"]
+    assert rows[1]["reward"] is None and rows[1]["error"]["type"] == kind
+    assert text in rows[1]["error"]["message"] + rows[1]["error"]["where"]
     for ok in (0, 2):
         assert rows[ok]["error"] is None and rows[ok]["reward"] == 1.0
     assert meta["results"]["errors"] == 1

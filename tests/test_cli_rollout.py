@@ -82,7 +82,8 @@ def test_failed_rollouts_are_sent_with_their_error(tmp_path):
     assert len(groups) == 2
     for g in groups:
         assert len(g["rollouts"]) == 2
-        assert all("PromptTooLongError" in r["error"] for r in g["rollouts"])
+        assert all(r["error"]["type"] == "PromptTooLongError" for r in g["rollouts"])
+        assert all(r["error"]["where"] == "turn 1: model" for r in g["rollouts"])
 
 
 def test_an_unsupported_stream_target_is_a_clear_error(capsys):
@@ -104,5 +105,7 @@ def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path
     (g,) = read_groups(path)
     assert [r["rollout_index"] for r in g["rollouts"]] == [0, 1]
     for r in g["rollouts"]:
-        assert r["steps"] == [] and "ValueError: cannot pack this" in r["error"]
+        assert r["steps"] == [] and r["error"]["type"] == "ValueError"
+        assert r["error"]["message"] == "cannot pack this"
+        assert r["error"]["where"].startswith("packing the group, at test_cli_rollout.py:")
         assert r["reward"] is not None  # the scores are kept

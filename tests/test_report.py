@@ -129,7 +129,11 @@ def make_run(root: Path, *, metadata: bool = True) -> dict:
             "info": {},
             "reward": None,
             "metrics": {},
-            "error": "BackendUnavailableError: connection refused <b>not bold</b>",
+            "error": {
+                "type": "BackendUnavailableError",
+                "message": "connection refused <b>not bold</b>",
+                "where": "turn 1: model",
+            },
             "num_turns": 0,
             "prompt_tokens": None,
             "completion_tokens": None,
@@ -278,6 +282,9 @@ def test_report_structure_images_and_escaping(run):
     assert [c["data-example"] for c in cards] == ["0", "0", "1", "1", "ex-<2>"]
     assert [c["data-reward"] for c in cards] == ["1.0", "0.0", "", "", "0.5"]
     assert "has-error" in cards[2]["class"] and "data-error" in cards[2]
+    assert "BackendUnavailableError: connection refused <b>not bold</b> (turn 1: model)" in (
+        page.all_text
+    )  # the error as one line: type, message, where
     assert all("data-error" not in c for i, c in enumerate(cards) if i != 2)
 
     # every image use is drawn; 3 distinct PNGs are embedded once each

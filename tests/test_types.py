@@ -584,3 +584,56 @@ def test_all_lists_every_public_name_and_only_existing_ones():
 
 def test_rendered_tokens_default_to_no_multi_modal_data():
     assert RenderedTokens(token_ids=[1, 2]).multi_modal_data is None
+
+
+# -- RolloutError ---------------------------------------------------------------------
+
+
+def test_a_rollout_error_reads_as_one_line_type_first():
+    error = T.RolloutError("ImageFetchError", "no such file", "turn 2: model")
+    assert str(error) == "ImageFetchError: no such file (turn 2: model)"
+    assert str(T.RolloutError("KeyError", "'x'")) == "KeyError: 'x'"
+
+
+def test_a_rollout_error_round_trips_through_its_dict():
+    error = T.RolloutError("MessageError", "bad", "turn 1: env.env_response")
+    assert T.RolloutError.from_value(error.to_dict()) == error
+    assert T.RolloutError.from_value(unpackb(packb(error.to_dict()))) == error
+    assert T.RolloutError.from_value(None) is None and T.RolloutError.from_value(error) is error
+
+
+def test_one_line_errors_of_older_results_files_are_read_by_their_type():
+    assert T.RolloutError.from_value("ImageFetchError: gone") == T.RolloutError(
+        "ImageFetchError", "gone"
+    )
+    assert T.RolloutError.from_value("it broke") == T.RolloutError("Error", "it broke")
+
+
+@pytest.mark.parametrize(
+    "bad", [{"message": "no type"}, {"type": 3, "message": "m"}, 7, ["TypeError", "m"]]
+)
+def test_a_malformed_error_record_is_refused_not_stringified(bad):
+    with pytest.raises(TypeError, match="error record"):
+        T.RolloutError.from_value(bad)
+
+
+def test_an_error_from_user_code_names_the_line_that_raised_it():
+    def env_code():
+        raise KeyError("cell")
+
+    try:
+        env_code()
+    except KeyError as exc:
+        error = T.RolloutError.from_exception(exc, where="turn 1: env.env_response")
+    assert error.type == "KeyError" and error.message == "'cell'"
+    assert error.where.startswith("turn 1: env.env_response, at test_types.py:")
+    assert error.where.endswith("in env_code")
+
+
+def test_a_vf_mm_error_names_its_cause_in_its_message_not_a_code_line():
+    try:
+        raise MultiModalDataError("placeholders overlap")
+    except MultiModalDataError as exc:
+        error = T.RolloutError.from_exception(exc, where="turn 3: model")
+    assert error == T.RolloutError("MultiModalDataError", "placeholders overlap", "turn 3: model")
+    assert T.RolloutError.from_exception(ValueError()).message == "ValueError"  # never empty

@@ -23,11 +23,12 @@ by ``MultiModalData.validate``:
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
-from vf_mm.errors import MultiModalDataError, TrajectoryError
+from vf_mm.errors import MultiModalDataError, TrajectoryError, VfMmError
 
 __all__ = [
     "IMAGE_PART_TYPES",
@@ -42,6 +43,7 @@ __all__ = [
     "PlaceholderRange",
     "RenderedTokens",
     "ResponseTokens",
+    "RolloutError",
     "RolloutOutput",
     "SystemMessage",
     "TextPart",
@@ -420,12 +422,69 @@ class TrajectoryStep:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutError:
+    """Why one rollout failed, as results.jsonl and the training wire carry it.
+
+    ``type``: the exception's class name (``"ImageFetchError"``), what summaries count
+    errors by. ``message``: its message. ``where``: the stage of the rollout that failed
+    (``"turn 2: gridnav.env_response"``, ``"reward function correct"``), and for an
+    exception raised outside vf_mm (environment code) the file, line and function that
+    raised it. ``str()`` gives the one-line form ``"type: message (where)"``.
+    """
+
+    type: str
+    message: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}" + (f" ({self.where})" if self.where else "")
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, where: str = "") -> RolloutError:
+        """The record of ``exc``, raised at stage ``where``; for an exception that is not a
+        vf_mm error, the code location that raised it is added to ``where``."""
+        location = ""
+        if not isinstance(exc, VfMmError) and exc.__traceback__ is not None:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            location = f"at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
+        if location:
+            where = f"{where}, {location}" if where else location
+        return cls(type(exc).__name__, str(exc) or type(exc).__name__, where)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"type": self.type, "message": self.message, "where": self.where}
+
+    @classmethod
+    def from_value(cls, value: Any) -> RolloutError | None:
+        """A ``RolloutError`` from what a results line or a group frame holds: ``None``, a
+        ``{"type", "message", "where"}`` mapping, or a ``"Type: message"`` string (the
+        one-line form; results files of format 1 hold that). Anything else is refused."""
+        if value is None or isinstance(value, RolloutError):
+            return value
+        if isinstance(value, Mapping):
+            fields = {k: value.get(k, "") for k in ("type", "message", "where")}
+            if all(isinstance(v, str) for v in fields.values()) and fields["type"]:
+                return cls(**fields)
+            raise TypeError(
+                "an error record needs str 'type', 'message' and 'where' fields, got "
+                + repr({k: type(v).__name__ for k, v in value.items()})
+            )
+        if isinstance(value, str):
+            head, sep, rest = value.partition(": ")
+            if sep and head.isidentifier():
+                return cls(head, rest)
+            return cls("Error", value)
+        raise TypeError(f"an error record must be a mapping or a str, not {type(value).__name__}")
+
+
 @dataclass(slots=True)
 class RolloutOutput:
     """One finished rollout of one example.
 
-    A rollout that failed is recorded with ``error`` set (and whatever it had
-    produced), never dropped, so a run's results line up with its examples.
+    A rollout that failed is recorded with ``error`` set (a ``RolloutError``: type,
+    message, where; and whatever it had produced), never dropped, so a run's results line
+    up with its examples.
     """
 
     example_id: int | str
@@ -436,7 +495,7 @@ class RolloutOutput:
     trajectory: list[TrajectoryStep] = field(default_factory=list)
     reward: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
+    error: RolloutError | None = None
     timing: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -92,13 +92,78 @@ def test_tool_errors_are_told_to_the_model(renderer):
     assert state["error"] is None
 
 
+def _one_call(name, arguments="{}"):
+    calls = iter(
+        [f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>', "done"]
+    )
+    return lambda request: next(calls)
+
+
+def test_a_tool_returning_content_parts_gives_the_model_those_parts(renderer):
+    def look():
+        """Look again."""
+        return [{"type": "image", "image": picture(5)}, {"type": "text", "text": "a closer look"}]
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[look], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("look")), rows(1)[0]))
+    assert state["error"] is None
+    tool = state["completion"][1]
+    assert [p["type"] for p in tool["content"]] == ["image", "text"]  # parts, not their repr
+    assert state["trajectory"][1].tokens.multi_modal_data.num_items("image") == 2
+
+
+def test_a_tool_returning_what_json_cannot_hold_fails_the_rollout_not_stringified(renderer):
+    class Opaque:
+        pass
+
+    def weird():
+        """Returns an object."""
+        return {"value": Opaque()}
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[weird], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("weird")), rows(1)[0]))
+    error = state["error"]
+    assert error.type == "MessageError" and "tool 'weird' returned dict" in error.message
+    assert error.where == "turn 1: ToolEnv.env_response"
+    assert "Opaque" not in str(state["completion"][-1].get("content"))  # never sent as text
+
+
+def test_json_tool_results_are_json_text(renderer):
+    def stats():
+        """Numbers."""
+        return {"mean": 0.5, "n": 3}
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[stats], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("stats")), rows(1)[0]))
+    assert state["completion"][1]["content"] == '{"mean": 0.5, "n": 3}'
+
+
+def test_setup_and_finish_state_failures_name_their_stage(renderer):
+    class BadSetup(vf.MultiTurnEnv):
+        def setup_state(self, state):
+            raise ValueError("no board")
+
+    class BadFinish(vf.SingleTurnEnv):
+        async def finish_state(self, state):
+            raise ValueError("no tally")
+
+    first = asyncio.run(BadSetup(dataset=rows(1)).rollout(client(renderer, ["x"]), rows(1)[0]))
+    assert first["error"].where.startswith("BadSetup.setup_state, at test_rollouts.py:")
+    assert first["trajectory"] == []  # no model turn was spent on a broken rollout
+    last = asyncio.run(BadFinish(dataset=rows(1)).rollout(client(renderer, ["x"]), rows(1)[0]))
+    assert last["error"].where.startswith("BadFinish.finish_state")
+    assert len(last["trajectory"]) == 1  # what it produced is kept
+
+
 def test_a_corrupt_image_fails_that_rollout_only(renderer):
     data = rows(2)
     data[0]["image"] = b"not an image at all"
     env = vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric([lambda completion: 1.0]))
     outs = asyncio.run(env.evaluate(client(renderer, ["yes"])))
     by_id = {o.example_id: o for o in outs}
-    assert "ImageDecodeError" in by_id[0].error and by_id[0].reward is None
+    error = by_id[0].error
+    assert error.type == "ImageDecodeError" and by_id[0].reward is None
+    assert error.where == "turn 1: model"  # images load when the first turn renders
     assert by_id[1].error is None and by_id[1].reward == 1.0
 
 
@@ -116,14 +181,19 @@ def test_backend_errors_and_env_exceptions_are_recorded(renderer):
     outs = asyncio.run(
         vf.SingleTurnEnv(dataset=rows(1)).evaluate(vf.RendererClient(Down(), renderer))
     )
-    assert "BackendUnavailableError: server gone" in outs[0].error
+    assert (outs[0].error.type, outs[0].error.where) == ("BackendUnavailableError", "turn 1: model")
+    assert "server gone" in outs[0].error.message
 
     class Raises(vf.MultiTurnEnv):
         async def env_response(self, messages, state):
             raise KeyError("oops")
 
     state = asyncio.run(Raises(dataset=rows(1)).rollout(client(renderer, ["x"]), rows(1)[0]))
-    assert state["error"].startswith("KeyError: 'oops' (at test_rollouts.py:")
+    error = state["error"]
+    assert (error.type, error.message) == ("KeyError", "'oops'")
+    # the stage, then the line of environment code that raised it
+    assert error.where.startswith("turn 1: Raises.env_response, at test_rollouts.py:")
+    assert str(error).startswith("KeyError: 'oops' (turn 1: Raises.env_response, at ")
 
 
 def test_timeout_is_recorded(renderer):
@@ -135,7 +205,9 @@ def test_timeout_is_recorded(renderer):
     state = asyncio.run(
         Slow(dataset=rows(1), timeout_s=0.2).rollout(client(renderer, ["x"]), rows(1)[0])
     )
-    assert "timed out after 0.2 s" in state["error"]
+    error = state["error"]
+    assert error.type == "TimeoutError" and "0.2 s" in error.message
+    assert error.where == "turn 1: Slow.env_response"  # where it was when time ran out
 
 
 def test_evaluate_skips_done_pairs_and_reports_each_result(renderer):
@@ -211,8 +283,10 @@ def test_a_row_without_an_answer_is_never_scored_as_a_match(renderer):
     by_id = {o.example_id: o for o in outs}
     for missing in (0, 1):
         assert by_id[missing].reward is None
-        assert "MissingColumnError" in by_id[missing].error and "'answer'" in by_id[missing].error
-        assert "optional_columns" in by_id[missing].error  # the hint says how to opt out
+        error = by_id[missing].error
+        assert error.type == "MissingColumnError" and "'answer'" in error.message
+        assert "optional_columns" in error.message  # the hint says how to opt out
+        assert error.where == "reward function _parse_nothing"
     assert by_id[2].error is None and by_id[2].reward == 0.0  # rows that have one still score
 
 
@@ -224,7 +298,7 @@ def test_group_reward_functions_are_checked_too(renderer):
     rubric.add_group_reward_func(agree)
     env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=rubric)
     (out,) = asyncio.run(env.evaluate(client(renderer, ["hi"])))
-    assert out.reward is None and "MissingColumnError" in out.error
+    assert out.reward is None and out.error.type == "MissingColumnError"
 
 
 def test_a_column_declared_optional_reaches_the_reward_function_as_none(renderer):
@@ -280,6 +354,7 @@ def test_a_reward_function_that_fails_on_one_rollout_fails_that_rollout_only(ren
     scored = [o for o in outs if not o.error]
     assert len(failed) == 1 and len(scored) == 1
     assert failed[0].reward is None
-    assert failed[0].error.startswith("RuntimeError: reward blew up")  # its type first
-    assert "reward function flaky" in failed[0].error
+    error = failed[0].error
+    assert (error.type, error.message) == ("RuntimeError", "reward blew up")
+    assert error.where.startswith("reward function flaky, at test_rollouts.py:")
     assert scored[0].reward == 1.0  # the sibling keeps its own score

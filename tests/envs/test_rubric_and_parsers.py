@@ -65,7 +65,8 @@ def test_a_reward_that_is_not_a_finite_number_is_that_rollouts_error(bad):
     rubric = vf.Rubric([lambda completion: bad])
     st = state("x")
     assert asyncio.run(rubric.score_rollout(st)) == (None, {})
-    assert st["error"].startswith(("TypeError", "ValueError")) and "<lambda>" in st["error"]
+    assert st["error"].type in ("TypeError", "ValueError")
+    assert "<lambda>" in st["error"].message + st["error"].where
 
 
 def test_asking_for_an_unknown_argument_names_the_choices():
@@ -74,7 +75,7 @@ def test_asking_for_an_unknown_argument_names_the_choices():
 
     st = state("x")
     assert asyncio.run(vf.Rubric([needs_foo]).score_rollout(st)) == (None, {})
-    assert st["error"].startswith("TypeError") and "asks for ['foo']" in st["error"]
+    assert st["error"].type == "TypeError" and "asks for ['foo']" in st["error"].message
 
 
 def test_xml_parser_takes_the_last_answer_and_scores_format():

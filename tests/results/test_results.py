@@ -23,7 +23,7 @@ from vf_mm.results import (
     read_metadata,
     read_results,
 )
-from vf_mm.types import ResponseTokens, RolloutOutput, TrajectoryStep
+from vf_mm.types import ResponseTokens, RolloutError, RolloutOutput, TrajectoryStep
 
 CONFIG = {
     "env_id": "vqa",
@@ -197,7 +197,8 @@ def test_content_json_cannot_hold_is_recorded_and_the_run_goes_on(tmp_path, chan
     (first, second) = read_results(tmp_path)
     assert first == row and first["reward"] is None
     assert first[field]["unavailable"] in ("dict", "ndarray")
-    assert re.search(match, first["error"]) and first["error"].startswith("ResultsError")
+    assert re.search(match, first["error"]["message"]) and first["error"]["type"] == "ResultsError"
+    assert first["error"]["where"] == "storing the rollout"
     assert second["error"] is None and second["reward"] == 1.0
 
 
@@ -209,12 +210,14 @@ def test_an_image_that_does_not_load_is_recorded_where_it_was(tmp_path):
     ]  # fmt: skip
     with new_writer(tmp_path) as writer:
         writer.write(
-            output(3, completion=bad, error="RuntimeError: the rollout's own error"),
+            output(
+                3, completion=bad, error=RolloutError("RuntimeError", "its own", "turn 2: model")
+            ),
             rollout_index=1,
         )
         writer.write(output(4, completion=bad), rollout_index=0)
     own, stored = read_results(tmp_path)
-    assert own["error"] == "RuntimeError: the rollout's own error"  # kept, not replaced
+    assert own["error"] == {"type": "RuntimeError", "message": "its own", "where": "turn 2: model"}
     assert own["reward"] is None
     text, missing = own["completion"][0]["content"]
     assert text == {"type": "text", "text": "look"}
@@ -223,10 +226,9 @@ def test_an_image_that_does_not_load_is_recorded_where_it_was(tmp_path):
     garbage = own["completion"][1]["content"][0]
     assert garbage["type"] == "unavailable" and garbage["source"] is None
     assert "ImageDecodeError" in garbage["error"]
-    assert (
-        stored["error"].startswith("ImageFetchError") and "example 4 rollout 0" in stored["error"]
-    )
-    assert "completion, message 0, part 1" in stored["error"]
+    assert stored["error"]["type"] == "ImageFetchError"
+    assert "example 4 rollout 0" in stored["error"]["message"]
+    assert "completion, message 0, part 1" in stored["error"]["message"]
 
 
 def test_a_key_is_written_once(tmp_path):
@@ -308,7 +310,7 @@ def test_metadata_is_written_at_start_and_by_finalize(tmp_path):
     start = read_metadata(tmp_path)
     assert start["config"] == CONFIG and start["model"] == "tiny"
     assert start["finished_at"] is None and start["results"] is None
-    assert start["results_format"] == 1 and start["started_at"]
+    assert start["results_format"] == 2 and start["started_at"]
     writer.write(output(0, reward=1.0), rollout_index=0)
     writer.write(output(0, reward=0.0, error="boom"), rollout_index=1)
     aggregates = writer.finalize()

@@ -114,3 +114,17 @@ def test_pass_at_k_matches_enumeration(n):
             assert math.isclose(pass_at_k(n, c, k), expected), (n, c, k)
     with pytest.raises(ValueError):
         pass_at_k(n, 0, n + 1)
+
+
+def test_errors_are_counted_by_type_whatever_form_the_file_holds():
+    rows = [
+        row(0, None, error={"type": "ImageFetchError", "message": "gone", "where": "turn 1"}),
+        row(1, None, error={"type": "ImageFetchError", "message": "also gone", "where": "turn 2"}),
+        row(2, None, error="ImageFetchError: one-line form (results format 1)"),
+        row(3, None, error="no type prefix"),
+        row(4, None, error={"unexpected": "shape"}),  # another tool's file: counted, not lost
+        row(5, 1.0),
+    ]
+    kinds = summarize(rows)["error_kinds"]
+    assert kinds["ImageFetchError"] == {"count": 3, "first": "gone"}
+    assert kinds["Error"]["count"] == 2 and next(iter(kinds)) == "ImageFetchError"

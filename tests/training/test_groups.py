@@ -38,6 +38,7 @@ from vf_mm.types import (
     MultiModalData,
     PlaceholderRange,
     ResponseTokens,
+    RolloutError,
     RolloutOutput,
     TrajectoryStep,
 )
@@ -174,7 +175,7 @@ def make_group(world: World, base_ops: list[str], rollout_ops: list[list[str]], 
                 trajectory=steps,
                 reward=float(r),
                 metrics={"m": 0.5},
-                error=None if r else "boom",
+                error=None if r else RolloutError("RuntimeError", "boom", "turn 1: model"),
             )
         )
     if api:

@@ -24,13 +24,12 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from vf_mm._text import describe_failure
 from vf_mm.client import RendererClient
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rubric import Rubric
 from vf_mm.inference import SamplingParams
-from vf_mm.types import IMAGE_PART_TYPES, Messages, RolloutOutput
+from vf_mm.types import IMAGE_PART_TYPES, Messages, RolloutError, RolloutOutput
 
 IMAGE_COLUMNS = ("image", "images")
 #: dataset columns reward functions receive by name; a row without one (or with null) is
@@ -219,10 +218,10 @@ class Environment:
         try:
             scores = await self.rubric.score_group(states)
         except Exception as exc:  # env code: record it, keep the run going
-            message = f"{describe_failure(exc)} (scoring the example's group)"
+            error = RolloutError.from_exception(exc, where="scoring the example's group")
             scores = [(None, {})] * len(states)
             for state in states:
-                state["error"] = state.get("error") or message
+                state["error"] = state.get("error") or error
         elapsed = time.perf_counter() - start
         outputs = []
         for state, (reward, metrics) in zip(states, scores, strict=True):
@@ -314,34 +313,43 @@ class MultiTurnEnv(Environment):
             state = State(
                 prompt=[], completion=[], answer=row.get("answer"), info=dict(row.get("info") or {}),
                 task=self.env_id, example_id=example_id, rollout_index=rollout_index, turn=0,
-                trajectory=[], error=f"{describe_failure(exc)} (making the example's prompt)",
+                trajectory=[], error=RolloutError.from_exception(exc, where="making the prompt"),
                 timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
             )  # fmt: skip
             return state
+        stage = _Stage()
         try:
-            await asyncio.wait_for(self._run(client, state, sampling), timeout=self.timeout_s)
+            await asyncio.wait_for(
+                self._run(client, state, sampling, stage), timeout=self.timeout_s
+            )
         except TimeoutError:
-            state["error"] = f"rollout timed out after {self.timeout_s} s (turn {state['turn']})"
+            state["error"] = RolloutError(
+                "TimeoutError", f"the rollout took longer than {self.timeout_s} s", stage.where
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a backend, image or env failure fails this rollout only
-            state["error"] = describe_failure(exc)
+            state["error"] = RolloutError.from_exception(exc, where=stage.where)
         state["timing"]["total_s"] = time.perf_counter() - start
         return state
 
     async def _run(
-        self, client: RendererClient, state: State, sampling: SamplingParams | None
+        self, client: RendererClient, state: State, sampling: SamplingParams | None, stage: _Stage
     ) -> None:
-        await self._loop(client, state, sampling)
+        stage.where = f"{self.env_id}.setup_state"
+        await _maybe_await(self.setup_state(state))
+        await self._loop(client, state, sampling, stage)
+        stage.where = f"{self.env_id}.finish_state"
         await _maybe_await(self.finish_state(state))
 
     async def _loop(
-        self, client: RendererClient, state: State, sampling: SamplingParams | None
+        self, client: RendererClient, state: State, sampling: SamplingParams | None, stage: _Stage
     ) -> None:
-        await _maybe_await(self.setup_state(state))
         messages: Messages = list(state["prompt"])
         sampling = sampling or self.sampling()
         while True:
+            turn_no = state["turn"] + 1
+            stage.where = f"turn {turn_no}: model"
             t0 = time.perf_counter()
             params = sampling
             if sampling.seed is not None and state["turn"]:  # each turn its own random stream
@@ -356,12 +364,14 @@ class MultiTurnEnv(Environment):
             messages = [*messages, turn.message]
             state["turn"] += 1
             state["completion"] = messages[len(state["prompt"]) :]
+            stage.where = f"turn {turn_no}: a stop condition"
             if await self._should_stop(state):
                 return
+            stage.where = f"turn {turn_no}: {self.env_id}.env_response"
             t0 = time.perf_counter()
             reply = check_messages(
                 await _maybe_await(self.env_response(messages, state)),
-                where=f"{self.env_id}.env_response returned (turn {state['turn']})",
+                where=f"{self.env_id}.env_response returned (turn {turn_no})",
             )
             state["timing"]["env_s"] += time.perf_counter() - t0
             messages = [*messages, *reply]
@@ -384,6 +394,15 @@ class SingleTurnEnv(MultiTurnEnv):
     def __init__(self, **kwargs: Any) -> None:
         kwargs["max_turns"] = 1
         super().__init__(**kwargs)
+
+
+class _Stage:
+    """Where a running rollout is (``where`` of its error record if it fails now)."""
+
+    __slots__ = ("where",)
+
+    def __init__(self) -> None:
+        self.where = "starting"
 
 
 def _rows(dataset: Any, n: int, seed: int | None) -> list[dict[str, Any]]:

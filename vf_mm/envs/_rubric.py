@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vf_mm._text import describe_failure
 from vf_mm.envs._parser import Parser
 from vf_mm.errors import MissingColumnError
+from vf_mm.types import RolloutError
 
 GROUP_ARGS = {"prompts": "prompt", "completions": "completion", "answers": "answer",
               "states": "state", "infos": "info", "example_ids": "example_id", "tasks": "task"}  # fmt: skip
@@ -102,8 +102,8 @@ class Rubric:
                 )
                 for i, value in zip(list(ok), results, strict=True):
                     if isinstance(value, Exception):
-                        states[i]["error"] = (
-                            f"{describe_failure(value)} (reward function {rf.name})"
+                        states[i]["error"] = RolloutError.from_exception(
+                            value, where=f"reward function {rf.name}"
                         )
                         ok.remove(i)
                     elif isinstance(value, BaseException):

@@ -8,7 +8,9 @@ the calls it made, in order, and answers with one ``tool`` message per call. A t
 may return text, a number, JSON-able data, or images (a PIL image, or a list mixing
 images and text): images land in the tool message as image parts, so the model sees
 them on its next turn. A call that fails (unknown tool, bad JSON arguments, the tool
-raising) is answered with the error text in its tool message: the model can recover.
+raising) is answered with the error text in its tool message: the model can recover. A
+tool that returns a value JSON cannot hold fails the rollout (``MessageError``): that
+is a bug in the tool, not the model's move.
 The rollout ends when a model turn makes no tool call.
 """
 
@@ -22,8 +24,10 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from vf_mm._text import shorten
 from vf_mm.envs._env import MultiTurnEnv, State, _maybe_await, stop
-from vf_mm.types import Messages
+from vf_mm.errors import MessageError
+from vf_mm.types import IMAGE_PART_TYPES, Messages
 
 STATE_ARG = "state"
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
@@ -104,29 +108,46 @@ class ToolEnv(MultiTurnEnv):
             result = await _maybe_await(func(**args))
         except Exception as exc:  # the model sees the error and may try again
             return f"Error: {type(exc).__name__}: {exc}"
-        return _tool_content(result)
+        return _tool_content(
+            result, name
+        )  # a bad return value is the tool's bug: it fails the rollout
 
 
-def _tool_content(result: Any) -> str | list[dict[str, Any]]:
-    items = (
-        result
-        if isinstance(result, (list, tuple)) and any(_is_image(r) for r in result)
-        else [result]
-    )
-    if not any(_is_image(r) for r in items):
-        return result if isinstance(result, str) else json.dumps(result, default=str)
+def _tool_content(result: Any, name: str) -> str | list[dict[str, Any]]:
+    """A tool's return value as tool-message content: text stays text; images, and lists
+    mixing images, text and content parts (``{"type": "image", ...}``), become parts; any
+    other value is written as JSON. A value JSON cannot hold is refused, never stringified."""
+    items = result if isinstance(result, (list, tuple)) else [result]
+    if not any(_is_image(r) or _is_part(r) for r in items):
+        return result if isinstance(result, str) else _json_text(result, name)
     parts: list[dict[str, Any]] = []
     for item in items:
         if _is_image(item):
             parts.append({"type": "image", "image": item})
+        elif _is_part(item):
+            parts.append(dict(item))
         else:
             parts.append(
-                {
-                    "type": "text",
-                    "text": item if isinstance(item, str) else json.dumps(item, default=str),
-                }
+                {"type": "text", "text": item if isinstance(item, str) else _json_text(item, name)}
             )
     return parts
+
+
+def _is_part(value: Any) -> bool:
+    return isinstance(value, Mapping) and value.get("type") in ("text", *IMAGE_PART_TYPES)
+
+
+def _json_text(value: Any, name: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise MessageError(
+            f"tool {name!r} returned {type(value).__name__} {shorten(repr(value), 80)}, which is "
+            f"not text, JSON, an image or content parts ({exc})",
+            where=f"tool {name!r}",
+            hint="return a str, a JSON-able value (convert numpy values with .tolist()), a PIL "
+            "image, or a list of those",
+        ) from None
 
 
 def _is_image(value: Any) -> bool:

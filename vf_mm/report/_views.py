@@ -10,6 +10,7 @@ from typing import Any
 
 from vf_mm._text import shorten
 from vf_mm.report._assets import _Assets
+from vf_mm.types import RolloutError
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -225,7 +226,7 @@ def _card(i: int, row: dict[str, Any], assets: _Assets, lo: float, hi: float) ->
         "rollout_index": _fmt(row.get("rollout_index")) if "rollout_index" in row else "",
         "reward": _reward_view(row.get("reward"), lo, hi),
         "metrics": [(str(k), _fmt(v)) for k, v in metrics.items()],
-        "error": _text(error if isinstance(error, str) else _json(error)) if error else None,
+        "error": _text(_error_line(error)) if error else None,
         "answer": _text(answer) if answer not in (None, "") else None,
         "info": _text(_json(info)) if info not in (None, {}, []) else None,
         "num_turns": _fmt(row["num_turns"]) if row.get("num_turns") is not None else "",
@@ -327,3 +328,12 @@ def _metric_rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         else:
             rows.append((str(name), _fmt(v), ""))
     return rows
+
+
+def _error_line(error: Any) -> str:
+    """A row's error as one line (``"Type: message (where)"``); a value that is not an error
+    record (a file another tool wrote) as its JSON."""
+    try:
+        return str(RolloutError.from_value(error))
+    except TypeError:
+        return error if isinstance(error, str) else _json(error)

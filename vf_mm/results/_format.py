@@ -17,7 +17,7 @@ One line of ``results.jsonl`` (``ROW_KEYS``, then the caller's ``extra`` keys)::
     {"example_id": int | str, "rollout_index": int,
      "prompt": [message, ...], "completion": [message, ...],      # images as asset refs
      "answer": JSON, "info": {...}, "reward": float | null, "metrics": {name: float | null},
-     "error": str | null, "num_turns": int, "prompt_tokens": int | null,
+     "error": {"type": str, "message": str, "where": str} | null, "num_turns": int, "prompt_tokens": int | null,
      "completion_tokens": int | null, "timing": {...}, ...extra}
 
 Crash safety (a ``kill -9`` at any moment, then ``resume=True``):
@@ -52,8 +52,10 @@ from vf_mm.errors import ResultsError
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
-#: Version of the OUTDIR layout, stored in metadata.json as ``results_format``.
-RESULTS_FORMAT = 1
+#: Version of the OUTDIR layout, stored in metadata.json as ``results_format``. Format 1
+#: held ``error`` as one ``"Type: message (where)"`` string; readers accept both forms
+#: (``vf_mm.types.RolloutError.from_value``).
+RESULTS_FORMAT = 2
 #: The keys of every results.jsonl line, in the order they are written (``extra`` follows).
 ROW_KEYS = (
     "example_id",

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from vf_mm.types import RolloutError
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate from ``n`` samples of which ``c`` succeeded:
@@ -21,13 +23,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def error_kind(error: Any) -> tuple[str, str]:
-    """``(kind, message)`` of a row's error: ``"ImageFetchError: no such file"`` gives
-    ``("ImageFetchError", "no such file")``; an error without a type prefix is ``"Error"``."""
-    text = str(error)
-    head, sep, rest = text.partition(": ")
-    if sep and head.isidentifier():
-        return head, rest
-    return "Error", text
+    """``(kind, message)`` of a row's error: ``{"type": "ImageFetchError", "message": "no such
+    file", ...}`` or the one-line ``"ImageFetchError: no such file"`` give
+    ``("ImageFetchError", "no such file")``; a string without a type prefix is ``"Error"``."""
+    try:
+        record = RolloutError.from_value(error)
+    except TypeError:
+        record = RolloutError.from_value(str(error))
+    assert record is not None
+    return record.type, record.message
 
 
 def _mean_std(values: Sequence[float]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from vf_mm.results._format import (
 )
 from vf_mm.results._reader import read_metadata, read_results, scan_results
 from vf_mm.results._summary import summarize
-from vf_mm.types import RolloutOutput
+from vf_mm.types import RolloutError, RolloutOutput
 
 try:
     import fcntl
@@ -359,14 +359,16 @@ class ResultsWriter:
             if not isinstance(name, str):
                 raise ResultsError(f"{where}, field 'metrics': key {name!r} is not a str")
         error = output.error
-        if isinstance(error, BaseException):
-            error = f"{type(error).__name__}: {error}"
-        elif error is not None and not isinstance(error, str):
-            raise ResultsError(
-                f"{where}, field 'error': must be a str or None, not {type(error).__name__}"
+        try:
+            error = (
+                RolloutError.from_exception(error)
+                if isinstance(error, BaseException)
+                else RolloutError.from_value(error)
             )
-        if failure is not None and not error:
-            error = f"{type(failure).__name__}: {failure}"
+        except TypeError as exc:
+            raise ResultsError(f"{where}, field 'error': {exc}") from None
+        if failure is not None and error is None:
+            error = RolloutError.from_exception(failure, where="storing the rollout")
         answer, info = (
             (_stored(output.answer, where, "answer"), _stored(output.info, where, "info"))
             if record
@@ -385,7 +387,7 @@ class ResultsWriter:
             "info": info if info is not None else {},
             "reward": None if record else _number(output.reward, where, "reward"),
             "metrics": {k: _number(v, where, f"metrics.{k}") for k, v in metrics.items()},
-            "error": error,
+            "error": error.to_dict() if error is not None else None,
             "num_turns": num_turns,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,

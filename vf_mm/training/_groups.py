@@ -24,7 +24,8 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
                         # the item dict as the renderer made it (any keys), once per hash
      "rollouts": [
         {"rollout_index": int,
-         "reward": float | None, "metrics": {str: float}, "error": str | None,
+         "reward": float | None, "metrics": {str: float},
+         "error": {"type", "message", "where"} | None,
          "answer": Any, "info": dict,
          "advantage": float,            # only when pack_group got advantages
          "prompt": messages, "completion": messages,
@@ -82,6 +83,7 @@ from vf_mm.types import (
     MultiModalData,
     PlaceholderRange,
     ResponseTokens,
+    RolloutError,
     RolloutOutput,
     TrajectoryStep,
     image_part_source,
@@ -164,7 +166,7 @@ def pack_group(
             "rollout_index": indices[r],
             "reward": output.reward,
             "metrics": output.metrics,
-            "error": output.error,
+            "error": _error_record(output.error, where),
             "answer": output.answer,
             "info": output.info,
         }
@@ -388,12 +390,27 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
                 trajectory=trajectory,
                 reward=entry.get("reward"),
                 metrics=entry.get("metrics") or {},
-                error=entry.get("error"),
+                error=_error_from_frame(entry.get("error"), where),
                 rollout_index=index,
                 advantage=entry.get("advantage"),
             )
         )
     return out
+
+
+def _error_record(error: Any, where: str) -> dict[str, str] | None:
+    try:
+        record = RolloutError.from_value(error)
+    except TypeError as exc:
+        raise GroupFrameError(f"{where}, field 'error': {exc}") from None
+    return record.to_dict() if record is not None else None
+
+
+def _error_from_frame(value: Any, where: str) -> RolloutError | None:
+    try:
+        return RolloutError.from_value(value)
+    except TypeError as exc:
+        raise GroupFrameError(f"{where}, field 'error': {exc}") from None
 
 
 def _get(mapping: Mapping[str, Any], key: str, where: str) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 
 from vf_mm.errors import TransportError
 from vf_mm.training._groups import pack_group
+from vf_mm.types import RolloutError
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,7 +80,7 @@ async def stream_rollouts(
         except TransportError:
             raise
         except Exception as exc:  # keep the scores and say why the rest is missing
-            reason = f"group not packed: {type(exc).__name__}: {exc}"
+            packing = RolloutError.from_exception(exc, where="packing the group")
             outputs = [
                 dataclasses.replace(
                     o,
@@ -88,7 +89,11 @@ async def stream_rollouts(
                     trajectory=[],
                     info={},
                     answer=None,
-                    error=f"{o.error}; {reason}" if o.error else reason,
+                    error=(
+                        RolloutError(o.error.type, o.error.message, f"{o.error.where}; {packing}")
+                        if o.error
+                        else packing
+                    ),
                 )
                 for o in outputs
             ]
