@@ -76,6 +76,7 @@ def test_types_exports_exist():
         "RenderedTokens",
         "ResponseTokens",
         "TrajectoryStep",
+        "RolloutError",
         "RolloutOutput",
     ):
         assert name in vf_mm.types.__all__
