@@ -113,7 +113,9 @@ class RendererClient:
         self.stats.render_s += time.perf_counter() - start
         start = time.perf_counter()
         result = await self.backend.generate(  # type: ignore[union-attr]
-            GenerateRequest(rendered.token_ids, sampling, rendered.multi_modal_data)
+            GenerateRequest(
+                rendered.token_ids, sampling, rendered.multi_modal_data, messages=prompt
+            )
         )
         self.stats.backend_s += time.perf_counter() - start
         n = len(result.completion_ids)

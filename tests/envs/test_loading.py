@@ -1,4 +1,4 @@
-"""load_environment and check_environment."""
+"""load_environment: environments by id, path, --env-dir and VF_MM_ENV_PATH."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 import vf_mm as vf
-from vf_mm.errors import EnvironmentCheckError, EnvironmentNotFoundError
+from vf_mm.errors import EnvironmentNotFoundError
 
 ENV_SOURCE = """
 import vf_mm as vf
@@ -30,45 +30,6 @@ def test_finds_environments_folder(tmp_path):
 def test_unknown_environment_says_where_it_looked(tmp_path):
     with pytest.raises(EnvironmentNotFoundError, match="no environment 'nope'"):
         vf.load_environment("nope", search_paths=[tmp_path])
-
-
-def test_check_environment_passes_a_good_env(tiny):
-    env = vf.SingleTurnEnv(
-        dataset=[{"question": "hi", "answer": "1"}], rubric=vf.Rubric([lambda: 1.0])
-    )
-    report = vf.check_environment(env, model_dir=tiny)
-    assert report["rows"] == 1 and report["rewards"] == [1.0, 1.0]
-
-
-def test_check_environment_lists_every_problem(tiny):
-    rows = [{"question": "hi", "image": b"garbage"}, {"nothing": 1}]
-    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([lambda: 1.0]))
-    with pytest.raises(EnvironmentCheckError) as info:
-        vf.check_environment(env, model_dir=tiny)
-    problems = info.value.problems
-    assert any("row 1 has neither" in p for p in problems)
-    assert any("row 0" in p and "image" in p for p in problems)
-    assert any("rollout failed" in p for p in problems)
-
-
-def test_check_environment_reports_columns_the_rubric_needs_and_rows_lack(tiny):
-    def correct(completion, answer):
-        return float(completion[-1]["content"] == answer)
-
-    rows = [{"question": "a", "answer": "1"}, {"question": "b"}]
-    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([correct]))
-    with pytest.raises(EnvironmentCheckError) as info:
-        vf.check_environment(env, model_dir=tiny)
-    assert any(
-        "row 1 has no 'answer'" in p and "correct" in p and "optional_columns" in p
-        for p in info.value.problems
-    )
-    optional = vf.SingleTurnEnv(
-        dataset=rows,
-        rubric=vf.Rubric([lambda completion, answer: 0.0]),
-        optional_columns=["answer"],
-    )
-    assert vf.check_environment(optional, model_dir=tiny)["rows"] == 2
 
 
 def _write_env(folder, module="my_env"):

@@ -66,6 +66,17 @@ def test_tool_calls_are_parsed(renderer):
     assert parsed.tool_call_errors == []
 
 
+def test_format_tool_calls_writes_what_parse_response_reads_back(renderer):
+    calls = [("zoom", {"x": 1, "label": "ünï"}), ("crop", {})]
+    text = renderer.format_tool_calls(calls)
+    parsed = renderer.parse_response(ids(renderer, text))
+    assert parsed.tool_call_errors == [] and parsed.content == ""
+    got = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls
+    ]
+    assert got == calls
+
+
 @pytest.mark.parametrize(
     ("raw", "error"),
     [

@@ -1,11 +1,23 @@
 """``check_environment``: what an environment author runs in their own tests.
 
-It checks, and reports every problem at once: the eval dataset has rows with a
-``question`` or ``prompt``; every row formats into a prompt whose image parts load
-through the dataset image policy; every column a reward function names (``answer``,
-``info``) is in every row, unless declared optional; a rollout against a scripted backend on an offline
-tiny VLM completes without error; every reward and metric is a finite number; and two
-runs with the same seed give the same rewards.
+It runs the environment the way ``vf-mm eval`` does, against a scripted policy on an
+offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
+
+- **the dataset**: each eval row has a ``question`` or a ``prompt``, formats into valid
+  messages whose images load through the image policy, and has every column a reward
+  function asks for (``answer``, ``info``) unless the environment declares it optional;
+- **the rollouts**: two per example, one at a time. The default policy calls each of the
+  environment's tools once, in order, with arguments made from the tool's schema (or
+  ``tool_args``), then answers; every ``env_response`` and tool result is checked where
+  it enters the rollout, as in a real run. Every rollout must finish without an error,
+  with a finite reward and finite metrics;
+- **determinism**: a second run with the same seed gives each rollout the same reward.
+  This is checked only when the replies are deterministic (the default policy or a list
+  of strings; a callable may sample).
+
+The report counts what it saw: rows, the dataset's images, the new images each model
+turn was shown (prompt images on turn 1, environment and tool images after), the tool
+calls made and the tools that answered with an error (``"Error: ..."``), and the rewards.
 """
 
 from __future__ import annotations
@@ -13,107 +25,267 @@ from __future__ import annotations
 import asyncio
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vf_mm.envs._env import Environment
+from vf_mm.envs._messages import check_messages
 from vf_mm.envs._rubric import asked_columns
 from vf_mm.errors import EnvironmentCheckError, VfMmError
 from vf_mm.types import image_parts
+
+DEFAULT_ANSWER = "I think the answer is 1."
 
 
 def check_environment(
     env: Environment,
     *,
     num_examples: int = 2,
-    replies: Sequence[str] | Callable[[Any], str] = ("I think the answer is 1.",),
+    replies: Sequence[str] | Callable[[Any], str] | None = None,
+    tool_args: Mapping[str, Mapping[str, Any]] | None = None,
     model_dir: str | Path | None = None,
     image_policy: Any = None,
 ) -> dict[str, Any]:
     """Run the checks; raise ``EnvironmentCheckError`` listing every problem found, or
-    return a small report (rows checked, images loaded, rewards seen)."""
-    from vf_mm.client import RendererClient
-    from vf_mm.images import ImagePolicy, load_image
-    from vf_mm.inference import ScriptedBackend
-    from vf_mm.models import build_tiny_vlm
-    from vf_mm.renderers import load_renderer
+    return the report::
 
+        {"rows": rows checked, "images": dataset images loaded,
+         "images_per_turn": [[new images at model turn 1, 2, ...] per rollout],
+         "tool_calls": {tool: calls made}, "tool_errors": {tool: its first error answer},
+         "rewards": [reward per rollout], "seconds": wall time}
+
+    ``replies``: what the model "says": strings used in turn, or a function of the
+    ``GenerateRequest`` (``request.messages`` is the conversation so far). Default: the
+    scripted tool policy described in the module docstring, then ``DEFAULT_ANSWER``.
+    ``tool_args``: arguments per tool name for that policy, where the schema's own
+    examples (the first enum value, 1, 1.0, "a", ...) would be refused by the tool.
+    ``model_dir``: a checkpoint to render with (default: a tiny Qwen2.5-VL built offline).
+    """
+    from vf_mm.images import ImagePolicy
+
+    start = time.perf_counter()
     problems: list[str] = []
-    report: dict[str, Any] = {"rows": 0, "images": 0, "rewards": []}
+    report: dict[str, Any] = {"rows": 0, "images": 0}
     try:
         rows = env.get_eval_dataset(num_examples)
     except Exception as exc:
         raise EnvironmentCheckError(
-            f"the eval dataset cannot be read: {exc}", problems=[str(exc)]
+            f"{env.env_id}: the eval dataset cannot be read: {exc}", problems=[str(exc)]
         ) from exc
     if not rows:
         problems.append("the eval dataset is empty")
     policy = image_policy if image_policy is not None else ImagePolicy()
     for i, row in enumerate(rows):
-        if row.get("question") is None and row.get("prompt") is None:
-            problems.append(f"row {i} has neither a 'question' nor a 'prompt' column")
-            continue
-        try:
-            prompt = env.format_prompt(row)
-        except Exception as exc:
-            problems.append(f"row {i} does not format into a prompt: {exc}")
-            continue
-        report["rows"] += 1
-        for column in env.missing_columns(row):
-            for rf in env.rubric.funcs:
-                if column in asked_columns(rf.func):
-                    problems.append(
-                        f"row {i} has no {column!r} (or it is null) but reward function "
-                        f"{rf.name} asks for it: give every row one, or declare "
-                        f"optional_columns=[{column!r}]"
-                    )
-        for m, p, part in image_parts(prompt):
-            try:
-                load_image(part, policy=policy, where=f"row {i}, message {m}, part {p}")
-                report["images"] += 1
-            except VfMmError as exc:
-                problems.append(str(exc))
+        problems += _check_row(env, i, row, policy, report)
 
-    async def run(model: Path, seed: int) -> list[Any]:
-        renderer = load_renderer(model)
-        client = RendererClient(ScriptedBackend(renderer, replies), renderer)
-        return await env.evaluate(
-            client, num_examples=num_examples, rollouts_per_example=2, seed=seed
-        )
-
+    deterministic = replies is None or not callable(replies)
+    if replies is None:
+        replies = tool_policy(env.tools or [], tool_args=tool_args)
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(model_dir) if model_dir else build_tiny_vlm(Path(tmp) / "tiny", "qwen2_5_vl")
-        try:
-            first = asyncio.run(run(model, 0))
-            second = asyncio.run(run(model, 0))
-        except Exception as exc:
-            problems.append(
-                f"evaluate() raised instead of recording errors: {type(exc).__name__}: {exc}"
-            )
-            first = second = []
-    for out in first:
-        if out.error:
-            problems.append(f"example {out.example_id}: the rollout failed: {out.error}")
-            continue
-        values = {"reward": out.reward, **out.metrics}
-        for name, value in values.items():
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                problems.append(
-                    f"example {out.example_id}: {name} is {value!r}, not a finite number"
-                )
-        report["rewards"].append(out.reward)
-
-    def key(outs: list[Any]) -> list[tuple[Any, Any]]:
-        return sorted((str(o.example_id), o.reward) for o in outs)
-
-    if first and key(first) != key(second):
+        runs = _scripted_runs(env, rows, replies, model_dir, Path(tmp), 2 if deterministic else 1)
+    if isinstance(runs, Exception):
         problems.append(
-            "two runs with the same seed gave different rewards (non-deterministic env?)"
+            f"evaluate() raised instead of recording errors: {type(runs).__name__}: {runs}"
         )
+        runs = [{}]
+    first = runs[0]
+    report["images_per_turn"] = [_new_images_per_turn(out) for out in first.values()]
+    report["tool_calls"], report["tool_errors"] = _tool_use(first.values())
+    report["rewards"] = []
+    for (example_id, index), out in sorted(first.items(), key=lambda kv: str(kv[0])):
+        where = f"example {example_id!r} rollout {index}"
+        if out.error:
+            problems.append(f"{where}: the rollout failed: {out.error}")
+            continue
+        for name, value in {"reward": out.reward, **out.metrics}.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                problems.append(f"{where}: {name} is {value!r}, not a finite number")
+        report["rewards"].append(out.reward)
+    if len(runs) == 2:
+        differ = [
+            k for k in first if runs[1].get(k) is None or runs[1][k].reward != first[k].reward
+        ]
+        if differ:
+            problems.append(
+                f"two runs with the same seed and the same scripted replies gave different "
+                f"rewards for {len(differ)} rollout(s) (first: example {differ[0][0]!r} rollout "
+                f"{differ[0][1]}): the environment or its rubric is not deterministic"
+            )
+    report["seconds"] = time.perf_counter() - start
     if problems:
+        counted = Counter(problems)
+        lines = [p if n == 1 else f"{p} (× {n})" for p, n in counted.items()]  # noqa: RUF001
         raise EnvironmentCheckError(
-            f"{env.env_id}: {len(problems)} problem(s):\n- " + "\n- ".join(problems),
+            f"{env.env_id}: {len(problems)} problem(s):\n- " + "\n- ".join(lines),
             problems=problems,
         )
     return report
+
+
+def tool_policy(
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    tool_args: Mapping[str, Mapping[str, Any]] | None = None,
+    answer: str = DEFAULT_ANSWER,
+) -> Callable[[Any], str]:
+    """A scripted policy (a ``ScriptedBackend`` reply function): on each turn it calls the
+    next tool of ``tools`` (OpenAI-style schemas) this conversation has not called yet,
+    with ``tool_args[name]`` or arguments made from its schema; once every tool has been
+    called, it answers ``answer``. It needs a ``GenerateRequest`` that carries its
+    conversation (``RendererClient`` sets ``request.messages``)."""
+    tool_args = dict(tool_args or {})
+    names = [t["function"]["name"] for t in tools]
+    unknown = set(tool_args) - set(names)
+    if unknown:
+        raise ValueError(f"tool_args names {sorted(unknown)}; the tools are {names}")
+    calls = {
+        t["function"]["name"]: dict(
+            tool_args.get(t["function"]["name"])
+            or example_value(t["function"].get("parameters") or {"type": "object"})
+        )
+        for t in tools
+    }
+
+    def reply(request: Any) -> str:
+        called = {
+            call.get("function", {}).get("name")
+            for m in request.messages or ()
+            if m.get("role") == "assistant"
+            for call in m.get("tool_calls") or ()
+        }
+        todo = [name for name in names if name not in called]
+        if not todo:
+            return answer
+        from vf_mm.renderers import format_tool_calls
+
+        return format_tool_calls([(todo[0], calls[todo[0]])])
+
+    return reply
+
+
+def example_value(schema: Mapping[str, Any]) -> Any:
+    """A small value valid under a JSON schema (the subset ``tool_schema`` writes): the
+    first enum value, a number within its bounds, "a", True, an object with its required
+    properties, an array of ``minItems`` examples."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return example_value(schema[key][0])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind in ("integer", "number"):
+        value = 1 if kind == "integer" else 1.0
+        if "minimum" in schema:
+            value = max(value, schema["minimum"])
+        if "maximum" in schema:
+            value = min(value, schema["maximum"])
+        return value
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        return [example_value(schema.get("items") or {})] * int(schema.get("minItems", 0))
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: example_value(props.get(name) or {}) for name in schema.get("required", [])}
+    return "a"
+
+
+# -- the pieces ----------------------------------------------------------------------
+
+
+def _check_row(
+    env: Environment, i: int, row: Mapping[str, Any], policy: Any, report: dict[str, Any]
+) -> list[str]:
+    from vf_mm.images import load_image
+
+    if row.get("question") is None and row.get("prompt") is None:
+        return [f"row {i} has neither a 'question' nor a 'prompt' column"]
+    try:
+        prompt = check_messages(env.format_prompt(row), where=f"row {i}: the prompt")
+    except Exception as exc:
+        return [f"row {i} does not format into a prompt: {type(exc).__name__}: {exc}"]
+    report["rows"] += 1
+    problems = []
+    for column in env.missing_columns(row):
+        for rf in env.rubric.funcs:
+            if column in asked_columns(rf.func):
+                problems.append(
+                    f"row {i} has no {column!r} (or it is null) but reward function "
+                    f"{rf.name} asks for it: give every row one, or declare "
+                    f"optional_columns=[{column!r}]"
+                )
+    for m, p, part in image_parts(prompt):
+        try:
+            load_image(part, policy=policy, where=f"row {i}, message {m}, part {p}")
+            report["images"] += 1
+        except VfMmError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _scripted_runs(
+    env: Environment,
+    rows: list[dict[str, Any]],
+    replies: Sequence[str] | Callable[[Any], str],
+    model_dir: str | Path | None,
+    tmp: Path,
+    times: int,
+) -> list[dict[tuple[Any, int], Any]] | Exception:
+    """``times`` seeded runs of two rollouts per row, one rollout at a time (so replies
+    from a list reach the same turns every run): ``{(example_id, index): output}`` each."""
+    from vf_mm.client import RendererClient
+    from vf_mm.inference import ScriptedBackend
+    from vf_mm.models import build_tiny_vlm
+    from vf_mm.renderers import load_renderer
+
+    model = Path(model_dir) if model_dir else build_tiny_vlm(tmp / "tiny", "qwen2_5_vl")
+    renderer = load_renderer(model)
+
+    async def run() -> dict[tuple[Any, int], Any]:
+        client = RendererClient(ScriptedBackend(renderer, replies), renderer)
+        outs: dict[tuple[Any, int], Any] = {}
+
+        def keep(output: Any, index: int) -> None:
+            outs[(output.example_id, index)] = output
+
+        await env.evaluate(
+            client, rows=rows, rollouts_per_example=2, concurrency=1, seed=0, on_result=keep
+        )
+        return outs
+
+    try:
+        return [asyncio.run(run()) for _ in range(times)]
+    except Exception as exc:
+        return exc
+
+
+def _new_images_per_turn(output: Any) -> list[int]:
+    """How many images each model turn saw for the first time."""
+    counts, seen = [], 0
+    for step in output.trajectory:
+        shown = len(image_parts(step.prompt))
+        counts.append(shown - seen)
+        seen = shown + len(image_parts(step.completion))
+    return counts
+
+
+def _tool_use(outputs: Any) -> tuple[dict[str, int], dict[str, str]]:
+    calls: Counter[str] = Counter()
+    errors: dict[str, str] = {}
+    for out in outputs:
+        names = {}
+        for m in out.completion:
+            for call in m.get("tool_calls") or ():
+                names[call.get("id")] = call.get("function", {}).get("name", "?")
+                calls[names[call.get("id")]] += 1
+            content = m.get("content")
+            if m.get("role") == "tool" and isinstance(content, str) and content.startswith("Error"):
+                errors.setdefault(names.get(m.get("tool_call_id"), m.get("name", "?")), content)
+    return dict(calls), errors

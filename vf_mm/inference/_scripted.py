@@ -23,7 +23,9 @@ class ScriptedBackend:
     ``renderer`` supplies the tokenizer (its ``tokenizer``; itself when it has none) and
     the stop token (its first ``stop_token_ids``).
     ``replies``: strings used in turn (cycling), or one function of the
-    ``GenerateRequest`` returning the text. Every sampled token gets logprob ``-0.5``.
+    ``GenerateRequest`` returning the text: it sees the prompt's token ids
+    (``request.prompt_ids``) and, from a ``RendererClient``, the conversation they were
+    rendered from (``request.messages``), so a scripted policy can answer what it was shown. Every sampled token gets logprob ``-0.5``.
     ``requests`` keeps what was asked, for assertions.
     """
 

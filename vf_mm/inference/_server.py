@@ -537,7 +537,9 @@ class _Server:
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         result = await self._generate(
-            GenerateRequest(rendered.token_ids, sampling, rendered.multi_modal_data)
+            GenerateRequest(
+                rendered.token_ids, sampling, rendered.multi_modal_data, messages=messages
+            )
         )
         parsed = await run_in_threadpool(self.renderer.parse_response, result.completion_ids)
         message: dict[str, Any] = {"role": "assistant"}

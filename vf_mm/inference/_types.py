@@ -75,6 +75,9 @@ class GenerateRequest:
     # content_parts mode: raw OpenAI-style image parts the server processes itself
     # (prompt_ids then hold one pad per image, and the result carries the expanded ids)
     content_parts: list[dict[str, Any]] | None = None
+    # the conversation ``prompt_ids`` were rendered from, for backends that answer from it
+    # (a scripted policy); never sent to a server
+    messages: Messages | None = None
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@
 tools=None, previous_multi_modal_data=None)``, which returns None to mean "re-render"
 (the optional ``previous_messages`` let it check the real history, ``on_refusal``
 hears why it declined: optional extensions, which ``bridge(renderer, ...)`` passes only
-to a renderer that takes them); ``parse_response(completion_ids)``; ``stop_token_ids``,
+to a renderer that takes them); ``parse_response(completion_ids)`` (``format_tool_calls`` writes the tool-call text it
+parses); ``stop_token_ids``,
 ``is_multimodal`` and ``bridge_refusals``. ``load_renderer(model)`` picks one for a
 checkpoint directory, processor or tokenizer (a ``ChatTemplateRenderer``);
 ``RendererPool`` shares renderers across threads and is a ``Renderer`` itself;
@@ -16,7 +17,7 @@ pieces are in ``vf_mm.models``.
 
 from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.renderers._load import load_renderer
-from vf_mm.renderers._parse import ParsedResponse
+from vf_mm.renderers._parse import ParsedResponse, format_tool_calls
 from vf_mm.renderers._pool import RendererPool, is_multimodal
 from vf_mm.renderers._protocol import Renderer, bridge
 from vf_mm.renderers._template import ChatTemplateRenderer
@@ -32,6 +33,7 @@ __all__ = [
     "UnsupportedModelError",
     "VisionSpec",
     "bridge",
+    "format_tool_calls",
     "is_multimodal",
     "load_renderer",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,17 @@ def parse_text(
         tool_call_errors=errors,
         stopped=stopped,
         text=text,
+    )
+
+
+def format_tool_calls(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """The text a model writes to make ``calls`` (``(name, arguments)`` pairs), in the
+    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples."""
+    return "\n".join(
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+        + "\n</tool_call>"
+        for name, arguments in calls
     )
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.errors import RenderError
-from vf_mm.renderers._parse import ParsedResponse, parse_text
+from vf_mm.renderers._parse import ParsedResponse, format_tool_calls, parse_text
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
 
@@ -302,6 +302,11 @@ class ChatTemplateRenderer:
             keep_reasoning_in_content=not self._renders["reasoning"],
             keep_tool_calls_in_content=not self._renders["tool_calls"],
         )
+
+    def format_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+        """The completion text that makes ``calls`` (``(name, arguments)`` pairs) in this
+        model's tool-call format: ``parse_response`` of its tokens gives those calls back."""
+        return format_tool_calls(calls)
 
     # -- internals ----------------------------------------------------------------------
 

@@ -267,6 +267,12 @@ def test_bad_arguments_are_refused():
 def test_check_environment_passes(env, model):
     report = vf.check_environment(env, model_dir=model)
     assert report["rows"] == 2 and report["images"] == 2
+    # the schema's smallest arguments are refused (and said so); a real crop shows an image
+    assert "at least 4 pixels" in report["tool_errors"]["zoom"]
+    crop = {"x": 0, "y": 0, "w": 32, "h": 32}
+    report = vf.check_environment(env, model_dir=model, tool_args={"zoom": crop})
+    assert report["tool_errors"] == {} and report["tool_calls"] == {"zoom": 4}
+    assert report["images_per_turn"] == [[1, 1]] * 4  # the row's image, then the crop
 
 
 def test_load_environment_from_the_repo_root(monkeypatch):

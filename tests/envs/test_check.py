@@ -1,0 +1,228 @@
+"""check_environment: what an environment author runs in their own tests."""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+import pytest
+
+import vf_mm as vf
+from tests.envs.conftest import picture
+from vf_mm.envs._check import example_value, tool_policy
+from vf_mm.errors import EnvironmentCheckError
+from vf_mm.inference import GenerateRequest
+
+
+def test_check_environment_passes_a_good_env(tiny):
+    env = vf.SingleTurnEnv(
+        dataset=[{"question": "hi", "answer": "1"}], rubric=vf.Rubric([lambda: 1.0])
+    )
+    report = vf.check_environment(env, model_dir=tiny)
+    assert report["rows"] == 1 and report["rewards"] == [1.0, 1.0]
+
+
+def test_check_environment_lists_every_problem(tiny):
+    rows = [{"question": "hi", "image": b"garbage"}, {"nothing": 1}]
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([lambda: 1.0]))
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, model_dir=tiny)
+    problems = info.value.problems
+    assert any("row 1 has neither" in p for p in problems)
+    assert any("row 0" in p and "image" in p for p in problems)
+    assert any("rollout failed" in p for p in problems)
+
+
+def test_check_environment_reports_columns_the_rubric_needs_and_rows_lack(tiny):
+    def correct(completion, answer):
+        return float(completion[-1]["content"] == answer)
+
+    rows = [{"question": "a", "answer": "1"}, {"question": "b"}]
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([correct]))
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, model_dir=tiny)
+    assert any(
+        "row 1 has no 'answer'" in p and "correct" in p and "optional_columns" in p
+        for p in info.value.problems
+    )
+    optional = vf.SingleTurnEnv(
+        dataset=rows,
+        rubric=vf.Rubric([lambda completion, answer: 0.0]),
+        optional_columns=["answer"],
+    )
+    assert vf.check_environment(optional, model_dir=tiny)["rows"] == 2
+
+
+# -- tools ---------------------------------------------------------------------------
+
+
+def test_every_tool_is_called_with_arguments_its_schema_allows(tiny):
+    seen = {}
+
+    def pick(kind: Literal["red", "blue"], count: int, scale: float = 2.0):
+        """Pick things."""
+        seen["pick"] = (kind, count, scale)
+        return f"picked {count} {kind}"
+
+    def crop(state, x: int, y: int, note: str, exact: bool):
+        """Crop the row's image."""
+        seen["crop"] = (x, y, note, exact, "prompt" in state)
+        return [picture(7), "the crop"]
+
+    env = vf.ToolEnv(dataset=[{"question": "q", "answer": "a"}], tools=[pick, crop],
+                     rubric=vf.Rubric([lambda completion: 1.0]), max_turns=4)  # fmt: skip
+    report = vf.check_environment(env, model_dir=tiny)
+    assert seen == {"pick": ("red", 1, 2.0), "crop": (1, 1, "a", True, True)}
+    assert report["tool_calls"] == {"pick": 2, "crop": 2}  # two rollouts of one row
+    assert report["tool_errors"] == {}
+    # turn 1 sees the prompt (no image), turn 3 the crop the tool returned on turn 2
+    assert report["images_per_turn"] == [[0, 0, 1], [0, 0, 1]]
+
+
+def test_tool_args_reach_the_tool_and_an_error_answer_is_reported(tiny):
+    def zoom(w: int):
+        """Zoom."""
+        if w < 4:
+            raise ValueError(f"w must be >= 4, got {w}")
+        return "zoomed"
+
+    env = vf.ToolEnv(dataset=[{"question": "q"}], tools=[zoom],
+                     rubric=vf.Rubric([lambda completion: 1.0]))  # fmt: skip
+    report = vf.check_environment(env, model_dir=tiny)
+    assert "w must be >= 4, got 1" in report["tool_errors"]["zoom"]  # told, not a failure
+    report = vf.check_environment(env, model_dir=tiny, tool_args={"zoom": {"w": 8}})
+    assert report["tool_errors"] == {} and report["tool_calls"] == {"zoom": 2}
+    with pytest.raises(ValueError, match=r"tool_args names \['zoon'\]; the tools are \['zoom'\]"):
+        vf.check_environment(env, model_dir=tiny, tool_args={"zoon": {}})
+
+
+def test_a_tool_that_returns_what_a_message_cannot_hold_is_a_problem(tiny):
+    def leak():
+        """Returns a set."""
+        return {1, 2}
+
+    env = vf.ToolEnv(dataset=[{"question": "q"}], tools=[leak],
+                     rubric=vf.Rubric([lambda completion: 1.0]))  # fmt: skip
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, model_dir=tiny)
+    assert len(info.value.problems) == 2  # one per rollout
+    for problem in info.value.problems:
+        assert "MessageError: tool 'leak' returned set" in problem
+        assert "(turn 1: ToolEnv.env_response)" in problem
+
+
+# -- multi-turn: env turns, images, determinism ----------------------------------------
+
+
+class Pictures(vf.MultiTurnEnv):
+    """Answers each turn with a new picture; a broken variant returns a bare string."""
+
+    def __init__(self, *, broken=False, **kwargs):
+        super().__init__(max_turns=3, **kwargs)
+        self.broken = broken
+
+    async def env_response(self, messages, state):
+        if self.broken:
+            return "look again"
+        return [{"role": "user", "content": [{"type": "image", "image": picture(state["turn"])}]}]
+
+
+def _lengths(completion):
+    return float(sum(len(m["content"]) for m in completion if m["role"] == "assistant"))
+
+
+def test_images_from_environment_turns_are_counted_per_turn(tiny):
+    rows = [{"question": "q", "image": picture(1)}]
+    env = Pictures(dataset=rows, rubric=vf.Rubric([lambda completion: 1.0]))
+    report = vf.check_environment(env, model_dir=tiny)
+    assert report["images"] == 1  # the dataset's
+    assert report["images_per_turn"] == [[1, 1, 1], [1, 1, 1]]
+    assert report["seconds"] > 0
+
+
+def test_an_env_response_that_is_not_messages_is_a_problem_naming_the_method(tiny):
+    env = Pictures(dataset=[{"question": "q"}], rubric=vf.Rubric([lambda completion: 1.0]),
+                   broken=True, env_id="pics")  # fmt: skip
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, model_dir=tiny)
+    assert len(info.value.problems) == 2  # each rollout's own line
+    assert all("pics.env_response returned (turn 1): a str" in p for p in info.value.problems)
+
+
+def test_scripted_replies_on_a_multi_turn_env_are_not_mistaken_for_randomness(tiny):
+    env = Pictures(dataset=[{"question": f"q{i}"} for i in range(3)],
+                   rubric=vf.Rubric([_lengths]))  # fmt: skip
+    report = vf.check_environment(env, model_dir=tiny, num_examples=3,
+                                  replies=["a", "bb", "ccc", "dddd", "eeeee"])  # fmt: skip
+    assert len(set(report["rewards"])) > 1  # rollouts got different replies, the same each run
+
+
+def test_a_non_deterministic_rubric_is_reported(tiny):
+    rng = random.Random(0)
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([lambda: rng.random()]))
+    with pytest.raises(EnvironmentCheckError, match="not deterministic"):
+        vf.check_environment(env, model_dir=tiny)
+
+
+def test_a_callable_policy_sees_the_conversation_and_is_not_held_to_determinism(tiny):
+    shown = []
+
+    def policy(request: GenerateRequest) -> str:
+        shown.append([m["role"] for m in request.messages])
+        assert request.prompt_ids  # the tokens too
+        return random.choice(["a", "bb"])
+
+    env = Pictures(dataset=[{"question": "q"}], rubric=vf.Rubric([_lengths]))
+    vf.check_environment(env, model_dir=tiny, replies=policy)
+    assert shown[:3] == [["user"], ["user", "assistant", "user"],
+                         ["user", "assistant", "user", "assistant", "user"]]  # fmt: skip
+
+
+# -- the scripted pieces ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        ({"type": "string", "enum": ["b", "c"]}, "b"),
+        ({"type": "integer", "minimum": 5}, 5),
+        ({"type": "number", "maximum": 0.5}, 0.5),
+        ({"type": ["null", "boolean"]}, True),
+        ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, 1),
+        ({"type": "array", "items": {"type": "string"}, "minItems": 2}, ["a", "a"]),
+        (
+            {
+                "type": "object",
+                "properties": {"p": {"type": "integer"}, "q": {}},
+                "required": ["p"],
+            },
+            {"p": 1},
+        ),
+        ({"type": "integer", "default": 9}, 9),
+        ({}, "a"),
+    ],
+)
+def test_example_values_satisfy_their_schema(schema, value):
+    assert example_value(schema) == value
+
+
+def test_the_tool_policy_calls_each_tool_once_then_answers(renderer):
+    from vf_mm.envs import tool_schema
+
+    def a(x: int):
+        """A."""
+
+    def b():
+        """B."""
+
+    policy = tool_policy([tool_schema(a), tool_schema(b)], answer="done")
+    texts = []
+    messages = [{"role": "user", "content": "go"}]
+    for _ in range(3):
+        text = policy(GenerateRequest([1], messages=messages))
+        texts.append(text)
+        parsed = renderer.parse_response(renderer.tokenizer.encode(text))
+        messages = [*messages, parsed.message, {"role": "tool", "content": "ok"}]
+    assert [c["function"]["name"] for c in messages[1]["tool_calls"]] == ["a"]
+    assert [c["function"]["name"] for c in messages[3]["tool_calls"]] == ["b"]
+    assert texts[2] == "done"
