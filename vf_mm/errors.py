@@ -15,6 +15,7 @@ against the standard exceptions keeps working.
     │   └── PromptTooLongError (ValueError)    refused before sending: longer than the model allows
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
+    │   ├── EnvironmentLoadError               its module fails to import, or load_environment raises
     │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
     │   ├── MessageError (ValueError)          a message from environment code that is not a message
     │   └── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
@@ -62,6 +63,7 @@ __all__ = [
     "EncodeError",
     "EnvError",
     "EnvironmentCheckError",
+    "EnvironmentLoadError",
     "EnvironmentNotFoundError",
     "FrameTooLargeError",
     "GroupFrameError",
@@ -169,6 +171,12 @@ class EnvError(VfMmError):
 
 class EnvironmentNotFoundError(EnvError, LookupError):
     """No installed environment package and no ``environments/<id>`` folder for an id."""
+
+
+class EnvironmentLoadError(EnvError):
+    """An environment was found but could not be made: importing its module failed, or its
+    ``load_environment(**env_args)`` raised. The message names the environment, the
+    arguments and where the original exception (chained as ``__cause__``) was raised."""
 
 
 class MessageError(EnvError, ValueError):

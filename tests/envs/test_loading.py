@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 import vf_mm as vf
-from vf_mm.errors import EnvironmentNotFoundError
+from vf_mm.cli import main
+from vf_mm.errors import EnvironmentLoadError, EnvironmentNotFoundError
 
 ENV_SOURCE = """
 import vf_mm as vf
@@ -79,11 +80,38 @@ def test_not_found_lists_every_place_and_what_is_there(tmp_path, monkeypatch):
 
 
 def test_the_cli_takes_env_dir_and_paths(tmp_path, monkeypatch):
-    from vf_mm.cli import main
-
     _write_env(tmp_path / "envs" / "delta", "delta")
     monkeypatch.chdir(tmp_path)
     common = ["-n", "1", "-r", "1", "-S", '{"max_tokens": 2}']
     assert main(["eval", "delta", "--env-dir", "envs", "-o", "o1", *common]) == 0
     assert main(["eval", "envs/delta", "-o", "o2", *common]) == 0
     assert main(["eval", "delta", "-o", "o3", *common]) == 1  # not found without --env-dir
+
+
+def test_a_module_that_fails_to_import_says_so_and_loads_once_fixed(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "broken.py").write_text("def load_environment(:\n")
+    with pytest.raises(EnvironmentLoadError, match=r"importing .*broken\.py failed: SyntaxError"):
+        vf.load_environment(str(folder))
+    (folder / "broken.py").write_text(textwrap.dedent(ENV_SOURCE))  # the author fixes it
+    assert len(vf.load_environment(str(folder), n=2).get_eval_dataset()) == 2
+
+
+def test_load_environment_raising_names_the_arguments_and_the_line(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "environments" / "picky"
+    folder.mkdir(parents=True)
+    (folder / "picky.py").write_text(
+        "def load_environment(difficulty='easy'):\n"
+        "    raise ValueError(f'no difficulty {difficulty!r}')\n"
+    )
+    with pytest.raises(EnvironmentLoadError) as info:
+        vf.load_environment("picky", search_paths=[folder.parent], difficulty="nightmare")
+    message = str(info.value)
+    assert message.startswith("picky: load_environment(difficulty='nightmare') raised ValueError")
+    assert "no difficulty 'nightmare'" in message and "picky.py:2 in load_environment" in message
+    assert isinstance(info.value.__cause__, ValueError)
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "picky", "-a", '{"difficulty": "nightmare"}']) == 1
+    err = capsys.readouterr().err
+    assert "EnvironmentLoadError" in err and "Traceback" not in err

@@ -16,12 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
         "environment, stream rollouts to a trainer, serve a checkpoint, and look at the "
         "results.",
         epilog="Start with `vf-mm eval shapes` (the embedded tiny model, no download), then "
-        "`vf-mm view outputs/<run>`. `vf-mm COMMAND --help` explains each command.",
+        "`vf-mm view outputs/<run>`; `vf-mm init NAME` starts an environment of your own. "
+        "`vf-mm COMMAND --help` explains each command.",
     )
     parser.add_argument("--version", action="version", version=f"vf-mm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from vf_mm.cli import _eval, _rollout, _serve, _stream, _view
+    from vf_mm.cli import _eval, _init, _rollout, _serve, _stream, _view
 
+    _init.register(sub)
     _eval.register(sub)
     _rollout.register(sub)
     _stream.register(sub)

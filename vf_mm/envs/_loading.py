@@ -29,8 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vf_mm._text import shorten
 from vf_mm.envs._env import Environment
-from vf_mm.errors import EnvironmentNotFoundError
+from vf_mm.errors import EnvironmentLoadError, EnvironmentNotFoundError
+from vf_mm.types import RolloutError
 
 ENTRY_POINT_GROUP = "vf_mm.environments"
 #: folders to look for environments in, before ./environments (os.pathsep separated)
@@ -41,7 +43,13 @@ def load_environment(
     env_id: str, *, search_paths: Sequence[str | Path] | None = None, **env_args: Any
 ) -> Environment:
     factory = _find(env_id, search_paths)
-    env = factory(**env_args)
+    try:
+        env = factory(**env_args)
+    except Exception as exc:
+        raise EnvironmentLoadError(
+            f"{env_id}: load_environment({_args_text(env_args)}) raised "
+            f"{RolloutError.from_exception(exc)}"
+        ) from exc
     if not isinstance(env, Environment):
         raise EnvironmentNotFoundError(
             f"{env_id}: load_environment returned a {type(env).__name__}, not a vf_mm Environment"
@@ -49,6 +57,10 @@ def load_environment(
     if env.env_id == type(env).__name__:  # named after how it was found
         env.env_id = _display_id(env_id)
     return env
+
+
+def _args_text(env_args: dict[str, Any]) -> str:
+    return shorten(", ".join(f"{k}={v!r}" for k, v in env_args.items()), 200)
 
 
 def _display_id(env_id: str) -> str:
@@ -176,7 +188,13 @@ def _load_from(source: Path, env_id: str) -> Any:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # never leave a half-run module behind for the next try
+            del sys.modules[module_name]
+            raise EnvironmentLoadError(
+                f"{env_id}: importing {source} failed: {RolloutError.from_exception(exc)}"
+            ) from exc
     if not hasattr(module, "load_environment"):
         raise EnvironmentNotFoundError(f"{source} has no load_environment function ({env_id})")
     return module.load_environment

@@ -1,0 +1,108 @@
+"""scaffold_environment and `vf-mm init`: a new environment that works before it is edited."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vf_mm.cli import main
+from vf_mm.envs import scaffold_environment
+from vf_mm.results import read_metadata, read_results
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "module"),
+    [
+        ([], "single-turn", "my_env"),
+        (["--multi-turn"], "multi-turn", "my_env"),
+        (["--tools"], "tools", "my_env"),
+    ],
+)
+def test_init_writes_an_environment_that_evals_and_passes_its_own_tests(
+    tmp_path, monkeypatch, capsys, flags, kind, module
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "my-env", *flags]) == 0
+    folder = tmp_path / "environments" / "my-env"
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == [
+        "README.md", f"{module}.py", "pyproject.toml", f"tests/test_{module}.py"
+    ]  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"({kind})" in out and "vf-mm eval my-env" in out and "pytest environments" in out
+    pyproject = (folder / "pyproject.toml").read_text()
+    assert '[project.entry-points."vf_mm.environments"]' in pyproject
+    assert 'my-env = "my_env:load_environment"' in pyproject
+
+    # vf-mm eval NAME: found under ./environments, every rollout scored, no error
+    assert main(["eval", "my-env", "-n", "2", "-r", "2", "-o", "out", "-S",
+                 '{"max_tokens": 8}']) == 0  # fmt: skip
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 4 and all(r["error"] is None and r["reward"] is not None for r in rows)
+    assert read_metadata(tmp_path / "out")["config"]["env_id"] == "my-env"
+
+    # pytest environments/NAME, in a fresh process, as the author would run it
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+
+
+def test_the_written_code_is_lint_clean(tmp_path):
+    for kind in ("single-turn", "multi-turn", "tools"):
+        scaffold_environment(f"env-{kind}", kind=kind, directory=tmp_path)
+    # as in the author's own project, where vf_mm is an installed (third-party) package
+    ruff = [sys.executable, "-m", "ruff"]
+    lint = subprocess.run([*ruff, "check", "--isolated", "--select", "F,E,W,I,B,UP", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert lint.returncode == 0, lint.stdout
+    fmt = subprocess.run([*ruff, "format", "--isolated", "--check", str(tmp_path)],
+                         capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert fmt.returncode == 0, fmt.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("1st", "not an environment name"),
+        ("my env", "not an environment name"),
+        ("../escape", "not an environment name"),
+        ("class", "Python keyword"),
+        ("json", "already importable"),  # environments/json/json.py would shadow the stdlib
+        ("vf_mm", "already importable"),
+    ],
+)
+def test_names_that_cannot_be_a_module_are_refused_and_nothing_is_written(tmp_path, name, match):
+    with pytest.raises(ValueError, match=match):
+        scaffold_environment(name, directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_folder_is_never_overwritten(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "environments" / "mine").mkdir(parents=True)
+    (tmp_path / "environments" / "mine" / "mine.py").write_text("# my work\n")
+    assert main(["init", "mine", "--tools"]) == 1
+    assert "already exists: nothing was written" in capsys.readouterr().out
+    assert (tmp_path / "environments" / "mine" / "mine.py").read_text() == "# my work\n"
+
+
+def test_dir_puts_it_elsewhere_and_the_next_step_says_how_to_find_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "elsewhere", "--dir", "envs"]) == 0
+    assert (tmp_path / "envs" / "elsewhere" / "elsewhere.py").is_file()
+    assert "vf-mm eval elsewhere --env-dir envs" in capsys.readouterr().out
+
+
+def test_multi_turn_and_tools_are_one_choice(capsys):
+    with pytest.raises(SystemExit):
+        main(["init", "x", "--multi-turn", "--tools"])
+    assert "not allowed with argument" in capsys.readouterr().err
