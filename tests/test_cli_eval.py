@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vf_mm.cli import main
-from vf_mm.results import read_results
+from vf_mm.results import read_metadata, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,6 +78,17 @@ def test_resume_with_other_settings_is_refused(tmp_path, capsys, monkeypatch):
     )
     assert main(["eval", "shapes", "-n", "2", "-r", "1", "-o", str(out), "--resume"]) == 1
     assert "num_examples" in capsys.readouterr().err
+
+
+def test_client_stats_count_the_whole_run_across_resumes(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    args = ["eval", "shapes", "-n", "2", "-r", "1", "-o", str(out), "-S", '{"max_tokens": 4}']
+    assert main(args) == 0
+    first = read_metadata(out)["results"]["client"]
+    assert first["turns"] == 2
+    assert main([*args, "--resume"]) == 0  # nothing left to do: no turns this time
+    assert read_metadata(out)["results"]["client"] == first  # not reset to zero
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path, capsys, monkeypatch):

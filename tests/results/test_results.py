@@ -531,3 +531,17 @@ def test_read_results_leaves_out_a_torn_last_line_loudly(tmp_path, caplog):
 def test_read_results_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_results(tmp_path)
+
+
+def test_files_get_the_permissions_a_plain_open_gives_not_private_ones(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with new_writer(tmp_path / "run") as writer:
+            writer.write(output(0), rollout_index=0)
+            writer.finalize()
+    finally:
+        os.umask(old)
+    files = [tmp_path / "run" / "metadata.json", *(tmp_path / "run" / "assets").iterdir()]
+    assert len(files) == 2  # the metadata and the row's one image
+    for path in files:  # shared run directories stay readable (mkstemp alone gives 0600)
+        assert path.stat().st_mode & 0o777 == 0o644, path

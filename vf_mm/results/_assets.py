@@ -70,9 +70,24 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _process_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: read once at import (os.umask can only be read by setting it, which is not thread-safe)
+_UMASK = _process_umask()
+
+
 def _temp_in(folder: Path, final_name: str) -> tuple[int, str]:
-    """A new temporary file beside ``final_name``: ``.<final_name>.tmp-<random>``."""
-    return tempfile.mkstemp(dir=folder, prefix=f".{final_name}{_TMP_MARK}")
+    """A new temporary file beside ``final_name``: ``.<final_name>.tmp-<random>``, with the
+    permissions a plain ``open`` would give (mkstemp's 0600 would make a run directory's
+    metadata and images unreadable to the colleagues it is shared with)."""
+    fd, name = tempfile.mkstemp(dir=folder, prefix=f".{final_name}{_TMP_MARK}")
+    with contextlib.suppress(OSError):  # a filesystem without permissions keeps its own
+        os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, name
 
 
 def is_temp_name(name: str) -> bool:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vf_mm.results._reader import read_results
+from vf_mm.results._reader import read_metadata, read_results
 from vf_mm.results._summary import summarize
 from vf_mm.results._writer import ResultsWriter
 
@@ -70,6 +71,7 @@ async def evaluate_to_dir(
     if max_errors is not None and max_errors < 1:
         raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     outdir = Path(outdir)
+    earlier = _earlier_client_stats(outdir) if resume else {}
     with ResultsWriter(
         outdir, resume=resume, retry_errors=retry_errors, metadata=dict(metadata)
     ) as writer:
@@ -122,12 +124,24 @@ async def evaluate_to_dir(
         aggregates["stopped"] = stopped[0] if stopped else None
         aggregates["time_s"] = time.perf_counter() - progress.started
         stats = getattr(client, "stats", None)
-        if stats is not None:
+        if stats is not None:  # the whole run's: earlier sessions' counts plus this one's
+            fallbacks = Counter(earlier.get("fallbacks") or {})
+            fallbacks.update(dict(stats.fallbacks))
             aggregates["client"] = {
-                "turns": stats.turns,
-                "bridges": stats.bridges,
-                "renders": stats.renders,
-                "fallbacks": dict(stats.fallbacks),
+                "turns": stats.turns + int(earlier.get("turns") or 0),
+                "bridges": stats.bridges + int(earlier.get("bridges") or 0),
+                "renders": stats.renders + int(earlier.get("renders") or 0),
+                "fallbacks": dict(fallbacks),
             }
         writer.finalize(aggregates)
     return aggregates
+
+
+def _earlier_client_stats(outdir: Path) -> dict[str, Any]:
+    """The client counts a resumed run's earlier sessions stored (``{}`` if none)."""
+    try:
+        results = read_metadata(outdir).get("results") or {}
+    except (OSError, ValueError):  # no run there yet, or a metadata file the writer refuses
+        return {}
+    client = results.get("client")
+    return client if isinstance(client, dict) else {}
