@@ -637,3 +637,27 @@ def test_a_vf_mm_error_names_its_cause_in_its_message_not_a_code_line():
         error = T.RolloutError.from_exception(exc, where="turn 3: model")
     assert error == T.RolloutError("MultiModalDataError", "placeholders overlap", "turn 3: model")
     assert T.RolloutError.from_exception(ValueError()).message == "ValueError"  # never empty
+
+
+def test_an_error_raised_inside_vf_mm_by_a_wrong_call_points_at_the_call():
+    import vf_mm as vf
+
+    def load_environment(**kwargs):
+        return vf.SingleTurnEnv(dataset=[{"question": "q"}], **kwargs)
+
+    try:
+        load_environment(difficultyy="hard")  # a typo, passed on into vf_mm
+    except TypeError as exc:
+        error = T.RolloutError.from_exception(exc)
+    assert "difficultyy" in error.message
+    assert error.where.startswith("at test_types.py:") and error.where.endswith(
+        "in load_environment"
+    )
+
+
+def test_a_syntax_error_names_its_file_and_line_in_its_message_only():
+    try:
+        compile("def f(:\n", "my_env.py", "exec")
+    except SyntaxError as exc:
+        error = T.RolloutError.from_exception(exc, where="importing my_env.py")
+    assert error.where == "importing my_env.py" and "my_env.py, line 1" in error.message

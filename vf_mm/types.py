@@ -23,6 +23,7 @@ by ``MultiModalData.validate``:
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -443,11 +444,9 @@ class RolloutError:
     @classmethod
     def from_exception(cls, exc: BaseException, *, where: str = "") -> RolloutError:
         """The record of ``exc``, raised at stage ``where``; for an exception that is not a
-        vf_mm error, the code location that raised it is added to ``where``."""
-        location = ""
-        if not isinstance(exc, VfMmError) and exc.__traceback__ is not None:
-            frame = traceback.extract_tb(exc.__traceback__)[-1]
-            location = f"at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
+        vf_mm error, the innermost line of the author's code it passed through is added
+        to ``where``."""
+        location = _user_code_location(exc)
         if location:
             where = f"{where}, {location}" if where else location
         return cls(type(exc).__name__, str(exc) or type(exc).__name__, where)
@@ -476,6 +475,23 @@ class RolloutError:
                 return cls(head, rest)
             return cls("Error", value)
         raise TypeError(f"an error record must be a mapping or a str, not {type(value).__name__}")
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_code_location(exc: BaseException) -> str:
+    """``"at file.py:12 in func"``: the innermost frame of ``exc``'s traceback that is the
+    author's code, not vf_mm's or the import machinery's (a ``TypeError`` from passing a
+    wrong argument into vf_mm points at the call, not into vf_mm). ``""`` for vf_mm errors
+    (their message names the cause), for a ``SyntaxError`` (its message names file and
+    line) and for an exception never raised."""
+    if isinstance(exc, (VfMmError, SyntaxError)) or exc.__traceback__ is None:
+        return ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not f.filename.startswith(("<frozen", _PACKAGE_DIR))]
+    frame = (own or frames)[-1]
+    return f"at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
 
 
 @dataclass(slots=True)

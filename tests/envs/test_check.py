@@ -226,3 +226,35 @@ def test_the_tool_policy_calls_each_tool_once_then_answers(renderer):
     assert [c["function"]["name"] for c in messages[1]["tool_calls"]] == ["a"]
     assert [c["function"]["name"] for c in messages[3]["tool_calls"]] == ["b"]
     assert texts[2] == "done"
+
+
+def test_an_image_kept_in_info_is_caught_before_eval_fails_to_store_it(tiny):
+    rows = [{"question": "q", "answer": "a", "info": {"picture": picture(1)}}]
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([lambda completion: 1.0]))
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, model_dir=tiny)
+    assert any(
+        p.startswith("row 0: its 'info' column cannot be stored in results.jsonl")
+        and "keep a path" in p
+        for p in info.value.problems
+    )
+
+
+def test_what_a_tool_schema_leaves_the_model_to_guess_is_a_warning(tiny):
+    def crop(state, cell: int, x):
+        """Crop.
+        Arguments:
+            cel: which cell
+        """
+        return "cropped"
+
+    env = vf.ToolEnv(dataset=[{"question": "q"}], tools=[crop],
+                     rubric=vf.Rubric([lambda completion: 1.0]))  # fmt: skip
+    assert env.tools[0]["function"]["description"] == "Crop."  # the section is not in it
+    report = vf.check_environment(env, model_dir=tiny)  # warnings do not fail the check
+    assert report["warnings"] == [
+        "tool 'crop': parameter 'cell' is not described under Args:",
+        "tool 'crop': parameter 'x' has no type hint",
+        "tool 'crop': parameter 'x' is not described under Args:",
+        "tool 'crop': Args: describes 'cel', which is not a parameter",
+    ]

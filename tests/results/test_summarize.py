@@ -128,3 +128,16 @@ def test_errors_are_counted_by_type_whatever_form_the_file_holds():
     kinds = summarize(rows)["error_kinds"]
     assert kinds["ImageFetchError"] == {"count": 3, "first": "gone"}
     assert kinds["Error"]["count"] == 2 and next(iter(kinds)) == "ImageFetchError"
+
+
+def test_a_failed_rollouts_metrics_are_kept_in_its_row_but_not_averaged():
+    rows = [
+        row(0, 1.0, metrics={"correct": 1.0}),
+        row(
+            1,
+            None,
+            error={"type": "ResultsError", "message": "m", "where": "storing"},
+            metrics={"correct": 0.0},
+        ),
+    ]
+    assert summarize(rows)["metrics"] == {"correct": {"mean": 1.0, "std": 0.0, "count": 1}}

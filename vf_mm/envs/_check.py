@@ -6,6 +6,8 @@ offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
 - **the dataset**: each eval row has a ``question`` or a ``prompt``, formats into valid
   messages whose images load through the image policy, and has every column a reward
   function asks for (``answer``, ``info``) unless the environment declares it optional;
+  its ``answer`` and ``info`` are JSON (what results.jsonl stores: an image there would
+  fail every rollout when ``vf-mm eval`` writes it);
 - **the rollouts**: two per example, one at a time. The default policy calls each of the
   environment's tools once, in order, with arguments made from the tool's schema (or
   ``tool_args``), then answers; every ``env_response`` and tool result is checked where
@@ -18,11 +20,15 @@ offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
 The report counts what it saw: rows, the dataset's images, the new images each model
 turn was shown (prompt images on turn 1, environment and tool images after), the tool
 calls made and the tools that answered with an error (``"Error: ..."``), and the rewards.
+Its ``warnings`` say what a tool's schema leaves the model to guess (no description, a
+parameter without a type hint or an ``Args:`` line, an ``Args:`` line naming no
+parameter): the model sees only the schema.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import tempfile
 import time
@@ -34,6 +40,7 @@ from typing import Any
 from vf_mm.envs._env import Environment
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._rubric import asked_columns
+from vf_mm.envs._tools import schema_gaps
 from vf_mm.errors import EnvironmentCheckError, VfMmError
 from vf_mm.types import image_parts
 
@@ -55,6 +62,7 @@ def check_environment(
         {"rows": rows checked, "images": dataset images loaded,
          "images_per_turn": [[new images at model turn 1, 2, ...] per rollout],
          "tool_calls": {tool: calls made}, "tool_errors": {tool: its first error answer},
+         "warnings": [what a tool schema leaves the model to guess],
          "rewards": [reward per rollout], "seconds": wall time}
 
     ``replies``: what the model "says": strings used in turn, or a function of the
@@ -81,6 +89,9 @@ def check_environment(
     for i, row in enumerate(rows):
         problems += _check_row(env, i, row, policy, report)
 
+    report["warnings"] = [
+        gap for func in getattr(env, "tool_funcs", {}).values() for gap in schema_gaps(func)
+    ]
     deterministic = replies is None or not callable(replies)
     if replies is None:
         replies = tool_policy(env.tools or [], tool_args=tool_args)
@@ -100,6 +111,10 @@ def check_environment(
         if out.error:
             problems.append(f"{where}: the rollout failed: {out.error}")
             continue
+        for field in ("answer", "info"):  # what results.jsonl stores as JSON
+            problem = _not_json(getattr(out, field))
+            if problem:
+                problems.append(f"{where}: its {field} {problem}")
         for name, value in {"reward": out.reward, **out.metrics}.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 problems.append(f"{where}: {name} is {value!r}, not a finite number")
@@ -213,6 +228,10 @@ def _check_row(
         return [f"row {i} does not format into a prompt: {type(exc).__name__}: {exc}"]
     report["rows"] += 1
     problems = []
+    for field in ("answer", "info"):
+        problem = _not_json(row.get(field))
+        if problem:
+            problems.append(f"row {i}: its {field!r} column {problem}")
     for column in env.missing_columns(row):
         for rf in env.rubric.funcs:
             if column in asked_columns(rf.func):
@@ -264,6 +283,19 @@ def _scripted_runs(
         return [asyncio.run(run()) for _ in range(times)]
     except Exception as exc:
         return exc
+
+
+def _not_json(value: Any) -> str | None:
+    """Why results.jsonl cannot store ``value`` (an answer or info), or None. Images are
+    stored (as assets) only from message content parts, so one in ``info`` is refused."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return (
+            f"cannot be stored in results.jsonl ({exc}): keep JSON values there (numbers, "
+            "strings, lists, dicts); for an image, keep a path or the parameters to redraw it"
+        )
+    return None
 
 
 def _new_images_per_turn(output: Any) -> list[int]:

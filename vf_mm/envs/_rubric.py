@@ -172,8 +172,9 @@ def _check_columns(
             raise MissingColumnError(
                 f"reward function {name} asks for {column!r}, but the dataset row of "
                 f"example {state.get('example_id')!r} has no {column!r} column (or it is "
-                f"null). Give every row one, or declare it optional: "
-                f"MyEnv(..., optional_columns=[{column!r}]) and let {name} handle None",
+                f"null). Give every row one, or declare it optional by passing "
+                f"optional_columns=[{column!r}] to the environment's constructor, and let "
+                f"{name} handle None",
                 column=column,
             )
     unasked = {c for state in states for c in state.get("missing_columns", ())}  # none asked

@@ -62,6 +62,24 @@ def tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
+def schema_gaps(func: Callable[..., Any]) -> list[str]:
+    """What ``func``'s schema leaves the model to guess: no description, a parameter without
+    a type hint or a description, an ``Args:`` entry naming no parameter (a typo)."""
+    schema = tool_schema(func)["function"]
+    name = schema["name"]
+    gaps = [] if schema["description"] else [f"tool {name!r} has no description (a docstring)"]
+    properties = schema["parameters"]["properties"]
+    for param, prop in properties.items():
+        if not {"type", "anyOf", "enum"} & set(prop):
+            gaps.append(f"tool {name!r}: parameter {param!r} has no type hint")
+        if "description" not in prop:
+            gaps.append(f"tool {name!r}: parameter {param!r} is not described under Args:")
+    _, documented = _parse_doc(inspect.getdoc(func) or "")
+    for param in sorted(set(documented) - set(properties) - {STATE_ARG}):
+        gaps.append(f"tool {name!r}: Args: describes {param!r}, which is not a parameter")
+    return gaps
+
+
 class ToolEnv(MultiTurnEnv):
     """A multi-turn environment whose environment turns are tool results."""
 
@@ -180,11 +198,19 @@ def _json_type(hint: Any) -> dict[str, Any]:
     return {}
 
 
+_SECTION = re.compile(r"^\s*(?:Args|Arguments|Parameters|Returns|Raises|Example|Examples):\s*$")
+
+
 def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
-    description = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    first = []  # the first paragraph, up to a section header even without a blank line
+    for line in doc.split("\n\n", 1)[0].splitlines():
+        if _SECTION.match(line):
+            break
+        first.append(line.strip())
+    description = " ".join(first).strip()
     args: dict[str, str] = {}
     section = re.search(
-        r"^(?:Args|Arguments|Parameters):\s*\n(.*?)(?:\n\s*\n|\Z)", doc, re.M | re.S
+        r"^\s*(?:Args|Arguments|Parameters):\s*\n(.*?)(?:\n\s*\n|\Z)", doc, re.M | re.S
     )
     if section:
         for line in section.group(1).splitlines():

@@ -53,7 +53,7 @@ def summarize(
         {"count": rows, "examples": distinct example ids, "errors": rows with an error,
          "error_kinds": {kind: {"count": n, "first": message}},  # most frequent first
          "reward": {"mean", "std", "count"},            # over rows whose reward is not null
-         "metrics": {name: {"mean", "std", "count"}},   # over rows that have the metric
+         "metrics": {name: {"mean", "std", "count"}},   # over rows without an error that have it
          "pass_at_k": {"1": p, ...}, "pass_threshold": threshold,
          "tokens": {"prompt": total, "completion": total, "rows_without_tokens": n},
          "mean_turns": float | null}
@@ -80,7 +80,8 @@ def summarize(
             kind, message = error_kind(row["error"])
             entry = error_kinds.setdefault(kind, {"count": 0, "first": message})
             entry["count"] += 1
-        for name, value in (row.get("metrics") or {}).items():
+        # a failed rollout's metrics (kept in its row) are not averaged, like its reward
+        for name, value in (row.get("metrics") or {}).items() if row.get("error") is None else ():
             if value is not None:
                 metrics.setdefault(name, []).append(float(value))
         outcomes.setdefault(row.get("example_id"), []).append(
