@@ -13,6 +13,8 @@ from vf_mm.cli import main
 from vf_mm.results import read_metadata, read_results
 
 ENV = """
+import asyncio
+
 import vf_mm as vf
 from PIL import Image
 
@@ -30,7 +32,18 @@ class Faulty(vf.MultiTurnEnv):
             return [{{"content": "who am I"}}]
         if fault == "raises":
             raise RuntimeError("env code blew up")
+        if fault == "slow":
+            await asyncio.sleep(30)
+        if fault == "unsafe-url":
+            return [{{"role": "user", "content": [{{"type": "image_url",
+                      "image_url": {{"url": "http://169.254.169.254/latest/meta-data"}}}}]}}]
         return [{{"role": "user", "content": "go on"}}]
+
+
+def reward(completion, state):
+    if state["row"]["fault"] == "reward":
+        raise ZeroDivisionError("the rubric divided by zero")
+    return 1.0
 
 
 def load_environment(**kwargs):
@@ -41,7 +54,7 @@ def load_environment(**kwargs):
     ]
     if "{fault}" == "missing-image":
         rows[1]["image"] = "/no/such/image.png"
-    return Faulty(dataset=rows, max_turns=2, rubric=vf.Rubric([lambda completion: 1.0]), **kwargs)
+    return Faulty(dataset=rows, max_turns=2, rubric=vf.Rubric([reward]), timeout_s=5, **kwargs)
 """
 
 
@@ -77,6 +90,9 @@ def assert_only_row_1_failed(rows, meta, kind, text):
         ("no-role", "MessageError", "faulty.env_response returned (turn 1), message 0: no 'role'"),
         ("raises", "RuntimeError", "env code blew up"),
         ("missing-image", "ImageFetchError", "/no/such/image.png"),
+        ("slow", "TimeoutError", "turn 1: faulty.env_response"),
+        ("unsafe-url", "UnsafeImageSourceError", "169.254.169.254"),
+        ("reward", "ZeroDivisionError", "reward function reward"),
     ],
 )
 def test_a_fault_fails_its_rollout_only_and_the_run_exits_0(
