@@ -206,6 +206,40 @@ def test_qwen3_bridges_tool_results_after_reasoning(checkpoints):
     assert bridged.token_ids == full.token_ids
 
 
+@pytest.mark.parametrize("tail_role", ["tool", "user"])
+def test_reasoning_kept_in_content_is_bridged_where_the_template_keeps_content(
+    checkpoints, tail_role
+):
+    """Qwen2-VL and Qwen2.5-VL render an assistant's content verbatim, ``<think>`` and all:
+    a completion that reasons before its tool call bridges exactly, with no refusal."""
+    from vf_mm.renderers import load_renderer
+
+    for family in ("qwen2_vl", "qwen2_5_vl"):
+        renderer = load_renderer(checkpoints[family])
+        rng = random.Random(7)
+        text = '<think>\nthe left half\n</think>\n\n<tool_call>\n{"name": "zoom", "arguments": {"x": 1}}\n</tool_call>'
+        history = [{"role": "user", "content": [random_image(rng, max_w=300, max_h=200), "count"]}]
+        history[0]["content"] = [{"type": "image", "image": history[0]["content"][0]},
+                                 {"type": "text", "text": "count"}]  # fmt: skip
+        first = renderer.render(history)
+        completion = sample(renderer, text)
+        reply = renderer.parse_response(completion).message
+        assert "<think>" in reply["content"]  # kept in the content: the template renders it
+        tail = [{"role": tail_role, "content": [{"type": "image", "image": random_image(rng)},
+                                               {"type": "text", "text": "zoomed"}]}]  # fmt: skip
+        if tail_role == "tool":
+            tail[0]["tool_call_id"] = reply["tool_calls"][0]["id"]
+        out = bridge_or_reason(
+            renderer, first.token_ids, completion, tail,
+            previous_multi_modal_data=first.multi_modal_data,
+        )  # fmt: skip
+        assert not isinstance(out, str), f"{family} refused: {out}"
+        full = renderer.render([*history, reply, *tail])
+        assert out.token_ids == full.token_ids
+        assert out.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
+        assert dict(renderer.bridge_refusals) == {}
+
+
 def test_refuses_a_completion_with_a_stop_token_before_its_end(renderer_and_processor):
     renderer, _ = renderer_and_processor
     first = renderer.render([{"role": "user", "content": "hi"}])

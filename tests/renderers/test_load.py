@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -47,6 +48,22 @@ def test_unsupported_model_type_lists_what_is_supported(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llava"}')
     with pytest.raises(UnsupportedModelError, match="supported: qwen2_vl, qwen2_5_vl, qwen3_vl"):
         load_renderer(tmp_path)
+
+
+def test_a_vision_model_of_another_family_is_refused_not_rendered_as_text(checkpoints, tmp_path):
+    """A Gemma 3 checkpoint has a tokenizer with a chat template: loading it as a text model
+    would silently drop its images. It is refused, naming its family and the ones rendered."""
+    import shutil
+
+    gemma = tmp_path / "gemma"
+    shutil.copytree(checkpoints["qwen2_5_vl"], gemma)  # a loadable tokenizer and template
+    config = json.loads((gemma / "config.json").read_text())
+    (gemma / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
+    with pytest.raises(UnsupportedModelError) as info:
+        load_renderer(gemma)
+    message = str(info.value)
+    assert "model type 'gemma3' is a vision-language model vf_mm does not render yet" in message
+    assert "qwen2_vl, qwen2_5_vl, qwen3_vl" in message and "AutoTokenizer" in message
 
 
 def test_not_a_checkpoint(tmp_path):

@@ -150,3 +150,25 @@ def test_with_tools(renderer_and_processor, seed):
     ours = renderer.render(messages, tools=TOOLS)
     ref = reference(processor, messages, tools=TOOLS)
     assert_same(ours, ref, renderer.vision.image_token_id)
+
+
+def test_reasoning_in_content_before_a_tool_call_and_an_image_tool_result(renderer_and_processor):
+    """What a reasoning model writes on Qwen2/2.5-VL (``<think>`` inside the content, then a
+    tool call) followed by a tool result with an image: rendered as the processor does."""
+    import random
+
+    from tests.renderers.conftest import random_image
+
+    renderer, processor = renderer_and_processor
+    rng = random.Random(11)
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": random_image(rng)},
+                                     {"type": "text", "text": "how many?"}]},
+        {"role": "assistant", "content": "<think>\nzoom first\n</think>\n\n"
+         '<tool_call>\n{"name": "zoom", "arguments": {"x": 1}}\n</tool_call>'},
+        {"role": "tool", "tool_call_id": "call_0", "content": [
+            {"type": "image", "image": random_image(rng)}, {"type": "text", "text": "zoomed"}]},
+    ]  # fmt: skip
+    assert_same(
+        renderer.render(messages), reference(processor, messages), renderer.vision.image_token_id
+    )

@@ -38,6 +38,13 @@ def load_renderer(
             return _from_processor(
                 load_processor(path), family, image_policy, cache_size, template_kwargs
             )
+        if family is not None and _is_vision_model(path):
+            raise UnsupportedModelError(
+                f"{path}: model type {family!r} is a vision-language model vf_mm does not "
+                f"render yet (as a text model its images would be lost); vision families "
+                f"vf_mm renders: {', '.join(QWEN_VL_FAMILIES)}. For text only, pass its "
+                "tokenizer: load_renderer(AutoTokenizer.from_pretrained(path))"
+            )
         from transformers import AutoTokenizer
 
         try:
@@ -56,7 +63,9 @@ def load_renderer(
         )
         if family is None:
             raise UnsupportedModelError(
-                f"no renderer for processor {type(model).__name__}; supported: {', '.join(SUPPORTED)}"
+                f"no renderer for processor {type(model).__name__} (a vision-language "
+                f"processor of a family vf_mm does not render yet); vision families vf_mm "
+                f"renders: {', '.join(QWEN_VL_FAMILIES)}; for text only, pass its tokenizer"
             )
         return _from_processor(model, family, image_policy, cache_size, template_kwargs)
     if hasattr(model, "apply_chat_template"):
@@ -86,3 +95,15 @@ def _from_processor(
     return ChatTemplateRenderer(
         tokenizer, vision=vision, name=family, template_kwargs=template_kwargs
     )
+
+
+def _is_vision_model(path: Path) -> bool:
+    """Whether a checkpoint's config describes a vision tower (``vision_config``), or it
+    ships an image processor config: a model that takes images."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "vision_config" in config or (path / "preprocessor_config.json").exists()

@@ -173,7 +173,10 @@ class ChatTemplateRenderer:
         if reason is not None:
             return _Refusal(reason)
         completion = list(previous_completion_ids)
-        has_reasoning = self._think_end in completion
+        # reasoning the template renders from ``reasoning_content`` (Qwen3) must survive the
+        # next turn; a template that does not render it (Qwen2-VL, Qwen2.5-VL) keeps the
+        # ``<think>`` text inside the content, which it renders verbatim: nothing to check
+        has_reasoning = self._renders["reasoning"] and self._think_end in completion
         template_messages, parts = self._prepare(new_messages)
         tail = self._tail_text(template_messages, tools, has_reasoning)
         if isinstance(tail, _Refusal):
