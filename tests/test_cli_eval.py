@@ -87,6 +87,10 @@ def test_client_stats_count_the_whole_run_across_resumes(tmp_path, monkeypatch):
     assert main(args) == 0
     first = read_metadata(out)["results"]["client"]
     assert first["turns"] == 2
+    from vf_mm.models import resolve_image_backend
+
+    # the renderer's image processing is part of the run's configuration (pixels differ)
+    assert read_metadata(out)["config"]["image_backend"] == resolve_image_backend("auto")
     assert main([*args, "--resume"]) == 0  # nothing left to do: no turns this time
     assert read_metadata(out)["results"]["client"] == first  # not reset to zero
 

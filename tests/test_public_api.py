@@ -87,18 +87,22 @@ def test_models_exports():
 
     assert set(vf_mm.models.__all__) == {
         "CHAT_TEMPLATES",
+        "IMAGE_BACKENDS",
         "QWEN2_VL_TEMPLATE",
         "QWEN3_VL_TEMPLATE",
         "QWEN_VL_FAMILIES",
         "build_tiny_lm",
         "build_tiny_vlm",
         "embedded_model",
+        "image_backend_of",
         "image_processor_class",
         "load_processor",
         "model_class",
         "model_type",
         "processor_class",
         "qwen_tokenizer",
+        "resolve_image_backend",
+        "torchvision_available",
         "tiny_tokenizer",
     }
     for name in vf_mm.models.__all__:

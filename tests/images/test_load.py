@@ -217,3 +217,43 @@ def test_a_fifo_does_not_hang(tmp_path: Path):
     os.mkfifo(fifo)
     with pytest.raises(UnsafeImageSourceError, match="regular file"):
         load_image(fifo)
+
+
+# -- arrays ---------------------------------------------------------------------------
+
+
+def test_uint8_arrays_of_grey_rgb_and_rgba_load_as_rgb():
+    import numpy as np
+
+    rgb = np.random.default_rng(0).integers(0, 256, (12, 20, 3), dtype=np.uint8)
+    out = load_image(rgb)
+    assert out.mode == "RGB" and out.size == (20, 12)
+    assert np.array_equal(np.asarray(out), rgb)
+    grey = rgb[:, :, 0]
+    assert np.array_equal(np.asarray(load_image(grey))[:, :, 1], grey)
+    assert np.array_equal(np.asarray(load_image(grey[:, :, None])), np.asarray(load_image(grey)))
+    rgba = np.dstack([rgb, np.zeros((12, 20), np.uint8)])  # fully transparent: white
+    assert (np.asarray(load_image(rgba)) == 255).all()
+    image = load_image({"type": "image", "image": rgb})  # inside a content part too
+    rgb[:] = 0  # the caller changing its array later does not reach the loaded image
+    assert np.asarray(image).any()
+
+
+@pytest.mark.parametrize(
+    ("array", "match"),
+    [
+        ("float01", r"must be uint8 \(0-255\), not float32 .*\* 255"),
+        ("chw", r"not shape \(3, 12, 20\) \(channels first\? transpose it"),
+        ("4d", r"not shape \(1, 12, 20, 3\)"),
+    ],
+)
+def test_arrays_that_are_not_pictures_are_refused_naming_shape_and_dtype(array, match):
+    import numpy as np
+
+    value = {
+        "float01": np.zeros((12, 20, 3), np.float32),
+        "chw": np.zeros((3, 12, 20), np.uint8),
+        "4d": np.zeros((1, 12, 20, 3), np.uint8),
+    }[array]
+    with pytest.raises(ImageDecodeError, match=match):
+        load_image(value, where="message 0, part 1")

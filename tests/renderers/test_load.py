@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from tests.renderers.conftest import conversation
@@ -114,3 +115,22 @@ def test_a_renderer_and_a_pool_are_renderers(checkpoints):
         assert renderer.stop_token_ids == single.stop_token_ids
         assert renderer.is_multimodal
     assert not isinstance(object(), Renderer)
+
+
+def test_the_image_backend_is_what_autoprocessor_would_pick_and_is_recorded(checkpoints):
+    from vf_mm.errors import MissingDependencyError
+    from vf_mm.models import resolve_image_backend, torchvision_available
+
+    renderer = load_renderer(checkpoints["qwen2_5_vl"])  # auto
+    assert renderer.image_backend == resolve_image_backend("auto")
+    assert renderer.image_backend == ("torchvision" if torchvision_available() else "pil")
+    pil = load_renderer(checkpoints["qwen2_5_vl"], image_backend="pil")
+    image = {"type": "image", "image": np.zeros((40, 50, 3), dtype=np.uint8)}
+    processed = pil.vision.process(image, where="test")
+    assert pil.image_backend == processed.backend == "pil"  # the features say who made them
+    assert load_renderer(checkpoints["qwen2_5_vl"], image_backend="pil").image_backend == "pil"
+    with pytest.raises(ValueError, match="image_backend must be one of"):
+        load_renderer(checkpoints["qwen2_5_vl"], image_backend="opencv")
+    if not torchvision_available():
+        with pytest.raises(MissingDependencyError, match="needs torchvision"):
+            load_renderer(checkpoints["qwen2_5_vl"], image_backend="torchvision")

@@ -98,6 +98,18 @@ def add_run_arguments(
         "-S", "--sampling-args", type=_json_object, default={}, help="JSON object of sampling args"
     )
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
+    add_image_backend_argument(p)
+
+
+def add_image_backend_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--image-backend",
+        choices=["auto", "pil", "torchvision"],
+        default="auto",
+        help="image processing for the renderer: auto picks what transformers' AutoProcessor "
+        "and vLLM use on this machine (torchvision where it imports, else pil); the two give "
+        "different pixels for resized images, so match the engine and the trainer",
+    )
 
 
 def resolve_model(args: argparse.Namespace) -> str | None:
@@ -122,7 +134,11 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
         return vf_mm.RendererClient(
             OpenAIChatBackend(model, base_url=base, api_key=getattr(args, "api_key", None)), None
         )
-    pool = RendererPool(lambda: load_renderer(model), size=max(2, min(8, os.cpu_count() or 2)))
+    backend = args.image_backend
+    pool = RendererPool(
+        lambda: load_renderer(model, image_backend=backend),
+        size=max(2, min(8, os.cpu_count() or 2)),
+    )
     if args.backend == "vllm":
         from vf_mm.inference import VLLMBackend
 

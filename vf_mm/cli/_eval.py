@@ -89,6 +89,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 async def _eval(args: argparse.Namespace) -> int:
+    from vf_mm.models import resolve_image_backend
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
     console = Console()
@@ -110,6 +111,10 @@ async def _eval(args: argparse.Namespace) -> int:
             "rollouts_per_example": args.rollouts_per_example,
             "sampling_args": {**env.sampling_args, **args.sampling_args},
             "seed": args.seed,
+            # the renderer's pixels differ by backend: a resume must not mix them
+            "image_backend": (
+                resolve_image_backend(args.image_backend) if args.backend != "openai" else None
+            ),
         },
         "server": {"backend": args.backend, "base_url": args.base_url},
         "vf_mm_version": vf_mm.__version__,

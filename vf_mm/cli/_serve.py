@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vf_mm.cli._common import add_image_backend_argument
+
 
 def register(sub: Any) -> None:
     serve = sub.add_parser(
@@ -22,6 +24,7 @@ def register(sub: Any) -> None:
         "on 127.0.0.1 or a trusted network.",
     )
     serve.add_argument("--model", required=True, type=Path, help="checkpoint directory")
+    add_image_backend_argument(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument(
@@ -88,7 +91,7 @@ def run_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        renderer = load_renderer(args.model)
+        renderer = load_renderer(args.model, image_backend=args.image_backend)
         backend = LocalBackend(
             args.model, max_batch=args.max_batch, batch_window_ms=args.batch_window_ms
         )

@@ -13,7 +13,13 @@ from vf_mm.images._fetch import Fetcher
 from vf_mm.images._guard import check_local_path, file_url_to_path
 from vf_mm.images._local import read_local_file
 from vf_mm.images._policy import ImagePolicy
-from vf_mm.images._source import Kind, classify, describe, looks_like_bare_base64
+from vf_mm.images._source import (
+    Kind,
+    array_to_image,
+    classify,
+    describe,
+    looks_like_bare_base64,
+)
 
 __all__ = ["load_image"]
 
@@ -30,7 +36,8 @@ def load_image(
 ) -> Image.Image:
     """Load ``source`` as a fully decoded RGB image, as ``policy`` allows.
 
-    ``source``: a PIL image; encoded image bytes (``bytes``, ``bytearray``,
+    ``source``: a PIL image; an ``(H, W[, C])`` uint8 array (grey, RGB or RGBA); encoded
+    image bytes (``bytes``, ``bytearray``,
     ``memoryview``); a ``data:image/...;base64,`` URL; a local path (``str`` or
     ``os.PathLike``) or ``file://`` URL; an ``http(s)://`` URL; or a content part
     (``{"type": "image_url", "image_url": {"url": ...}}``, ``{"type": "image",
@@ -65,6 +72,10 @@ def _load(source: Any, policy: ImagePolicy, fetcher: Fetcher) -> Image.Image:
         image: Image.Image = found.value
         check_dimensions(image.width, image.height, policy)
         return to_rgb(image, owned=False)
+    if found.kind is Kind.ARRAY:
+        image = array_to_image(found.value)
+        check_dimensions(image.width, image.height, policy)
+        return to_rgb(image, owned=False)  # a copy: fromarray may share the caller's buffer
     if found.kind is Kind.BYTES:
         return decode_bytes(found.value, policy)
     if found.kind is Kind.DATA_URL:

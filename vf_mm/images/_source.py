@@ -29,6 +29,7 @@ _BASE64ISH = re.compile(r"^[A-Za-z0-9+/=\s_-]{256,}$")
 
 class Kind(Enum):
     PIL = "pil"
+    ARRAY = "array"
     BYTES = "bytes"
     DATA_URL = "data_url"
     PATH = "path"
@@ -39,7 +40,7 @@ class Kind(Enum):
 @dataclass(frozen=True, slots=True)
 class Source:
     kind: Kind
-    value: Any  # Image.Image | bytes-like | str | os.PathLike
+    value: Any  # Image.Image | numpy array | bytes-like | str | os.PathLike
 
 
 def _unwrap_part(part: dict[str, Any]) -> Any:
@@ -87,6 +88,8 @@ def classify(source: Any) -> Source:
         return Source(Kind.PIL, source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return Source(Kind.BYTES, source)
+    if _is_array(source):
+        return Source(Kind.ARRAY, source)
     if isinstance(source, os.PathLike):
         return Source(Kind.PATH, source)
     if isinstance(source, str):
@@ -106,8 +109,41 @@ def classify(source: Any) -> Source:
             "for a local file whose name has a colon, pass a pathlib.Path or './name'"
         )
     raise ImageDecodeError(
-        f"an image source must be a PIL image, bytes, a data:/file:/http(s): URL, a path "
-        f"or a content-part dict, not {type(source).__name__}"
+        f"an image source must be a PIL image, an (H, W[, C]) uint8 array, bytes, a "
+        f"data:/file:/http(s): URL, a path or a content-part dict, not {type(source).__name__}"
+    )
+
+
+def _is_array(value: Any) -> bool:
+    shape = getattr(value, "shape", None)
+    return isinstance(shape, tuple) and hasattr(value, "dtype") and hasattr(value, "__array__")
+
+
+def array_to_image(array: Any) -> Image.Image:
+    """An ``(H, W)``, ``(H, W, 1)``, ``(H, W, 3)`` or ``(H, W, 4)`` uint8 array (numpy, or
+    anything with ``__array__``: a CPU torch tensor) as a PIL image (L, RGB or RGBA).
+    Anything else is refused naming its shape and dtype: a float array in [0, 1] or a
+    channels-first tensor would otherwise become a wrong picture without a word."""
+    import numpy as np
+
+    data = np.asarray(array)
+    shape, dtype = tuple(data.shape), data.dtype
+    if data.ndim == 3 and data.shape[2] == 1:
+        data = data[:, :, 0]
+    if dtype != np.uint8:
+        raise ImageDecodeError(
+            f"an image array must be uint8 (0-255), not {dtype} (shape {shape}); for floats "
+            "in [0, 1] pass (array * 255).round().astype(np.uint8)"
+        )
+    if data.ndim == 2 or (data.ndim == 3 and data.shape[2] in (3, 4)):
+        return Image.fromarray(np.ascontiguousarray(data))
+    raise ImageDecodeError(
+        f"an image array must be (H, W), (H, W, 3) or (H, W, 4), not shape {shape}"
+        + (
+            " (channels first? transpose it to (H, W, C))"
+            if len(shape) == 3 and shape[0] in (1, 3, 4)
+            else ""
+        )
     )
 
 

@@ -5,7 +5,10 @@ support (any other checkpoint with a chat template renders as text).
 ``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)``,
 ``image_processor_class(family)`` and ``processor_class(family)`` are the family's
 transformers classes, and ``load_processor(path)`` loads a checkpoint's processor.
-All of them work without torchvision (CPU-only machines lack it).
+``image_backend`` (``IMAGE_BACKENDS``: ``"auto"``, ``"pil"``, ``"torchvision"``) picks
+the image processing; ``"auto"`` is what ``AutoProcessor`` and vLLM use on this machine
+(``resolve_image_backend``), so the renderer's pixels are the engine's. All of them work
+without torchvision (CPU-only machines lack it).
 
 Recipes: ``build_tiny_vlm(path, family)`` and ``build_tiny_lm(path)`` write
 random-weight checkpoints in about a second with no network (the same files a real
@@ -21,12 +24,16 @@ what it needs.
 
 from vf_mm.models._embedded import embedded_model
 from vf_mm.models._families import (
+    IMAGE_BACKENDS,
     QWEN_VL_FAMILIES,
+    image_backend_of,
     image_processor_class,
     load_processor,
     model_class,
     model_type,
     processor_class,
+    resolve_image_backend,
+    torchvision_available,
 )
 from vf_mm.models._templates import CHAT_TEMPLATES, QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 from vf_mm.models._tiny_lm import build_tiny_lm
@@ -35,17 +42,21 @@ from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
 
 __all__ = [
     "CHAT_TEMPLATES",
+    "IMAGE_BACKENDS",
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "QWEN_VL_FAMILIES",
     "build_tiny_lm",
     "build_tiny_vlm",
     "embedded_model",
+    "image_backend_of",
     "image_processor_class",
     "load_processor",
     "model_class",
     "model_type",
     "processor_class",
     "qwen_tokenizer",
+    "resolve_image_backend",
     "tiny_tokenizer",
+    "torchvision_available",
 ]

@@ -20,12 +20,17 @@ def load_renderer(
     image_policy: ImagePolicy | None = None,
     cache_size: int = 512,
     template_kwargs: dict[str, Any] | None = None,
+    image_backend: str = "auto",
 ) -> ChatTemplateRenderer:
     """A renderer for ``model``: a checkpoint directory, a loaded HF processor, or a tokenizer.
 
     Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints get image support; any other
     checkpoint with a tokenizer chat template gets a text renderer.
     ``image_policy`` decides which image sources may be read (``vf_mm.images``).
+    ``image_backend`` (a checkpoint directory): ``"auto"`` (what ``AutoProcessor`` and vLLM
+    use on this machine), ``"pil"`` or ``"torchvision"``; the renderer's pixels must be the
+    engine's and the trainer's, and the two backends differ on every resized image. A
+    processor passed in keeps its own backend (``renderer.image_backend`` says which).
     """
     if isinstance(model, (str, Path)):
         path = Path(model)
@@ -36,7 +41,11 @@ def load_renderer(
         family = model_type(path) if (path / "config.json").exists() else None
         if family in QWEN_VL_FAMILIES:
             return _from_processor(
-                load_processor(path), family, image_policy, cache_size, template_kwargs
+                load_processor(path, image_backend=image_backend),
+                family,
+                image_policy,
+                cache_size,
+                template_kwargs,
             )
         if family is not None and _is_vision_model(path):
             raise UnsupportedModelError(

@@ -53,6 +53,10 @@ class RendererPool(Generic[R]):
     def stop_token_ids(self) -> tuple[int, ...]:
         return self._all[0].stop_token_ids
 
+    @property
+    def image_backend(self) -> str | None:
+        return getattr(self._all[0], "image_backend", None)
+
     @contextmanager
     def renderer(self) -> Iterator[R]:
         """Borrow one renderer, for what only a single renderer has (its tokenizer, its vision spec)."""

@@ -72,6 +72,11 @@ class ChatTemplateRenderer:
     def is_multimodal(self) -> bool:
         return self.vision is not None
 
+    @property
+    def image_backend(self) -> str | None:
+        """The image processing backend (``"pil"`` / ``"torchvision"``), None for text."""
+        return self.vision.backend if self.vision is not None else None
+
     def _probe_template(self) -> dict[str, bool]:
         """What the chat template does with an assistant turn: does it render
         ``reasoning_content`` and ``tool_calls``, and does it render an earlier turn

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.models import image_backend_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,15 @@ class ProcessedImage:
     hash: str
     num_tokens: int
     item: dict[str, np.ndarray]  # {"pixel_values", "image_grid_thw"}, read-only
+    backend: str = "pil"  # the image processing that computed item: "pil" or "torchvision"
 
 
 class VisionSpec:
-    """What a renderer needs to expand images: the pad token, the processor, a cache."""
+    """What a renderer needs to expand images: the pad token, the processor, a cache.
+
+    ``backend`` is the image processor's backend (``"pil"`` or ``"torchvision"``): the two
+    compute different pixels for a resized image, and every ``ProcessedImage`` says which.
+    """
 
     def __init__(
         self,
@@ -48,6 +54,7 @@ class VisionSpec:
         self.image_token = image_token
         self.image_token_id = image_token_id
         self.merge_size = int(getattr(image_processor, "merge_size", 2))
+        self.backend = image_backend_of(image_processor)
         self.policy = policy
         self.cache_size = cache_size
         self._cache: OrderedDict[str, ProcessedImage] = OrderedDict()
@@ -68,14 +75,15 @@ class VisionSpec:
                 return cached
         start = time.perf_counter()
         out = self.image_processor(images=[image], return_tensors="np")
-        pixel_values = np.ascontiguousarray(out["pixel_values"])
-        grid = np.ascontiguousarray(out["image_grid_thw"]).astype(np.int64, copy=False)
+        pixel_values = np.ascontiguousarray(_numpy(out["pixel_values"]))
+        grid = np.ascontiguousarray(_numpy(out["image_grid_thw"])).astype(np.int64, copy=False)
         pixel_values.flags.writeable = False
         grid.flags.writeable = False
         processed = ProcessedImage(
             hash=key,
             num_tokens=int(np.prod(grid)) // self.merge_size**2,
             item={"pixel_values": pixel_values, "image_grid_thw": grid},
+            backend=self.backend,
         )
         with self._lock:
             self.processing_s += time.perf_counter() - start
@@ -84,3 +92,8 @@ class VisionSpec:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return processed
+
+
+def _numpy(value: Any) -> Any:
+    """A processor output as numpy (the torchvision backend may hand back torch tensors)."""
+    return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value

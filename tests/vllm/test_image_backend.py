@@ -1,0 +1,108 @@
+"""The renderer's pixels are the engine's: with torchvision present (as beside vLLM, and on
+every GPU machine), ``image_backend="auto"`` is torchvision, and the renderer's
+``pixel_values`` equal transformers' ``AutoImageProcessor`` (what vLLM's processing and a
+trainer's ``AutoProcessor`` run) bit for bit on images that force a resize. The PIL
+backend computes different pixels for them: the mismatch this choice prevents.
+
+Runs in the vllm tier's venv (``python3 dev.py vllm``), which has torchvision; the main
+venv cannot (PyPI's torchvision does not import beside the CPU torch wheel).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vf_mm.models import resolve_image_backend
+from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
+
+pytestmark = pytest.mark.vllm
+torchvision = pytest.importorskip("torchvision")
+
+# sizes from the field report: a resize happens for each (1000x120 is an extreme aspect)
+SIZES = [(640, 480), (97, 501), (1000, 120), (28, 28), (333, 777)]
+
+
+def picture(size, seed, mode="RGB"):
+    """Random pixels; RGBA with a real (varying) alpha, LA too, P with a transparent index."""
+    rng = np.random.default_rng(seed)
+    rgb = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    if mode in ("RGBA", "LA"):
+        alpha = Image.fromarray(rng.integers(0, 256, (size[1], size[0]), dtype=np.uint8))
+        image = rgb.convert(mode)
+        image.putalpha(alpha)
+        return image
+    if mode == "P":
+        image = rgb.convert("P")
+        image.info["transparency"] = 0
+        return image
+    return rgb.convert(mode)
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def checkpoint(request, tmp_path_factory):
+    return build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
+
+
+def rendered_pixels(renderer, image):
+    messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                             {"type": "text", "text": "?"}]}]  # fmt: skip
+    (item,) = renderer.render(messages).multi_modal_data.mm_items["image"]
+    return item["pixel_values"], item["image_grid_thw"]
+
+
+def test_auto_is_torchvision_where_it_imports():
+    assert resolve_image_backend("auto") == "torchvision"
+
+
+def vllm_rgb(images, tmp_path):
+    """``images`` converted to RGB by vLLM's own ``convert_image_mode`` (alpha onto white),
+    in a subprocess run outside the repo (tests/vllm would shadow the vllm package here)."""
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(tmp_path / f"in{i}.png")
+        image.save(paths[-1])
+    code = (
+        "import sys\nfrom PIL import Image\nfrom vllm.multimodal.image import convert_image_mode\n"
+        "for p in sys.argv[1:]:\n"
+        "    convert_image_mode(Image.open(p), 'RGB').save(p + '.rgb.png')\n"
+    )
+    subprocess.run([sys.executable, "-c", code, *map(str, paths)], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    return [Image.open(f"{p}.rgb.png").copy() for p in paths]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "LA", "P"])
+def test_torchvision_renderer_pixels_equal_auto_image_processor(checkpoint, mode, tmp_path):
+    """vLLM converts an image to RGB (alpha composited onto white) before its processor:
+    the reference is exactly that, vLLM's own function, then ``AutoImageProcessor``."""
+    from transformers import AutoImageProcessor
+
+    engine = AutoImageProcessor.from_pretrained(checkpoint)  # what AutoProcessor and vLLM load
+    assert type(engine).__name__ == "Qwen2VLImageProcessor"  # the torchvision backend
+    renderer = load_renderer(checkpoint)  # auto
+    assert renderer.image_backend == "torchvision"
+    images = [picture(size, i, mode) for i, size in enumerate(SIZES)]
+    for size, image, rgb in zip(SIZES, images, vllm_rgb(images, tmp_path), strict=True):
+        ours, grid = rendered_pixels(renderer, image)
+        ref = engine(images=[rgb], return_tensors="np")
+        assert np.array_equal(grid, np.asarray(ref["image_grid_thw"]))
+        assert ours.dtype == np.asarray(ref["pixel_values"]).dtype
+        assert np.array_equal(ours, np.asarray(ref["pixel_values"])), size  # bit-exact
+
+
+def test_the_pil_backend_differs_on_resized_images(checkpoint):
+    pil = load_renderer(checkpoint, image_backend="pil")
+    tv = load_renderer(checkpoint, image_backend="torchvision")
+    assert (pil.image_backend, tv.image_backend) == ("pil", "torchvision")
+    worst = 0.0
+    for i, size in enumerate(SIZES[:3]):
+        a, _ = rendered_pixels(pil, picture(size, i))
+        b, _ = rendered_pixels(tv, picture(size, i))
+        worst = max(worst, float(np.abs(a - b).max()))
+    assert worst > 1e-3  # why the backend must match the engine's
