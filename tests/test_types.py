@@ -557,7 +557,7 @@ def test_rollout_output_round_trips_through_the_wire_codec():
     assert step_tokens["completion_mask"] == response.completion_mask
     mm_out = step_tokens["multi_modal_data"]
     assert mm_out["mm_hashes"] == {"image": ["abc123"]}
-    assert mm_out["mm_placeholders"] == {"image": [{"offset": 3, "length": 4}]}
+    assert mm_out["mm_placeholders"] == {"image": [{"offset": 3, "length": 4, "is_embed": None}]}
     got = mm_out["mm_items"]["image"][0]["pixel_values"]
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, pixels)
@@ -661,3 +661,36 @@ def test_a_syntax_error_names_its_file_and_line_in_its_message_only():
     except SyntaxError as exc:
         error = T.RolloutError.from_exception(exc, where="importing my_env.py")
     assert error.where == "importing my_env.py" and "my_env.py, line 1" in error.message
+
+
+# -- PlaceholderRange.is_embed -----------------------------------------------------------
+
+
+def test_a_range_with_markers_inside_says_which_positions_are_embeddings():
+    r = T.PlaceholderRange(10, 6, (False, True, True, False, True, False))
+    assert r.num_embeds == 3 and r.embed_positions() == [11, 12, 14]
+    contiguous = T.PlaceholderRange(10, 3)
+    assert contiguous.num_embeds == 3 and contiguous.embed_positions() == [10, 11, 12]
+    # an all-True mask is the contiguous case: stored as None, so equal ranges compare equal
+    assert T.PlaceholderRange(10, 3, (True, True, True)) == contiguous
+    assert T.PlaceholderRange(10, 3, [True, False, True]).is_embed == (True, False, True)
+
+
+@pytest.mark.parametrize(
+    ("mask", "match"),
+    [
+        ((True, False), "2 entries for length 3"),
+        ((False, False, False), "marks no position"),
+        ((1, 0, 1), "bools only"),
+    ],
+)
+def test_a_bad_embedding_mask_is_refused(mask, match):
+    with pytest.raises(MultiModalDataError, match=match):
+        T.PlaceholderRange(0, 3, mask)
+
+
+def test_an_embedding_mask_survives_the_wire_and_from_dict():
+    r = T.PlaceholderRange(2, 4, (False, True, True, False))
+    data = T.MultiModalData({"image": ["h"]}, {"image": [r]}, {"image": [{}]})
+    back = T.MultiModalData.from_dict(unpackb(packb(data)))
+    assert back.mm_placeholders["image"] == [r]

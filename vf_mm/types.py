@@ -186,12 +186,19 @@ def text_of(message: Mapping[str, Any]) -> str:
 class PlaceholderRange:
     """Where one multi-modal item's tokens sit: ``token_ids[offset:offset + length]``.
 
-    ``offset`` is absolute in the step's prompt token ids. Frozen, so ranges can be
-    shared between copies of a ``MultiModalData`` without one copy changing another.
+    ``offset`` is absolute in the step's prompt token ids. ``is_embed`` says which
+    positions inside the range take the item's embeddings, for items whose tokens are
+    not one contiguous run (tiles separated by row/column text tokens, begin/end markers
+    inside the range; vLLM's ``PlaceholderRange.is_embed``): one bool per position,
+    at least one True. ``None`` (the Qwen-VL case) means every position is an embedding;
+    an all-True mask is stored as ``None``, so equal ranges compare equal. Frozen, so
+    ranges can be shared between copies of a ``MultiModalData`` without one copy
+    changing another.
     """
 
     offset: int
     length: int
+    is_embed: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("offset", "length"):
@@ -204,11 +211,35 @@ class PlaceholderRange:
             raise MultiModalDataError(f"PlaceholderRange offset must be >= 0, got {self.offset}")
         if self.length <= 0:
             raise MultiModalDataError(f"PlaceholderRange length must be > 0, got {self.length}")
+        if self.is_embed is not None:
+            mask = tuple(self.is_embed)
+            if not all(isinstance(v, bool) for v in mask):
+                raise MultiModalDataError("PlaceholderRange.is_embed must hold bools only")
+            if len(mask) != self.length:
+                raise MultiModalDataError(
+                    f"PlaceholderRange.is_embed has {len(mask)} entries for length {self.length}"
+                )
+            if not any(mask):
+                raise MultiModalDataError(
+                    "PlaceholderRange.is_embed marks no position as an embedding"
+                )
+            object.__setattr__(self, "is_embed", None if all(mask) else mask)
 
     @property
     def end(self) -> int:
         """One past the last token of the range."""
         return self.offset + self.length
+
+    @property
+    def num_embeds(self) -> int:
+        """How many positions take the item's embeddings (``length`` when contiguous)."""
+        return self.length if self.is_embed is None else sum(self.is_embed)
+
+    def embed_positions(self) -> list[int]:
+        """The absolute token positions that take the item's embeddings, in order."""
+        if self.is_embed is None:
+            return list(range(self.offset, self.end))
+        return [self.offset + i for i, embed in enumerate(self.is_embed) if embed]
 
 
 @dataclass(slots=True)
@@ -244,7 +275,13 @@ class MultiModalData:
 
         def ranges(values: Iterable[Any]) -> list[PlaceholderRange]:
             return [
-                v if isinstance(v, PlaceholderRange) else PlaceholderRange(v["offset"], v["length"])
+                v
+                if isinstance(v, PlaceholderRange)
+                else PlaceholderRange(
+                    v["offset"],
+                    v["length"],
+                    None if v.get("is_embed") is None else tuple(v["is_embed"]),
+                )
                 for v in values
             ]
 

@@ -112,6 +112,24 @@ def two_image_mmd(items: list[Any] | None = None) -> MultiModalData:
 # -- the request body -------------------------------------------------------------------
 
 
+def test_placeholders_with_markers_inside_are_refused_before_sending(
+    server: fs.FaultyServer, fake_encoder: list[Any]
+) -> None:
+    """vLLM 0.32's features placeholders are offset + length only: a range whose inner
+    positions are not all embeddings cannot be said, so nothing is sent."""
+    sparse = MultiModalData(
+        mm_hashes={"image": ["h0"]},
+        mm_placeholders={"image": [PlaceholderRange(1, 4, (False, True, True, False))]},
+        mm_items={"image": [{"name": "a"}]},
+    )
+    request = GenerateRequest([11, 20, PAD, PAD, 21, 14], SamplingParams(max_tokens=2), sparse)
+    with pytest.raises(
+        MultiModalDataError, match=r"is_embed.*send this model's images as content_parts"
+    ):
+        run(lambda: generate_once(backend(server.url, model="m"), request))
+    assert server.generate_bodies == []
+
+
 def test_features_request_body_schema(server: fs.FaultyServer, fake_encoder: list[Any]) -> None:
     prompt = [11, 12, PAD, PAD, PAD, 13, PAD, PAD, 14]
     sampling = SamplingParams(

@@ -88,10 +88,15 @@ class World:
                 ids += value
                 continue
             n = len(self.items[value]["pixel_values"]) // 4  # pads = rows // merge**2
-            ids.append(VISION_START)
-            ranges.append(PlaceholderRange(len(ids), n))
-            ids += [IMAGE_PAD] * n
-            ids.append(VISION_END)
+            if int(value[:2], 16) % 3 == 0:  # a third of the images: markers inside the range
+                mask = (False, *[True] * n, False)  # (Gemma-style begin/end tokens)
+                ranges.append(PlaceholderRange(len(ids), n + 2, mask))
+                ids += [VISION_START, *[IMAGE_PAD] * n, VISION_END]
+            else:
+                ids.append(VISION_START)
+                ranges.append(PlaceholderRange(len(ids), n))
+                ids += [IMAGE_PAD] * n
+                ids.append(VISION_END)
             hashes.append(value)
             items.append(self.item(value))
         if hashes:
@@ -414,7 +419,12 @@ def test_frame_schema_and_group_fields():
     assert step["mm"] == {
         "image": {
             "hashes": mm.mm_hashes["image"],
-            "placeholders": [[r.offset, r.length] for r in mm.mm_placeholders["image"]],
+            "placeholders": [
+                [r.offset, r.length]
+                if r.is_embed is None  # contiguous; else the mask, one bit a position
+                else [r.offset, r.length, np.packbits(r.is_embed).tobytes()]
+                for r in mm.mm_placeholders["image"]
+            ],
         }
     }
     assert rollout["steps"][2] == {"tokens": None, "reward": 2.0}  # says it has no tokens
@@ -560,8 +570,21 @@ def test_a_step_referring_to_a_missing_image_is_refused():
         (lambda p: p.pop(), "3 hashes and 2 placeholders"),
         (lambda p: p.__setitem__(0, [3, 0]), "length must be > 0"),
         (lambda p: p.__setitem__(0, [3]), r"must be \[offset, length\]"),
+        (lambda p: p.__setitem__(0, [p[0][0], 9, b"\xff"]), "needs a 2-byte mask, got 1"),
+        (lambda p: p.__setitem__(0, [p[0][0], 8, b"\x00"]), "marks no position"),
+        (lambda p: p.__setitem__(0, [p[0][0], 8, "ff"]), "mask must be bytes"),
     ],
-    ids=["past-end", "overlap", "unsorted", "count", "zero-length", "shape"],
+    ids=[
+        "past-end",
+        "overlap",
+        "unsorted",
+        "count",
+        "zero-length",
+        "shape",
+        "mask-size",
+        "mask-empty",
+        "mask-type",
+    ],
 )
 def test_bad_placeholders_are_refused(tamper, message):
     frame = packed_frame()

@@ -45,8 +45,11 @@ def test_samples_from_streamed_groups_keep_images_aligned(tmp_path, params):
             assert len(grids) == len(sample.placeholders)
             rows = 0
             for (offset, length), grid in zip(sample.placeholders, grids, strict=True):
-                assert length == int(grid.prod()) // 4
-                assert np.all(sample.input_ids[offset : offset + length] == IMAGE_PAD)
+                # the range holds the image's pads (and, for a range with markers inside,
+                # those markers: is_embed says which positions are the pads)
+                inside = sample.input_ids[offset : offset + length]
+                assert np.count_nonzero(inside == IMAGE_PAD) == int(grid.prod()) // 4
+                assert length - int(grid.prod()) // 4 in (0, 2)
                 rows += int(grid.prod())
             if sample.pixel_values is not None:
                 assert sample.pixel_values.shape[0] == rows

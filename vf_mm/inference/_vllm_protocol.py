@@ -172,6 +172,13 @@ def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> d
         else {m: [None] * len(mmd.mm_placeholders[m]) for m in modalities}
     )
     MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
+    sparse = [m for m in modalities if any(r.is_embed is not None for r in mmd.mm_placeholders[m])]
+    if sparse:  # vLLM 0.32's PlaceholderRangeInfo is offset + length only (is_embed is a TODO)
+        raise MultiModalDataError(
+            f"these {sparse[0]} placeholders mark only some positions as embeddings (is_embed), "
+            "which vLLM's features route cannot carry (its placeholders are offset and length "
+            "only): send this model's images as content_parts instead"
+        )
     kwargs_data: dict[str, list[str | None]] | None = None
     if send_kwargs_data:
         # imported here: msgpack and torch load only for requests with images

@@ -41,6 +41,8 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
              "mm": None                              # the step had multi_modal_data=None
                    | {modality: {"hashes": [h, ...],
                                  "placeholders": [[offset, length], ...]}}},
+                        # [offset, length, mask] where only some positions take the
+                        # item's embeddings: mask = np.packbits(is_embed) bytes
             # a step without tokens (a message-level backend such as an OpenAI API):
             {"tokens": None, "reward": float | None}]}]}
 
@@ -76,6 +78,7 @@ from typing import Any
 
 import numpy as np
 
+from vf_mm._text import shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
 from vf_mm.images import ImagePolicy, image_hash, load_image
 from vf_mm.types import (
@@ -223,7 +226,7 @@ class _Packer:
                 self._intern(h, item, f"{where}, {modality} {i}")
             out[modality] = {
                 "hashes": list(hashes),
-                "placeholders": [[r.offset, r.length] for r in mm.mm_placeholders[modality]],
+                "placeholders": [_pack_range(r) for r in mm.mm_placeholders[modality]],
             }
         return out
 
@@ -413,6 +416,37 @@ def _error_from_frame(value: Any, where: str) -> RolloutError | None:
         raise GroupFrameError(f"{where}, field 'error': {exc}") from None
 
 
+def _pack_range(r: PlaceholderRange) -> list[Any]:
+    if r.is_embed is None:
+        return [r.offset, r.length]
+    return [r.offset, r.length, np.packbits(np.array(r.is_embed, dtype=bool)).tobytes()]
+
+
+def _unpack_range(entry: Any, where: str) -> PlaceholderRange:
+    """``[offset, length]`` or ``[offset, length, packed is_embed bits]``."""
+    if not isinstance(entry, (list, tuple)) or len(entry) not in (2, 3):
+        raise GroupFrameError(
+            f"{where}: a placeholder must be [offset, length] or [offset, length, mask], "
+            f"got {shorten(repr(entry), 80)}"
+        )
+    mask = None
+    if len(entry) == 3:
+        _, length, packed = entry
+        if not isinstance(packed, (bytes, bytearray, memoryview)) or not isinstance(length, int):
+            raise GroupFrameError(f"{where}: a placeholder's mask must be bytes")
+        if len(packed) != (length + 7) // 8:
+            raise GroupFrameError(
+                f"{where}: a placeholder of length {length} needs a {(length + 7) // 8}-byte "
+                f"mask, got {len(packed)} bytes"
+            )
+        bits = np.unpackbits(np.frombuffer(bytes(packed), dtype=np.uint8))[:length]
+        mask = tuple(bool(b) for b in bits)
+    try:
+        return PlaceholderRange(entry[0], entry[1], mask)
+    except MultiModalDataError as exc:
+        raise GroupFrameError(f"{where}: {exc}") from None
+
+
 def _get(mapping: Mapping[str, Any], key: str, where: str) -> Any:
     try:
         return mapping[key]
@@ -465,13 +499,7 @@ def _unpack_mm(wire: Any, items: Mapping[str, Any], where: str) -> MultiModalDat
                     "carry (its images table has no such hash)"
                 )
             found.append(item)
-        ranges = []
-        for pair in pairs:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise GroupFrameError(
-                    f"{where}: a placeholder must be [offset, length], got {pair!r}"
-                )
-            ranges.append(PlaceholderRange(*pair))
+        ranges = [_unpack_range(entry, where) for entry in pairs]
         mm.mm_hashes[modality] = hashes
         mm.mm_placeholders[modality] = ranges
         mm.mm_items[modality] = found
