@@ -22,7 +22,12 @@ from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
-torchvision = pytest.importorskip("torchvision")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_torchvision():  # checked when the tests run, not when they are collected
+    pytest.importorskip("torchvision")
+
 
 # sizes from the field report: a resize happens for each (1000x120 is an extreme aspect)
 SIZES = [(640, 480), (97, 501), (1000, 120), (28, 28), (333, 777)]
