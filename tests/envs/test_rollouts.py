@@ -129,13 +129,15 @@ def test_a_tool_returning_what_json_cannot_hold_fails_the_rollout_not_stringifie
 
 
 def test_json_tool_results_are_json_text(renderer):
+    import numpy as np
+
     def stats():
         """Numbers."""
-        return {"mean": 0.5, "n": 3}
+        return {"mean": np.float32(0.5), "n": np.int64(3), "ok": True}  # numpy scalars too
 
     env = vf.ToolEnv(dataset=rows(1), tools=[stats], max_turns=3)
     state = asyncio.run(env.rollout(client(renderer, _one_call("stats")), rows(1)[0]))
-    assert state["completion"][1]["content"] == '{"mean": 0.5, "n": 3}'
+    assert state["completion"][1]["content"] == '{"mean": 0.5, "n": 3, "ok": true}'
 
 
 def test_setup_and_finish_state_failures_name_their_stage(renderer):

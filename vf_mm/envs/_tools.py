@@ -155,9 +155,19 @@ def _is_part(value: Any) -> bool:
     return isinstance(value, Mapping) and value.get("type") in ("text", *IMAGE_PART_TYPES)
 
 
+def _numpy_scalar(value: Any) -> Any:
+    """A numpy scalar (``np.float32(0.5)``, ``np.int64(3)``) as the Python number it holds;
+    anything else is refused (``TypeError``), as ``json.dumps`` would."""
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _json_text(value: Any, name: str) -> str:
     try:
-        return json.dumps(value, allow_nan=False)
+        return json.dumps(value, allow_nan=False, default=_numpy_scalar)
     except (TypeError, ValueError) as exc:
         raise MessageError(
             f"tool {name!r} returned {type(value).__name__} {shorten(repr(value), 80)}, which is "
