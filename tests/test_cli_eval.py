@@ -95,6 +95,20 @@ def test_client_stats_count_the_whole_run_across_resumes(tmp_path, monkeypatch):
     assert read_metadata(out)["results"]["client"] == first  # not reset to zero
 
 
+def test_a_run_written_before_image_backend_existed_still_resumes(tmp_path, monkeypatch):
+    from vf_mm.models import resolve_image_backend
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    args = ["eval", "shapes", "-n", "2", "-r", "1", "-o", str(out), "-S", '{"max_tokens": 4}']
+    assert main(args) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    del meta["config"]["image_backend"]  # as an older vf_mm wrote it (always PIL pixels)
+    (out / "metadata.json").write_text(json.dumps(meta))
+    code = main([*args, "--resume"])
+    assert code == (0 if resolve_image_backend("auto") == "pil" else 1)  # other pixels: refused
+
+
 def test_unknown_environment_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "no-such-env", "-o", str(tmp_path / "x")]) == 1

@@ -109,3 +109,31 @@ def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path
         assert r["error"]["message"] == "cannot pack this"
         assert r["error"]["where"].startswith("packing the group, at test_cli_rollout.py:")
         assert r["reward"] is not None  # the scores are kept
+
+
+def test_a_stripped_group_keeps_an_error_the_environment_set_as_text(tmp_path, monkeypatch):
+    from vf_mm.training import pack_group as real
+
+    env_dir = tmp_path / "selfreport"
+    env_dir.mkdir()
+    (env_dir / "selfreport.py").write_text(
+        "import vf_mm as vf\n"
+        "class E(vf.SingleTurnEnv):\n"
+        "    def finish_state(self, state):\n"
+        "        state['error'] = 'the board broke'\n"
+        "def load_environment(**kw):\n"
+        "    return E(dataset=[{'question': 'q'}], **kw)\n"
+    )
+
+    def picky(outputs, **kwargs):
+        if any(o.trajectory for o in outputs):
+            raise ValueError("cannot pack this")
+        return real(outputs, **kwargs)
+
+    monkeypatch.setattr("vf_mm.training._streaming.pack_group", picky)  # fault injection
+    path = tmp_path / "groups.vfs"
+    assert main(["rollout", str(env_dir), "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]) == 0  # fmt: skip
+    (g,) = read_groups(path)
+    for r in g["rollouts"]:
+        assert (r["error"]["type"], r["error"]["message"]) == ("Error", "the board broke")
+        assert "packing the group" in r["error"]["where"]

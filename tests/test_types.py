@@ -694,3 +694,33 @@ def test_an_embedding_mask_survives_the_wire_and_from_dict():
     data = T.MultiModalData({"image": ["h"]}, {"image": [r]}, {"image": [{}]})
     back = T.MultiModalData.from_dict(unpackb(packb(data)))
     assert back.mm_placeholders["image"] == [r]
+
+
+def test_an_error_raised_inside_the_standard_library_points_at_the_authors_call():
+    import json
+
+    def env_response():
+        return json.loads("{not json")  # raises deep inside json.decoder
+
+    try:
+        env_response()
+    except ValueError as exc:
+        error = T.RolloutError.from_exception(exc, where="turn 1: env.env_response")
+    assert error.where.startswith("turn 1: env.env_response, at test_types.py:")
+    assert error.where.endswith("in env_response")
+
+
+def test_no_location_when_no_frame_is_the_authors():
+    try:
+        int("x")  # raised in a builtin, called from here: this frame is the test's own
+    except ValueError as exc:
+        inner = exc
+    assert T.RolloutError.from_exception(inner).where.startswith("at test_types.py:")
+    import sysconfig
+
+    try:
+        sysconfig.get_path("no-such-scheme-key")  # raises inside the standard library
+    except KeyError as exc:
+        lib = exc
+    lib.__traceback__ = lib.__traceback__.tb_next  # drop this test's own frame
+    assert T.RolloutError.from_exception(lib).where == ""

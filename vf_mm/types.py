@@ -24,6 +24,7 @@ by ``MultiModalData.validate``:
 from __future__ import annotations
 
 import os
+import sysconfig
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -493,11 +494,14 @@ class RolloutError:
 
     @classmethod
     def from_value(cls, value: Any) -> RolloutError | None:
-        """A ``RolloutError`` from what a results line or a group frame holds: ``None``, a
-        ``{"type", "message", "where"}`` mapping, or a ``"Type: message"`` string (the
-        one-line form; results files of format 1 hold that). Anything else is refused."""
+        """A ``RolloutError`` from anything an error field may hold: ``None``, a
+        ``RolloutError``, an exception, a ``{"type", "message", "where"}`` mapping (results
+        lines, group frames), or a ``"Type: message"`` string (the one-line form; results
+        files of format 1 hold that). Anything else is refused (``TypeError``)."""
         if value is None or isinstance(value, RolloutError):
             return value
+        if isinstance(value, BaseException):
+            return cls.from_exception(value)
         if isinstance(value, Mapping):
             fields = {k: value.get(k, "") for k in ("type", "message", "where")}
             if all(isinstance(v, str) for v in fields.values()) and fields["type"]:
@@ -514,20 +518,34 @@ class RolloutError:
         raise TypeError(f"an error record must be a mapping or a str, not {type(value).__name__}")
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# frames that are not the environment author's code: vf_mm's own, the standard library's,
+# installed libraries' (site-packages), and the import machinery's
+_NOT_AUTHORS = tuple(
+    {os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen"}
+    | {
+        os.path.abspath(p) + os.sep
+        for p in (
+            sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")
+        )
+        if p
+    }
+)
 
 
 def _user_code_location(exc: BaseException) -> str:
     """``"at file.py:12 in func"``: the innermost frame of ``exc``'s traceback that is the
-    author's code, not vf_mm's or the import machinery's (a ``TypeError`` from passing a
-    wrong argument into vf_mm points at the call, not into vf_mm). ``""`` for vf_mm errors
+    author's code, not vf_mm's, the standard library's, an installed library's or the
+    import machinery's (a ``TypeError`` from passing a wrong argument into vf_mm points at
+    the call, not into vf_mm). ``""`` when no frame is the author's, for vf_mm errors
     (their message names the cause), for a ``SyntaxError`` (its message names file and
     line) and for an exception never raised."""
     if isinstance(exc, (VfMmError, SyntaxError)) or exc.__traceback__ is None:
         return ""
     frames = traceback.extract_tb(exc.__traceback__)
-    own = [f for f in frames if not f.filename.startswith(("<frozen", _PACKAGE_DIR))]
-    frame = (own or frames)[-1]
+    own = [f for f in frames if not f.filename.startswith(_NOT_AUTHORS)]
+    if not own:  # raised at a call into vf_mm or a library: its message says what was wrong
+        return ""
+    frame = own[-1]
     return f"at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
 
 

@@ -94,6 +94,8 @@ def test_tool_args_reach_the_tool_and_an_error_answer_is_reported(tiny):
     assert report["tool_errors"] == {} and report["tool_calls"] == {"zoom": 2}
     with pytest.raises(ValueError, match=r"tool_args names \['zoon'\]; the tools are \['zoom'\]"):
         vf.check_environment(env, model_dir=tiny, tool_args={"zoon": {}})
+    with pytest.raises(ValueError, match="with replies= it is unused"):
+        vf.check_environment(env, model_dir=tiny, tool_args={"zoom": {"w": 8}}, replies=["x"])
 
 
 def test_a_tool_that_returns_what_a_message_cannot_hold_is_a_problem(tiny):
@@ -107,7 +109,7 @@ def test_a_tool_that_returns_what_a_message_cannot_hold_is_a_problem(tiny):
         vf.check_environment(env, model_dir=tiny)
     assert len(info.value.problems) == 2  # one per rollout
     for problem in info.value.problems:
-        assert "MessageError: tool 'leak' returned set" in problem
+        assert "MessageError: tool 'leak' returned: set is not JSON" in problem
         assert "(turn 1: ToolEnv.env_response)" in problem
 
 
@@ -258,3 +260,37 @@ def test_what_a_tool_schema_leaves_the_model_to_guess_is_a_warning(tiny):
         "tool 'crop': parameter 'x' is not described under Args:",
         "tool 'crop': Args: describes 'cel', which is not a parameter",
     ]
+
+
+def test_the_json_check_is_the_results_writers_rule(tiny):
+    import numpy as np
+
+    fine = [{"question": "q", "answer": "a", "info": {"score": np.float32(0.5)}}]  # stored
+    env = vf.SingleTurnEnv(dataset=fine, rubric=vf.Rubric([lambda completion: 1.0]))
+    assert vf.check_environment(env, model_dir=tiny)["rows"] == 1
+    bad = [{"question": "q", "answer": "a", "info": {1: "int key"}}]  # the writer refuses
+    env = vf.SingleTurnEnv(dataset=bad, rubric=vf.Rubric([lambda completion: 1.0]))
+    with pytest.raises(EnvironmentCheckError, match=r"dict key 1 \(int\) is not a str"):
+        vf.check_environment(env, model_dir=tiny)
+
+
+def test_an_args_section_ends_at_the_next_header_and_takes_continuation_lines(tiny):
+    def zoom(x: int, scale: float = 2.0):
+        """Zoom in.
+
+        Args:
+            x: where to zoom,
+                in pixels from the left
+            scale: how much
+        Returns:
+            image: the crop
+        """
+        return "zoomed"
+
+    schema = vf.envs.tool_schema(zoom)["function"]
+    assert schema["parameters"]["properties"]["x"]["description"] == (
+        "where to zoom, in pixels from the left"
+    )
+    env = vf.ToolEnv(dataset=[{"question": "q"}], tools=[zoom],
+                     rubric=vf.Rubric([lambda completion: 1.0]))  # fmt: skip
+    assert vf.check_environment(env, model_dir=tiny)["warnings"] == []  # 'image' is no arg

@@ -115,3 +115,16 @@ def test_load_environment_raising_names_the_arguments_and_the_line(tmp_path, mon
     assert main(["eval", "picky", "-a", '{"difficulty": "nightmare"}']) == 1
     err = capsys.readouterr().err
     assert "EnvironmentLoadError" in err and "Traceback" not in err
+
+
+def test_an_importable_module_that_fails_to_import_is_a_load_error_not_not_found(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "brokenmod.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EnvironmentLoadError, match="importing module 'brokenmod' failed: "
+                       "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"):  # fmt: skip
+        vf.load_environment("brokenmod", search_paths=[])
+    with pytest.raises(EnvironmentNotFoundError):  # no such module at all: not found
+        vf.load_environment("no_such_env_module_xyz", search_paths=[])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import vf_mm as vf
 from tests.envs.conftest import picture
 from vf_mm.errors import BackendUnavailableError
@@ -123,7 +125,8 @@ def test_a_tool_returning_what_json_cannot_hold_fails_the_rollout_not_stringifie
     env = vf.ToolEnv(dataset=rows(1), tools=[weird], max_turns=3)
     state = asyncio.run(env.rollout(client(renderer, _one_call("weird")), rows(1)[0]))
     error = state["error"]
-    assert error.type == "MessageError" and "tool 'weird' returned dict" in error.message
+    assert error.type == "MessageError"
+    assert "tool 'weird' returned, field 'value': " in error.message and "Opaque" in error.message
     assert error.where == "turn 1: ToolEnv.env_response"
     assert "Opaque" not in str(state["completion"][-1].get("content"))  # never sent as text
 
@@ -138,6 +141,19 @@ def test_json_tool_results_are_json_text(renderer):
     env = vf.ToolEnv(dataset=rows(1), tools=[stats], max_turns=3)
     state = asyncio.run(env.rollout(client(renderer, _one_call("stats")), rows(1)[0]))
     assert state["completion"][1]["content"] == '{"mean": 0.5, "n": 3, "ok": true}'
+
+
+def test_a_record_with_a_type_key_is_data_not_a_content_part(renderer):
+    def search():
+        """Search."""
+        return [{"type": "text", "title": "Dots", "id": 3}, {"type": "image", "caption": "x"}]
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[search], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("search")), rows(1)[0]))
+    assert state["error"] is None
+    assert state["completion"][1]["content"] == (
+        '[{"type": "text", "title": "Dots", "id": 3}, {"type": "image", "caption": "x"}]'
+    )
 
 
 def test_setup_and_finish_state_failures_name_their_stage(renderer):
@@ -360,3 +376,20 @@ def test_a_reward_function_that_fails_on_one_rollout_fails_that_rollout_only(ren
     assert (error.type, error.message) == ("RuntimeError", "reward blew up")
     assert error.where.startswith("reward function flaky, at test_rollouts.py:")
     assert scored[0].reward == 1.0  # the sibling keeps its own score
+
+
+@pytest.mark.parametrize(
+    ("set_to", "expected"),
+    [
+        ("the board broke", ("Error", "the board broke")),
+        ("ValueError: no cell", ("ValueError", "no cell")),
+        (KeyError("cell"), ("KeyError", "'cell'")),
+    ],
+)
+def test_an_error_environment_code_sets_itself_becomes_a_record(renderer, set_to, expected):
+    class SelfReporting(vf.SingleTurnEnv):
+        def finish_state(self, state):
+            state["error"] = set_to  # what an author may write instead of raising
+
+    (out,) = asyncio.run(SelfReporting(dataset=rows(1)).evaluate(client(renderer, ["x"])))
+    assert (out.error.type, out.error.message) == expected and out.reward is None

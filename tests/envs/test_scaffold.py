@@ -100,6 +100,8 @@ def test_dir_puts_it_elsewhere_and_the_next_step_says_how_to_find_it(tmp_path, m
     assert main(["init", "elsewhere", "--dir", "envs"]) == 0
     assert (tmp_path / "envs" / "elsewhere" / "elsewhere.py").is_file()
     assert "vf-mm eval elsewhere --env-dir envs" in capsys.readouterr().out
+    readme = (tmp_path / "envs" / "elsewhere" / "README.md").read_text()
+    assert "vf-mm eval elsewhere --env-dir envs" in readme and "pytest envs/elsewhere" in readme
 
 
 def test_multi_turn_and_tools_are_one_choice(capsys):

@@ -257,3 +257,9 @@ def test_arrays_that_are_not_pictures_are_refused_naming_shape_and_dtype(array, 
     }[array]
     with pytest.raises(ImageDecodeError, match=match):
         load_image(value, where="message 0, part 1")
+
+
+def test_an_array_that_numpy_cannot_read_is_an_image_error_not_a_crash():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ImageDecodeError, match=r"Tensor cannot be read as an image array.*detach"):
+        load_image(torch.zeros(8, 8, 3, requires_grad=True))

@@ -148,6 +148,8 @@ async def _eval(args: argparse.Namespace) -> int:
                 retry_errors=not args.keep_errors,
                 max_errors=args.max_errors,
                 on_progress=show,
+                # runs written before the key existed were rendered with the PIL backend
+                config_defaults={"image_backend": "pil"},
             )
     finally:
         await client.backend.aclose()

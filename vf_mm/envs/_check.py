@@ -28,7 +28,6 @@ parameter): the model sees only the schema.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import tempfile
 import time
@@ -37,11 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from vf_mm._json import to_json_value
 from vf_mm.envs._env import Environment
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._rubric import asked_columns
 from vf_mm.envs._tools import schema_gaps
-from vf_mm.errors import EnvironmentCheckError, VfMmError
+from vf_mm.errors import EnvironmentCheckError, ResultsError, VfMmError
 from vf_mm.types import image_parts
 
 DEFAULT_ANSWER = "I think the answer is 1."
@@ -92,6 +92,10 @@ def check_environment(
     report["warnings"] = [
         gap for func in getattr(env, "tool_funcs", {}).values() for gap in schema_gaps(func)
     ]
+    if tool_args is not None and replies is not None:
+        raise ValueError(
+            "tool_args sets the default tool policy's arguments; with replies= it is unused"
+        )
     deterministic = replies is None or not callable(replies)
     if replies is None:
         replies = tool_policy(env.tools or [], tool_args=tool_args)
@@ -286,14 +290,16 @@ def _scripted_runs(
 
 
 def _not_json(value: Any) -> str | None:
-    """Why results.jsonl cannot store ``value`` (an answer or info), or None. Images are
-    stored (as assets) only from message content parts, so one in ``info`` is refused."""
+    """Why results.jsonl cannot store ``value`` (an answer or info), or None: the writer's
+    own rule (``to_json_value``). Images are stored (as assets) only from message content
+    parts, so one in ``info`` is refused."""
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        to_json_value(value, "value")
+    except ResultsError as exc:
         return (
-            f"cannot be stored in results.jsonl ({exc}): keep JSON values there (numbers, "
-            "strings, lists, dicts); for an image, keep a path or the parameters to redraw it"
+            f"cannot be stored in results.jsonl ({str(exc).removeprefix('value').lstrip(', :')}): "
+            "keep JSON values there (numbers, strings, lists, str-keyed dicts); for an image, "
+            "keep a path or the parameters to redraw it"
         )
     return None
 

@@ -236,7 +236,7 @@ class Environment:
                     trajectory=state["trajectory"],
                     reward=reward,
                     metrics=metrics,
-                    error=state.get("error"),
+                    error=_error_record(state.get("error")),
                     timing=dict(state["timing"]),
                 )
             )
@@ -394,6 +394,15 @@ class SingleTurnEnv(MultiTurnEnv):
     def __init__(self, **kwargs: Any) -> None:
         kwargs["max_turns"] = 1
         super().__init__(**kwargs)
+
+
+def _error_record(error: Any) -> RolloutError | None:
+    """``state["error"]`` as a ``RolloutError``: environment code may set an exception or a
+    message there itself (a str without a ``Type:`` prefix becomes type ``Error``)."""
+    try:
+        return RolloutError.from_value(error)
+    except TypeError:
+        return RolloutError("Error", repr(error))
 
 
 class _Stage:

@@ -88,7 +88,13 @@ def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
     wanted = {env_id, env_id.replace("-", "_"), env_id.replace("_", "-")}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in wanted:
-            return ep.load()
+            try:
+                return ep.load()
+            except Exception as exc:  # the installed package's own code failed
+                raise EnvironmentLoadError(
+                    f"{env_id}: loading the installed entry point {ep.value!r} failed: "
+                    f"{RolloutError.from_exception(exc)}"
+                ) from exc
     searched = []
     for root in _roots(search_paths):
         for name in wanted:
@@ -100,8 +106,17 @@ def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
     module_name = env_id.replace("-", "_")
     try:
         module = importlib.import_module(module_name)
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:  # the module exists; something it imports does not
+            raise EnvironmentLoadError(
+                f"{env_id}: importing module {module_name!r} failed: "
+                f"{RolloutError.from_exception(exc)}"
+            ) from exc
         module = None
+    except Exception as exc:  # the module's own code failed
+        raise EnvironmentLoadError(
+            f"{env_id}: importing module {module_name!r} failed: {RolloutError.from_exception(exc)}"
+        ) from exc
     if module is not None and hasattr(module, "load_environment"):
         return module.load_environment
     places = [f"  entry points in group {ENTRY_POINT_GROUP!r}: {_installed() or 'none'}"]

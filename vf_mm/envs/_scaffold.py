@@ -242,9 +242,9 @@ A vf_mm environment (__KIND__), made by `vf-mm init`. Edit `__MODULE__.py`: the 
 the prompt, the reward functions.
 
 ```bash
-vf-mm eval __NAME__             # the embedded tiny model; -m MODEL for a real one
-pytest environments/__NAME__    # check_environment and the reward, offline
-pip install -e environments/__NAME__   # install it (entry point vf_mm.environments)
+vf-mm eval __NAME____ENVDIR__    # the embedded tiny model; -m MODEL for a real one
+pytest __FOLDER__    # check_environment and the reward, offline
+pip install -e __FOLDER__   # install it (entry point vf_mm.environments)
 ```
 """
 
@@ -332,7 +332,9 @@ def scaffold_environment(
     for relative, text in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        for token, value in (("__NAME__", name), ("__MODULE__", module), ("__CLASS__", cls),
+        envdir = "" if Path(directory) == Path("environments") else f" --env-dir {directory}"
+        for token, value in (("__ENVDIR__", envdir), ("__FOLDER__", str(folder)),
+                             ("__NAME__", name), ("__MODULE__", module), ("__CLASS__", cls),
                              ("__KIND__", kind)):  # fmt: skip
             text = text.replace(token, value)
         path.write_text(text, encoding="utf-8")

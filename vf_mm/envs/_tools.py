@@ -24,10 +24,10 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from vf_mm._text import shorten
+from vf_mm._json import to_json_value
 from vf_mm.envs._env import MultiTurnEnv, State, _maybe_await, stop
-from vf_mm.errors import MessageError
-from vf_mm.types import IMAGE_PART_TYPES, Messages
+from vf_mm.errors import MessageError, ResultsError
+from vf_mm.types import Messages
 
 STATE_ARG = "state"
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
@@ -152,26 +152,31 @@ def _tool_content(result: Any, name: str) -> str | list[dict[str, Any]]:
 
 
 def _is_part(value: Any) -> bool:
-    return isinstance(value, Mapping) and value.get("type") in ("text", *IMAGE_PART_TYPES)
-
-
-def _numpy_scalar(value: Any) -> Any:
-    """A numpy scalar (``np.float32(0.5)``, ``np.int64(3)``) as the Python number it holds;
-    anything else is refused (``TypeError``), as ``json.dumps`` would."""
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    """A content part, not merely a dict with a ``type`` key (a search result
+    ``{"type": "text", "title": ...}`` is data, written as JSON)."""
+    if not isinstance(value, Mapping):
+        return False
+    kind = value.get("type")
+    if kind == "text":
+        return isinstance(value.get("text"), str) and set(value) <= {"type", "text"}
+    if kind == "image":
+        return any(value.get(k) is not None for k in ("image", "url", "path"))
+    if kind == "image_url":
+        url = value.get("image_url")
+        return (isinstance(url, Mapping) and isinstance(url.get("url"), str)) or isinstance(
+            value.get("url"), str
+        )
+    return False
 
 
 def _json_text(value: Any, name: str) -> str:
+    """``value`` as JSON text, by the rule results files follow (``to_json_value``: numpy
+    scalars are numbers, keys must be str, no NaN); anything else fails the rollout."""
     try:
-        return json.dumps(value, allow_nan=False, default=_numpy_scalar)
-    except (TypeError, ValueError) as exc:
+        return json.dumps(to_json_value(value, f"tool {name!r} returned"))
+    except ResultsError as exc:
         raise MessageError(
-            f"tool {name!r} returned {type(value).__name__} {shorten(repr(value), 80)}, which is "
-            f"not text, JSON, an image or content parts ({exc})",
+            str(exc),
             where=f"tool {name!r}",
             hint="return a str, a JSON-able value (convert numpy values with .tolist()), a PIL "
             "image, or a list of those",
@@ -208,6 +213,7 @@ def _json_type(hint: Any) -> dict[str, Any]:
     return {}
 
 
+_ARGS_HEADER = re.compile(r"^\s*(?:Args|Arguments|Parameters):\s*$")
 _SECTION = re.compile(r"^\s*(?:Args|Arguments|Parameters|Returns|Raises|Example|Examples):\s*$")
 
 
@@ -219,12 +225,19 @@ def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
         first.append(line.strip())
     description = " ".join(first).strip()
     args: dict[str, str] = {}
-    section = re.search(
-        r"^\s*(?:Args|Arguments|Parameters):\s*\n(.*?)(?:\n\s*\n|\Z)", doc, re.M | re.S
-    )
-    if section:
-        for line in section.group(1).splitlines():
-            match = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)", line)
-            if match:
-                args[match.group(1)] = match.group(2).strip()
+    lines = doc.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if _ARGS_HEADER.match(line)), len(lines))
+    indent = None  # the entries' indentation; deeper lines continue the entry above
+    name = None
+    for line in lines[start:]:
+        if not line.strip() or _SECTION.match(line):
+            break  # the section ends at a blank line or the next header (Returns:, ...)
+        depth = len(line) - len(line.lstrip())
+        indent = depth if indent is None else indent
+        match = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
+        if depth == indent and match:
+            name = match.group(1)
+            args[name] = match.group(2).strip()
+        elif depth > indent and name is not None:
+            args[name] = f"{args[name]} {line.strip()}".strip()
     return description, args

@@ -126,7 +126,13 @@ def array_to_image(array: Any) -> Image.Image:
     channels-first tensor would otherwise become a wrong picture without a word."""
     import numpy as np
 
-    data = np.asarray(array)
+    try:
+        data = np.asarray(array)
+    except Exception as exc:  # a CUDA tensor, one that requires grad, ...
+        raise ImageDecodeError(
+            f"a {type(array).__name__} cannot be read as an image array ({exc}); pass a CPU "
+            "uint8 array (e.g. tensor.detach().cpu().numpy()) or a PIL image"
+        ) from None
     shape, dtype = tuple(data.shape), data.dtype
     if data.ndim == 3 and data.shape[2] == 1:
         data = data[:, :, 0]

@@ -18,8 +18,6 @@ are refused with a ``ResultsError`` naming the message and the field.
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 import os
 import re
 import tempfile
@@ -30,6 +28,7 @@ from typing import Any
 
 from PIL import Image
 
+from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError
 from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
 from vf_mm.types import IMAGE_PART_TYPES, image_part_source
@@ -71,12 +70,18 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def _process_umask() -> int:
+    """The process umask: from /proc on Linux (reading it there changes nothing), else by
+    setting and restoring it (``os.umask`` can only be read that way)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-#: read once at import (os.umask can only be read by setting it, which is not thread-safe)
+#: read once, at import
 _UMASK = _process_umask()
 
 
@@ -116,70 +121,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 # -- JSON values -------------------------------------------------------------------
 
 
-def _refusal(value: Any) -> str:
-    kind = type(value)
-    name = (
-        f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__name__
-    )
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        hint = "bytes are not JSON: put an image in an image content part, decode text first"
-    elif hasattr(value, "tolist") and hasattr(value, "shape"):
-        hint = "a tensor or array is not JSON: convert it (.tolist()) or leave it out"
-    elif isinstance(value, Image.Image):
-        hint = "images are stored as assets only from message content parts"
-    elif isinstance(value, (set, frozenset)):
-        hint = "a set is not JSON: pass a sorted list"
-    else:
-        hint = "only str, int, float, bool, None, lists and str-keyed dicts are stored"
-    return f"{name} is not JSON ({hint})"
-
-
 def unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
     """What is stored in place of a value that could not be: its type and why."""
     return {"unavailable": type(value).__name__, "error": f"{type(exc).__name__}: {exc}"}
-
-
-def _at(where: str, path: str) -> str:
-    return f"{where}, field {path!r}" if path else where
-
-
-def to_json_value(value: Any, where: str, path: str = "") -> Any:
-    """A JSON-native copy of ``value`` (dicts, lists, str, int, float, bool, None).
-
-    Tuples become lists; ``numbers.Integral``/``numbers.Real`` (numpy scalars) become
-    ``int``/``float``. Refused with ``ResultsError`` naming ``where`` and the path inside
-    it (``path`` names ``value`` itself): anything else (bytes, tensors, arrays, sets, objects), dict keys that are not
-    ``str``, and NaN or infinity (JSON has no such numbers).
-    """
-
-    def convert(v: Any, path: str) -> Any:
-        if v is None or isinstance(v, (str, bool)):
-            return v
-        if isinstance(v, numbers.Integral):
-            return int(v)
-        if isinstance(v, numbers.Real):
-            f = float(v)
-            if not math.isfinite(f):
-                raise ResultsError(
-                    f"{_at(where, path)}: {f} is not JSON (JSON has no NaN or infinity; "
-                    "record a failed value as None)"
-                )
-            return f
-        if isinstance(v, Mapping):
-            out: dict[str, Any] = {}
-            for k, item in v.items():
-                if not isinstance(k, str):
-                    raise ResultsError(
-                        f"{_at(where, path)}: dict key {k!r} ({type(k).__name__}) is not "
-                        "a str; JSON keys are strings"
-                    )
-                out[k] = convert(item, f"{path}.{k}" if path else k)
-            return out
-        if isinstance(v, (list, tuple)):
-            return [convert(item, f"{path}[{i}]") for i, item in enumerate(v)]
-        raise ResultsError(f"{_at(where, path)}: {_refusal(v)}")
-
-    return convert(value, path)
 
 
 # -- the store ---------------------------------------------------------------------

@@ -57,6 +57,7 @@ async def evaluate_to_dir(
     retry_errors: bool = True,
     max_errors: int | None = None,
     on_progress: Callable[[EvalProgress], None] | None = None,
+    config_defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``env`` with ``client`` into ``outdir``; returns the aggregates written to
     metadata.json (``summarize`` of every row, this run's and earlier ones).
@@ -66,14 +67,18 @@ async def evaluate_to_dir(
     stops the run once this many of this run's rollouts have failed (a broken environment
     should not burn a GPU hour): the rollouts in flight are cancelled, everything stored
     so far stays (a later ``resume`` continues), and the aggregates say why in
-    ``"stopped"`` (null for a run that finished).
+    ``"stopped"`` (null for a run that finished). ``config_defaults``: see ``ResultsWriter``.
     """
     if max_errors is not None and max_errors < 1:
         raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     outdir = Path(outdir)
     earlier = _earlier_client_stats(outdir) if resume else {}
     with ResultsWriter(
-        outdir, resume=resume, retry_errors=retry_errors, metadata=dict(metadata)
+        outdir,
+        resume=resume,
+        retry_errors=retry_errors,
+        metadata=dict(metadata),
+        config_defaults=config_defaults,
     ) as writer:
         rows = env.get_eval_dataset(num_examples)
         progress = EvalProgress(

@@ -72,7 +72,8 @@ class ResultsWriter:
     ``metadata`` describes the run; its ``config`` dict (env id, env args, model, sampling
     args, num examples, rollouts per example, ...) is what ``resume=True`` compares with
     the stored run: any differing key raises ``ResumeMismatchError`` (listing the keys)
-    before anything on disk changes. Without ``resume``, an OUTDIR that already holds a
+    before anything on disk changes. ``config_defaults`` says what a key meant in runs
+    written before it existed (``{"image_backend": "pil"}``), so they still resume. Without ``resume``, an OUTDIR that already holds a
     ``results.jsonl`` or ``metadata.json`` is refused (``ResultsError``). ``resume=True``
     on an OUTDIR with no run in it starts a new one.
 
@@ -101,7 +102,9 @@ class ResultsWriter:
         metadata: Mapping[str, Any],
         fsync_every: int | None = 100,
         policy: ImagePolicy | None = None,
+        config_defaults: Mapping[str, Any] | None = None,
     ) -> None:
+        self.config_defaults = dict(config_defaults or {})
         if not isinstance(metadata, Mapping):
             raise ResultsError(f"metadata must be a dict, not {type(metadata).__name__}")
         self.metadata: dict[str, Any] = to_json_value(metadata, "metadata")
@@ -217,6 +220,8 @@ class ResultsWriter:
         new = self.metadata["config"]
         if not isinstance(old, dict):
             old = {}
+        # a key added to the configuration after the run was written: what it meant then
+        old = {**{k: v for k, v in self.config_defaults.items() if k in new}, **old}
         missing = ResumeMismatchError.MISSING
         differences = {
             key: (old.get(key, missing), new.get(key, missing))
@@ -360,11 +365,7 @@ class ResultsWriter:
                 raise ResultsError(f"{where}, field 'metrics': key {name!r} is not a str")
         error = output.error
         try:
-            error = (
-                RolloutError.from_exception(error)
-                if isinstance(error, BaseException)
-                else RolloutError.from_value(error)
-            )
+            error = RolloutError.from_value(error)
         except TypeError as exc:
             raise ResultsError(f"{where}, field 'error': {exc}") from None
         if failure is not None and error is None:

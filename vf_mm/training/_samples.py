@@ -195,7 +195,13 @@ def _merge(
                 [np.asarray(it["image_grid_thw"]).reshape(-1, 3) for it in items]
             )
             grids = grids.astype(np.int64, copy=False)
-        placeholders = [(r.offset, r.length) for r in data.mm_placeholders.get("image", [])]
+        ranges = data.mm_placeholders.get("image", [])
+        if any(r.is_embed is not None for r in ranges):  # a sample keeps (offset, length)
+            raise TrajectoryError(
+                f"{where}: an image placeholder marks only some of its positions as "
+                "embeddings (is_embed); training samples do not carry that mask yet"
+            )
+        placeholders = [(r.offset, r.length) for r in ranges]
     return Sample(
         input_ids=input_ids,
         loss_mask=loss_mask,

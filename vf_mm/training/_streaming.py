@@ -89,11 +89,7 @@ async def stream_rollouts(
                     trajectory=[],
                     info={},
                     answer=None,
-                    error=(
-                        RolloutError(o.error.type, o.error.message, f"{o.error.where}; {packing}")
-                        if o.error
-                        else packing
-                    ),
+                    error=_with_packing(o.error, packing),
                 )
                 for o in outputs
             ]
@@ -132,3 +128,16 @@ async def stream_rollouts(
         del pending[example_id]
         await deliver(example_id, done)
     return progress
+
+
+def _with_packing(error: Any, packing: RolloutError) -> RolloutError:
+    """The rollout's own error (any form a ``RolloutOutput`` may hold), with why its group
+    was sent stripped added to ``where``; or the packing failure itself."""
+    if not error:
+        return packing
+    try:
+        own = RolloutError.from_value(error)
+    except TypeError:
+        own = RolloutError("Error", repr(error))
+    assert own is not None
+    return RolloutError(own.type, own.message, f"{own.where}; {packing}".lstrip("; "))
