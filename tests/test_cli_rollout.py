@@ -91,7 +91,9 @@ def test_an_unsupported_stream_target_is_a_clear_error(capsys):
     assert "TransportError" in capsys.readouterr().err
 
 
-def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path, monkeypatch):
+@pytest.fixture
+def picky_packer(monkeypatch):
+    """Fault injection: packing any group whose rollouts have steps fails."""
     from vf_mm.training import pack_group as real
 
     def picky(outputs, **kwargs):
@@ -99,7 +101,10 @@ def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path
             raise ValueError("cannot pack this")
         return real(outputs, **kwargs)
 
-    monkeypatch.setattr("vf_mm.training._streaming.pack_group", picky)  # fault injection
+    monkeypatch.setattr("vf_mm.training._streaming.pack_group", picky)
+
+
+def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path, picky_packer):
     path = tmp_path / "groups.vfs"
     assert main(["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]) == 0  # fmt: skip
     (g,) = read_groups(path)
@@ -111,9 +116,7 @@ def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path
         assert r["reward"] is not None  # the scores are kept
 
 
-def test_a_stripped_group_keeps_an_error_the_environment_set_as_text(tmp_path, monkeypatch):
-    from vf_mm.training import pack_group as real
-
+def test_a_stripped_group_keeps_an_error_the_environment_set_as_text(tmp_path, picky_packer):
     env_dir = tmp_path / "selfreport"
     env_dir.mkdir()
     (env_dir / "selfreport.py").write_text(
@@ -124,13 +127,6 @@ def test_a_stripped_group_keeps_an_error_the_environment_set_as_text(tmp_path, m
         "def load_environment(**kw):\n"
         "    return E(dataset=[{'question': 'q'}], **kw)\n"
     )
-
-    def picky(outputs, **kwargs):
-        if any(o.trajectory for o in outputs):
-            raise ValueError("cannot pack this")
-        return real(outputs, **kwargs)
-
-    monkeypatch.setattr("vf_mm.training._streaming.pack_group", picky)  # fault injection
     path = tmp_path / "groups.vfs"
     assert main(["rollout", str(env_dir), "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]) == 0  # fmt: skip
     (g,) = read_groups(path)
