@@ -83,3 +83,28 @@ def test_what_is_refused_and_how_it_is_named(value, match):
         check(value)
     assert str(info.value).startswith(WHERE)
     assert isinstance(info.value, EnvError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "What is 2+2?",
+        {"role": "user", "content": "What is 2+2?"},
+        [{"role": "user", "content": "What is 2+2?"}],
+    ],
+)
+def test_a_prompt_column_as_text_one_message_or_a_list_all_format(prompt):
+    import vf_mm as vf
+
+    env = vf.SingleTurnEnv(dataset=[{"prompt": prompt, "answer": "4"}])
+    assert env.format_prompt(env.get_eval_dataset()[0]) == [
+        {"role": "user", "content": "What is 2+2?"}
+    ]
+
+
+def test_a_prompt_column_that_is_not_messages_names_the_column():
+    import vf_mm as vf
+
+    env = vf.SingleTurnEnv(dataset=[{"prompt": [{"content": "no role"}]}], env_id="quiz")
+    with pytest.raises(MessageError, match=r"quiz: the 'prompt' column, message 0: no 'role'"):
+        env.format_prompt(env.get_eval_dataset()[0])

@@ -118,8 +118,10 @@ class Environment:
 
     def format_prompt(self, row: Mapping[str, Any]) -> Messages:
         """The prompt messages of one dataset row (never mutates the row)."""
-        if row.get("prompt") is not None:
-            messages = [dict(m) for m in row["prompt"]]
+        if isinstance(row.get("prompt"), str):  # a bare string is the user's text
+            messages = [{"role": "user", "content": row["prompt"]}]
+        elif row.get("prompt") is not None:  # one message dict, or a list of them
+            messages = check_messages(row["prompt"], where=f"{self.env_id}: the 'prompt' column")
         elif row.get("question") is not None:
             messages = [{"role": "user", "content": str(row["question"])}]
         else:
