@@ -393,3 +393,21 @@ def test_an_error_environment_code_sets_itself_becomes_a_record(renderer, set_to
 
     (out,) = asyncio.run(SelfReporting(dataset=rows(1)).evaluate(client(renderer, ["x"])))
     assert (out.error.type, out.error.message) == expected and out.reward is None
+
+
+def test_tools_the_model_could_not_call_are_refused_when_the_env_is_made():
+    def look(x: int):
+        """Look."""
+
+    def other():
+        def look(y: int):
+            """Another look."""
+
+        return look
+
+    with pytest.raises(ValueError, match="two tools are named 'look'"):
+        vf.ToolEnv(dataset=rows(1), tools=[look, other()])
+    with pytest.raises(ValueError, match="named '<lambda>', which the model cannot call"):
+        vf.ToolEnv(dataset=rows(1), tools=[lambda x: x])
+    with pytest.raises(TypeError, match=r"tools\[0\] is a str, not a function"):
+        vf.ToolEnv(dataset=rows(1), tools=["look"])

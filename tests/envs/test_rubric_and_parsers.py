@@ -111,3 +111,8 @@ def test_format_reward_does_not_count_turns_that_only_call_tools():
     assert parser.format_reward(completion) == 1.0
     talking = {"role": "assistant", "content": f"let me look\n{block}", "tool_calls": [call]}
     assert parser.format_reward([talking, completion[-1]]) == 0.5  # text besides the call counts
+
+
+def test_a_reward_function_given_by_name_is_refused_at_construction():
+    with pytest.raises(TypeError, match="pass the function itself, not its name"):
+        vf.Rubric(["correct"])

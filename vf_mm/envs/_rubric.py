@@ -63,14 +63,14 @@ class Rubric:
             self.add_reward_func(func, weight=1.0 if weights is None else weights[i])
 
     def add_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
-        self.funcs.append(RewardFunc(func, self._name(func), weight, group=False))
+        self.funcs.append(RewardFunc(_callable(func), self._name(func), weight, group=False))
 
     def add_metric(self, func: Callable[..., Any]) -> None:
         """A function that is reported but does not count toward the reward."""
-        self.funcs.append(RewardFunc(func, self._name(func), 0.0, group=False))
+        self.funcs.append(RewardFunc(_callable(func), self._name(func), 0.0, group=False))
 
     def add_group_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
-        self.funcs.append(RewardFunc(func, self._name(func), weight, group=True))
+        self.funcs.append(RewardFunc(_callable(func), self._name(func), weight, group=True))
 
     def _name(self, func: Callable[..., Any]) -> str:
         base = getattr(func, "__name__", type(func).__name__)
@@ -150,6 +150,15 @@ class Rubric:
         }
         available["parser"] = self.parser
         return _check_columns(func, _select(func, available), states)
+
+
+def _callable(func: Any) -> Callable[..., Any]:
+    if not callable(func):
+        raise TypeError(
+            f"a reward function must be callable, not a {type(func).__name__} ({func!r}); "
+            "pass the function itself, not its name"
+        )
+    return func
 
 
 def asked_columns(func: Callable[..., Any]) -> set[str]:

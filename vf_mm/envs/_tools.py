@@ -87,8 +87,20 @@ class ToolEnv(MultiTurnEnv):
         self, *, tools: Sequence[Callable[..., Any]], max_turns: int = 10, **kwargs: Any
     ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
-        self.tool_funcs = {f.__name__: f for f in tools}
-        self.tools = [tool_schema(f) for f in tools]
+        self.tool_funcs: dict[str, Callable[..., Any]] = {}
+        for i, func in enumerate(tools):
+            name = getattr(func, "__name__", None)
+            if not callable(func) or not isinstance(name, str):
+                raise TypeError(f"tools[{i}] is a {type(func).__name__}, not a function")
+            if not name.isidentifier():
+                raise ValueError(
+                    f"tools[{i}] is named {name!r}, which the model cannot call: define it "
+                    "with def and a name"
+                )
+            if name in self.tool_funcs:
+                raise ValueError(f"two tools are named {name!r}: the model could call only one")
+            self.tool_funcs[name] = func
+        self.tools = [tool_schema(f) for f in self.tool_funcs.values()]
 
     @stop
     def no_tool_calls(self, state: State) -> bool:
