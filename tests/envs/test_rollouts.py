@@ -411,3 +411,22 @@ def test_tools_the_model_could_not_call_are_refused_when_the_env_is_made():
         vf.ToolEnv(dataset=rows(1), tools=[lambda x: x])
     with pytest.raises(TypeError, match=r"tools\[0\] is a str, not a function"):
         vf.ToolEnv(dataset=rows(1), tools=["look"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"dataset": "my_dataset"}, TypeError, r"datasets.load_dataset\('my_dataset'"),
+        ({"dataset": {"question": ["a", "b"]}}, TypeError, "Dataset.from_dict"),
+        ({"dataset": ["a", "b"]}, TypeError, "not a list holding other values"),
+        ({"dataset": [{"question": "q"}], "timeout_s": 0}, ValueError, "timeout_s must be > 0"),
+        (
+            {"dataset": [{"question": "q"}], "max_turns": None},
+            ValueError,
+            "max_turns must be an int",
+        ),
+    ],
+)
+def test_an_environment_made_wrong_says_what_to_pass(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        vf.MultiTurnEnv(**kwargs)

@@ -92,6 +92,12 @@ class Environment:
     ) -> None:
         if dataset is None and eval_dataset is None:
             raise ValueError("an environment needs a dataset or an eval_dataset")
+        for name, value in (("dataset", dataset), ("eval_dataset", eval_dataset)):
+            _check_dataset(name, value)
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(
+                f"timeout_s must be > 0 seconds (or None for no limit), got {timeout_s}"
+            )
         self.dataset = dataset
         self.eval_dataset = eval_dataset
         self.system_prompt = system_prompt
@@ -278,8 +284,8 @@ class MultiTurnEnv(Environment):
 
     def __init__(self, *, max_turns: int = 10, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         self.max_turns = max_turns
         self._stops = [
             getattr(self, name)
@@ -414,6 +420,29 @@ class _Stage:
 
     def __init__(self) -> None:
         self.where = "starting"
+
+
+def _check_dataset(name: str, value: Any) -> None:
+    """A dataset is a ``datasets.Dataset`` or a sequence of row dicts; refuse the forms a
+    user might pass by mistake with what to do instead."""
+    if value is None or hasattr(value, "column_names"):  # a datasets.Dataset
+        return
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"{name} must be a list of row dicts or a datasets.Dataset, not a str; to use a "
+            f"Hugging Face dataset by name: datasets.load_dataset({value!r}, split=...)"
+        )
+    if isinstance(value, Mapping):
+        raise TypeError(
+            f"{name} is a dict (of columns?): pass a list of row dicts, or "
+            "datasets.Dataset.from_dict(columns)"
+        )
+    if not isinstance(value, Sequence) or not all(isinstance(row, Mapping) for row in value):
+        raise TypeError(
+            f"{name} must be a list of row dicts or a datasets.Dataset, not a "
+            f"{type(value).__name__}"
+            + (" holding other values" if isinstance(value, Sequence) else "")
+        )
 
 
 def _rows(dataset: Any, n: int, seed: int | None) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ Plain dataclasses: these are built once per request on the hot path.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -41,6 +42,22 @@ class SamplingParams:
     logprobs: bool = True
 
     def __post_init__(self) -> None:
+        for name, (kind, label) in _SAMPLING_TYPES.items():
+            value = getattr(self, name)
+            if name == "seed" and value is None:
+                continue
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+                raise TypeError(
+                    f"sampling arg {name} must be {label}, not {type(value).__name__} ({value!r})"
+                )
+            if kind is not bool:  # numpy numbers become Python's (they go out as JSON)
+                number = int(value) if kind is numbers.Integral else float(value)
+                object.__setattr__(self, name, number)  # frozen: set once, at construction
+        if not all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in self.stop_token_ids
+        ):
+            raise TypeError(f"stop_token_ids must be ints, got {list(self.stop_token_ids)!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
@@ -61,6 +78,14 @@ class SamplingParams:
         if "stop_token_ids" in values:
             values["stop_token_ids"] = tuple(values["stop_token_ids"])
         return cls(**values)
+
+
+_SAMPLING_TYPES: dict[str, tuple[type, str]] = {
+    "max_tokens": (numbers.Integral, "an int"), "temperature": (numbers.Real, "a number"),
+    "top_p": (numbers.Real, "a number"), "top_k": (numbers.Integral, "an int"),
+    "min_p": (numbers.Real, "a number"), "seed": (numbers.Integral, "an int or None"),
+    "logprobs": (bool, "a bool"),
+}  # fmt: skip
 
 
 @dataclass(slots=True)
