@@ -724,3 +724,12 @@ def test_no_location_when_no_frame_is_the_authors():
         lib = exc
     lib.__traceback__ = lib.__traceback__.tb_next  # drop this test's own frame
     assert T.RolloutError.from_exception(lib).where == ""
+
+
+def test_coerce_takes_whatever_environment_code_stored_as_its_error():
+    assert T.RolloutError.coerce(None) is None
+    assert T.RolloutError.coerce("KeyError: 'x'") == T.RolloutError("KeyError", "'x'")
+    assert T.RolloutError.coerce(ValueError("bad")).type == "ValueError"
+    assert T.RolloutError.coerce(42) == T.RolloutError("Error", "42")  # never refused
+    with pytest.raises(TypeError):
+        T.RolloutError.from_value(42)  # the strict form refuses it

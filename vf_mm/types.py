@@ -489,6 +489,15 @@ class RolloutError:
             where = f"{where}, {location}" if where else location
         return cls(type(exc).__name__, str(exc) or type(exc).__name__, where)
 
+    @classmethod
+    def coerce(cls, value: Any) -> RolloutError | None:
+        """``from_value``, but never refusing: a value that is no error record (something
+        environment code stored as its error) becomes type ``Error`` with its repr."""
+        try:
+            return cls.from_value(value)
+        except TypeError:
+            return cls("Error", repr(value))
+
     def to_dict(self) -> dict[str, str]:
         return {"type": self.type, "message": self.message, "where": self.where}
 

@@ -244,7 +244,8 @@ class Environment:
                     trajectory=state["trajectory"],
                     reward=reward,
                     metrics=metrics,
-                    error=_error_record(state.get("error")),
+                    # environment code may store an exception or a message there itself
+                    error=RolloutError.coerce(state.get("error")),
                     timing=dict(state["timing"]),
                 )
             )
@@ -402,15 +403,6 @@ class SingleTurnEnv(MultiTurnEnv):
     def __init__(self, **kwargs: Any) -> None:
         kwargs["max_turns"] = 1
         super().__init__(**kwargs)
-
-
-def _error_record(error: Any) -> RolloutError | None:
-    """``state["error"]`` as a ``RolloutError``: environment code may set an exception or a
-    message there itself (a str without a ``Type:`` prefix becomes type ``Error``)."""
-    try:
-        return RolloutError.from_value(error)
-    except TypeError:
-        return RolloutError("Error", repr(error))
 
 
 class _Stage:

@@ -46,10 +46,7 @@ def load_environment(
     try:
         env = factory(**env_args)
     except Exception as exc:
-        raise EnvironmentLoadError(
-            f"{env_id}: load_environment({_args_text(env_args)}) raised "
-            f"{RolloutError.from_exception(exc)}"
-        ) from exc
+        raise _load_error(env_id, f"load_environment({_args_text(env_args)}) raised", exc) from exc
     if not isinstance(env, Environment):
         raise EnvironmentNotFoundError(
             f"{env_id}: load_environment returned a {type(env).__name__}, not a vf_mm Environment"
@@ -57,6 +54,11 @@ def load_environment(
     if env.env_id == type(env).__name__:  # named after how it was found
         env.env_id = _display_id(env_id)
     return env
+
+
+def _load_error(env_id: str, what: str, exc: BaseException) -> EnvironmentLoadError:
+    """``"<env_id>: <what> <Type>: <message> (at file:line in func)"``."""
+    return EnvironmentLoadError(f"{env_id}: {what} {RolloutError.from_exception(exc)}")
 
 
 def _args_text(env_args: dict[str, Any]) -> str:
@@ -91,9 +93,8 @@ def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
             try:
                 return ep.load()
             except Exception as exc:  # the installed package's own code failed
-                raise EnvironmentLoadError(
-                    f"{env_id}: loading the installed entry point {ep.value!r} failed: "
-                    f"{RolloutError.from_exception(exc)}"
+                raise _load_error(
+                    env_id, f"loading the installed entry point {ep.value!r} failed:", exc
                 ) from exc
     searched = []
     for root in _roots(search_paths):
@@ -106,17 +107,11 @@ def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
     module_name = env_id.replace("-", "_")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:  # the module exists; something it imports does not
-            raise EnvironmentLoadError(
-                f"{env_id}: importing module {module_name!r} failed: "
-                f"{RolloutError.from_exception(exc)}"
-            ) from exc
+    except Exception as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == module_name):
+            # the module exists, and its own code (or something it imports) failed
+            raise _load_error(env_id, f"importing module {module_name!r} failed:", exc) from exc
         module = None
-    except Exception as exc:  # the module's own code failed
-        raise EnvironmentLoadError(
-            f"{env_id}: importing module {module_name!r} failed: {RolloutError.from_exception(exc)}"
-        ) from exc
     if module is not None and hasattr(module, "load_environment"):
         return module.load_environment
     places = [f"  entry points in group {ENTRY_POINT_GROUP!r}: {_installed() or 'none'}"]
@@ -207,9 +202,7 @@ def _load_from(source: Path, env_id: str) -> Any:
             spec.loader.exec_module(module)
         except Exception as exc:  # never leave a half-run module behind for the next try
             del sys.modules[module_name]
-            raise EnvironmentLoadError(
-                f"{env_id}: importing {source} failed: {RolloutError.from_exception(exc)}"
-            ) from exc
+            raise _load_error(env_id, f"importing {source} failed:", exc) from exc
     if not hasattr(module, "load_environment"):
         raise EnvironmentNotFoundError(f"{source} has no load_environment function ({env_id})")
     return module.load_environment

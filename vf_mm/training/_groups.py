@@ -169,7 +169,7 @@ def pack_group(
             "rollout_index": indices[r],
             "reward": output.reward,
             "metrics": output.metrics,
-            "error": _error_record(output.error, where),
+            "error": _dict_or_none(_error_from_frame(output.error, where)),
             "answer": output.answer,
             "info": output.info,
         }
@@ -401,15 +401,13 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
     return out
 
 
-def _error_record(error: Any, where: str) -> dict[str, str] | None:
-    try:
-        record = RolloutError.from_value(error)
-    except TypeError as exc:
-        raise GroupFrameError(f"{where}, field 'error': {exc}") from None
-    return record.to_dict() if record is not None else None
+def _dict_or_none(error: RolloutError | None) -> dict[str, str] | None:
+    return error.to_dict() if error is not None else None
 
 
 def _error_from_frame(value: Any, where: str) -> RolloutError | None:
+    """The error of a rollout being packed or unpacked; anything that is no error record
+    is refused (``GroupFrameError``), never stringified."""
     try:
         return RolloutError.from_value(value)
     except TypeError as exc:

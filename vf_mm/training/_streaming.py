@@ -133,11 +133,7 @@ async def stream_rollouts(
 def _with_packing(error: Any, packing: RolloutError) -> RolloutError:
     """The rollout's own error (any form a ``RolloutOutput`` may hold), with why its group
     was sent stripped added to ``where``; or the packing failure itself."""
-    if not error:
+    own = RolloutError.coerce(error) if error else None
+    if own is None:
         return packing
-    try:
-        own = RolloutError.from_value(error)
-    except TypeError:
-        own = RolloutError("Error", repr(error))
-    assert own is not None
     return RolloutError(own.type, own.message, f"{own.where}; {packing}".lstrip("; "))
