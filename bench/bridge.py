@@ -12,9 +12,11 @@ built offline; its processor gives a 448x448 image 256 tokens, like the real one
                 without bridging does each turn)
 
 Targets: bridging turn 16 costs at most 1.5x bridging turn 2 (cost follows new content,
-not history), and at least 10x less than the HF processor's full re-render at turn 16.
+not history), and at least 20x less than the HF processor's full re-render at turn 16.
+SmolVLM's ``apply_chat_template`` needs a video processor (torchvision), so for it the HF
+column is the same two steps by hand: its chat template, then ``processor(text, images)``.
 
-    python bench/bridge.py [--turns 16] [--repeat 5] [--family qwen2_5_vl]
+    python bench/bridge.py [--turns 16] [--repeat 5] [--family qwen2_5_vl|gemma3|smolvlm]
 """
 
 from __future__ import annotations
@@ -51,6 +53,30 @@ def user_turn(k: int, salt: int) -> dict[str, Any]:
     }
 
 
+# What the model writes after the generation prompt before its answer (SmolVLM's template
+# puts "Assistant:" in the prompt and "Assistant: " + content in the history).
+LEAD = {"smolvlm": " "}
+
+
+def hf_full_render(processor: Any, messages: list[dict[str, Any]]) -> Any:
+    if not type(processor).__name__.startswith("SmolVLM"):
+        return processor.apply_chat_template(
+            messages, tokenize=True, return_dict=True, add_generation_prompt=True
+        )
+    images = [p["image"] for m in messages if isinstance(m["content"], list)
+              for p in m["content"] if p["type"] == "image"]  # fmt: skip
+    shown = [
+        {**m, "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]}
+        if isinstance(m["content"], list)
+        else {**m, "content": [{"type": "text", "text": m["content"]}]}
+        for m in messages
+    ]
+    text = processor.tokenizer.apply_chat_template(
+        shown, tokenize=False, add_generation_prompt=True
+    )
+    return processor(text=[text], images=[images])
+
+
 def best(fn: Callable[[], Any], repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -76,7 +102,8 @@ def main() -> None:
         path = build_tiny_vlm(f"{tmp}/m", args.family)
         processor = load_processor(path)
         renderer = load_renderer(path, cache_size=4096)
-        reply = renderer.tokenizer("I move left.", add_special_tokens=False)["input_ids"]
+        sampled = LEAD.get(args.family, "") + "I move left."
+        reply = renderer.tokenizer(sampled, add_special_tokens=False)["input_ids"]
         completion = [*reply, renderer.stop_token_ids[0]]
 
         print(
@@ -109,12 +136,7 @@ def main() -> None:
             renderer.render(full_msgs)  # warm the cache with every image of the conversation
             t_bridge = best(bridge, args.repeat)
             t_render = best(lambda m=full_msgs: renderer.render(m), args.repeat)
-            t_hf = best(
-                lambda m=full_msgs: processor.apply_chat_template(
-                    m, tokenize=True, return_dict=True, add_generation_prompt=True
-                ),
-                max(1, args.repeat // 2),
-            )
+            t_hf = best(lambda m=full_msgs: hf_full_render(processor, m), max(1, args.repeat // 2))
             if k > 1:
                 out = bridge()
                 assert out is not None, dict(renderer.bridge_refusals)
@@ -126,7 +148,7 @@ def main() -> None:
         last = args.turns
         print(
             f"\nbridge turn {last} / bridge turn 2: {bridge_ms[last] / bridge_ms[2]:.2f}x (target <= 1.5x); "
-            f"HF full re-render / bridge at turn {last}: {hf_ms[last] / bridge_ms[last]:.1f}x (target >= 10x)"
+            f"HF full re-render / bridge at turn {last}: {hf_ms[last] / bridge_ms[last]:.1f}x (target >= 20x)"
         )
 
 

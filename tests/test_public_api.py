@@ -91,13 +91,19 @@ def test_models_exports():
         "QWEN2_VL_TEMPLATE",
         "QWEN3_VL_TEMPLATE",
         "QWEN_VL_FAMILIES",
+        "VISION_FAMILIES",
+        "VisionFamily",
         "build_tiny_lm",
         "build_tiny_vlm",
         "embedded_model",
+        "expand_image",
+        "family_info",
         "image_backend_of",
         "image_processor_class",
+        "image_token_ids",
         "load_processor",
         "model_class",
+        "model_inputs",
         "model_type",
         "processor_class",
         "qwen_tokenizer",
@@ -108,7 +114,8 @@ def test_models_exports():
     for name in vf_mm.models.__all__:
         assert hasattr(vf_mm.models, name), name
     assert vf_mm.models.QWEN_VL_FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-    assert set(vf_mm.models.CHAT_TEMPLATES) == set(vf_mm.models.QWEN_VL_FAMILIES)
+    assert set(vf_mm.models.CHAT_TEMPLATES) == set(vf_mm.models.VISION_FAMILIES)
+    assert set(vf_mm.models.QWEN_VL_FAMILIES) < set(vf_mm.models.VISION_FAMILIES)
 
 
 def test_testing_reexports_the_models_and_inference_names():

@@ -52,19 +52,33 @@ def test_unsupported_model_type_lists_what_is_supported(tmp_path):
 
 
 def test_a_vision_model_of_another_family_is_refused_not_rendered_as_text(checkpoints, tmp_path):
-    """A Gemma 3 checkpoint has a tokenizer with a chat template: loading it as a text model
-    would silently drop its images. It is refused, naming its family and the ones rendered."""
+    """A PaliGemma checkpoint has a tokenizer with a chat template: loading it as a text
+    model would silently drop its images. It is refused, naming its family and the ones
+    rendered."""
+    import shutil
+
+    other = tmp_path / "paligemma"
+    shutil.copytree(checkpoints["qwen2_5_vl"], other)  # a loadable tokenizer and template
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "paligemma"}))
+    with pytest.raises(UnsupportedModelError) as info:
+        load_renderer(other)
+    message = str(info.value)
+    assert "model type 'paligemma' is a vision-language model vf_mm does not render yet" in message
+    assert "qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3" in message and "AutoTokenizer" in message
+
+
+def test_a_checkpoint_whose_files_do_not_make_its_familys_processor(checkpoints, tmp_path):
+    """A 'gemma3' checkpoint with a Qwen tokenizer (no <start_of_image> token) is refused
+    naming the family and what is missing, not an AttributeError from transformers."""
     import shutil
 
     gemma = tmp_path / "gemma"
-    shutil.copytree(checkpoints["qwen2_5_vl"], gemma)  # a loadable tokenizer and template
+    shutil.copytree(checkpoints["qwen2_5_vl"], gemma)
     config = json.loads((gemma / "config.json").read_text())
     (gemma / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
-    with pytest.raises(UnsupportedModelError) as info:
-        load_renderer(gemma)
-    message = str(info.value)
-    assert "model type 'gemma3' is a vision-language model vf_mm does not render yet" in message
-    assert "qwen2_vl, qwen2_5_vl, qwen3_vl" in message and "AutoTokenizer" in message
+    with pytest.raises(UnsupportedModelError, match=r"Gemma 3 processor.*boi_token"):
+        load_renderer(gemma, image_backend="pil")
 
 
 def test_not_a_checkpoint(tmp_path):

@@ -84,8 +84,13 @@ def test_mismatched_images_are_an_error_naming_the_rollout(setup):
     state = rollout(renderer, turns=1)
     (sample,) = build_samples(state, advantage=1.0, image_token_id=renderer.vision.image_token_id,
                               example_id=3, rollout_index=1)  # fmt: skip
-    sample.image_grid_thw = sample.image_grid_thw * 2
-    with pytest.raises(TrajectoryError, match=r"example 3, rollout 1.*image pad tokens"):
+    sample.images[0] = {
+        **sample.images[0],
+        "image_grid_thw": sample.images[0]["image_grid_thw"] * 2,
+    }
+    with pytest.raises(
+        TrajectoryError, match=r"example 3, rollout 1.*image tokens but the images' grids"
+    ):
         sample.validate(image_token_id=renderer.vision.image_token_id)
 
 
@@ -121,7 +126,7 @@ def test_never_truncated_through_an_image(setup):
     _, renderer = setup
     pad = renderer.vision.image_token_id
     (sample,) = build_samples(rollout(renderer), advantage=1.0, image_token_id=pad)
-    offset, length = sample.placeholders[2]
+    offset, length = sample.placeholders[2].offset, sample.placeholders[2].length
     limit = offset + length // 2  # inside the third image
     with pytest.raises(TrajectoryError, match="through an image"):
         make_batches(

@@ -63,7 +63,7 @@ class LocalBackend:
         max_model_len: int | None = None,
         seed: int = 0,
     ) -> None:
-        from vf_mm.models import QWEN_VL_FAMILIES, model_class, model_type
+        from vf_mm.models import VISION_FAMILIES, model_class, model_type
 
         self.path = Path(model)
         self.name = f"local:{self.path.name}"
@@ -71,7 +71,7 @@ class LocalBackend:
 
         hf_logging.disable_progress_bar()  # no tqdm bars inside vf-mm's own progress display
         family = model_type(self.path)
-        if family in QWEN_VL_FAMILIES:
+        if family in VISION_FAMILIES:
             self.model = model_class(family).from_pretrained(
                 self.path, dtype=dtype or torch.float32
             )
@@ -86,15 +86,19 @@ class LocalBackend:
         config = self.model.config
         text_config = getattr(config, "text_config", config)
         self.max_model_len = max_model_len or getattr(text_config, "max_position_embeddings", None)
-        self.is_multimodal = family in QWEN_VL_FAMILIES
-        self.image_token_id = getattr(config, "image_token_id", None)
+        self.is_multimodal = family in VISION_FAMILIES
+        self.family = family
+        self.image_token_id = _config_id(config, "image_token")
+        # the model must never sample an image's own tokens: they need image inputs
         self.suppress_token_ids = [
             i
             for i in (
                 self.image_token_id,
-                getattr(config, "video_token_id", None),
-                getattr(config, "vision_start_token_id", None),
-                getattr(config, "vision_end_token_id", None),
+                _config_id(config, "video_token"),
+                _config_id(config, "vision_start_token"),
+                _config_id(config, "vision_end_token"),
+                _config_id(config, "boi_token"),
+                _config_id(config, "eoi_token"),
             )
             if i is not None
         ]
@@ -258,7 +262,7 @@ class LocalBackend:
                     f"{self.path.name} is a text model: it takes no images", backend=self.name
                 )
             return
-        expected = sum(p.length for p in data.mm_placeholders.get("image", [])) if data else 0
+        expected = sum(p.num_embeds for p in data.mm_placeholders.get("image", [])) if data else 0
         pads = request.prompt_ids.count(self.image_token_id)
         if pads != expected:
             raise BackendError(
@@ -266,35 +270,46 @@ class LocalBackend:
                 backend=self.name,
             )
         for i, item in enumerate(data.mm_items.get("image", []) if data else []):
-            if item.get("pixel_values") is None or item.get("image_grid_thw") is None:
+            if not item or item.get("pixel_values") is None:
                 raise BackendError(
-                    f"image {i} has no pixel_values / image_grid_thw (this backend needs the "
-                    "processed inputs, not only hashes)",
+                    f"image {i} has no pixel_values (this backend needs the processed inputs, "
+                    "not only hashes)",
                     backend=self.name,
                 )
 
     def _vision_inputs(
         self, requests: Sequence[GenerateRequest], input_ids: torch.Tensor
     ) -> dict[str, Any]:
-        pixel_values, grids = [], []
-        for r in requests:
-            data = r.multi_modal_data
-            items = data.mm_items.get("image", []) if data is not None else []
-            for item in items:
-                pixel_values.append(torch.from_numpy(np.array(item["pixel_values"], copy=True)))
-                grids.append(
-                    torch.from_numpy(np.array(item["image_grid_thw"], dtype=np.int64)).reshape(
-                        -1, 3
-                    )
-                )
-        out: dict[str, Any] = {
-            "mm_token_type_ids": (input_ids == self.image_token_id).long(),
-        }
-        if pixel_values:
-            dtype = next(self.model.parameters()).dtype
-            out["pixel_values"] = torch.cat(pixel_values).to(dtype)
-            out["image_grid_thw"] = torch.cat(grids).long()
-        return out
+        from vf_mm.models import model_inputs
+
+        images = [
+            item
+            for r in requests
+            if r.multi_modal_data is not None
+            for item in r.multi_modal_data.mm_items.get("image", [])
+        ]
+        try:
+            return model_inputs(
+                self.family,
+                input_ids,
+                images,
+                image_token_ids=[self.image_token_id],
+                dtype=next(self.model.parameters()).dtype,
+            )
+        except (KeyError, ValueError) as exc:
+            raise BackendError(
+                f"the images' inputs do not make one batch: {exc}", backend=self.name
+            ) from None
+
+
+def _config_id(config: Any, name: str) -> int | None:
+    """A special token's id from a model config (``<name>_id``, or Gemma's
+    ``<name>_index``), None when the config has none."""
+    for key in (f"{name}_id", f"{name}_index"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def _resolve(future: asyncio.Future[GenerateResult], result: Any) -> None:

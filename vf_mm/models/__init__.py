@@ -1,10 +1,15 @@
 """The model families vf_mm renders, and offline tiny checkpoints of them.
 
-Registry: ``QWEN_VL_FAMILIES`` are the checkpoint ``model_type`` values that get image
-support (any other checkpoint with a chat template renders as text).
+Registry: ``VISION_FAMILIES`` are the checkpoint ``model_type`` values that get image
+support (``QWEN_VL_FAMILIES`` the Qwen-VL ones; any other checkpoint with a chat
+template renders as text); ``family_info(family)`` is a family's ``VisionFamily`` record.
 ``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)``,
 ``image_processor_class(family)`` and ``processor_class(family)`` are the family's
-transformers classes, and ``load_processor(path)`` loads a checkpoint's processor.
+transformers classes, and ``load_processor(path)`` loads a checkpoint's processor;
+``expand_image(processor, image)`` is one image's model inputs and prompt text, as the
+family's processor computes them, and ``image_token_ids(processor)`` the ids that take
+image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
+forward takes for a batch.
 ``image_backend`` (``IMAGE_BACKENDS``: ``"auto"``, ``"pil"``, ``"torchvision"``) picks
 the image processing; ``"auto"`` is what ``AutoProcessor`` and vLLM use on this machine
 (``resolve_image_backend``), so the renderer's pixels are the engine's. All of them work
@@ -26,8 +31,13 @@ from vf_mm.models._embedded import embedded_model
 from vf_mm.models._families import (
     IMAGE_BACKENDS,
     QWEN_VL_FAMILIES,
+    VISION_FAMILIES,
+    VisionFamily,
+    expand_image,
+    family_info,
     image_backend_of,
     image_processor_class,
+    image_token_ids,
     load_processor,
     model_class,
     model_type,
@@ -35,6 +45,7 @@ from vf_mm.models._families import (
     resolve_image_backend,
     torchvision_available,
 )
+from vf_mm.models._inputs import model_inputs
 from vf_mm.models._templates import CHAT_TEMPLATES, QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 from vf_mm.models._tiny_lm import build_tiny_lm
 from vf_mm.models._tiny_vlm import build_tiny_vlm
@@ -46,13 +57,19 @@ __all__ = [
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "QWEN_VL_FAMILIES",
+    "VISION_FAMILIES",
+    "VisionFamily",
     "build_tiny_lm",
     "build_tiny_vlm",
     "embedded_model",
+    "expand_image",
+    "family_info",
     "image_backend_of",
     "image_processor_class",
+    "image_token_ids",
     "load_processor",
     "model_class",
+    "model_inputs",
     "model_type",
     "processor_class",
     "qwen_tokenizer",

@@ -1,38 +1,104 @@
-"""The Qwen-VL family registry: which families vf_mm renders, and their transformers pieces.
+"""The vision-language family registry: which families vf_mm renders, and their pieces.
 
-``QWEN_VL_FAMILIES`` are the ``model_type`` values that get image support;
-``model_type(path)`` reads a checkpoint's; ``model_class``, ``image_processor_class``
-and ``processor_class`` name the transformers classes of a family; ``load_processor``
-loads a checkpoint directory's processor.
+``VISION_FAMILIES`` are the ``model_type`` values that get image support
+(``QWEN_VL_FAMILIES`` the Qwen-VL subset); ``family_info(family)`` is a family's record
+(``VisionFamily``: its transformers classes and the per-token input its model takes);
+``model_type(path)`` reads a checkpoint's type; ``model_class``,
+``image_processor_class`` and ``processor_class`` name a family's transformers classes;
+``load_processor`` loads a checkpoint directory's processor; ``expand_image`` is one
+image's model inputs and the text that replaces its placeholder, as the family's own
+processor computes them.
 
 Image processing has two backends in transformers, and they compute different pixels
 whenever an image is resized (up to 0.3 apart in normalised ``pixel_values``):
-``torchvision`` (``Qwen2VLImageProcessor``), which ``AutoProcessor`` and vLLM pick
+``torchvision`` (e.g. ``Qwen2VLImageProcessor``), which ``AutoProcessor`` and vLLM pick
 wherever torchvision imports (every GPU machine), and ``pil``
 (``Qwen2VLImageProcessorPil``), the fallback. The renderer's pixels must be the ones the
 engine and the trainer compute, so the backend is a choice (``image_backend``):
 ``"auto"`` (the default) picks what ``AutoProcessor`` would on this machine,
 ``resolve_image_backend`` says which that is.
 
-Everything also loads without torchvision (a CPU-only machine): the stock processors
-refuse to build there (they look up a video processor class), so the registry uses a
-processor subclass that accepts ``video_processor=None``. ``AutoProcessor`` on such a
-directory silently returns only the tokenizer, so everything is loaded by concrete class.
+Everything also loads without torchvision (a CPU-only machine): the stock processors of
+families with video refuse to build there (they look up a video processor class), so
+the registry uses a processor subclass that accepts ``video_processor=None``.
+``AutoProcessor`` on such a directory fails or silently returns only the tokenizer, so
+everything is loaded by concrete class.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from vf_mm.errors import MissingDependencyError, UnsupportedModelError
+
+
+@dataclass(frozen=True, slots=True)
+class VisionFamily:
+    """One vision-language family: its transformers classes (by name, so nothing is
+    imported until used) and what its model's forward takes besides the images.
+
+    ``token_types`` is the per-token input the model needs with images (1 on image
+    embedding positions): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
+    Gemma 4), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
+    None (SmolVLM, LLaVA-OneVision find image tokens by id).
+    """
+
+    model_type: str
+    label: str
+    processor: str
+    image_processor: str  # the torchvision class; the PIL one is this name + "Pil"
+    model: str
+    token_types: str | None
+    mirrors: str  # the real checkpoint the tiny one mirrors
+    stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")  # end an assistant turn
+    image_axis: int = 0  # the axis along which a forward takes several images' inputs
+    content_as_parts: bool = False  # the template renders only list content (drops strings)
+
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
+_FAMILIES = {
+    f.model_type: f
+    for f in (
+        VisionFamily("qwen2_vl", "Qwen2-VL", "Qwen2VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen2VLForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen2-VL-2B-Instruct"),
+        VisionFamily("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen2_5_VLForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen2.5-VL-3B-Instruct"),
+        VisionFamily("qwen3_vl", "Qwen3-VL", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen3VLForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen3-VL-2B-Instruct"),
+        VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
+                     "Gemma3ForConditionalGeneration", "token_type_ids",
+                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>")),
+        VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
+                     "SmolVLMForConditionalGeneration", None,
+                     "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
+                     image_axis=1, content_as_parts=True),
+    )
+}  # fmt: skip
+
+VISION_FAMILIES = tuple(_FAMILIES)
 
 IMAGE_BACKENDS = ("auto", "pil", "torchvision")
+
+
+def family_info(family: str) -> VisionFamily:
+    """The registry record of ``family`` (a ``model_type``)."""
+    try:
+        return _FAMILIES[family]
+    except KeyError:
+        raise UnsupportedModelError(
+            f"model type {family!r} is not a vision family vf_mm renders "
+            f"(supported: {', '.join(VISION_FAMILIES)})"
+        ) from None
 
 
 def torchvision_available() -> bool:
@@ -64,16 +130,11 @@ def resolve_image_backend(backend: str = "auto") -> str:
 def image_processor_class(family: str, backend: str = "pil") -> type:
     """The family's image processor class for ``backend`` (``"pil"`` or ``"torchvision"``;
     ``"auto"`` is resolved first)."""
+    import transformers
+
+    name = family_info(family).image_processor
     backend = resolve_image_backend(backend)
-    if backend == "torchvision":
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-
-        return Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
-
-    return Qwen2VLImageProcessorPil
+    return getattr(transformers, name if backend == "torchvision" else name + "Pil")
 
 
 def image_backend_of(image_processor: Any) -> str:
@@ -86,11 +147,7 @@ def model_class(family: str) -> type:
     """The family's transformers model class (``...ForConditionalGeneration``)."""
     import transformers
 
-    return {
-        "qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
-        "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
-        "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
-    }[family]
+    return getattr(transformers, family_info(family).model)
 
 
 @cache
@@ -98,11 +155,9 @@ def processor_class(family: str) -> type:
     """The family's HF processor, accepting ``video_processor=None``."""
     import transformers
 
-    base = {
-        "qwen2_vl": transformers.Qwen2VLProcessor,
-        "qwen2_5_vl": transformers.Qwen2_5_VLProcessor,
-        "qwen3_vl": transformers.Qwen3VLProcessor,
-    }[family]
+    base = getattr(transformers, family_info(family).processor)
+    if "video_processor" not in base.get_attributes():
+        return base
 
     def check_argument_for_proper_class(self: Any, name: str, argument: Any) -> Any:
         if argument is None and name == "video_processor":
@@ -126,25 +181,92 @@ def model_type(path: str | Path) -> str:
 
 
 def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
-    """The HF processor of a Qwen-VL checkpoint directory (tokenizer + the image processor of
-    ``image_backend``: ``"auto"``, ``"pil"`` or ``"torchvision"``)."""
+    """The HF processor of a vision checkpoint directory (tokenizer + the image processor of
+    ``image_backend``: ``"auto"``, ``"pil"`` or ``"torchvision"``, + the processor options
+    of its ``processor_config.json``, e.g. Gemma 3's ``image_seq_length``)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
     family = model_type(path)
-    if family not in QWEN_VL_FAMILIES:
+    if family not in _FAMILIES:
         raise UnsupportedModelError(
-            f"{path}: model type {family!r} has no Qwen-VL processor "
-            f"(supported: {', '.join(QWEN_VL_FAMILIES)})"
+            f"{path}: model type {family!r} is not a vision family vf_mm renders "
+            f"(supported: {', '.join(VISION_FAMILIES)})"
         )
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_processor = image_processor_class(family, image_backend).from_pretrained(path)
     template = tokenizer.chat_template
     if template is None and (path / "chat_template.jinja").exists():
         template = (path / "chat_template.jinja").read_text()
-    return processor_class(family)(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=None,
-        chat_template=template,
+    options = _processor_options(path)
+    cls = processor_class(family)
+    if "video_processor" in cls.get_attributes():
+        options["video_processor"] = None
+    try:
+        return cls(
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **options
+        )
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise UnsupportedModelError(
+            f"{path}: its tokenizer and processor files do not make a "
+            f"{family_info(family).label} processor ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _processor_options(path: Path) -> dict[str, Any]:
+    """The processor's own init options saved beside the checkpoint (not its class name,
+    its sub-processors or its template, which are loaded on their own)."""
+    file = path / "processor_config.json"
+    if not file.exists():
+        return {}
+    try:
+        saved = json.loads(file.read_text())
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{file}: not valid JSON ({exc})") from None
+    skip = {"processor_class", "chat_template", "image_processor", "video_processor", "tokenizer"}
+    return {k: v for k, v in saved.items() if k not in skip and not k.startswith("_")}
+
+
+def image_token_ids(processor: Any) -> tuple[int, ...]:
+    """The ids of the tokens that stand for image embeddings (Gemma 3's soft tokens, not
+    its ``<start_of_image>`` placeholder; Qwen's ``<|image_pad|>``)."""
+    ids = getattr(processor, "image_token_ids", None) or [processor.image_token_id]
+    return tuple(int(i) for i in ids)
+
+
+def expand_image(
+    processor: Any, image: Any, *, options: dict[str, Any] | None = None
+) -> tuple[str, dict[str, np.ndarray]]:
+    """One image as the family's processor sees it: the text that replaces the image's
+    placeholder (``processor.image_token``) in the prompt, and the image's model inputs
+    (numpy arrays with a leading image axis, as the image processor returns them for a
+    batch of one; bookkeeping the model does not take, like Gemma 3's ``num_crops``, is
+    dropped, exactly as the processor drops it).
+
+    This is the processor's own per-image step (its image processor with the
+    processor's options, then its ``replace_image_token``), so the text equals what
+    ``processor(text=..., images=..., **options)`` puts in the prompt for this image.
+    ``options`` are processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``,
+    which the processor's own defaults switch off whatever the image processor's
+    config says).
+    """
+    merged = processor._merge_kwargs(
+        tokenizer_init_kwargs=getattr(processor.tokenizer, "init_kwargs", {}),
+        return_tensors="np",
+        **(options or {}),
     )
+    image_kwargs = dict(merged["images_kwargs"])
+    image_kwargs["return_tensors"] = "np"
+    processed = processor.image_processor([image], **image_kwargs)
+    replacement = processor.replace_image_token(processed, image_idx=0)
+    unused = set(getattr(processor, "unused_input_names", ()) or ())
+    keep = set(processor.image_processor.model_input_names) - unused
+    item = {k: _numpy(v) for k, v in processed.items() if k in keep}
+    return replacement, item
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A processor output as numpy (the torchvision backend may hand back torch tensors)."""
+    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+        value = value.numpy()
+    return np.asarray(value)

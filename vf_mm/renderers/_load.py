@@ -7,11 +7,11 @@ from typing import Any
 
 from vf_mm.errors import UnsupportedModelError
 from vf_mm.images import ImagePolicy
-from vf_mm.models import QWEN_VL_FAMILIES, load_processor, model_type
+from vf_mm.models import VISION_FAMILIES, family_info, load_processor, model_type
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import VisionSpec
 
-SUPPORTED = (*QWEN_VL_FAMILIES, "any text model with a chat template")
+SUPPORTED = (*VISION_FAMILIES, "any text model with a chat template")
 
 
 def load_renderer(
@@ -21,10 +21,12 @@ def load_renderer(
     cache_size: int = 512,
     template_kwargs: dict[str, Any] | None = None,
     image_backend: str = "auto",
+    processor_kwargs: dict[str, Any] | None = None,
 ) -> ChatTemplateRenderer:
     """A renderer for ``model``: a checkpoint directory, a loaded HF processor, or a tokenizer.
 
-    Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints get image support; any other
+    Checkpoints of the families in ``vf_mm.models.VISION_FAMILIES`` get image support
+    (``docs/models.md`` says what is exact per family); any other
     checkpoint with a tokenizer chat template gets a text renderer.
     ``image_policy`` decides which image sources may be read (``vf_mm.images``).
     ``image_backend`` (a checkpoint directory): ``"auto"`` (what ``AutoProcessor`` and vLLM
@@ -39,19 +41,20 @@ def load_renderer(
                 f"{path} is not a checkpoint directory (no config.json or tokenizer_config.json)"
             )
         family = model_type(path) if (path / "config.json").exists() else None
-        if family in QWEN_VL_FAMILIES:
+        if family in VISION_FAMILIES:
             return _from_processor(
                 load_processor(path, image_backend=image_backend),
                 family,
                 image_policy,
                 cache_size,
                 template_kwargs,
+                processor_kwargs,
             )
         if family is not None and _is_vision_model(path):
             raise UnsupportedModelError(
                 f"{path}: model type {family!r} is a vision-language model vf_mm does not "
                 f"render yet (as a text model its images would be lost); vision families "
-                f"vf_mm renders: {', '.join(QWEN_VL_FAMILIES)}. For text only, pass its "
+                f"vf_mm renders: {', '.join(VISION_FAMILIES)}. For text only, pass its "
                 "tokenizer: load_renderer(AutoTokenizer.from_pretrained(path))"
             )
         from transformers import AutoTokenizer
@@ -66,17 +69,17 @@ def load_renderer(
             ) from None
         return ChatTemplateRenderer(tokenizer, name=str(path), template_kwargs=template_kwargs)
     if hasattr(model, "image_processor") and hasattr(model, "tokenizer"):
-        name = type(model).__name__.lower()
-        family = next(
-            (f for f in QWEN_VL_FAMILIES if f.replace("_", "") in name.replace("_", "")), None
-        )
+        classes = {cls.__name__ for cls in type(model).__mro__}
+        family = next((f for f in VISION_FAMILIES if family_info(f).processor in classes), None)
         if family is None:
             raise UnsupportedModelError(
                 f"no renderer for processor {type(model).__name__} (a vision-language "
                 f"processor of a family vf_mm does not render yet); vision families vf_mm "
-                f"renders: {', '.join(QWEN_VL_FAMILIES)}; for text only, pass its tokenizer"
+                f"renders: {', '.join(VISION_FAMILIES)}; for text only, pass its tokenizer"
             )
-        return _from_processor(model, family, image_policy, cache_size, template_kwargs)
+        return _from_processor(
+            model, family, image_policy, cache_size, template_kwargs, processor_kwargs
+        )
     if hasattr(model, "apply_chat_template"):
         return ChatTemplateRenderer(
             model, name=getattr(model, "name_or_path", ""), template_kwargs=template_kwargs
@@ -88,21 +91,24 @@ def load_renderer(
 
 
 def _from_processor(
-    processor: Any, family: str, policy: ImagePolicy | None, cache_size: int, template_kwargs: Any
+    processor: Any,
+    family: str,
+    policy: ImagePolicy | None,
+    cache_size: int,
+    template_kwargs: Any,
+    processor_kwargs: dict[str, Any] | None,
 ) -> ChatTemplateRenderer:
     tokenizer = processor.tokenizer
     if not getattr(tokenizer, "chat_template", None) and getattr(processor, "chat_template", None):
         tokenizer.chat_template = processor.chat_template
-    token = "<|image_pad|>"
-    vision = VisionSpec(
-        processor.image_processor,
-        image_token=token,
-        image_token_id=tokenizer.convert_tokens_to_ids(token),
-        policy=policy,
-        cache_size=cache_size,
-    )
+    vision = VisionSpec(processor, policy=policy, cache_size=cache_size, options=processor_kwargs)
     return ChatTemplateRenderer(
-        tokenizer, vision=vision, name=family, template_kwargs=template_kwargs
+        tokenizer,
+        vision=vision,
+        name=family,
+        template_kwargs=template_kwargs,
+        stop_tokens=family_info(family).stop_tokens,
+        content_as_parts=family_info(family).content_as_parts,
     )
 
 

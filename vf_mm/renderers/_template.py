@@ -40,10 +40,13 @@ _IMAGE_TYPES = ("image", "image_url")
 
 class ChatTemplateRenderer:
     """Renders with a Hugging Face tokenizer's chat template; expands images when ``vision``
-    is given (Qwen-VL). Thread-safe: the tokenizer, the template and the image cache are
+    is given (any family in ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the tokenizer, the template and the image cache are
     shared, nothing else is kept between calls.
 
     ``template_kwargs`` go to the template on every render (e.g. ``enable_thinking``).
+    ``content_as_parts``: give the template every string content as one text part (for
+    templates that render only lists of parts, like SmolVLM's, which would drop a
+    string's text without a word).
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class ChatTemplateRenderer:
         name: str = "",
         template_kwargs: Mapping[str, Any] | None = None,
         stop_tokens: Sequence[str] | None = None,
+        content_as_parts: bool = False,
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise RenderError(f"tokenizer {name or type(tokenizer).__name__} has no chat template")
@@ -61,6 +65,7 @@ class ChatTemplateRenderer:
         self.vision = vision
         self.name = name
         self.template_kwargs = dict(template_kwargs or {})
+        self.content_as_parts = content_as_parts
         self.stop_token_ids: tuple[int, ...] = _stop_ids(tokenizer, stop_tokens)
         self.bridge_refusals: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -186,6 +191,14 @@ class ChatTemplateRenderer:
         tail = self._tail_text(template_messages, tools, has_reasoning)
         if isinstance(tail, _Refusal):
             return tail
+        tail, lead = tail
+        if lead:
+            # the template writes text between the generation prompt and the content
+            # (SmolVLM: "Assistant:" then ": " + content); the model wrote it itself when
+            # its completion starts with it, and then the tokens are the same
+            text = self.tokenizer.decode(completion, skip_special_tokens=False)
+            if not text.startswith(lead):
+                return _Refusal(f"the template rewrites the assistant turn (adds {lead[:40]!r})")
         # The completion ends with the stop token the template writes to close the turn
         # (or was cut off by max_tokens and needs the whole closing).
         if completion and completion[-1] in self.stop_token_ids:
@@ -221,16 +234,16 @@ class ChatTemplateRenderer:
             return "add_vision_id numbers images across the whole conversation"
         if self.vision is None:
             return None
-        pad = self.vision.image_token_id
-        if pad in completion_ids:
-            return "the completion contains image pad tokens"
-        pads = list(prompt_ids).count(pad) if pad in prompt_ids else 0
+        if not self.vision.marker_token_ids.isdisjoint(completion_ids):
+            return "the completion contains image tokens"
+        ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
+        found = sum(ids.count(t) for t in self.vision.embed_token_ids)
         covered = (
-            sum(r.length for r in previous.mm_placeholders.get("image", ())) if previous else 0
+            sum(r.num_embeds for r in previous.mm_placeholders.get("image", ())) if previous else 0
         )
-        if pads != covered:
+        if found != covered:
             return (
-                f"the previous prompt has {pads} image pad tokens but its multi-modal data "
+                f"the previous prompt has {found} image tokens but its multi-modal data "
                 f"covers {covered}"
             )
         return None
@@ -259,9 +272,10 @@ class ChatTemplateRenderer:
 
     def _tail_text(
         self, new_messages: list[dict[str, Any]], tools: Any, has_reasoning: bool
-    ) -> str | _Refusal:
-        """What the template writes after the sampled assistant content: turn closing,
-        the new messages, the generation prompt."""
+    ) -> tuple[str, str] | _Refusal:
+        """What the template writes after the sampled assistant content (turn closing,
+        the new messages, the generation prompt), and the whitespace it writes between
+        the generation prompt and the content (the completion must start with it)."""
         user = {"role": "user", "content": _USER}
         assistant: dict[str, Any] = {"role": "assistant", "content": _CONTENT}
         if has_reasoning:
@@ -277,9 +291,9 @@ class ChatTemplateRenderer:
         before = rest[:at]
         if has_reasoning and _REASONING not in before:
             return _Refusal("the template drops the reasoning of earlier turns")
-        if not has_reasoning and before:
+        if not has_reasoning and before.strip():
             return _Refusal(f"the template rewrites the assistant turn (adds {before[:40]!r})")
-        return rest[at + len(_CONTENT) :]
+        return rest[at + len(_CONTENT) :], "" if has_reasoning else before
 
     def _probe_prompt(self, user: dict[str, Any], tools: Any) -> str:
         key = (
@@ -321,13 +335,27 @@ class ChatTemplateRenderer:
     def _template(
         self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool
     ) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=list(tools) if tools else None,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **self.template_kwargs,
-        )
+        from jinja2 import TemplateError
+
+        if self.content_as_parts:
+            messages = [
+                {**m, "content": [{"type": "text", "text": m["content"]}]}
+                if isinstance(m.get("content"), str)
+                else m
+                for m in messages
+            ]
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
+            )
+        except TemplateError as exc:  # the template's own raise_exception, or a bad template
+            raise RenderError(
+                f"the chat template of {self.name or 'this model'} refused the conversation: {exc}"
+            ) from exc
 
     def _prepare(
         self, messages: Sequence[Mapping[str, Any]]
@@ -368,10 +396,14 @@ class ChatTemplateRenderer:
         pieces = text.split(self.vision.image_token)
         if len(pieces) - 1 != len(parts):
             raise RenderError(
-                f"the chat template wrote {len(pieces) - 1} image pads for {len(parts)} images "
-                f"(is there a literal {self.vision.image_token} in the text?)"
+                f"the chat template wrote {len(pieces) - 1} image placeholders for {len(parts)} "
+                f"images (is there a literal {self.vision.image_token} in the text?)"
             )
         images: list[ProcessedImage] = [self.vision.process(part, where=w) for w, part in parts]
+        # the text the processor puts around an image's span joins the prompt text beside it
+        for k, image in enumerate(images):
+            pieces[k] += image.text_before
+            pieces[k + 1] = image.text_after + pieces[k + 1]
         encoded = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
         ids: list[int] = list(encoded[0])
         data = MultiModalData()
@@ -379,14 +411,13 @@ class ChatTemplateRenderer:
             data = MultiModalData(
                 mm_hashes={"image": []}, mm_placeholders={"image": []}, mm_items={"image": []}
             )
-        pad = self.vision.image_token_id
         for image, piece in zip(images, encoded[1:], strict=True):
             data.mm_hashes["image"].append(image.hash)
             data.mm_placeholders["image"].append(
-                PlaceholderRange(base + len(ids), image.num_tokens)
+                PlaceholderRange(base + len(ids), image.num_tokens, image.is_embed)
             )
             data.mm_items["image"].append(image.item)
-            ids.extend([pad] * image.num_tokens)
+            ids.extend(image.tokens)
             ids.extend(piece)
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
 

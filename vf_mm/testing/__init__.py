@@ -10,6 +10,8 @@ from vf_mm.inference import ScriptedBackend
 from vf_mm.models import QWEN_VL_FAMILIES, build_tiny_lm, build_tiny_vlm
 from vf_mm.testing._backends import ScriptedChatBackend
 
-FAMILIES = QWEN_VL_FAMILIES  # the families build_tiny_vlm can build
+FAMILIES = (
+    QWEN_VL_FAMILIES  # the Qwen-VL families (all of build_tiny_vlm's: models.VISION_FAMILIES)
+)
 
 __all__ = ["FAMILIES", "ScriptedBackend", "ScriptedChatBackend", "build_tiny_lm", "build_tiny_vlm"]

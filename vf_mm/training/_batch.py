@@ -5,8 +5,11 @@ parallel step sees one kind of input, and text batches skip the vision tower). A
 sample longer than ``max_seq_len`` is never cut through an image: ``truncate="error"``
 (the default) refuses it naming the sample; ``truncate="image_boundary"`` cuts it at the
 last image boundary (or any token, for text) before the limit, keeping only the images
-wholly before the cut. Per-sample ragged tensors (each sample's own images) are kept in
-a ``TensorList``.
+wholly before the cut. Each sample's images stay as their model inputs
+(``MicroBatch.images``); ``model_inputs()`` lays them out as the model family's forward
+takes them (``vf_mm.models.model_inputs``: Qwen-VL's patch rows and grids, Gemma 3's
+images and ``token_type_ids``, ...). ``TensorList`` is a list of tensors of different
+lengths (one per sample).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 import torch
 
 from vf_mm.errors import TrajectoryError
+from vf_mm.models import model_inputs
 from vf_mm.training._samples import Sample
 
 
@@ -58,21 +62,47 @@ class MicroBatch:
     logprobs: torch.Tensor  # (B, L) float32, the sampler's, aligned with input_ids
     advantages: torch.Tensor  # (B, L) float32
     mm_token_type_ids: torch.Tensor  # (B, L) int64
-    pixel_values: TensorList | None  # per sample
-    image_grid_thw: TensorList | None  # per sample
+    images: list[list[dict[str, np.ndarray]]] | None  # per sample, each image's inputs
     sources: list[str]
+    family: str = "qwen2_vl"  # the model family whose forward model_inputs() feeds
+    image_token_ids: tuple[int, ...] = ()
 
     @property
     def is_multimodal(self) -> bool:
-        return self.pixel_values is not None
+        return self.images is not None
+
+    @property
+    def pixel_values(self) -> TensorList | None:
+        """Each sample's images' ``pixel_values``, concatenated per sample."""
+        return self._per_sample("pixel_values")
+
+    @property
+    def image_grid_thw(self) -> TensorList | None:
+        """Qwen-VL: each sample's image grids ``(images, 3)``."""
+        return self._per_sample("image_grid_thw")
+
+    def _per_sample(self, name: str) -> TensorList | None:
+        if self.images is None or any(name not in im for ims in self.images for im in ims):
+            return None
+        return TensorList(
+            [
+                torch.from_numpy(np.concatenate([np.asarray(im[name]) for im in ims]))
+                for ims in self.images
+            ]
+        )
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """What a Qwen-VL model's forward takes (images concatenated in sample order)."""
+        """What the family's forward takes (each sample's images in order, samples in row
+        order; Qwen-VL also gets ``mm_token_type_ids``, Gemma 3 ``token_type_ids``)."""
         inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
-        if self.pixel_values is not None and self.image_grid_thw is not None:
-            inputs["pixel_values"] = self.pixel_values.cat()
-            inputs["image_grid_thw"] = self.image_grid_thw.cat()
-            inputs["mm_token_type_ids"] = self.mm_token_type_ids
+        if self.images is not None:
+            flat = [image for images in self.images for image in images]
+            extra = model_inputs(
+                self.family, self.input_ids, flat, image_token_ids=self.image_token_ids
+            )
+            if "mm_token_type_ids" in extra:  # exactly the samples' own marks
+                extra["mm_token_type_ids"] = self.mm_token_type_ids
+            inputs.update(extra)
         return inputs
 
 
@@ -85,9 +115,17 @@ def make_batches(
     max_seq_len: int | None = None,
     truncate: Literal["error", "image_boundary"] = "error",
     merge_size: int = 2,
+    family: str = "qwen2_vl",
 ) -> list[MicroBatch]:
     """Validate, (maybe) truncate, and pack samples into micro-batches of at most
-    ``token_budget`` padded tokens (``B * L``), multimodal and text apart."""
+    ``token_budget`` padded tokens (``B * L``), multimodal and text apart.
+
+    ``family`` is the model's ``model_type`` (``model.config.model_type``): it decides how
+    ``MicroBatch.model_inputs()`` lays the images out for the forward.
+    """
+    from vf_mm.models import family_info
+
+    family_info(family)  # an unknown family fails here, naming the supported ones
     ready = []
     for sample in samples:
         if max_seq_len is not None and sample.num_tokens > max_seq_len:
@@ -101,7 +139,7 @@ def make_batches(
         for sample in group:
             width = max([s.num_tokens for s in current] + [sample.num_tokens])
             if current and width * (len(current) + 1) > token_budget:
-                batches.append(_collate(current, pad_token_id))
+                batches.append(_collate(current, pad_token_id, family, image_token_id))
                 current = []
             if sample.num_tokens > token_budget:
                 raise TrajectoryError(
@@ -109,11 +147,13 @@ def make_batches(
                 )
             current.append(sample)
         if current:
-            batches.append(_collate(current, pad_token_id))
+            batches.append(_collate(current, pad_token_id, family, image_token_id))
     return batches
 
 
-def _collate(samples: Sequence[Sample], pad_token_id: int) -> MicroBatch:
+def _collate(
+    samples: Sequence[Sample], pad_token_id: int, family: str, image_token_id: int
+) -> MicroBatch:
     width = max(s.num_tokens for s in samples)
 
     def pad(name: str, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -133,19 +173,16 @@ def _collate(samples: Sequence[Sample], pad_token_id: int) -> MicroBatch:
         logprobs=pad("logprobs", 0.0, torch.float32),
         advantages=pad("advantages", 0.0, torch.float32),
         mm_token_type_ids=pad("mm_token_type_ids", 0, torch.long),
-        pixel_values=TensorList([torch.from_numpy(np.array(s.pixel_values)) for s in samples])
-        if multimodal
-        else None,
-        image_grid_thw=TensorList([torch.from_numpy(np.array(s.image_grid_thw)) for s in samples])
-        if multimodal
-        else None,
+        images=[list(s.images) for s in samples] if multimodal else None,
         sources=[s.source for s in samples],
+        family=family,
+        image_token_ids=(image_token_id,),
     )
 
 
 def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
-    inside = [p for p in sample.placeholders if p[0] < limit]
-    straddles = any(offset + length > limit for offset, length in inside)
+    inside = [p for p in sample.placeholders if p.offset < limit]
+    straddles = any(p.end > limit for p in inside)
     if policy == "error":
         what = "through an image" if straddles else "its tokens"
         raise TrajectoryError(
@@ -154,13 +191,8 @@ def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
         )
     cut = limit
     if straddles:
-        cut = max(offset for offset, length in inside if offset + length > limit)
-    kept = [p for p in sample.placeholders if p[0] + p[1] <= cut]
-    pixel_values = grids = None
-    if sample.image_grid_thw is not None and kept:
-        grids = sample.image_grid_thw[: len(kept)]
-        rows = int(grids.prod(axis=1).sum())
-        pixel_values = sample.pixel_values[:rows] if sample.pixel_values is not None else None
+        cut = max(p.offset for p in inside if p.end > limit)
+    kept = [p for p in sample.placeholders if p.end <= cut]
     return replace(
         sample,
         input_ids=sample.input_ids[:cut],
@@ -168,8 +200,7 @@ def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
         logprobs=sample.logprobs[:cut],
         advantages=sample.advantages[:cut],
         mm_token_type_ids=sample.mm_token_type_ids[:cut],
-        pixel_values=pixel_values,
-        image_grid_thw=grids,
+        images=sample.images[: len(kept)],
         placeholders=kept,
         source=f"{sample.source} (cut at token {cut})",
     )

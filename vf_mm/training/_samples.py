@@ -8,14 +8,17 @@ merge into one sample: the whole token sequence once, with
   its ``completion_mask`` is 1), 0 on prompts and on what the environment inserted;
 - ``logprobs``: the sampler's log-probability at each sampled token, 0 elsewhere;
 - ``advantages``: the rollout's advantage on sampled tokens, 0 elsewhere;
-- ``mm_token_type_ids``: 1 on image pad tokens, 2 on video pad tokens;
-- ``pixel_values`` / ``image_grid_thw``: every image of the sample, concatenated in
-  placeholder order (the last merged step's multi-modal data covers all of them).
+- ``mm_token_type_ids``: 1 on image tokens, 2 on video pad tokens;
+- ``images``: every image's model inputs (``pixel_values``, ``image_grid_thw``, ...), in
+  placeholder order (the last merged step's multi-modal data covers all of them), and
+  ``placeholders`` their ranges (with ``is_embed`` where an image's span holds tokens
+  that are not embeddings, e.g. Gemma 3's begin/end markers).
 
 A step that does not extend the previous one (the environment compacted or rewrote the
-history) starts a new sample. ``Sample.validate`` checks what a trainer relies on: pad
-tokens match the images' grids, placeholders lie inside the sequence, logprobs sit only
-on sampled tokens; a failure names the rollout and step.
+history) starts a new sample. ``Sample.validate`` checks what a trainer relies on: image
+tokens sit exactly at the placeholders' embedding positions (and match Qwen's grids),
+placeholders lie inside the sequence, logprobs sit only on sampled tokens; a failure
+names the rollout and step.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm.errors import TrajectoryError
-from vf_mm.types import MultiModalData
+from vf_mm.types import MultiModalData, PlaceholderRange
 
 
 @dataclass(slots=True)
@@ -40,9 +43,8 @@ class Sample:
     logprobs: np.ndarray  # float32 (T,)
     advantages: np.ndarray  # float32 (T,)
     mm_token_type_ids: np.ndarray  # int8 (T,)
-    pixel_values: np.ndarray | None  # (sum patches, dim) or None for text-only
-    image_grid_thw: np.ndarray | None  # (images, 3) int64
-    placeholders: list[tuple[int, int]] = field(default_factory=list)  # (offset, length)
+    images: list[dict[str, np.ndarray]] = field(default_factory=list)  # model inputs, in order
+    placeholders: list[PlaceholderRange] = field(default_factory=list)  # one per image
     source: str = ""  # "example E, rollout R, steps A-B": named in every error
 
     @property
@@ -51,7 +53,21 @@ class Sample:
 
     @property
     def is_multimodal(self) -> bool:
-        return self.pixel_values is not None
+        return bool(self.images)
+
+    @property
+    def pixel_values(self) -> np.ndarray | None:
+        """Every image's ``pixel_values`` concatenated along axis 0 (None for text; the
+        Qwen-VL and Gemma layouts: SmolVLM's tiles go along axis 1, see
+        ``vf_mm.models.model_inputs``)."""
+        return _concat(self.images, "pixel_values")
+
+    @property
+    def image_grid_thw(self) -> np.ndarray | None:
+        """Qwen-VL: every image's grid, ``(images, 3)`` int64 (None for text or other
+        families)."""
+        grids = _concat(self.images, "image_grid_thw")
+        return None if grids is None else grids.reshape(-1, 3).astype(np.int64, copy=False)
 
     def validate(self, *, image_token_id: int, merge_size: int = 2) -> None:
         n = self.num_tokens
@@ -60,31 +76,47 @@ class Sample:
                 raise TrajectoryError(
                     f"{self.source}: {name} has shape {getattr(self, name).shape}, not ({n},)"
                 )
-        pads = int(np.count_nonzero(self.input_ids == image_token_id))
-        expected = (
-            0
-            if self.image_grid_thw is None
-            else int(self.image_grid_thw.prod(axis=1).sum()) // merge_size**2
-        )
-        if pads != expected:
+        if len(self.images) != len(self.placeholders):
             raise TrajectoryError(
-                f"{self.source}: {pads} image pad tokens but the images' grids need {expected}"
+                f"{self.source}: {len(self.images)} images but {len(self.placeholders)} placeholders"
             )
-        for offset, length in self.placeholders:
-            if offset < 0 or offset + length > n:
+        for p in self.placeholders:
+            if p.offset < 0 or p.end > n:
                 raise TrajectoryError(
-                    f"{self.source}: placeholder ({offset}, {length}) outside {n} tokens"
+                    f"{self.source}: placeholder ({p.offset}, {p.length}) outside {n} tokens"
+                )
+        pads = int(np.count_nonzero(self.input_ids == image_token_id))
+        expected = sum(p.num_embeds for p in self.placeholders)
+        grids = self.image_grid_thw
+        if grids is not None:
+            expected = int(grids.prod(axis=1).sum()) // merge_size**2
+        if pads != expected:
+            what = "the images' grids" if grids is not None else "the placeholders"
+            raise TrajectoryError(f"{self.source}: {pads} image tokens but {what} need {expected}")
+        for p in self.placeholders:
+            if not np.all(self.input_ids[p.embed_positions()] == image_token_id):
+                raise TrajectoryError(
+                    f"{self.source}: placeholder ({p.offset}, {p.length}) has embedding "
+                    "positions that do not hold the image token"
                 )
         if np.any((self.loss_mask == 0) & (self.logprobs != 0)):
             raise TrajectoryError(f"{self.source}: logprobs on tokens the model did not sample")
         if not np.all(np.isfinite(self.logprobs[self.loss_mask == 1])):
             raise TrajectoryError(f"{self.source}: a sampled token has no finite logprob")
-        if self.pixel_values is not None and self.image_grid_thw is not None:
-            rows = int(self.image_grid_thw.prod(axis=1).sum())
-            if self.pixel_values.shape[0] != rows:
+        if grids is not None:  # Qwen-VL: the patch rows are the grids' product
+            pixel_values = self.pixel_values
+            rows = int(grids.prod(axis=1).sum())
+            if pixel_values is None or pixel_values.shape[0] != rows:
                 raise TrajectoryError(
-                    f"{self.source}: pixel_values has {self.pixel_values.shape[0]} rows, grids need {rows}"
+                    f"{self.source}: pixel_values has "
+                    f"{None if pixel_values is None else pixel_values.shape[0]} rows, grids need {rows}"
                 )
+
+
+def _concat(images: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
+    if not images or any(name not in image for image in images):
+        return None
+    return np.concatenate([np.asarray(image[name]) for image in images])
 
 
 def build_samples(
@@ -182,34 +214,24 @@ def _merge(
     types[input_ids == image_token_id] = 1
     if video_token_id is not None:
         types[input_ids == video_token_id] = 2
-    pixel_values = grids = None
-    placeholders: list[tuple[int, int]] = []
+    images: list[dict[str, np.ndarray]] = []
+    placeholders: list[PlaceholderRange] = []
     data = last["mm"]
     if data is not None:
         data = data if isinstance(data, MultiModalData) else MultiModalData.from_dict(data)
         data.validate(len(last["prompt_ids"]))
-        items = data.mm_items.get("image", [])
-        if items:
-            pixel_values = np.concatenate([np.asarray(it["pixel_values"]) for it in items])
-            grids = np.concatenate(
-                [np.asarray(it["image_grid_thw"]).reshape(-1, 3) for it in items]
-            )
-            grids = grids.astype(np.int64, copy=False)
-        ranges = data.mm_placeholders.get("image", [])
-        if any(r.is_embed is not None for r in ranges):  # a sample keeps (offset, length)
-            raise TrajectoryError(
-                f"{where}: an image placeholder marks only some of its positions as "
-                "embeddings (is_embed); training samples do not carry that mask yet"
-            )
-        placeholders = [(r.offset, r.length) for r in ranges]
+        images = [
+            {name: np.asarray(value) for name, value in item.items()}
+            for item in data.mm_items.get("image", [])
+        ]
+        placeholders = list(data.mm_placeholders.get("image", []))
     return Sample(
         input_ids=input_ids,
         loss_mask=loss_mask,
         logprobs=logprobs,
         advantages=(loss_mask * np.float32(advantage)).astype(np.float32),
         mm_token_type_ids=types,
-        pixel_values=pixel_values,
-        image_grid_thw=grids,
+        images=images,
         placeholders=placeholders,
         source=where,
     )

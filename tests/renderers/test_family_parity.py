@@ -1,0 +1,272 @@
+"""Families beyond Qwen-VL: ``render`` equals the family's transformers processor.
+
+For each family, over generated conversations shaped the way the family's chat template
+allows (Gemma 3: alternating turns, the system text folded into the first user turn),
+with tiny, huge and extreme-aspect images in modes RGB, L, RGBA and P, several per turn:
+
+- token ids equal ``processor.apply_chat_template(..., tokenize=True)``'s;
+- every model input tensor is bit-identical (the processor's ``pixel_values``, and its
+  token-type ids against ``vf_mm.models.model_inputs``);
+- each placeholder spans exactly one image's tokens, ``is_embed`` marks exactly the image
+  tokens, and together they cover every image token of the prompt.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
+from vf_mm.renderers import load_renderer
+
+FAMILIES = ("gemma3", "smolvlm")
+MODES = ("RGB", "L", "RGBA", "P")
+SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
+
+
+def image(rng: random.Random) -> Image.Image:
+    if rng.random() < 0.5:
+        w, h = rng.choice(SIZES)
+    else:
+        w, h = rng.randint(1, 900), rng.randint(1, 900)
+    arr = np.random.default_rng(rng.randrange(2**32)).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    picture = Image.fromarray(arr)
+    mode = rng.choice(MODES)
+    return picture.convert(mode) if mode != "P" else picture.quantize(16)
+
+
+def user_content(rng: random.Random, turn: int) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [
+        {"type": "image", "image": image(rng)} for _ in range(rng.choice((0, 1, 1, 2, 3)))
+    ]
+    text = rng.choice((f"How many circles in {turn}?", "  Count them.\n", "Describe\n\nthis"))
+    parts.insert(rng.randint(0, len(parts)), {"type": "text", "text": text})
+    return parts
+
+
+def conversation(family: str, seed: int) -> list[dict[str, Any]]:
+    """Alternating user / assistant turns ending on a user turn (the shape every family's
+    template takes), sometimes after a system message; SmolVLM's template also takes
+    images in system and tool messages, so its conversations have them."""
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = []
+    many_roles = family == "smolvlm"
+    if rng.random() < 0.5:
+        system = user_content(rng, 0) if many_roles else "You count shapes.  "
+        messages.append({"role": "system", "content": system})
+    for turn in range(rng.randint(1, 4)):
+        if turn:
+            messages.append({"role": "assistant", "content": f"There are {turn} circles."})
+        if many_roles and rng.random() < 0.3:
+            messages.append({"role": "tool", "content": user_content(rng, turn)})
+        else:
+            messages.append({"role": "user", "content": user_content(rng, turn)})
+    return messages
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {family: build_tiny_vlm(root / family, family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+def reference(processor: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+    """The processor's own output. SmolVLM's ``apply_chat_template`` needs a video
+    processor (torchvision), so for it the same two steps are taken by hand: its chat
+    template (string content as one text part, as vf_mm gives it), then the processor."""
+    if type(processor).__name__.startswith("SmolVLM"):
+        return by_hand(processor, messages, **kwargs.get("processor_kwargs", {}))
+    return processor.apply_chat_template(
+        messages, tokenize=True, return_dict=True, add_generation_prompt=True,
+        return_tensors="np", **kwargs,
+    )  # fmt: skip
+
+
+def by_hand(processor: Any, messages: list[dict[str, Any]], **options: Any) -> Any:
+    images, shown = [], []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        parts = []
+        for part in content:
+            if part["type"] == "image":
+                images.append(part["image"])
+                part = {"type": "image"}
+            parts.append(part)
+        shown.append({**message, "content": parts})
+    text = processor.tokenizer.apply_chat_template(
+        shown, tokenize=False, add_generation_prompt=True
+    )
+    return processor(
+        text=[text], images=[images] if images else None, return_tensors="np", **options
+    )
+
+
+def assert_matches(family: str, rendered: Any, ref: Any, processor: Any) -> None:
+    ids = rendered.token_ids
+    assert ids == ref["input_ids"][0].tolist()
+    data = rendered.multi_modal_data
+    images = data.mm_items.get("image", [])
+    embed_ids = image_token_ids(processor)
+    inputs = model_inputs(family, torch.tensor([ids]), images, image_token_ids=embed_ids)
+    skip = {"input_ids", "attention_mask"}
+    for name, expected in ref.items():
+        if name in skip:
+            continue
+        if not images and name not in inputs:
+            assert np.asarray(expected).size == 0
+            continue
+        got = inputs[name].numpy()
+        assert got.dtype == np.asarray(expected).dtype, name
+        assert np.array_equal(got, expected), name  # bit-identical
+    assert set(inputs) <= set(ref) | {family_info(family).token_types}
+    # placeholders: each one image's span; together exactly the image tokens
+    array = np.asarray(ids)
+    marked = np.isin(array, embed_ids)
+    covered = np.zeros(len(ids), dtype=bool)
+    for placeholder in data.mm_placeholders.get("image", []):
+        positions = placeholder.embed_positions()
+        assert marked[positions].all()
+        span = np.zeros(placeholder.length, dtype=bool)
+        span[np.asarray(positions) - placeholder.offset] = True
+        assert np.array_equal(marked[placeholder.offset : placeholder.end], span)
+        covered[positions] = True
+    assert np.array_equal(covered, marked)
+    data.validate(len(ids))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_generated_conversations_match_the_processor(tiny, family, seed):
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    processor = load_processor(tiny[family], image_backend="pil")
+    messages = conversation(family, seed)
+    assert_matches(family, renderer.render(messages), reference(processor, messages), processor)
+
+
+def test_gemma3_pan_and_scan_crops_match_the_processor(tiny, tmp_path):
+    """With pan-and-scan on, a wide image becomes the original plus crops, each with its
+    own begin/end markers, inside one placeholder."""
+    pan = {"do_pan_and_scan": True}
+    renderer = load_renderer(tiny["gemma3"], image_backend="pil", processor_kwargs=pan)
+    processor = load_processor(tiny["gemma3"], image_backend="pil")
+    rng = random.Random(1)
+    wide = Image.fromarray(
+        np.random.default_rng(0).integers(0, 256, (300, 1200, 3), dtype=np.uint8)
+    )
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": wide}, {"type": "text", "text": "hi"},
+                                     {"type": "image", "image": image(rng)}]},
+    ]  # fmt: skip
+    rendered = renderer.render(messages)
+    assert_matches(
+        "gemma3", rendered, reference(processor, messages, processor_kwargs=pan), processor
+    )
+    first = rendered.multi_modal_data.mm_placeholders["image"][0]
+    assert rendered.multi_modal_data.mm_items["image"][0]["pixel_values"].shape[0] > 1  # crops
+    boi = processor.tokenizer.boi_token_id
+    assert rendered.token_ids[first.offset : first.end].count(boi) > 1
+
+
+def test_smolvlm_with_image_splitting_off_matches_the_processor(tiny):
+    """Without splitting every image is one global tile: one run of image tokens between
+    its begin and end markers."""
+    off = {"do_image_splitting": False}
+    renderer = load_renderer(tiny["smolvlm"], image_backend="pil", processor_kwargs=off)
+    processor = load_processor(tiny["smolvlm"], image_backend="pil")
+    messages = conversation("smolvlm", 4)
+    rendered = renderer.render(messages)
+    assert_matches("smolvlm", rendered, reference(processor, messages, processor_kwargs=off),
+                   processor)  # fmt: skip
+    for item in rendered.multi_modal_data.mm_items.get("image", []):
+        assert item["pixel_values"].shape[1] == 1
+
+
+def test_smolvlm_string_content_is_rendered_not_dropped(tiny):
+    """SmolVLM's template renders only lists of parts; a string's text must still reach
+    the prompt."""
+    renderer = load_renderer(tiny["smolvlm"], image_backend="pil")
+    ids = renderer.render([{"role": "user", "content": "count the circles"}]).token_ids
+    assert "count the circles" in renderer.tokenizer.decode(ids)
+
+
+def test_gemma3_template_refuses_a_tool_turn_by_name(tiny):
+    renderer = load_renderer(tiny["gemma3"], image_backend="pil")
+    messages = [
+        {"role": "user", "content": "zoom"},
+        {"role": "assistant", "content": "calling"},
+        {"role": "tool", "content": "done"},
+    ]
+    with pytest.raises(Exception, match="alternate"):
+        renderer.render(messages)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
+    """Turn after turn, the bridged prompt equals rendering the whole conversation, with
+    the earlier images' inputs carried forward; no input is changed."""
+    import copy
+
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    rng = random.Random(seed)
+    messages = conversation(family, seed)
+    rendered = renderer.render(messages)
+    stop = renderer.stop_token_ids[0]
+    for turn in range(3):
+        reply = f"There are {turn} circles."
+        sampled = SAMPLED_LEAD.get(family, "") + reply  # what the model writes after the prompt
+        completion = renderer.tokenizer(sampled, add_special_tokens=False)["input_ids"] + [stop]
+        new = [{"role": "user", "content": user_content(rng, turn)}]
+        before = copy.deepcopy((rendered.token_ids, completion, new))
+        data_before = _snapshot(rendered.multi_modal_data)
+        bridged = renderer.bridge_to_next_turn(
+            rendered.token_ids, completion, new,
+            previous_multi_modal_data=rendered.multi_modal_data,
+        )  # fmt: skip
+        assert bridged is not None, dict(renderer.bridge_refusals)
+        assert (rendered.token_ids, completion, new) == before
+        assert _snapshot(rendered.multi_modal_data) == data_before
+        messages = [*messages, {"role": "assistant", "content": reply}, *new]
+        full = renderer.render(messages)
+        assert bridged.token_ids == full.token_ids
+        assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
+        assert bridged.multi_modal_data.mm_hashes == full.multi_modal_data.mm_hashes
+        rendered = bridged
+    assert not renderer.bridge_refusals
+
+
+# SmolVLM's generation prompt is "Assistant:" and its history "Assistant: " + content:
+# the model writes the space, and a completion that does not is not bridged.
+SAMPLED_LEAD = {"smolvlm": " "}
+
+
+def test_smolvlm_completion_without_the_templates_space_is_not_bridged(tiny):
+    renderer = load_renderer(tiny["smolvlm"], image_backend="pil")
+    first = renderer.render([{"role": "user", "content": "hi"}])
+    completion = renderer.tokenizer("no space", add_special_tokens=False)["input_ids"]
+    out = renderer.bridge_to_next_turn(
+        first.token_ids, [*completion, renderer.stop_token_ids[0]],
+        [{"role": "user", "content": "next"}],
+    )  # fmt: skip
+    assert out is None
+    assert renderer.bridge_refusals == {"the template rewrites the assistant turn (adds ' ')": 1}
+
+
+def _snapshot(data: Any) -> Any:
+    if data is None:
+        return None
+    return (
+        {m: list(v) for m, v in data.mm_hashes.items()},
+        {m: list(v) for m, v in data.mm_placeholders.items()},
+        {m: [id(item) for item in v] for m, v in data.mm_items.items()},
+    )

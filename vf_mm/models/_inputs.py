@@ -1,0 +1,67 @@
+"""``model_inputs``: a batch's images and token ids -> what the family's forward takes.
+
+The renderer keeps each image's model inputs as its processor returned them for a
+batch of one (``expand_image``); a forward takes the images of a whole batch at once,
+in the order their tokens appear (row by row). Per family:
+
+- Qwen-VL, Qwen3.5: ``pixel_values`` rows and ``image_grid_thw`` rows concatenated, and
+  ``mm_token_type_ids`` (1 on image tokens; M-RoPE positions need it);
+- Gemma 3: ``pixel_values`` images concatenated, and ``token_type_ids`` (1 on image soft
+  tokens; it switches on the bidirectional attention over each image that the model was
+  trained with: without it the logits differ);
+- SmolVLM: ``pixel_values`` ``(1, tiles, 3, S, S)`` and ``pixel_attention_mask``
+  ``(1, tiles, S, S)`` with every image's tiles along axis 1 (the model flattens the
+  first two axes and takes the tiles in order; no token types).
+
+The family's embedding token ids (``image_token_ids``) mark the image positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vf_mm.models._families import family_info
+
+
+def model_inputs(
+    family: str,
+    input_ids: Any,
+    images: Sequence[Mapping[str, Any]],
+    *,
+    image_token_ids: Sequence[int],
+    dtype: Any = None,
+) -> dict[str, Any]:
+    """The forward's image and token-type inputs for ``input_ids`` (a ``(B, L)`` tensor)
+    whose images, in token order, are ``images`` (each one image's inputs, as
+    ``expand_image`` returns them). ``dtype`` casts the floating-point image inputs (the
+    model's own dtype). Text-only batches (no images) get no image inputs."""
+    import torch
+
+    info = family_info(family)
+    out: dict[str, Any] = {}
+    if info.token_types is not None:
+        marks = torch.zeros_like(input_ids, dtype=torch.long)
+        for token in image_token_ids:
+            marks |= (input_ids == token).long()
+        out[info.token_types] = marks
+    if not images:
+        return out
+    for name in images[0]:
+        arrays = [_array(image, name) for image in images]
+        tensor = torch.from_numpy(np.concatenate(arrays, axis=info.image_axis))
+        if tensor.is_floating_point() and dtype is not None:
+            tensor = tensor.to(dtype)
+        out[name] = tensor
+    return out
+
+
+def _array(image: Mapping[str, Any], name: str) -> np.ndarray:
+    if name not in image:
+        raise KeyError(f"an image lacks {name!r}, which the batch's other images have")
+    value = np.asarray(image[name])
+    if name == "image_grid_thw":
+        value = value.reshape(-1, 3).astype(np.int64, copy=False)
+    return value
