@@ -99,6 +99,7 @@ def test_models_exports():
         "expand_image",
         "family_info",
         "image_backend_of",
+        "image_kwargs",
         "image_processor_class",
         "image_token_ids",
         "load_processor",

@@ -234,8 +234,25 @@ def image_token_ids(processor: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
+def image_kwargs(processor: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The image processor call options the processor uses: its defaults (e.g. SmolVLM's
+    ``return_row_col_info``, Gemma 3's pan-and-scan settings) updated with ``options``
+    (processor call options such as ``do_pan_and_scan=True``). Compute once per processor
+    and pass to ``expand_image``: merging them costs as much as a small image."""
+    merged = processor._merge_kwargs(
+        tokenizer_init_kwargs=getattr(processor.tokenizer, "init_kwargs", {}),
+        return_tensors="np",
+        **(options or {}),
+    )
+    return {**merged["images_kwargs"], "return_tensors": "np"}
+
+
 def expand_image(
-    processor: Any, image: Any, *, options: dict[str, Any] | None = None
+    processor: Any,
+    image: Any,
+    *,
+    options: dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, np.ndarray]]:
     """One image as the family's processor sees it: the text that replaces the image's
     placeholder (``processor.image_token``) in the prompt, and the image's model inputs
@@ -248,16 +265,11 @@ def expand_image(
     ``processor(text=..., images=..., **options)`` puts in the prompt for this image.
     ``options`` are processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``,
     which the processor's own defaults switch off whatever the image processor's
-    config says).
+    config says); ``kwargs`` is ``image_kwargs(processor, options)`` computed beforehand.
     """
-    merged = processor._merge_kwargs(
-        tokenizer_init_kwargs=getattr(processor.tokenizer, "init_kwargs", {}),
-        return_tensors="np",
-        **(options or {}),
-    )
-    image_kwargs = dict(merged["images_kwargs"])
-    image_kwargs["return_tensors"] = "np"
-    processed = processor.image_processor([image], **image_kwargs)
+    if kwargs is None:
+        kwargs = image_kwargs(processor, options)
+    processed = processor.image_processor([image], **kwargs)
     replacement = processor.replace_image_token(processed, image_idx=0)
     unused = set(getattr(processor, "unused_input_names", ()) or ())
     keep = set(processor.image_processor.model_input_names) - unused

@@ -32,7 +32,7 @@ import numpy as np
 
 from vf_mm.errors import RenderError
 from vf_mm.images import ImagePolicy, image_hash, load_image
-from vf_mm.models import expand_image, image_backend_of, image_token_ids
+from vf_mm.models import expand_image, image_backend_of, image_kwargs, image_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,7 @@ class VisionSpec:
     ) -> None:
         self.processor = processor
         self.options = dict(options or {})
+        self._image_kwargs = image_kwargs(processor, self.options)
         self.image_processor = processor.image_processor
         self.tokenizer = processor.tokenizer
         self.image_token: str = processor.image_token
@@ -115,7 +116,7 @@ class VisionSpec:
                 return cached
         start = time.perf_counter()
         try:
-            replacement, item = expand_image(self.processor, image, options=self.options)
+            replacement, item = expand_image(self.processor, image, kwargs=self._image_kwargs)
         except Exception as exc:
             raise RenderError(f"{where}: the image processor failed: {exc}") from exc
         for array in item.values():
