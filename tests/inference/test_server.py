@@ -902,3 +902,15 @@ def test_vf_mm_serve_cli(serve_cli, renderer):
             await api.aclose()
 
     asyncio.run(talk())
+
+
+def test_a_family_the_server_does_not_check_is_refused_at_start():
+    """The request checks are Qwen-VL's: a Gemma 3 or SmolVLM backend is refused when the
+    app is made, naming the family and what to use instead, not on its first image."""
+    from types import SimpleNamespace
+
+    from vf_mm.errors import UnsupportedModelError
+
+    for family in ("gemma3", "smolvlm"):
+        with pytest.raises(UnsupportedModelError, match=f"not '{family}' yet.*LocalBackend"):
+            create_app(SimpleNamespace(family=family), model_name="m")

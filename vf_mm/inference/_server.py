@@ -68,7 +68,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from vf_mm.errors import ImageError, PromptTooLongError, VfMmError
+from vf_mm.errors import ImageError, PromptTooLongError, UnsupportedModelError, VfMmError
 from vf_mm.images import ImagePolicy, load_image
 from vf_mm.inference._server_errors import (
     RequestError,
@@ -82,6 +82,7 @@ from vf_mm.inference._server_models import (
     GenerateRequestModel,
 )
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
+from vf_mm.models import QWEN_VL_FAMILIES, VISION_FAMILIES
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 __all__ = ["DEFAULT_SERVER_IMAGE_POLICY", "create_app"]
@@ -152,6 +153,13 @@ class _Server:
         mm_cache_items: int,
         mm_cache_bytes: int,
     ) -> None:
+        family = getattr(backend, "family", None)
+        if family in VISION_FAMILIES and family not in QWEN_VL_FAMILIES:
+            # the request checks below are Qwen-VL's (patch rows, grids, merge size)
+            raise UnsupportedModelError(
+                f"the vf_mm server serves Qwen-VL checkpoints and text models, not {family!r} "
+                "yet; use LocalBackend in-process, or vLLM in content_parts mode"
+            )
         self.backend = backend
         self.renderer = renderer
         self.model_name = model_name
