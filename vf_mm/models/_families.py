@@ -58,6 +58,7 @@ class VisionFamily:
     mirrors: str  # the real checkpoint the tiny one mirrors
     stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")  # end an assistant turn
     image_axis: int = 0  # the axis along which a forward takes several images' inputs
+    pad_axis: int | None = None  # an axis padded with zeros to the batch's largest image
     content_as_parts: bool = False  # the template renders only list content (drops strings)
 
 
@@ -82,6 +83,10 @@ _FAMILIES = {
                      "SmolVLMForConditionalGeneration", None,
                      "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
                      image_axis=1, content_as_parts=True),
+        VisionFamily("llava_onevision", "LLaVA-OneVision", "LlavaOnevisionProcessor",
+                     "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
+                     None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+                     pad_axis=1, content_as_parts=True),
     )
 }  # fmt: skip
 

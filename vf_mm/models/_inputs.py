@@ -11,7 +11,11 @@ in the order their tokens appear (row by row). Per family:
   trained with: without it the logits differ);
 - SmolVLM: ``pixel_values`` ``(1, tiles, 3, S, S)`` and ``pixel_attention_mask``
   ``(1, tiles, S, S)`` with every image's tiles along axis 1 (the model flattens the
-  first two axes and takes the tiles in order; no token types).
+  first two axes and takes the tiles in order; no token types);
+- LLaVA-OneVision: ``pixel_values`` ``(images, tiles, 3, S, S)`` with each image's tiles
+  zero-padded to the batch's largest image (the model cuts each back by its
+  ``image_sizes``), ``image_sizes`` ``(images, 2)``, and ``batch_num_images`` all 1:
+  every image in single-image (anyres) mode, as vLLM computes them.
 
 The family's embedding token ids (``image_token_ids``) mark the image positions.
 """
@@ -51,6 +55,8 @@ def model_inputs(
         return out
     for name in images[0]:
         arrays = [_array(image, name) for image in images]
+        if info.pad_axis is not None:
+            arrays = _pad(arrays, info.pad_axis)
         tensor = torch.from_numpy(np.concatenate(arrays, axis=info.image_axis))
         if tensor.is_floating_point() and dtype is not None:
             tensor = tensor.to(dtype)
@@ -65,3 +71,19 @@ def _array(image: Mapping[str, Any], name: str) -> np.ndarray:
     if name == "image_grid_thw":
         value = value.reshape(-1, 3).astype(np.int64, copy=False)
     return value
+
+
+def _pad(arrays: list[np.ndarray], axis: int) -> list[np.ndarray]:
+    """Zero-pad every array along ``axis`` to the longest (arrays without that axis, or
+    all of one length, are returned as they are)."""
+    if any(a.ndim <= axis for a in arrays):
+        return arrays
+    longest = max(a.shape[axis] for a in arrays)
+    out = []
+    for a in arrays:
+        if a.shape[axis] < longest:
+            widths = [(0, 0)] * a.ndim
+            widths[axis] = (0, longest - a.shape[axis])
+            a = np.pad(a, widths)
+        out.append(a)
+    return out

@@ -47,6 +47,16 @@ SmolVLM (``HuggingFaceTB/SmolVLM2-*-Instruct``):
   turns string content into one text part for this family); ``tool_calls`` and
   ``reasoning_content`` are not rendered;
 - ``Assistant:`` as the generation prompt (the model writes the space).
+
+LLaVA-OneVision (``llava-hf/llava-onevision-qwen2-*-ov-hf``):
+
+- each message as ``<|im_start|>{role} `` (a space, not a newline), then all its images
+  as ``<image>`` (whatever their position among the parts), then each text part as
+  ``\\n`` + text, then ``<|im_end|>`` (no newline after it);
+- content must be a list of parts (a string's text is not rendered);
+- ``<|im_start|>assistant\\n`` as the generation prompt, while an assistant turn in the
+  history is ``<|im_start|>assistant \\n`` + text: the template is not prefix-stable, so
+  every turn is rendered in full (the bridge says so and declines).
 """
 
 from __future__ import annotations
@@ -236,10 +246,24 @@ SMOLVLM_TEMPLATE = r"""
 {%- endif -%}
 """
 
+LLAVA_ONEVISION_TEMPLATE = r"""
+{%- for message in messages -%}
+    {{- '<|im_start|>' + message['role'] + ' ' -}}
+    {%- for part in message['content'] if part['type'] == 'image' -%}{{- '<image>' -}}{%- endfor -%}
+    {%- for part in message['content'] if part['type'] == 'video' -%}{{- '<video>' -}}{%- endfor -%}
+    {%- for part in message['content'] if part['type'] == 'text' -%}{{- '\n' + part['text'] -}}{%- endfor -%}
+    {{- '<|im_end|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
 CHAT_TEMPLATES = {
     "qwen2_vl": QWEN2_VL_TEMPLATE,
     "qwen2_5_vl": QWEN2_VL_TEMPLATE,
     "qwen3_vl": QWEN3_VL_TEMPLATE,
     "gemma3": GEMMA3_TEMPLATE,
     "smolvlm": SMOLVLM_TEMPLATE,
+    "llava_onevision": LLAVA_ONEVISION_TEMPLATE,
 }

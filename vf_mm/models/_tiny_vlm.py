@@ -24,9 +24,15 @@ from vf_mm.models._families import (
     model_class,
 )
 from vf_mm.models._templates import CHAT_TEMPLATES
-from vf_mm.models._vocab import gemma_tokenizer, qwen_tokenizer, smolvlm_tokenizer, tiny_tokenizer
+from vf_mm.models._vocab import (
+    gemma_tokenizer,
+    llava_onevision_tokenizer,
+    qwen_tokenizer,
+    smolvlm_tokenizer,
+    tiny_tokenizer,
+)
 
-Family = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm"]
+Family = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm", "llava_onevision"]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
 # at 256 merged tokens so CPU tests stay fast (a 448x448 image is still 256 tokens).
@@ -72,6 +78,8 @@ def build_tiny_vlm(
         return _build_gemma3(path, seed)
     if family == "smolvlm":
         return _build_smolvlm(path, seed)
+    if family == "llava_onevision":
+        return _build_llava_onevision(path, seed)
     return _build_qwen(path, family, vocab, seed)
 
 
@@ -207,6 +215,50 @@ def _build_smolvlm(path: Path, seed: int) -> Path:
         tie_word_embeddings=False,
     )
     _save_model(path, config, "smolvlm", seed, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    return path
+
+
+# LLaVA-OneVision: the real processor makes 384x384 tiles (SigLIP, patch 14: 729 tokens
+# each) on a grid chosen from 36 pinpoints up to 2304x2304 ("anyres_max_9"); the tiny one
+# makes 32x32 tiles (patch 8: 16 tokens) on grids up to 96 pixels.
+_LLAVA_OV = dict(
+    tile=32,
+    patch_size=8,
+    pinpoints=[[32, 32], [32, 64], [64, 32], [64, 64], [32, 96], [96, 32], [64, 96], [96, 64]],
+)
+
+
+def _build_llava_onevision(path: Path, seed: int) -> Path:
+    from transformers import LlavaOnevisionConfig
+
+    tokenizer = llava_onevision_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["llava_onevision"])
+    tile, pins = _LLAVA_OV["tile"], _LLAVA_OV["pinpoints"]
+    image_processor_class("llava_onevision")(
+        size={"height": tile, "width": tile}, image_grid_pinpoints=pins
+    ).save_pretrained(path)
+    strategy = dict(vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9")
+    tokens = (tile // _LLAVA_OV["patch_size"]) ** 2
+    _write_processor_config(path, "llava_onevision", num_image_tokens=tokens, **strategy)
+    text = _text_config(tokenizer, model_type="qwen2")
+    text["bos_token_id"] = None
+    vision = dict(
+        _SIGLIP, model_type="siglip_vision_model", image_size=tile,
+        patch_size=_LLAVA_OV["patch_size"], vision_use_head=False,
+    )  # fmt: skip
+    config = LlavaOnevisionConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
+        vision_feature_layer=-1,
+        image_grid_pinpoints=pins,
+        tie_word_embeddings=False,
+        **strategy,
+    )
+    _save_model(
+        path, config, "llava_onevision", seed, [tokenizer.eos_token_id], tokenizer.pad_token_id
+    )
     return path
 
 

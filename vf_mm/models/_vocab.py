@@ -143,6 +143,16 @@ def smolvlm_tokenizer(vocab_size: int = 2000) -> Any:
     return tok
 
 
+def llava_onevision_tokenizer(vocab_size: int = 2000) -> Any:
+    """``tiny_tokenizer`` with LLaVA-OneVision's ``<image>`` and ``<video>`` added after
+    Qwen2's specials, as the real ``llava-onevision-qwen2`` vocabulary has them."""
+    from transformers import AddedToken
+
+    tok = tiny_tokenizer(vocab_size)
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in ("<image>", "<video>")])
+    return tok
+
+
 def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A byte-level BPE with Qwen2's pre-tokenizer split, trained on the fixed corpus."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
