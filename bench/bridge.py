@@ -137,9 +137,12 @@ def main() -> None:
             t_bridge = best(bridge, args.repeat)
             t_render = best(lambda m=full_msgs: renderer.render(m), args.repeat)
             t_hf = best(lambda m=full_msgs: hf_full_render(processor, m), max(1, args.repeat // 2))
-            if k > 1:
-                out = bridge()
-                assert out is not None, dict(renderer.bridge_refusals)
+            if k > 1 and bridge() is None:
+                reasons = ", ".join(renderer.bridge_refusals)
+                raise SystemExit(
+                    f"{args.family}: a new user turn is not bridged ({reasons}): the template "
+                    "rewrites earlier turns, so every turn is a full render (see docs/models.md)"
+                )
             bridge_ms[k], hf_ms[k] = t_bridge * 1e3, t_hf * 1e3
             print(
                 f"{k:>4} {t_bridge * 1e3:>10.2f} {t_render * 1e3:>16.2f} {t_hf * 1e3:>16.2f} {t_hf / t_bridge:>12.1f}"

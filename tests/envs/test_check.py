@@ -79,6 +79,24 @@ def test_every_tool_is_called_with_arguments_its_schema_allows(tiny):
     assert report["images_per_turn"] == [[0, 0, 1], [0, 0, 1]]
 
 
+def test_the_scripted_calls_speak_the_checkpoints_tool_format(tmp_path):
+    """On a Qwen3.5 checkpoint the scripted policy writes XML calls (its format), and
+    their arguments reach the tools with their types."""
+    seen = {}
+
+    def crop(x: int, note: str, exact: bool):
+        """Crop."""
+        seen["crop"] = (x, note, exact)
+        return "cropped"
+
+    env = vf.ToolEnv(dataset=[{"question": "q", "answer": "a"}], tools=[crop],
+                     rubric=vf.Rubric([lambda completion: 1.0]), max_turns=3)  # fmt: skip
+    model = vf.testing.build_tiny_vlm(tmp_path / "qwen3_5", "qwen3_5")
+    report = vf.check_environment(env, model_dir=model)
+    assert seen == {"crop": (1, "a", True)}
+    assert report["tool_calls"] == {"crop": 2} and report["tool_errors"] == {}
+
+
 def test_tool_args_reach_the_tool_and_an_error_answer_is_reported(tiny):
     def zoom(w: int):
         """Zoom."""

@@ -911,6 +911,6 @@ def test_a_family_the_server_does_not_check_is_refused_at_start():
 
     from vf_mm.errors import UnsupportedModelError
 
-    for family in ("gemma3", "smolvlm", "llava_onevision"):
+    for family in ("qwen3_5", "gemma3", "smolvlm", "llava_onevision"):
         with pytest.raises(UnsupportedModelError, match=f"not '{family}' yet.*LocalBackend"):
             create_app(SimpleNamespace(family=family), model_name="m")

@@ -13,6 +13,7 @@ with tiny, huge and extreme-aspect images in modes RGB, L, RGBA and P, several p
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -24,7 +25,7 @@ from PIL import Image
 from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
 from vf_mm.renderers import load_renderer
 
-FAMILIES = ("gemma3", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
 MODES = ("RGB", "L", "RGBA", "P")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
@@ -56,14 +57,15 @@ def conversation(family: str, seed: int) -> list[dict[str, Any]]:
     them."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = []
-    many_roles = family in ("smolvlm", "llava_onevision")
+    system_images = family in ("smolvlm", "llava_onevision")
+    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5")
     if rng.random() < 0.5:
-        system = user_content(rng, 0) if many_roles else "You count shapes.  "
+        system = user_content(rng, 0) if system_images else "You count shapes.  "
         messages.append({"role": "system", "content": system})
     for turn in range(rng.randint(1, 4)):
         if turn:
             messages.append({"role": "assistant", "content": f"There are {turn} circles."})
-        if many_roles and rng.random() < 0.3:
+        if tool_turns and turn and rng.random() < 0.3:
             messages.append({"role": "tool", "content": user_content(rng, turn)})
         else:
             messages.append({"role": "user", "content": user_content(rng, turn)})
@@ -262,11 +264,48 @@ def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
 # the model writes the space, and a completion that does not is not bridged.
 SAMPLED_LEAD = {"smolvlm": " "}
 
-# LLaVA-OneVision's generation prompt is "<|im_start|>assistant\n", its history
-# "<|im_start|>assistant \n" + text: no bridge can equal a full render.
+# Templates that rewrite earlier turns once a new user query comes: LLaVA-OneVision's
+# generation prompt is "<|im_start|>assistant\n", its history "<|im_start|>assistant \n"
+# + text; Qwen3.5's prompt ends in an empty think block that its history drops before
+# the last user query. No bridge can equal a full render there.
 NOT_PREFIX_STABLE = {
-    "llava_onevision": "the template renders earlier turns differently once later turns exist"
+    "llava_onevision": "the template renders earlier turns differently once later turns exist",
+    "qwen3_5": "the template drops the reasoning of earlier turns",
 }
+
+
+def test_qwen3_5_tool_turns_bridge_to_a_full_render(tiny):
+    """Tool results keep the assistant turn after the last user query, so Qwen3.5's
+    history is unchanged and its tool turns bridge: XML calls parsed back to arguments,
+    a tool result with an image, the same tokens as a full render."""
+    renderer = load_renderer(tiny["qwen3_5"], image_backend="pil")
+    tools = [{"type": "function", "function": {"name": "zoom", "description": "Zoom in.",
+              "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]  # fmt: skip
+    rng = random.Random(5)
+    messages = [{"role": "user", "content": user_content(rng, 0)}]
+    rendered = renderer.render(messages, tools=tools)
+    for turn in range(3):
+        text = renderer.format_tool_calls([("zoom", {"x": turn, "where": "top left"})])
+        completion = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+        completion.append(renderer.stop_token_ids[0])
+        parsed = renderer.parse_response(completion)
+        assert not parsed.tool_call_errors
+        assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {
+            "x": turn,
+            "where": "top left",
+        }
+        new = [{"role": "tool", "tool_call_id": parsed.tool_calls[0]["id"],
+                "content": user_content(rng, turn)}]  # fmt: skip
+        bridged = renderer.bridge_to_next_turn(
+            rendered.token_ids, completion, new, tools=tools,
+            previous_multi_modal_data=rendered.multi_modal_data,
+        )  # fmt: skip
+        assert bridged is not None, dict(renderer.bridge_refusals)
+        messages = [*messages, parsed.message, *new]
+        full = renderer.render(messages, tools=tools)
+        assert bridged.token_ids == full.token_ids
+        assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
+        rendered = bridged
 
 
 def test_smolvlm_completion_without_the_templates_space_is_not_bridged(tiny):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vf_mm.renderers import load_renderer
+from vf_mm.renderers import ChatTemplateRenderer, format_tool_calls, load_renderer
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,62 @@ def test_string_arguments_holding_json_are_accepted(renderer):
 def test_unclosed_tool_call_at_max_tokens(renderer):
     parsed = renderer.parse_response(ids(renderer, '<tool_call>\n{"name": "zo', stop=False))
     assert parsed.tool_calls == [] and parsed.tool_call_errors
+
+
+# -- Qwen3.5's XML tool calls -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def xml_renderer(renderer):
+    """A renderer that reads and writes Qwen3.5's XML calls (the same tokenizer)."""
+    return ChatTemplateRenderer(renderer.tokenizer, tool_format="xml")
+
+
+def parse_xml(renderer, text):
+    return renderer.parse_response(ids(renderer, text))
+
+
+def test_xml_calls_round_trip_through_format_and_parse(xml_renderer):
+    """What ``format_tool_calls(tool_format="xml")`` writes parses back to the same
+    arguments: strings raw, objects and lists as JSON, True/False/None as Python writes
+    them, numbers as numbers."""
+    arguments = {"x": 3, "ratio": 0.5, "label": "top left", "box": {"w": [1, 2]},
+                 "tags": ["a", "b"], "ok": True, "off": False, "none": None,
+                 "multi": "line one\nline two"}  # fmt: skip
+    text = xml_renderer.format_tool_calls([("zoom", arguments), ("look", {})])
+    parsed = parse_xml(xml_renderer, text)
+    assert not parsed.tool_call_errors and parsed.content == ""
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["zoom", "look"]
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == arguments
+    assert json.loads(parsed.tool_calls[1]["function"]["arguments"]) == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ('{"name": "zoom", "arguments": {}}', "no <function=NAME>"),
+        ("<function=zoom>\n<parameter=x>\n1\n</parameter>\n", "no <function=NAME>"),
+        ("<function=zoom>\nstray words\n</function>", "text outside a <parameter>"),
+        ("<function=zoom>\n<parameter=x>\n1\n</parameter>\ntrailing\n</function>",
+         "text outside a <parameter>"),
+        ("<function= >\n</function>", "no function name"),
+    ],
+)  # fmt: skip
+def test_malformed_xml_calls_are_reported_not_raised(xml_renderer, raw, problem):
+    parsed = parse_xml(xml_renderer, f"I will zoom.\n<tool_call>\n{raw}\n</tool_call>")
+    assert parsed.tool_calls == [] and parsed.content == "I will zoom."
+    assert len(parsed.tool_call_errors) == 1 and problem in parsed.tool_call_errors[0]
+
+
+def test_a_json_call_is_not_read_as_xml_nor_xml_as_json(renderer, xml_renderer):
+    xml = xml_renderer.format_tool_calls([("zoom", {"x": 1})])
+    assert renderer.parse_response(ids(renderer, xml)).tool_call_errors  # not JSON
+    as_json = renderer.format_tool_calls([("zoom", {"x": 1})])
+    assert parse_xml(xml_renderer, as_json).tool_call_errors
+
+
+def test_an_unknown_tool_format_is_refused(renderer):
+    with pytest.raises(ValueError, match="tool_format must be one of"):
+        format_tool_calls([("zoom", {})], tool_format="yaml")
+    with pytest.raises(ValueError, match="tool_format must be one of"):
+        ChatTemplateRenderer(renderer.tokenizer, tool_format="yaml")

@@ -22,7 +22,7 @@ from vf_mm.models import build_tiny_vlm, model_class
 from vf_mm.renderers import load_renderer
 from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
 
-FAMILIES = ("gemma3", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
 
 
 def picture(seed: int, size: tuple[int, int] = (84, 56)) -> Image.Image:
@@ -79,7 +79,7 @@ def test_a_grpo_step_trains_the_language_and_vision_weights(trained):
     loss, stats = grpo_loss(model, batch)
     loss.backward()
     assert torch.isfinite(loss) and stats["tokens"] == float(batch.loss_mask.sum())
-    vision = [p for n, p in model.named_parameters() if "vision" in n]
+    vision = [p for n, p in model.named_parameters() if "vision" in n or "visual" in n]
     assert vision and any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision)
 
 

@@ -98,7 +98,9 @@ def check_environment(
         )
     deterministic = replies is None or not callable(replies)
     if replies is None:
-        replies = tool_policy(env.tools or [], tool_args=tool_args)
+        replies = tool_policy(
+            env.tools or [], tool_args=tool_args, tool_format=_tool_format(model_dir)
+        )
     with tempfile.TemporaryDirectory() as tmp:
         runs = _scripted_runs(env, rows, replies, model_dir, Path(tmp), 2 if deterministic else 1)
     if isinstance(runs, Exception):
@@ -149,12 +151,14 @@ def tool_policy(
     *,
     tool_args: Mapping[str, Mapping[str, Any]] | None = None,
     answer: str = DEFAULT_ANSWER,
+    tool_format: str = "json",
 ) -> Callable[[Any], str]:
     """A scripted policy (a ``ScriptedBackend`` reply function): on each turn it calls the
     next tool of ``tools`` (OpenAI-style schemas) this conversation has not called yet,
     with ``tool_args[name]`` or arguments made from its schema; once every tool has been
     called, it answers ``answer``. It needs a ``GenerateRequest`` that carries its
-    conversation (``RendererClient`` sets ``request.messages``)."""
+    conversation (``RendererClient`` sets ``request.messages``). ``tool_format`` is the
+    model's call format (``"json"``, or ``"xml"`` for Qwen3.5)."""
     tool_args = dict(tool_args or {})
     names = [t["function"]["name"] for t in tools]
     unknown = set(tool_args) - set(names)
@@ -180,9 +184,19 @@ def tool_policy(
             return answer
         from vf_mm.renderers import format_tool_calls
 
-        return format_tool_calls([(todo[0], calls[todo[0]])])
+        return format_tool_calls([(todo[0], calls[todo[0]])], tool_format=tool_format)
 
     return reply
+
+
+def _tool_format(model_dir: str | Path | None) -> str:
+    """The tool-call format of the checkpoint the check renders with."""
+    if model_dir is None or not (Path(model_dir) / "config.json").exists():
+        return "json"
+    from vf_mm.models import VISION_FAMILIES, family_info, model_type
+
+    family = model_type(model_dir)
+    return family_info(family).tool_format if family in VISION_FAMILIES else "json"
 
 
 def example_value(schema: Mapping[str, Any]) -> Any:

@@ -59,6 +59,7 @@ class VisionFamily:
     stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")  # end an assistant turn
     image_axis: int = 0  # the axis along which a forward takes several images' inputs
     pad_axis: int | None = None  # an axis padded with zeros to the batch's largest image
+    tool_format: str = "json"  # tool calls: "json" (<tool_call>{...}) or "xml" (<function=...>)
     content_as_parts: bool = False  # the template renders only list content (drops strings)
 
 
@@ -76,6 +77,9 @@ _FAMILIES = {
         VisionFamily("qwen3_vl", "Qwen3-VL", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3VLForConditionalGeneration", "mm_token_type_ids",
                      "Qwen/Qwen3-VL-2B-Instruct"),
+        VisionFamily("qwen3_5", "Qwen3.5", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen3_5ForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen3.5-0.8B", tool_format="xml"),
         VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
                      "Gemma3ForConditionalGeneration", "token_type_ids",
                      "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>")),

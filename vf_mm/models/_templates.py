@@ -48,6 +48,23 @@ SmolVLM (``HuggingFaceTB/SmolVLM2-*-Instruct``):
   ``reasoning_content`` are not rendered;
 - ``Assistant:`` as the generation prompt (the model writes the space).
 
+Qwen3.5 (``Qwen/Qwen3.5-0.8B``):
+
+- with ``tools``, a system turn listing them as JSON in ``<tools></tools>`` and
+  explaining the XML call format (``<tool_call>\\n<function=NAME>\\n<parameter=P>\\n
+  VALUE\\n</parameter>\\n</function>\\n</tool_call>``), then the system message's
+  text; without tools, the system message (trimmed) as its own turn;
+- a system message must come first and hold no image or video; there must be a user
+  query (a user message that is not only tool responses);
+- every message's content is trimmed; user turns as ChatML; assistant turns: reasoning
+  (``reasoning_content``, or what precedes ``</think>`` in the content) is written
+  (``<think>\\n...\\n</think>\\n\\n``, empty when none) only for turns after the last
+  user query; ``tool_calls`` as XML, their arguments only when given as a mapping
+  (string values raw, others as JSON);
+- runs of ``tool`` messages become ``<tool_response>`` blocks in one user turn;
+- ``<|im_start|>assistant\\n`` then ``<think>\\n`` when ``enable_thinking`` is true,
+  else an empty think block, as the generation prompt.
+
 LLaVA-OneVision (``llava-hf/llava-onevision-qwen2-*-ov-hf``):
 
 - each message as ``<|im_start|>{role} `` (a space, not a newline), then all its images
@@ -246,6 +263,129 @@ SMOLVLM_TEMPLATE = r"""
 {%- endif -%}
 """
 
+QWEN3_5_TEMPLATE = r"""
+{%- set seen = namespace(images=0, videos=0) -%}
+{%- macro show(content, counting, in_system=false) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for part in content -%}
+            {%- if 'image' in part or 'image_url' in part or part.type == 'image' -%}
+                {%- if in_system -%}{{- raise_exception('System message cannot contain images.') -}}{%- endif -%}
+                {%- if counting -%}{%- set seen.images = seen.images + 1 -%}{%- endif -%}
+                {%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+            {%- elif 'video' in part or part.type == 'video' -%}
+                {%- if in_system -%}{{- raise_exception('System message cannot contain videos.') -}}{%- endif -%}
+                {%- if counting -%}{%- set seen.videos = seen.videos + 1 -%}{%- endif -%}
+                {%- if add_vision_id -%}{{- 'Video ' ~ seen.videos ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+            {%- elif 'text' in part -%}
+                {{- part.text -}}
+            {%- else -%}
+                {{- raise_exception('Unexpected item type in content.') -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- elif content is none or content is undefined -%}
+    {%- else -%}
+        {{- raise_exception('Unexpected content type.') -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if not messages -%}{{- raise_exception('No messages provided.') -}}{%- endif -%}
+{%- if tools and tools is iterable and tools is not mapping -%}
+    {{- '<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>' -}}
+    {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+    {{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n'
+        '<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n'
+        '</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\n'
+        'that can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\n'
+        'Reminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> '
+        'block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be '
+        'specified\n- You may provide optional reasoning for your function call in natural language '
+        'BEFORE the function call, but NOT after\n- If there is no function call available, answer the '
+        'question like normal with your current knowledge and do not tell the user about function calls\n'
+        '</IMPORTANT>' -}}
+    {%- if messages[0].role == 'system' -%}
+        {%- set system = show(messages[0].content, false, true) | trim -%}
+        {%- if system -%}{{- '\n\n' + system -}}{%- endif -%}
+    {%- endif -%}
+    {{- '<|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+    {{- '<|im_start|>system\n' + (show(messages[0].content, false, true) | trim) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- set state = namespace(searching=true, last_query=messages|length - 1) -%}
+{%- for message in messages[::-1] -%}
+    {%- if state.searching and message.role == 'user' -%}
+        {%- set text = show(message.content, false) | trim -%}
+        {%- if not (text.startswith('<tool_response>') and text.endswith('</tool_response>')) -%}
+            {%- set state.searching = false -%}
+            {%- set state.last_query = (messages|length - 1) - loop.index0 -%}
+        {%- endif -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if state.searching -%}{{- raise_exception('No user query found in messages.') -}}{%- endif -%}
+{%- for message in messages -%}
+    {%- set body = show(message.content, true) | trim -%}
+    {%- if message.role == 'system' -%}
+        {%- if not loop.first -%}{{- raise_exception('System message must be at the beginning.') -}}{%- endif -%}
+    {%- elif message.role == 'user' -%}
+        {{- '<|im_start|>user\n' + body + '<|im_end|>\n' -}}
+    {%- elif message.role == 'assistant' -%}
+        {%- set thought = '' -%}
+        {%- if message.reasoning_content is string -%}
+            {%- set thought = message.reasoning_content -%}
+        {%- elif '</think>' in body -%}
+            {%- set thought = body.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') -%}
+            {%- set body = body.split('</think>')[-1].lstrip('\n') -%}
+        {%- endif -%}
+        {%- if loop.index0 > state.last_query -%}
+            {{- '<|im_start|>assistant\n<think>\n' + (thought | trim) + '\n</think>\n\n' + body -}}
+        {%- else -%}
+            {{- '<|im_start|>assistant\n' + body -}}
+        {%- endif -%}
+        {%- if message.tool_calls and message.tool_calls is iterable and message.tool_calls is not mapping -%}
+            {%- for call in message.tool_calls -%}
+                {%- set fn = call.function if call.function is defined else call -%}
+                {%- if not loop.first -%}
+                    {{- '\n' -}}
+                {%- elif body | trim -%}
+                    {{- '\n\n' -}}
+                {%- endif -%}
+                {{- '<tool_call>\n<function=' + fn.name + '>\n' -}}
+                {%- if fn.arguments is mapping -%}
+                    {%- for name in fn.arguments -%}
+                        {%- set value = fn.arguments[name] -%}
+                        {{- '<parameter=' + name + '>\n' -}}
+                        {%- if value is mapping or (value is sequence and value is not string) -%}
+                            {{- value | tojson -}}
+                        {%- else -%}
+                            {{- value | string -}}
+                        {%- endif -%}
+                        {{- '\n</parameter>\n' -}}
+                    {%- endfor -%}
+                {%- endif -%}
+                {{- '</function>\n</tool_call>' -}}
+            {%- endfor -%}
+        {%- endif -%}
+        {{- '<|im_end|>\n' -}}
+    {%- elif message.role == 'tool' -%}
+        {%- if loop.previtem and loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+        {{- '\n<tool_response>\n' + body + '\n</tool_response>' -}}
+        {%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+    {%- else -%}
+        {{- raise_exception('Unexpected message role.') -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+    {%- if enable_thinking is defined and enable_thinking is true -%}
+        {{- '<think>\n' -}}
+    {%- else -%}
+        {{- '<think>\n\n</think>\n\n' -}}
+    {%- endif -%}
+{%- endif -%}
+"""
+
 LLAVA_ONEVISION_TEMPLATE = r"""
 {%- for message in messages -%}
     {{- '<|im_start|>' + message['role'] + ' ' -}}
@@ -266,4 +406,5 @@ CHAT_TEMPLATES = {
     "gemma3": GEMMA3_TEMPLATE,
     "smolvlm": SMOLVLM_TEMPLATE,
     "llava_onevision": LLAVA_ONEVISION_TEMPLATE,
+    "qwen3_5": QWEN3_5_TEMPLATE,
 }

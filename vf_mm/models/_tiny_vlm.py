@@ -27,12 +27,15 @@ from vf_mm.models._templates import CHAT_TEMPLATES
 from vf_mm.models._vocab import (
     gemma_tokenizer,
     llava_onevision_tokenizer,
+    qwen3_5_tokenizer,
     qwen_tokenizer,
     smolvlm_tokenizer,
     tiny_tokenizer,
 )
 
-Family = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm", "llava_onevision"]
+Family = Literal[
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "smolvlm", "llava_onevision"
+]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
 # at 256 merged tokens so CPU tests stay fast (a 448x448 image is still 256 tokens).
@@ -40,6 +43,7 @@ _PIXELS = {
     "qwen2_vl": dict(patch_size=14, min_tokens=4, max_tokens=256),
     "qwen2_5_vl": dict(patch_size=14, min_tokens=4, max_tokens=256),
     "qwen3_vl": dict(patch_size=16, min_tokens=4, max_tokens=256),
+    "qwen3_5": dict(patch_size=16, min_tokens=4, max_tokens=256),
 }
 
 TEXT_SHAPE = dict(
@@ -84,7 +88,10 @@ def build_tiny_vlm(
 
 
 def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
-    tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
+    if family == "qwen3_5":
+        tokenizer = qwen3_5_tokenizer()
+    else:
+        tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
     _save_tokenizer(path, tokenizer, CHAT_TEMPLATES[family])
 
     px = _PIXELS[family]
@@ -95,7 +102,7 @@ def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
         temporal_patch_size=2,
         size={"shortest_edge": px["min_tokens"] * unit, "longest_edge": px["max_tokens"] * unit},
     )
-    if family == "qwen3_vl":
+    if family in ("qwen3_vl", "qwen3_5"):
         image_kwargs.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     image_processor_class(family)(**image_kwargs).save_pretrained(path)
     _write_processor_config(path, family)
@@ -291,6 +298,21 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
             depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
             spatial_merge_size=2, temporal_patch_size=2, window_size=112,
             out_hidden_size=text["hidden_size"], fullatt_block_indexes=[1],
+        )  # fmt: skip
+    elif family == "qwen3_5":
+        # a hybrid stack, as the real one: a Gated DeltaNet (linear attention) layer and a
+        # full-attention layer; rotary on a quarter of each head (16 of 32 dims: 8 pairs)
+        text.update(
+            head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            layer_types=["linear_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                             "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        )  # fmt: skip
+        vision = dict(
+            depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=16,
+            spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
+            num_position_embeddings=64,
         )  # fmt: skip
     else:
         text.update(head_dim=32)

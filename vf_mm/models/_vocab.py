@@ -153,14 +153,37 @@ def llava_onevision_tokenizer(vocab_size: int = 2000) -> Any:
     return tok
 
 
-def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A byte-level BPE with Qwen2's pre-tokenizer split, trained on the fixed corpus."""
+# Qwen3.5's pre-tokenizer split: as Qwen2's, but combining marks join letters (\p{M}).
+QWEN3_5_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def qwen3_5_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Qwen3.5 tokenizer (transformers ``Qwen3_5Tokenizer``: Qwen3.5's split and
+    its NFC normalizer) with Qwen's specials and added tokens, built offline."""
+    from transformers import AddedToken, Qwen3_5Tokenizer
+
+    vocab, merges = _train_bpe(vocab_size, split=QWEN3_5_SPLIT)
+    tok = Qwen3_5Tokenizer(vocab=vocab, merges=merges)
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
+    return tok
+
+
+def _train_bpe(
+    vocab_size: int, *, split: str = QWEN2_SPLIT
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE with a Qwen pre-tokenizer split, trained on the fixed corpus."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

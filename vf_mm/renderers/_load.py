@@ -109,6 +109,7 @@ def _from_processor(
         template_kwargs=template_kwargs,
         stop_tokens=family_info(family).stop_tokens,
         content_as_parts=family_info(family).content_as_parts,
+        tool_format=family_info(family).tool_format,
     )
 
 

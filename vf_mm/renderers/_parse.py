@@ -1,8 +1,17 @@
 """Parsing a sampled completion: reasoning, content, Qwen-style tool calls.
 
-Qwen models write tool calls as JSON inside ``<tool_call>...</tool_call>`` and
-reasoning inside ``<think>...</think>``. A malformed call (bad JSON, no name,
-arguments that are not an object) is reported in ``ParsedResponse.tool_call_errors``
+Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
+``<tool_call>...</tool_call>``, in one of two formats (``tool_format``):
+
+- ``"json"`` (Qwen2.5-VL, Qwen3-VL): ``{"name": ..., "arguments": {...}}``;
+- ``"xml"`` (Qwen3.5): ``<function=NAME>`` then one ``<parameter=P>\\nVALUE\\n</parameter>``
+  per argument, then ``</function>``. The template writes string values raw, objects and
+  lists as JSON and other scalars as Python's ``str`` (``True``, ``None``, ``5``), so a
+  value's type is read back best-effort: JSON if it parses as JSON, ``True``/``False``/
+  ``None`` as those, else the string itself. The text re-renders the same either way.
+
+A malformed call (bad JSON, no name, arguments that are not an object, an XML call
+without its ``<function=...>`` block) is reported in ``ParsedResponse.tool_call_errors``
 with its raw text, never raised: the environment decides what a bad call costs.
 """
 
@@ -17,6 +26,10 @@ from typing import Any
 from vf_mm.types import AssistantMessage, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>\n?(.*?)</function>\s*\Z", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
+_PYTHON_SCALARS = {"True": True, "False": False, "None": None}
+TOOL_FORMATS = ("json", "xml")
 
 
 @dataclass(slots=True)
@@ -51,6 +64,7 @@ def parse_text(
     call_id_prefix: str = "call",
     keep_reasoning_in_content: bool = False,
     keep_tool_calls_in_content: bool = False,
+    tool_format: str = "json",
 ) -> ParsedResponse:
     """Split decoded completion text into reasoning, content and tool calls.
 
@@ -72,7 +86,7 @@ def parse_text(
     if first >= 0:
         for i, match in enumerate(_TOOL_CALL.finditer(body, first)):
             raw = match.group(1).strip()
-            call, error = _parse_call(raw)
+            call, error = _parse_xml_call(raw) if tool_format == "xml" else _parse_call(raw)
             if error is not None:
                 errors.append(f"tool call {i}: {error}: {raw[:200]!r}")
             else:
@@ -103,9 +117,23 @@ def parse_text(
     )
 
 
-def format_tool_calls(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+def format_tool_calls(
+    calls: Sequence[tuple[str, Mapping[str, Any]]], *, tool_format: str = "json"
+) -> str:
     """The text a model writes to make ``calls`` (``(name, arguments)`` pairs), in the
     format ``parse_text`` reads: what a scripted policy (``check_environment``) samples."""
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format must be one of {list(TOOL_FORMATS)}, not {tool_format!r}")
+    if tool_format == "xml":
+        return "\n".join(
+            f"<tool_call>\n<function={name}>\n"
+            + "".join(
+                f"<parameter={key}>\n{_xml_value(value)}\n</parameter>\n"
+                for key, value in dict(arguments).items()
+            )
+            + "</function>\n</tool_call>"
+            for name, arguments in calls
+        )
     return "\n".join(
         "<tool_call>\n"
         + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
@@ -133,3 +161,42 @@ def _parse_call(raw: str) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(arguments, dict):
         return None, "arguments are not a JSON object"
     return {"name": name, "arguments": arguments}, None
+
+
+def _xml_value(value: Any) -> str:
+    """A value as the Qwen3.5 template writes it (strings raw, objects and lists as JSON,
+    other scalars as Jinja's ``string`` filter does: Python's ``str``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (Mapping, list, tuple)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _parse_xml_call(raw: str) -> tuple[dict[str, Any] | None, str | None]:
+    match = _XML_FUNCTION.match(raw)
+    if match is None:
+        return None, "no <function=NAME>...</function> block"
+    name, body = match.group(1).strip(), match.group(2)
+    if not name:
+        return None, "no function name"
+    arguments: dict[str, Any] = {}
+    end = 0
+    for parameter in _XML_PARAMETER.finditer(body):
+        if body[end : parameter.start()].strip():
+            return None, f"text outside a <parameter> block: {body[end : parameter.start()][:40]!r}"
+        arguments[parameter.group(1).strip()] = _xml_read(parameter.group(2))
+        end = parameter.end()
+    if body[end:].strip():
+        return None, f"text outside a <parameter> block: {body[end:][:40]!r}"
+    return {"name": name, "arguments": arguments}, None
+
+
+def _xml_read(text: str) -> Any:
+    if text in _PYTHON_SCALARS:
+        return _PYTHON_SCALARS[text]
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return text if isinstance(value, str) else value

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.errors import RenderError
-from vf_mm.renderers._parse import ParsedResponse, format_tool_calls, parse_text
+from vf_mm.renderers._parse import TOOL_FORMATS, ParsedResponse, format_tool_calls, parse_text
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
 
@@ -46,7 +46,10 @@ class ChatTemplateRenderer:
     ``template_kwargs`` go to the template on every render (e.g. ``enable_thinking``).
     ``content_as_parts``: give the template every string content as one text part (for
     templates that render only lists of parts, like SmolVLM's, which would drop a
-    string's text without a word).
+    string's text without a word). ``tool_format`` is the model's tool-call format
+    (``"json"`` or ``"xml"``, see ``vf_mm.renderers._parse``): ``parse_response`` reads it,
+    ``format_tool_calls`` writes it, and with ``"xml"`` the template gets each call's
+    arguments as a mapping (it renders nothing from an OpenAI-style JSON string).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class ChatTemplateRenderer:
         template_kwargs: Mapping[str, Any] | None = None,
         stop_tokens: Sequence[str] | None = None,
         content_as_parts: bool = False,
+        tool_format: str = "json",
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise RenderError(f"tokenizer {name or type(tokenizer).__name__} has no chat template")
@@ -66,6 +70,11 @@ class ChatTemplateRenderer:
         self.name = name
         self.template_kwargs = dict(template_kwargs or {})
         self.content_as_parts = content_as_parts
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(
+                f"tool_format must be one of {list(TOOL_FORMATS)}, not {tool_format!r}"
+            )
+        self.tool_format = tool_format
         self.stop_token_ids: tuple[int, ...] = _stop_ids(tokenizer, stop_tokens)
         self.bridge_refusals: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -323,12 +332,13 @@ class ChatTemplateRenderer:
             stopped=stopped,
             keep_reasoning_in_content=not self._renders["reasoning"],
             keep_tool_calls_in_content=not self._renders["tool_calls"],
+            tool_format=self.tool_format,
         )
 
     def format_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         """The completion text that makes ``calls`` (``(name, arguments)`` pairs) in this
         model's tool-call format: ``parse_response`` of its tokens gives those calls back."""
-        return format_tool_calls(calls)
+        return format_tool_calls(calls, tool_format=self.tool_format)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -386,6 +396,8 @@ class ChatTemplateRenderer:
                 message = {**message, "content": new_content}
             else:
                 message = dict(message)
+            if self.tool_format == "xml" and message.get("tool_calls"):
+                message["tool_calls"] = [_arguments_as_mapping(c) for c in message["tool_calls"]]
             out.append(message)
         return out, parts
 
@@ -420,6 +432,23 @@ class ChatTemplateRenderer:
             ids.extend(image.tokens)
             ids.extend(piece)
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
+
+
+def _arguments_as_mapping(call: Any) -> Any:
+    """An OpenAI-style call whose ``function.arguments`` is a JSON object string, with the
+    arguments as that object (what a template that iterates arguments needs)."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError as exc:
+        raise RenderError(
+            f"tool call {function.get('name')!r}: arguments are not JSON ({exc.msg})"
+        ) from None
+    if not isinstance(arguments, dict):
+        raise RenderError(f"tool call {function.get('name')!r}: arguments are not a JSON object")
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _stop_ids(tokenizer: Any, names: Sequence[str] | None) -> tuple[int, ...]:
