@@ -250,3 +250,23 @@ def test_decode_every_truncation_is_refused() -> None:
     for cut in range(0, len(raw), 7):
         with pytest.raises(DecodeError):
             decode_kwargs_item(base64.b64encode(raw[:cut]).decode())
+
+
+def test_a_llava_onevision_item_is_encoded_with_its_own_layout():
+    """LLaVA-OneVision's tiles and image size are batched elements (one image's tiles are
+    one element); its batch_num_images is transformers-only and is not sent."""
+    rng = np.random.default_rng(0)
+    item = {
+        "pixel_values": rng.standard_normal((1, 5, 3, 32, 32), dtype=np.float32),
+        "image_sizes": np.array([[40, 50]], dtype=np.int64),
+        "batch_num_images": np.array([1], dtype=np.int64),
+    }
+    decoded = decode_kwargs_item(encode_kwargs_item(item))
+    assert set(decoded) == {"pixel_values", "image_sizes"}
+    assert np.array_equal(decoded["pixel_values"], item["pixel_values"])
+    assert np.array_equal(decoded["image_sizes"], item["image_sizes"])
+    raw = msgpack.unpackb(base64.b64decode(encode_kwargs_item(item)), raw=False,
+                          ext_hook=lambda code, data: (code, len(data)))  # fmt: skip
+    assert raw["pixel_values"]["field"] == ["batched", {"keep_on_cpu": False}]
+    assert raw["pixel_values"]["data"][1] == [5, 3, 32, 32]
+    assert raw["image_sizes"]["field"] == ["batched", {"keep_on_cpu": True}]

@@ -65,7 +65,9 @@ def test_a_vision_model_of_another_family_is_refused_not_rendered_as_text(checkp
         load_renderer(other)
     message = str(info.value)
     assert "model type 'paligemma' is a vision-language model vf_mm does not render yet" in message
-    assert "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, gemma3" in message and "AutoTokenizer" in message
+    assert (
+        "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, gemma3" in message and "AutoTokenizer" in message
+    )
 
 
 def test_a_checkpoint_whose_files_do_not_make_its_familys_processor(checkpoints, tmp_path):

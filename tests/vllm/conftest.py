@@ -68,7 +68,7 @@ def vllm_py() -> str:
     return py
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -183,11 +183,11 @@ def _servers(vllm_py, checkpoint_dirs, tmp_path_factory) -> Iterator[dict[str, V
     """Both servers, launched together (each takes ~30 s to load); waited for on first use."""
     logs = tmp_path_factory.mktemp("vllm-logs")
     servers = {
-        "text": VLLMServer("text", checkpoint_dirs["text"], _free_port(), logs / "text.log", []),
+        "text": VLLMServer("text", checkpoint_dirs["text"], free_port(), logs / "text.log", []),
         "vl": VLLMServer(
             "vl",
             checkpoint_dirs["vl"],
-            _free_port(),
+            free_port(),
             logs / "vl.log",
             [
                 "--limit-mm-per-prompt", '{"image":1,"video":0}',

