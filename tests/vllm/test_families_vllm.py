@@ -24,6 +24,7 @@ beside them); ours is the markers and the image tokens, which vLLM's contains.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -37,7 +38,14 @@ import torch
 from PIL import Image
 
 from tests.vllm.conftest import VLLMServer, free_port
-from vf_mm.inference import decode_kwargs_item, encode_kwargs_item
+from vf_mm.errors import MultiModalDataError
+from vf_mm.inference import (
+    GenerateRequest,
+    SamplingParams,
+    VLLMBackend,
+    decode_kwargs_item,
+    encode_kwargs_item,
+)
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
@@ -153,11 +161,19 @@ def test_content_parts_expand_to_the_renderers_ids(family):
 
 def test_features_sample_what_the_servers_own_processing_samples(family):
     """vLLM's decoder takes our kwargs_data: the same greedy tokens and logprobs as the
-    server's own processing of the raw image."""
+    server's own processing of the raw image. Placeholders with is_embed (Gemma 3,
+    SmolVLM) are refused by the backend, naming content_parts, before a request is sent."""
     name, server, _path, renderer = family
-    if name not in PLAIN_RUNS:
-        pytest.skip(f"{name}'s placeholders carry is_embed: vLLM 0.32 features cannot")
     url, messages = case((640, 480), seed=2)
+    if name not in PLAIN_RUNS:  # is_embed: refused by VLLMBackend before anything is sent
+        ours = renderer.render(messages)
+        backend = VLLMBackend(server.base_url, mode="features")
+        request = GenerateRequest(prompt_ids=list(ours.token_ids),
+                                  multi_modal_data=ours.multi_modal_data,
+                                  sampling=SamplingParams(max_tokens=2))  # fmt: skip
+        with pytest.raises(MultiModalDataError, match="send this model's images as content_parts"):
+            asyncio.run(backend.generate(request))
+        return
     ours = renderer.render(messages)
     mm = ours.multi_modal_data
     sampling = {"max_tokens": 6, "temperature": 0.0, "logprobs": 0}
