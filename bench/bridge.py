@@ -120,16 +120,22 @@ def main() -> None:
                     msgs += [user_turn(t, 0), {"role": "assistant", "content": "I move left."}]
                 return msgs
 
+            # turn k - 1's prompt ends on its user turn; the sampled reply closes it, and
+            # the bridge gets the history as RendererClient passes it (prompt + reply)
             prev_msgs = history(0)
-            prev = renderer.render(prev_msgs) if prev_msgs else None
+            prev = renderer.render(prev_msgs[:-1]) if prev_msgs else None
             fresh = iter([[user_turn(k, salt)] for salt in range(1, args.repeat + 2)])
 
-            def bridge(prev: Any = prev, fresh: Any = fresh) -> Any:
+            def bridge(prev: Any = prev, fresh: Any = fresh, prev_msgs: Any = prev_msgs) -> Any:
                 new = next(fresh)
                 if prev is None:
                     return renderer.render(new)
                 return renderer.bridge_to_next_turn(
-                    prev.token_ids, completion, new, previous_multi_modal_data=prev.multi_modal_data
+                    prev.token_ids,
+                    completion,
+                    new,
+                    previous_multi_modal_data=prev.multi_modal_data,
+                    previous_messages=prev_msgs,
                 )
 
             full_msgs = [*prev_msgs, user_turn(k, 0)]

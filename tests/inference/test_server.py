@@ -914,3 +914,7 @@ def test_a_family_the_server_does_not_check_is_refused_at_start():
     for family in ("qwen3_5", "gemma3", "smolvlm", "llava_onevision"):
         with pytest.raises(UnsupportedModelError, match=f"not '{family}' yet.*LocalBackend"):
             create_app(SimpleNamespace(family=family), model_name="m")
+    # a backend that does not say its family (a scripted one): the renderer's is checked
+    renderer = SimpleNamespace(vision=object(), name="gemma3")
+    with pytest.raises(UnsupportedModelError, match="not 'gemma3' yet"):
+        create_app(SimpleNamespace(), renderer=renderer, model_name="m")

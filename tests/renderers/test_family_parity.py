@@ -22,6 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vf_mm.errors import RenderError
 from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
 from vf_mm.renderers import load_renderer
 
@@ -327,4 +328,109 @@ def _snapshot(data: Any) -> Any:
         {m: list(v) for m, v in data.mm_hashes.items()},
         {m: list(v) for m, v in data.mm_placeholders.items()},
         {m: [id(item) for item in v] for m, v in data.mm_items.items()},
+    )
+
+
+# -- what a user's data may hold -----------------------------------------------------------
+
+
+def test_a_loaded_qwen3_5_processor_is_told_from_qwen3_vl(tiny):
+    """Both use Qwen3VLProcessor; Qwen3.5's renderer (XML tool calls) is chosen by its
+    tokenizer."""
+    renderer = load_renderer(load_processor(tiny["qwen3_5"], image_backend="pil"))
+    assert (renderer.name, renderer.tool_format) == ("qwen3_5", "xml")
+
+
+@pytest.mark.parametrize(
+    ("family", "text"),
+    [("gemma3", "look: <image_soft_token>"), ("llava_onevision", "a <video> here"),
+     ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here")],
+)  # fmt: skip
+def test_a_reserved_token_written_in_text_is_refused(tiny, family, text):
+    """Written literally, an image or video token would be an embedding position no image
+    explains (the processor refuses some, silently miscounts others)."""
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    with pytest.raises(RenderError, match="literally"):
+        renderer.render([{"role": "user", "content": [{"type": "text", "text": text}]}])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shorthand_text_parts_are_rendered_not_dropped(tiny, family):
+    """A bare string and an untyped {"text": ...} in a content list are text parts, for
+    every template (some read only typed parts and would drop them)."""
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    content = ["first words", {"text": "second words"}]
+    text = renderer.tokenizer.decode(
+        renderer.render([{"role": "user", "content": content}]).token_ids
+    )
+    assert "first words" in text and "second words" in text
+
+
+def test_content_a_template_cannot_handle_is_a_render_error(tiny):
+    renderer = load_renderer(tiny["llava_onevision"], image_backend="pil")
+    with pytest.raises(RenderError, match="refused the conversation"):
+        renderer.render([{"role": "user", "content": [{"type": "text", "text": 5}]}])
+
+
+# -- bridging with the real history (what RendererClient passes) ---------------------------
+
+
+def sampled_turn(renderer, messages, text, new, **kwargs):
+    """Render, 'sample' ``text``, parse it as RendererClient does, bridge with the
+    history; returns the bridge (or None) and the full render."""
+    first = renderer.render(messages, **kwargs)
+    completion = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    completion.append(renderer.stop_token_ids[0])
+    message = renderer.parse_response(completion).message
+    bridged = renderer.bridge_to_next_turn(
+        first.token_ids, completion, new, previous_multi_modal_data=first.multi_modal_data,
+        previous_messages=[*messages, message], **kwargs,
+    )  # fmt: skip
+    return bridged, renderer.render([*messages, message, *new], **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("family", "text"),
+    [("gemma3", "Two circles.\n"), ("gemma3", " Two circles."), ("qwen3_5", "Two circles.  "),
+     ("smolvlm", "Two circles.")],
+)  # fmt: skip
+def test_a_sampled_turn_the_template_rewrites_is_not_bridged(tiny, family, text):
+    """Gemma 3 and Qwen3.5 trim the content; SmolVLM writes a space the completion lacks:
+    the full render differs from what was sampled, so the bridge declines, saying why."""
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    # a tool result keeps Qwen3.5's turn after the last query (a new query would be
+    # declined earlier, for dropping the think block)
+    role = "tool" if family == "qwen3_5" else "user"
+    new = [{"role": role, "content": [{"type": "text", "text": "Sure?"}]}]
+    bridged, _ = sampled_turn(renderer, messages, text, new)
+    assert bridged is None
+    assert set(renderer.bridge_refusals) == {
+        "the template renders the sampled turn differently from what was sampled"
+    }
+
+
+def test_a_smolvlm_completion_with_the_templates_space_bridges_exactly(tiny):
+    """SmolVLM's model writes the space after "Assistant:"; parsing leaves it out of the
+    message, so the history re-renders as sampled and the bridge equals a full render."""
+    renderer = load_renderer(tiny["smolvlm"], image_backend="pil")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    new = [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]
+    bridged, full = sampled_turn(renderer, messages, " Two circles.", new)
+    assert bridged is not None, dict(renderer.bridge_refusals)
+    assert bridged.token_ids == full.token_ids
+
+
+def test_qwen3_5_tool_arguments_the_template_rewrites_are_not_bridged(tiny):
+    """The model wrote `true`; the template writes a parsed True as `True`."""
+    renderer = load_renderer(tiny["qwen3_5"], image_backend="pil")
+    tools = [{"type": "function", "function": {"name": "zoom", "description": "Zoom.",
+              "parameters": {"type": "object", "properties": {"deep": {"type": "boolean"}}}}}]  # fmt: skip
+    messages = [{"role": "user", "content": "zoom in"}]
+    text = "<tool_call>\n<function=zoom>\n<parameter=deep>\ntrue\n</parameter>\n</function>\n</tool_call>"
+    new = [{"role": "tool", "content": "done"}]
+    bridged, _ = sampled_turn(renderer, messages, text, new, tools=tools)
+    assert bridged is None
+    assert "the template renders the sampled turn differently from what was sampled" in (
+        renderer.bridge_refusals
     )

@@ -86,3 +86,30 @@ def test_a_grpo_step_trains_the_language_and_vision_weights(trained):
 def test_make_batches_names_an_unknown_family():
     with pytest.raises(vf.errors.UnsupportedModelError, match="supported: qwen2_vl"):
         make_batches([], token_budget=10, pad_token_id=0, image_token_id=1, family="llava")
+
+
+def test_leaving_out_the_family_is_refused_for_images_that_are_not_qwens(trained):
+    """Gemma 3 without its token_type_ids would still run, with different logprobs: a
+    batch of non-Qwen images needs the family named."""
+    family, _path, renderer, state = trained
+    samples = build_samples(state, advantage=1.0, image_token_id=renderer.vision.image_token_id)
+    if family == "qwen3_5":  # Qwen-VL's layout (image_grid_thw): the default is right
+        assert make_batches(samples, token_budget=10_000, pad_token_id=0,
+                            image_token_id=renderer.vision.image_token_id)  # fmt: skip
+        return
+    with pytest.raises(vf.errors.TrajectoryError, match=r"family=model\.config\.model_type"):
+        make_batches(samples, token_budget=10_000, pad_token_id=0,
+                     image_token_id=renderer.vision.image_token_id)  # fmt: skip
+
+
+def test_pixel_values_that_do_not_stack_on_axis_0_are_none_not_an_error(trained):
+    _family, _path, renderer, state = trained
+    (*_, sample) = build_samples(state, advantage=1.0,
+                                 image_token_id=renderer.vision.image_token_id)  # fmt: skip
+    shapes = {np.asarray(im["pixel_values"]).shape[1:] for im in sample.images}
+    if len(shapes) > 1:  # tiles of different counts (SmolVLM, LLaVA-OneVision)
+        assert sample.pixel_values is None
+    else:
+        assert sample.pixel_values.shape[0] == sum(
+            np.asarray(im["pixel_values"]).shape[0] for im in sample.images
+        )

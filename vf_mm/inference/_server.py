@@ -154,6 +154,8 @@ class _Server:
         mm_cache_bytes: int,
     ) -> None:
         family = getattr(backend, "family", None)
+        if family not in VISION_FAMILIES and _inner(renderer, "vision") is not None:
+            family = _inner(renderer, "name")  # a vision renderer is named for its family
         if family in VISION_FAMILIES and family not in QWEN_VL_FAMILIES:
             # the request checks below are Qwen-VL's (patch rows, grids, merge size)
             raise UnsupportedModelError(

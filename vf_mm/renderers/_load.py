@@ -69,8 +69,7 @@ def load_renderer(
             ) from None
         return ChatTemplateRenderer(tokenizer, name=str(path), template_kwargs=template_kwargs)
     if hasattr(model, "image_processor") and hasattr(model, "tokenizer"):
-        classes = {cls.__name__ for cls in type(model).__mro__}
-        family = next((f for f in VISION_FAMILIES if family_info(f).processor in classes), None)
+        family = _processor_family(model)
         if family is None:
             raise UnsupportedModelError(
                 f"no renderer for processor {type(model).__name__} (a vision-language "
@@ -111,6 +110,17 @@ def _from_processor(
         content_as_parts=family_info(family).content_as_parts,
         tool_format=family_info(family).tool_format,
     )
+
+
+def _processor_family(processor: Any) -> str | None:
+    """The family of a loaded processor, by its class; Qwen3.5 shares Qwen3-VL's
+    processor class and is told apart by its tokenizer (``Qwen3_5Tokenizer``)."""
+    classes = {cls.__name__ for cls in type(processor).__mro__}
+    matches = [f for f in VISION_FAMILIES if family_info(f).processor in classes]
+    if "qwen3_5" in matches:
+        qwen3_5 = type(processor.tokenizer).__name__ == "Qwen3_5Tokenizer"
+        matches = [f for f in matches if (f == "qwen3_5") == qwen3_5]
+    return matches[0] if matches else None
 
 
 def _is_vision_model(path: Path) -> bool:

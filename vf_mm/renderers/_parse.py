@@ -8,7 +8,9 @@ Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
   per argument, then ``</function>``. The template writes string values raw, objects and
   lists as JSON and other scalars as Python's ``str`` (``True``, ``None``, ``5``), so a
   value's type is read back best-effort: JSON if it parses as JSON, ``True``/``False``/
-  ``None`` as those, else the string itself. The text re-renders the same either way.
+  ``None`` as those, else the string itself. A value the template would write
+  differently (``true``, ``1.50``, ``{"a":1}``) makes a full re-render differ from what
+  was sampled; the renderer's bridge sees that and declines.
 
 A malformed call (bad JSON, no name, arguments that are not an object, an XML call
 without its ``<function=...>`` block) is reported in ``ParsedResponse.tool_call_errors``

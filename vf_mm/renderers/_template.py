@@ -81,6 +81,7 @@ class ChatTemplateRenderer:
         self._probe_cache: dict[str, str] = {}
         self._think_end = tokenizer.convert_tokens_to_ids("</think>")
         self._renders = self._probe_template()
+        self._lead = self._assistant_lead()
 
     @property
     def is_multimodal(self) -> bool:
@@ -116,6 +117,22 @@ class ChatTemplateRenderer:
             # the user turn and the assistant header must come out the same either way
             "history_sensitive": not later.startswith(text[: text.find(_CONTENT)]),
         }
+
+    def _assistant_lead(self) -> str:
+        """Whitespace the template writes between its generation prompt and an assistant
+        turn's content in the history (SmolVLM: ``Assistant:`` then ``Assistant: ``): the
+        model writes it itself, and it is not part of the message's content."""
+        user = {"role": "user", "content": _USER}
+        try:
+            prompt = self._template([user], None, True)
+            full = self._template([user, {"role": "assistant", "content": _CONTENT}], None, False)
+        except RenderError:
+            return ""
+        at = full.find(_CONTENT, len(prompt))
+        if not full.startswith(prompt) or at < 0:
+            return ""
+        lead = full[len(prompt) : at]
+        return lead if lead and not lead.strip() else ""
 
     # -- render -------------------------------------------------------------------------
 
@@ -181,14 +198,14 @@ class ChatTemplateRenderer:
         reason = self._bridge_refusal(
             previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
         )
-        if reason is None and self._renders["history_sensitive"]:
-            reason = self._history_refusal(
-                new_messages,
-                previous_messages,
-                tools,
-                has_reasoning=self._think_end in previous_prompt_ids
-                or self._think_end in previous_completion_ids,
+        if reason is None and previous_messages is None and self._renders["history_sensitive"]:
+            # without the messages only the tokens can tell: the rewrite we know of
+            # (dropping earlier reasoning on a new user query) needs reasoning to drop
+            reasoning = (
+                self._think_end in previous_prompt_ids or self._think_end in previous_completion_ids
             )
+            if reasoning and any(m.get("role") == "user" for m in new_messages):
+                reason = "the template drops the reasoning of earlier turns"
         if reason is not None:
             return _Refusal(reason)
         completion = list(previous_completion_ids)
@@ -201,7 +218,7 @@ class ChatTemplateRenderer:
         if isinstance(tail, _Refusal):
             return tail
         tail, lead = tail
-        if lead:
+        if lead and previous_messages is None:
             # the template writes text between the generation prompt and the content
             # (SmolVLM: "Assistant:" then ": " + content); the model wrote it itself when
             # its completion starts with it, and then the tokens are the same
@@ -215,6 +232,12 @@ class ChatTemplateRenderer:
             if not tail.startswith(stop_text):
                 return _Refusal("the completion ends with a stop token the template does not write")
             tail = tail[len(stop_text) :]
+        if previous_messages is not None:
+            replay = self._replay_refusal(
+                previous_messages, template_messages, tools, completion, tail
+            )
+            if replay is not None:
+                return _Refusal(replay)
         base = [*previous_prompt_ids, *completion]
         rendered = self._tokenize(tail, parts, base=len(base))
         merged = rendered.multi_modal_data
@@ -257,26 +280,30 @@ class ChatTemplateRenderer:
             )
         return None
 
-    def _history_refusal(
+    def _replay_refusal(
         self,
-        new_messages: Sequence[Mapping[str, Any]],
-        previous_messages: Sequence[Mapping[str, Any]] | None,
+        previous_messages: Sequence[Mapping[str, Any]],
+        new_messages: list[dict[str, Any]],
         tools: Any,
-        *,
-        has_reasoning: bool,
+        completion: list[int],
+        tail: str,
     ) -> str | None:
-        if previous_messages is None:
-            # without the messages only the tokens can tell: the rewrite we know of
-            # (dropping earlier reasoning on a new user query) needs reasoning to drop
-            if has_reasoning and any(m.get("role") == "user" for m in new_messages):
-                return "the template drops the reasoning of earlier turns"
-            return None
+        """With the real history: the template's render of the whole conversation must be
+        the previous prompt's render, then exactly the sampled completion and the tail.
+        This catches every rewrite of the history (Qwen3 dropping earlier reasoning) and
+        of the sampled turn (Gemma 3 and Qwen3.5 trimming its whitespace, Qwen3.5
+        re-serialising tool arguments, a SmolVLM completion without the space its
+        template writes)."""
         history, _ = self._prepare(previous_messages)
-        tail, _ = self._prepare(new_messages)
+        if not history or history[-1].get("role") != "assistant":
+            return "the previous messages do not end with the sampled assistant message"
         prompt = self._template(history[:-1], tools, True)
-        full = self._template([*history, *tail], tools, True)
+        full = self._template([*history, *new_messages], tools, True)
         if not full.startswith(prompt):
             return "the template renders earlier turns differently once this turn is added"
+        sampled = self.tokenizer.decode(completion, skip_special_tokens=False) + tail
+        if full[len(prompt) :] != sampled:
+            return "the template renders the sampled turn differently from what was sampled"
         return None
 
     def _tail_text(
@@ -327,13 +354,18 @@ class ChatTemplateRenderer:
                 ids, stopped = ids[:i], True
                 break
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return parse_text(
-            text,
+        # the whitespace the template puts before the content is the template's, not the
+        # message's: kept in the content, it would be written twice on a re-render
+        lead = self._lead if self._lead and text.startswith(self._lead) else ""
+        parsed = parse_text(
+            text[len(lead) :],
             stopped=stopped,
             keep_reasoning_in_content=not self._renders["reasoning"],
             keep_tool_calls_in_content=not self._renders["tool_calls"],
             tool_format=self.tool_format,
         )
+        parsed.text = text
+        return parsed
 
     def format_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         """The completion text that makes ``calls`` (``(name, arguments)`` pairs) in this
@@ -362,9 +394,14 @@ class ChatTemplateRenderer:
                 add_generation_prompt=add_generation_prompt,
                 **self.template_kwargs,
             )
-        except TemplateError as exc:  # the template's own raise_exception, or a bad template
+        except (TemplateError, TypeError, ValueError) as exc:
+            # the template's own raise_exception, a bad template, or content it cannot
+            # handle (a non-string text, no messages)
+            if isinstance(exc, RenderError):
+                raise
             raise RenderError(
-                f"the chat template of {self.name or 'this model'} refused the conversation: {exc}"
+                f"the chat template of {self.name or 'this model'} refused the conversation: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
 
     def _prepare(
@@ -379,6 +416,12 @@ class ChatTemplateRenderer:
             if isinstance(content, list):
                 new_content = []
                 for j, part in enumerate(content):
+                    # the shorthand forms every template reads the same way: a bare string
+                    # and an untyped {"text": ...} are text parts
+                    if isinstance(part, str):
+                        part = {"type": "text", "text": part}
+                    elif isinstance(part, Mapping) and "type" not in part and "text" in part:
+                        part = {**part, "type": "text"}
                     if isinstance(part, Mapping) and part.get("type") in ("video", "video_url"):
                         raise RenderError(
                             f"message {i}, part {j}: video input is not supported yet"
@@ -409,7 +452,8 @@ class ChatTemplateRenderer:
         if len(pieces) - 1 != len(parts):
             raise RenderError(
                 f"the chat template wrote {len(pieces) - 1} image placeholders for {len(parts)} "
-                f"images (is there a literal {self.vision.image_token} in the text?)"
+                f"images: a literal {self.vision.image_token} in the text, or an image where "
+                f"{self.name or 'this'} template drops it (Gemma 3's system message)"
             )
         images: list[ProcessedImage] = [self.vision.process(part, where=w) for w, part in parts]
         # the text the processor puts around an image's span joins the prompt text beside it
@@ -417,6 +461,16 @@ class ChatTemplateRenderer:
             pieces[k] += image.text_before
             pieces[k + 1] = image.text_after + pieces[k + 1]
         encoded = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
+        reserved = self.vision.reserved_token_ids
+        for piece in encoded:
+            if not reserved.isdisjoint(piece):
+                token = self.tokenizer.convert_ids_to_tokens(
+                    next(t for t in piece if t in reserved)
+                )
+                raise RenderError(
+                    f"the text holds {token} literally: {self.name or 'this model'} reserves it "
+                    "for images (or videos) the renderer expands itself"
+                )
         ids: list[int] = list(encoded[0])
         data = MultiModalData()
         if images:

@@ -104,6 +104,18 @@ class VisionSpec:
         re-rendered as the same tokens)."""
         return frozenset((*self.embed_token_ids, self.placeholder_token_id))
 
+    @property
+    def reserved_token_ids(self) -> frozenset[int]:
+        """Ids that text may not hold: the image's tokens, and the video placeholder (no
+        video is ever expanded here). Written literally in a message, they would be
+        embedding positions no image explains."""
+        video = getattr(self.processor, "video_token_id", None)
+        token = getattr(self.processor, "video_token", None)
+        if not isinstance(video, int) and isinstance(token, str):
+            video = self.tokenizer.convert_tokens_to_ids(token)
+            video = None if video == self.tokenizer.unk_token_id else video
+        return self.marker_token_ids | ({video} if isinstance(video, int) else set())
+
     def process(self, part: Any, *, where: str) -> ProcessedImage:
         """Load one image content part and return its (cached) expansion and inputs."""
         image = load_image(part, policy=self.policy, where=where)

@@ -23,7 +23,7 @@ import torch
 
 from vf_mm.errors import TrajectoryError
 from vf_mm.models import model_inputs
-from vf_mm.training._samples import Sample
+from vf_mm.training._samples import Sample, concat_images
 
 
 class TensorList:
@@ -73,7 +73,8 @@ class MicroBatch:
 
     @property
     def pixel_values(self) -> TensorList | None:
-        """Each sample's images' ``pixel_values``, concatenated per sample."""
+        """Each sample's images' ``pixel_values``, concatenated per sample (None when they
+        do not stack along axis 0)."""
         return self._per_sample("pixel_values")
 
     @property
@@ -82,14 +83,18 @@ class MicroBatch:
         return self._per_sample("image_grid_thw")
 
     def _per_sample(self, name: str) -> TensorList | None:
-        if self.images is None or any(name not in im for ims in self.images for im in ims):
+        """Each sample's images' ``name`` along axis 0; None when an image lacks it or
+        they do not stack that way (SmolVLM's and LLaVA-OneVision's tiles: their layout is
+        ``model_inputs()``'s)."""
+        if self.images is None:
             return None
-        return TensorList(
-            [
-                torch.from_numpy(np.concatenate([np.asarray(im[name]) for im in ims]))
-                for ims in self.images
-            ]
-        )
+        out = []
+        for images in self.images:
+            stacked = concat_images(images, name)
+            if stacked is None:
+                return None
+            out.append(torch.from_numpy(stacked))
+        return TensorList(out)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """What the family's forward takes (each sample's images in order, samples in row
@@ -115,16 +120,21 @@ def make_batches(
     max_seq_len: int | None = None,
     truncate: Literal["error", "image_boundary"] = "error",
     merge_size: int = 2,
-    family: str = "qwen2_vl",
+    family: str | None = None,
 ) -> list[MicroBatch]:
     """Validate, (maybe) truncate, and pack samples into micro-batches of at most
     ``token_budget`` padded tokens (``B * L``), multimodal and text apart.
 
     ``family`` is the model's ``model_type`` (``model.config.model_type``): it decides how
-    ``MicroBatch.model_inputs()`` lays the images out for the forward.
+    ``MicroBatch.model_inputs()`` lays the images out for the forward. It may be left out
+    only for Qwen-VL images (they carry ``image_grid_thw``); any other family's images
+    without it are refused, since a wrong layout still runs (Gemma 3 without its
+    ``token_type_ids``) and silently changes every logprob.
     """
     from vf_mm.models import family_info
 
+    if family is None:
+        family = _qwen_or_refuse(samples)
     family_info(family)  # an unknown family fails here, naming the supported ones
     ready = []
     for sample in samples:
@@ -149,6 +159,17 @@ def make_batches(
         if current:
             batches.append(_collate(current, pad_token_id, family, image_token_id))
     return batches
+
+
+def _qwen_or_refuse(samples: Sequence[Sample]) -> str:
+    for sample in samples:
+        if any("image_grid_thw" not in image for image in sample.images):
+            raise TrajectoryError(
+                f"{sample.source}: its images are not Qwen-VL's (no image_grid_thw): pass "
+                "make_batches(..., family=model.config.model_type) so the forward gets them "
+                "in its own layout"
+            )
+    return "qwen2_vl"
 
 
 def _collate(

@@ -57,16 +57,16 @@ class Sample:
 
     @property
     def pixel_values(self) -> np.ndarray | None:
-        """Every image's ``pixel_values`` concatenated along axis 0 (None for text; the
-        Qwen-VL and Gemma layouts: SmolVLM's tiles go along axis 1, see
-        ``vf_mm.models.model_inputs``)."""
-        return _concat(self.images, "pixel_values")
+        """Every image's ``pixel_values`` concatenated along axis 0 (the Qwen-VL and Gemma
+        layouts); None for text, or when the images' tiles do not stack that way (the
+        forward's layout is ``vf_mm.models.model_inputs``'s)."""
+        return concat_images(self.images, "pixel_values")
 
     @property
     def image_grid_thw(self) -> np.ndarray | None:
         """Qwen-VL: every image's grid, ``(images, 3)`` int64 (None for text or other
         families)."""
-        grids = _concat(self.images, "image_grid_thw")
+        grids = concat_images(self.images, "image_grid_thw")
         return None if grids is None else grids.reshape(-1, 3).astype(np.int64, copy=False)
 
     def validate(self, *, image_token_id: int, merge_size: int = 2) -> None:
@@ -113,10 +113,15 @@ class Sample:
                 )
 
 
-def _concat(images: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
+def concat_images(images: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
+    """The images' ``name`` inputs concatenated along axis 0, or None when an image lacks
+    it or their other axes differ (tiles of different counts: SmolVLM, LLaVA-OneVision)."""
     if not images or any(name not in image for image in images):
         return None
-    return np.concatenate([np.asarray(image[name]) for image in images])
+    arrays = [np.asarray(image[name]) for image in images]
+    if len({a.shape[1:] for a in arrays}) != 1:
+        return None
+    return np.concatenate(arrays)
 
 
 def build_samples(
