@@ -288,17 +288,25 @@ class ChatTemplateRenderer:
         completion: list[int],
         tail: str,
     ) -> str | None:
-        """With the real history: the template's render of the whole conversation must be
-        the previous prompt's render, then exactly the sampled completion and the tail.
-        This catches every rewrite of the history (Qwen3 dropping earlier reasoning) and
-        of the sampled turn (Gemma 3 and Qwen3.5 trimming its whitespace, Qwen3.5
+        """With the real history: the template's render of the conversation must be the
+        previous prompt's render, then exactly the sampled completion and the tail. This
+        catches every rewrite of the history (Qwen3 dropping earlier reasoning: for a
+        template the probe found history-sensitive, the whole history is rendered) and of
+        the sampled turn (Gemma 3 and Qwen3.5 trimming its whitespace, Qwen3.5
         re-serialising tool arguments, a SmolVLM completion without the space its
-        template writes)."""
-        history, _ = self._prepare(previous_messages)
-        if not history or history[-1].get("role") != "assistant":
+        template writes: for any other template, the sampled turn alone is rendered after
+        a probe user turn, which costs the same at turn 2 and turn 200)."""
+        if not previous_messages or previous_messages[-1].get("role") != "assistant":
             return "the previous messages do not end with the sampled assistant message"
-        prompt = self._template(history[:-1], tools, True)
-        full = self._template([*history, *new_messages], tools, True)
+        if self._renders["history_sensitive"]:  # the whole history may change: render it
+            history, _ = self._prepare(previous_messages)
+            prompt = self._template(history[:-1], tools, True)
+            full = self._template([*history, *new_messages], tools, True)
+        else:  # only the sampled turn can differ: render it after a probe user turn
+            (turn,), _ = self._prepare(previous_messages[-1:])
+            user = {"role": "user", "content": _USER}
+            prompt = self._probe_prompt(user, tools)
+            full = self._template([user, turn, *new_messages], tools, True)
         if not full.startswith(prompt):
             return "the template renders earlier turns differently once this turn is added"
         sampled = self.tokenizer.decode(completion, skip_special_tokens=False) + tail
