@@ -1,7 +1,7 @@
 """The renderer's pixels are the engine's: with torchvision present (as beside vLLM, and on
-every GPU machine), ``image_backend="auto"`` is torchvision, and the renderer's
-``pixel_values`` equal transformers' ``AutoImageProcessor`` (what vLLM's processing and a
-trainer's ``AutoProcessor`` run) bit for bit on images that force a resize. The PIL
+every GPU machine), ``image_backend="auto"`` is torchvision, and for every family the
+renderer's model inputs equal transformers' ``AutoProcessor`` (what vLLM's processing and
+a trainer run) bit for bit, on images of every mode that force a resize. The PIL
 backend computes different pixels for them: the mismatch this choice prevents.
 
 Runs in the vllm tier's venv (``python3 dev.py vllm``), which has torchvision; the main
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vf_mm.models import resolve_image_backend
+from vf_mm.models import VISION_FAMILIES, image_backend_of, resolve_image_backend
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
@@ -49,15 +49,26 @@ def picture(size, seed, mode="RGB"):
     return rgb.convert(mode)
 
 
+@pytest.fixture(scope="module", params=VISION_FAMILIES)
+def family_checkpoint(request, tmp_path_factory):
+    path = build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
+    return request.param, path
+
+
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def checkpoint(request, tmp_path_factory):
     return build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
 
 
-def rendered_pixels(renderer, image):
+def rendered_item(renderer, image):
     messages = [{"role": "user", "content": [{"type": "image", "image": image},
                                              {"type": "text", "text": "?"}]}]  # fmt: skip
     (item,) = renderer.render(messages).multi_modal_data.mm_items["image"]
+    return item
+
+
+def rendered_pixels(renderer, image):
+    item = rendered_item(renderer, image)
     return item["pixel_values"], item["image_grid_thw"]
 
 
@@ -82,23 +93,42 @@ def vllm_rgb(images, tmp_path):
     return [Image.open(f"{p}.rgb.png").copy() for p in paths]
 
 
-@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "LA", "P"])
-def test_torchvision_renderer_pixels_equal_auto_image_processor(checkpoint, mode, tmp_path):
-    """vLLM converts an image to RGB (alpha composited onto white) before its processor:
-    the reference is exactly that, vLLM's own function, then ``AutoImageProcessor``."""
-    from transformers import AutoImageProcessor
+MODES = ["RGB", "L", "RGBA", "LA", "P"]
 
-    engine = AutoImageProcessor.from_pretrained(checkpoint)  # what AutoProcessor and vLLM load
-    assert type(engine).__name__ == "Qwen2VLImageProcessor"  # the torchvision backend
-    renderer = load_renderer(checkpoint)  # auto
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Every mode's pictures after vLLM's RGB conversion, in one subprocess."""
+    images = [picture(size, i, mode) for mode in MODES for i, size in enumerate(SIZES)]
+    rgb = vllm_rgb(images, tmp_path_factory.mktemp("rgb"))
+    return {mode: rgb[k * len(SIZES) : (k + 1) * len(SIZES)] for k, mode in enumerate(MODES)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_familys_torchvision_inputs_equal_its_auto_processor(family_checkpoint, mode,
+                                                                   converted):  # fmt: skip
+    """Every family, every image mode, sizes that force a resize: the renderer's model
+    inputs (all of them: pixel_values, grids, attention masks, image sizes) equal what
+    transformers' own ``AutoProcessor`` (the torchvision one, as beside vLLM) computes for
+    the image after vLLM's RGB conversion, bit for bit."""
+    from transformers import AutoProcessor
+
+    family, path = family_checkpoint
+    engine = AutoProcessor.from_pretrained(path)
+    assert image_backend_of(engine.image_processor) == "torchvision"
+    renderer = load_renderer(path)  # auto
     assert renderer.image_backend == "torchvision"
     images = [picture(size, i, mode) for i, size in enumerate(SIZES)]
-    for size, image, rgb in zip(SIZES, images, vllm_rgb(images, tmp_path), strict=True):
-        ours, grid = rendered_pixels(renderer, image)
-        ref = engine(images=[rgb], return_tensors="np")
-        assert np.array_equal(grid, np.asarray(ref["image_grid_thw"]))
-        assert ours.dtype == np.asarray(ref["pixel_values"]).dtype
-        assert np.array_equal(ours, np.asarray(ref["pixel_values"])), size  # bit-exact
+    for size, image, rgb in zip(SIZES, images, converted[mode], strict=True):
+        item = rendered_item(renderer, image)
+        # one image, one sample (LLaVA-OneVision: single-image mode, as vLLM computes it)
+        ref = engine(text=[engine.image_token], images=[rgb], return_tensors="np")
+        shared = set(item) & set(ref)
+        assert shared == set(item), (family, set(item) - set(ref))
+        for key in shared:
+            expected = np.asarray(ref[key])
+            assert item[key].dtype == expected.dtype, (family, key)
+            assert np.array_equal(item[key], expected), (family, key, size)  # bit-exact
 
 
 def test_the_pil_backend_differs_on_resized_images(checkpoint):
