@@ -124,7 +124,7 @@ class ChatTemplateRenderer:
         model writes it itself, and it is not part of the message's content."""
         user = {"role": "user", "content": _USER}
         try:
-            prompt = self._template([user], None, True)
+            prompt = self._probe_prompt(user, None)
             full = self._template([user, {"role": "assistant", "content": _CONTENT}], None, False)
         except RenderError:
             return ""
@@ -217,14 +217,15 @@ class ChatTemplateRenderer:
         tail = self._tail_text(template_messages, tools, has_reasoning)
         if isinstance(tail, _Refusal):
             return tail
-        tail, lead = tail
-        if lead and previous_messages is None:
+        if self._lead and previous_messages is None:
             # the template writes text between the generation prompt and the content
             # (SmolVLM: "Assistant:" then ": " + content); the model wrote it itself when
             # its completion starts with it, and then the tokens are the same
             text = self.tokenizer.decode(completion, skip_special_tokens=False)
-            if not text.startswith(lead):
-                return _Refusal(f"the template rewrites the assistant turn (adds {lead[:40]!r})")
+            if not text.startswith(self._lead):
+                return _Refusal(
+                    f"the template rewrites the assistant turn (adds {self._lead[:40]!r})"
+                )
         # The completion ends with the stop token the template writes to close the turn
         # (or was cut off by max_tokens and needs the whole closing).
         if completion and completion[-1] in self.stop_token_ids:
@@ -316,10 +317,10 @@ class ChatTemplateRenderer:
 
     def _tail_text(
         self, new_messages: list[dict[str, Any]], tools: Any, has_reasoning: bool
-    ) -> tuple[str, str] | _Refusal:
-        """What the template writes after the sampled assistant content (turn closing,
-        the new messages, the generation prompt), and the whitespace it writes between
-        the generation prompt and the content (the completion must start with it)."""
+    ) -> str | _Refusal:
+        """What the template writes after the sampled assistant content: turn closing,
+        the new messages, the generation prompt (whitespace before the content is the
+        template's lead, ``_assistant_lead``)."""
         user = {"role": "user", "content": _USER}
         assistant: dict[str, Any] = {"role": "assistant", "content": _CONTENT}
         if has_reasoning:
@@ -337,7 +338,7 @@ class ChatTemplateRenderer:
             return _Refusal("the template drops the reasoning of earlier turns")
         if not has_reasoning and before.strip():
             return _Refusal(f"the template rewrites the assistant turn (adds {before[:40]!r})")
-        return rest[at + len(_CONTENT) :], "" if has_reasoning else before
+        return rest[at + len(_CONTENT) :]
 
     def _probe_prompt(self, user: dict[str, Any], tools: Any) -> str:
         key = (
@@ -405,8 +406,6 @@ class ChatTemplateRenderer:
         except (TemplateError, TypeError, ValueError) as exc:
             # the template's own raise_exception, a bad template, or content it cannot
             # handle (a non-string text, no messages)
-            if isinstance(exc, RenderError):
-                raise
             raise RenderError(
                 f"the chat template of {self.name or 'this model'} refused the conversation: "
                 f"{type(exc).__name__}: {exc}"
