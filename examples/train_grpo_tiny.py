@@ -136,7 +136,8 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
             if samples:
                 policy.train()
                 batches = make_batches(samples, token_budget=8192, pad_token_id=pad_id,
-                                       image_token_id=image_token_id)  # fmt: skip
+                                       image_token_id=image_token_id,
+                                       family=policy.config.model_type)  # fmt: skip
                 optimizer.zero_grad()
                 total = sum(float(b.loss_mask.sum()) for b in batches)
                 for b in batches:

@@ -434,3 +434,20 @@ def test_qwen3_5_tool_arguments_the_template_rewrites_are_not_bridged(tiny):
     assert "the template renders the sampled turn differently from what was sampled" in (
         renderer.bridge_refusals
     )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_malformed_messages_are_render_errors_not_silent(tiny, family):
+    """Templates that read only typed parts would render these as nothing: a message
+    without a role and an unknown part type are refused, and one part given without its
+    list is that part."""
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    with pytest.raises(RenderError, match="has no role"):
+        renderer.render([{"content": "hi"}])
+    with pytest.raises(RenderError, match="unknown content part 'img'"):
+        renderer.render([{"role": "user", "content": [{"type": "img", "image": "x"}]}])
+    part = {"type": "text", "text": "count the circles"}
+    assert (
+        renderer.render([{"role": "user", "content": part}]).token_ids
+        == renderer.render([{"role": "user", "content": [part]}]).token_ids
+    )

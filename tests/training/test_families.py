@@ -113,3 +113,14 @@ def test_pixel_values_that_do_not_stack_on_axis_0_are_none_not_an_error(trained)
         assert sample.pixel_values.shape[0] == sum(
             np.asarray(im["pixel_values"]).shape[0] for im in sample.images
         )
+
+
+def test_a_family_whose_forward_takes_other_inputs_is_refused(trained):
+    """Naming the wrong family would still run in a wrong layout: the images' inputs must
+    be the ones that family's forward takes."""
+    family, _path, renderer, state = trained
+    samples = build_samples(state, advantage=1.0, image_token_id=renderer.vision.image_token_id)
+    other = "smolvlm" if family != "smolvlm" else "gemma3"
+    with pytest.raises(vf.errors.TrajectoryError, match=f"not a {other} forward's"):
+        make_batches(samples, token_budget=10_000, pad_token_id=0,
+                     image_token_id=renderer.vision.image_token_id, family=other)  # fmt: skip

@@ -61,6 +61,7 @@ class VisionFamily:
     pad_axis: int | None = None  # an axis padded with zeros to the batch's largest image
     tool_format: str = "json"  # tool calls: "json" (<tool_call>{...}) or "xml" (<function=...>)
     content_as_parts: bool = False  # the template renders only list content (drops strings)
+    image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -82,15 +83,18 @@ _FAMILIES = {
                      "Qwen/Qwen3.5-0.8B", tool_format="xml"),
         VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
                      "Gemma3ForConditionalGeneration", "token_type_ids",
-                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>")),
+                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"),
+                     image_inputs=("pixel_values",)),
         VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
                      "SmolVLMForConditionalGeneration", None,
                      "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
-                     image_axis=1, content_as_parts=True),
+                     image_axis=1, content_as_parts=True,
+                     image_inputs=("pixel_values", "pixel_attention_mask")),
         VisionFamily("llava_onevision", "LLaVA-OneVision", "LlavaOnevisionProcessor",
                      "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
                      None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
-                     pad_axis=1, content_as_parts=True),
+                     pad_axis=1, content_as_parts=True,
+                     image_inputs=("pixel_values", "image_sizes", "batch_num_images")),
     )
 }  # fmt: skip
 

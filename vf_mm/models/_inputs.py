@@ -53,6 +53,13 @@ def model_inputs(
         out[info.token_types] = marks
     if not images:
         return out
+    expected = set(info.image_inputs)
+    for image in images:
+        if set(image) != expected:
+            raise ValueError(
+                f"an image's inputs are {sorted(image)}, but a {info.label} forward takes "
+                f"{sorted(expected)}: these images were made by another family's processor"
+            )
     for name in images[0]:
         arrays = [_array(image, name) for image in images]
         if info.pad_axis is not None:

@@ -36,6 +36,7 @@ _USER = "\ue000vf_mm user probe\ue000"
 _CONTENT = "\ue000vf_mm content probe\ue000"
 _REASONING = "\ue000vf_mm reasoning probe\ue000"
 _IMAGE_TYPES = ("image", "image_url")
+_PART_TYPES = ("text", "image", "image_url", "video", "video_url")
 
 
 class ChatTemplateRenderer:
@@ -419,7 +420,12 @@ class ChatTemplateRenderer:
         out: list[dict[str, Any]] = []
         parts: list[tuple[str, Any]] = []
         for i, message in enumerate(messages):
+            if not isinstance(message.get("role"), str):
+                raise RenderError(f"message {i} has no role (a string: user, assistant, ...)")
             content = message.get("content")
+            if isinstance(content, Mapping):  # one part given without its list
+                content = [content]
+                message = {**message, "content": content}
             if isinstance(content, list):
                 new_content = []
                 for j, part in enumerate(content):
@@ -429,7 +435,15 @@ class ChatTemplateRenderer:
                         part = {"type": "text", "text": part}
                     elif isinstance(part, Mapping) and "type" not in part and "text" in part:
                         part = {**part, "type": "text"}
-                    if isinstance(part, Mapping) and part.get("type") in ("video", "video_url"):
+                    if not isinstance(part, Mapping) or part.get("type") not in _PART_TYPES:
+                        kind = (
+                            part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                        )
+                        raise RenderError(
+                            f"message {i}, part {j}: unknown content part {kind!r} (parts are "
+                            f"{', '.join(_PART_TYPES)})"
+                        )
+                    if part.get("type") in ("video", "video_url"):
                         raise RenderError(
                             f"message {i}, part {j}: video input is not supported yet"
                         )

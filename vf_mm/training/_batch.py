@@ -135,7 +135,13 @@ def make_batches(
 
     if family is None:
         family = _qwen_or_refuse(samples)
-    family_info(family)  # an unknown family fails here, naming the supported ones
+    expected = set(family_info(family).image_inputs)  # an unknown family fails here
+    for sample in samples:
+        if any(set(image) != expected for image in sample.images):
+            raise TrajectoryError(
+                f"{sample.source}: its images' inputs are not a {family} forward's "
+                f"({sorted(expected)}): family= must be the model that made them"
+            )
     ready = []
     for sample in samples:
         if max_seq_len is not None and sample.num_tokens > max_seq_len:
