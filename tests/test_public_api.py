@@ -55,6 +55,69 @@ def test_wire_dtypes_exports():
         assert hasattr(vf_mm.wire.dtypes, name), name
 
 
+def test_images_exports():
+    import vf_mm.images
+
+    assert set(vf_mm.images.__all__) == {
+        "DEFAULT_FORMATS",
+        "DEFAULT_MAX_BYTES",
+        "DEFAULT_MAX_PIXELS",
+        "DEFAULT_MAX_REDIRECTS",
+        "DEFAULT_TIMEOUT_S",
+        "Fetcher",
+        "ImagePolicy",
+        "Resolver",
+        "SourceKind",
+        "check_local_path",
+        "classify_source",
+        "decode_data_url",
+        "describe_source",
+        "encode_png",
+        "file_url_to_path",
+        "image_hash",
+        "is_public_address",
+        "load_image",
+        "png_data_url",
+        "read_local_file",
+        "system_resolver",
+    }
+    for name in vf_mm.images.__all__:
+        assert hasattr(vf_mm.images, name), name
+
+
+def test_videos_exports():
+    import vf_mm.videos
+
+    assert set(vf_mm.videos.__all__) == {
+        "DEFAULT_MAX_BYTES",
+        "DEFAULT_MAX_DECODED_BYTES",
+        "DEFAULT_MAX_DURATION_S",
+        "DEFAULT_MAX_FRAMES",
+        "DEFAULT_MAX_PIXELS_PER_FRAME",
+        "Video",
+        "VideoLimits",
+        "load_video",
+        "video_hash",
+    }
+    for name in vf_mm.videos.__all__:
+        assert hasattr(vf_mm.videos, name), name
+
+
+def test_video_errors_are_value_errors_in_their_own_branch():
+    from vf_mm.errors import (
+        ImageError,
+        UnsafeVideoSourceError,
+        VideoDecodeError,
+        VideoError,
+        VideoFetchError,
+        VideoTooLargeError,
+    )
+
+    assert issubclass(VideoError, ValueError)
+    for leaf in (UnsafeVideoSourceError, VideoFetchError, VideoDecodeError, VideoTooLargeError):
+        assert issubclass(leaf, VideoError) and not issubclass(leaf, ImageError)
+
+
 def test_every_error_descends_from_vfmmerror():
     for name in vf_mm.errors.__all__:
         cls = getattr(vf_mm.errors, name)
@@ -92,23 +155,31 @@ def test_models_exports():
         "QWEN3_VL_TEMPLATE",
         "QWEN_VL_FAMILIES",
         "VISION_FAMILIES",
+        "VIDEO_FAMILIES",
+        "VIDEO_OPTIONS",
+        "ExpandedVideo",
+        "SampledVideo",
+        "VideoSettings",
         "VisionFamily",
         "build_tiny_lm",
         "build_tiny_vlm",
         "embedded_model",
         "expand_image",
+        "expand_video",
         "family_info",
         "image_backend_of",
         "image_kwargs",
         "image_processor_class",
         "image_token_ids",
         "load_processor",
+        "load_video_settings",
         "model_class",
         "model_inputs",
         "model_type",
         "processor_class",
         "qwen_tokenizer",
         "resolve_image_backend",
+        "sample_frames",
         "torchvision_available",
         "tiny_tokenizer",
     }

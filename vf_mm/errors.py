@@ -37,6 +37,11 @@ against the standard exceptions keeps working.
     ├── TransportError                         the trainer hop (vf_mm.training): a target or socket unusable
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
     │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
+    ├── VideoError (ValueError)                a video that vf_mm.videos cannot load
+    │   ├── UnsafeVideoSourceError             the ImagePolicy's guard refused where it comes from
+    │   ├── VideoFetchError                    reading it failed (network, HTTP status, timeout, no file)
+    │   ├── VideoDecodeError                   not a whole video we decode, or frames/arrays we refuse
+    │   └── VideoTooLargeError                 over a VideoLimits limit (bytes, frames, pixels, duration)
     └── WireError                              the msgpack tensor codec and framed streams
         ├── EncodeError (TypeError)            a value the codec cannot put on the wire
         ├── DecodeError (ValueError)           bytes that are not a valid vf_mm message
@@ -86,8 +91,13 @@ __all__ = [
     "TrajectoryError",
     "TransportError",
     "UnsafeImageSourceError",
+    "UnsafeVideoSourceError",
     "UnsupportedModelError",
     "VfMmError",
+    "VideoDecodeError",
+    "VideoError",
+    "VideoFetchError",
+    "VideoTooLargeError",
     "WireError",
 ]
 
@@ -163,6 +173,66 @@ class ImageDecodeError(ImageError):
 class ImageTooLargeError(ImageError):
     """Over the policy's ``max_bytes`` or ``max_pixels`` (decompression bombs included),
     found before the pixels are decoded."""
+
+
+class VideoError(VfMmError, ValueError):
+    """A video that could not be loaded: refused, unreadable, undecodable or too large.
+
+    ``reason`` says what went wrong; ``source`` is a short description of the video's
+    source (a shortened URL or path with any query string and credentials left out, never
+    a whole base64 payload; ``<array (8, 48, 64, 3) uint8>`` for raw frames); ``where`` is
+    its place in a conversation (``"message 2, part 1"``) when the caller gave one.
+    ``str(error)`` puts the three together, as ``ImageError`` does.
+    """
+
+    def __init__(self, reason: str, *, source: str | None = None, where: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.source = source
+        self.where = where
+
+    def __str__(self) -> str:
+        if self.source is None and self.where is None:
+            return self.reason
+        label = "video" if self.source is None else f"video {self.source}"
+        if self.where is not None:
+            label += f" ({self.where})"
+        return f"{label}: {self.reason}"
+
+
+class UnsafeVideoSourceError(VideoError):
+    """The ``ImagePolicy``'s guard refused where the video comes from, before anything was
+    read (network off, a refused host or address, a path outside ``local_roots``, ...):
+    the same rules as ``UnsafeImageSourceError``, which is chained as ``__cause__``."""
+
+
+class VideoFetchError(VideoError):
+    """Reading the video's bytes failed: DNS, connection, TLS, an HTTP error status
+    (``status``), a timeout, too many redirects, or a missing local file."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        source: str | None = None,
+        where: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(reason, source=source, where=where)
+        self.status = status
+
+
+class VideoDecodeError(VideoError):
+    """Not a whole video vf_mm decodes: not a video at all (an image, HTML, text, audio
+    only), a container outside the ones read, corrupt or truncated data, zero frames, a
+    resolution change mid-stream; or raw frames refused (wrong dtype or shape, frames of
+    different sizes, an empty array)."""
+
+
+class VideoTooLargeError(VideoError):
+    """Over a ``VideoLimits`` limit (encoded bytes, frames, pixels per frame, decoded
+    bytes, duration): found from the header where it says, else while decoding, as soon
+    as the limit is passed, before more memory is spent."""
 
 
 class EnvError(VfMmError):

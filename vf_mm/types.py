@@ -34,6 +34,8 @@ from vf_mm.errors import MultiModalDataError, TrajectoryError, VfMmError
 
 __all__ = [
     "IMAGE_PART_TYPES",
+    "VIDEO_PART_KEYS",
+    "VIDEO_PART_TYPES",
     "AssistantMessage",
     "ContentPart",
     "ImagePart",
@@ -54,6 +56,9 @@ __all__ = [
     "ToolMessage",
     "TrajectoryStep",
     "UserMessage",
+    "VideoPart",
+    "VideoURL",
+    "VideoURLPart",
     "content_parts",
     "image_part_source",
     "image_parts",
@@ -85,10 +90,42 @@ class ImagePart(TypedDict):
     image: Any
 
 
-ContentPart = TextPart | ImageURLPart | ImagePart
+class VideoURL(TypedDict):
+    url: str  # a data: URL, a file:// URL or local path, or http(s) (see vf_mm.videos)
+
+
+class VideoURLPart(TypedDict):
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+class VideoPart(TypedDict):
+    """A clip: a list of frames, a ``(T, H, W, 3)`` uint8 array, encoded bytes or a path
+    (see vf_mm.videos). ``frame_rate`` is the rate of raw frames (a file states its own);
+    ``fps`` / ``num_frames`` / ``min_pixels`` / ``max_pixels`` / ``do_sample_frames`` are
+    processing options for this clip (the model's video processor takes them)."""
+
+    type: Literal["video"]
+    video: Any
+    frame_rate: NotRequired[float]
+    fps: NotRequired[float]
+    num_frames: NotRequired[int]
+    min_pixels: NotRequired[int]
+    max_pixels: NotRequired[int]
+    do_sample_frames: NotRequired[bool]
+
+
+ContentPart = TextPart | ImageURLPart | ImagePart | VideoURLPart | VideoPart
 
 #: The ``type`` values of content parts that carry an image.
 IMAGE_PART_TYPES = frozenset({"image", "image_url"})
+#: The ``type`` values of content parts that carry a video.
+VIDEO_PART_TYPES = frozenset({"video", "video_url"})
+#: The keys a video part may hold: its source, the raw frames' rate, processing options.
+VIDEO_PART_KEYS = frozenset(
+    {"type", "video", "url", "path", "video_url", "frame_rate", "fps", "num_frames",
+     "min_pixels", "max_pixels", "do_sample_frames"}
+)  # fmt: skip
 
 
 class ToolCallFunction(TypedDict):

@@ -108,3 +108,20 @@ def test_a_prompt_column_that_is_not_messages_names_the_column():
     env = vf.SingleTurnEnv(dataset=[{"prompt": [{"content": "no role"}]}], env_id="quiz")
     with pytest.raises(MessageError, match=r"quiz: the 'prompt' column, message 0: no 'role'"):
         env.format_prompt(env.get_eval_dataset()[0])
+
+
+def test_video_parts_a_user_would_get_wrong_are_refused():
+    clip = np.zeros((2, 8, 8, 3), np.uint8)
+    with pytest.raises(MessageError, match="without a video"):
+        check([{"role": "user", "content": [{"type": "video"}]}])
+    with pytest.raises(MessageError, match="needs a URL"):
+        check([{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}])
+    with pytest.raises(MessageError, match="positive"):
+        check([{"role": "user", "content": [{"type": "video", "video": clip, "fps": 0}]}])
+    with pytest.raises(MessageError, match="both given"):
+        check([{"role": "user", "content": [{"type": "video", "video": clip, "fps": 1,
+                                             "num_frames": 2}]}])  # fmt: skip
+    with pytest.raises(MessageError, match=r"'num_frame'.*num_frames"):
+        check([{"role": "user", "content": [{"type": "video", "video": clip, "num_frame": 2}]}])
+    ok = check([{"role": "user", "content": [{"type": "video", "video": clip, "frame_rate": 4}]}])
+    assert ok[0]["content"][0]["video"] is clip

@@ -285,11 +285,11 @@ def test_qwen3_checks_the_real_history_when_given(checkpoints):
     assert out == "the template drops the reasoning of earlier turns"
 
 
-def test_video_parts_are_refused_not_rendered_empty(renderer_and_processor):
-    from vf_mm.errors import RenderError
+def test_a_video_that_cannot_be_read_fails_naming_it(renderer_and_processor):
+    from vf_mm.errors import VideoError
 
     renderer, _ = renderer_and_processor
-    with pytest.raises(RenderError, match="video"):
+    with pytest.raises(VideoError, match=r"x\.mp4.*message 0, part 0"):
         renderer.render(
             [
                 {

@@ -29,9 +29,16 @@ from vf_mm.envs._messages import check_messages
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rubric import Rubric
 from vf_mm.inference import SamplingParams
-from vf_mm.types import IMAGE_PART_TYPES, Messages, RolloutError, RolloutOutput
+from vf_mm.types import (
+    IMAGE_PART_TYPES,
+    VIDEO_PART_TYPES,
+    Messages,
+    RolloutError,
+    RolloutOutput,
+)
 
 IMAGE_COLUMNS = ("image", "images")
+VIDEO_COLUMNS = ("video", "videos")
 #: dataset columns reward functions receive by name; a row without one (or with null) is
 #: refused to a reward function that asks for it, unless declared in ``optional_columns``
 SCORED_COLUMNS = ("answer", "info")
@@ -68,9 +75,10 @@ class Environment:
 
     ``dataset`` / ``eval_dataset``: Hugging Face ``datasets.Dataset`` (or a list of
     dicts) with a ``question`` column (or ``prompt``: a message list), optional
-    ``answer``, ``info`` (a dict), ``task`` and image columns (``image``: one image,
-    ``images``: a list; PIL images, bytes or paths), which become image parts of the
-    first user message, before its text.
+    ``answer``, ``info`` (a dict), ``task``, image columns (``image``: one image,
+    ``images``: a list; PIL images, bytes or paths) and video columns (``video``: one clip,
+    a frames list or ``(T, H, W, 3)`` array or path or a video part; ``videos``: a list of
+    them), which become video and image parts of the first user message, before its text.
 
     ``optional_columns`` names the scored columns (``answer``, ``info``) a row may lack:
     a reward function that asks for a column its row lacks fails that rollout
@@ -138,14 +146,18 @@ class Environment:
             if value is None:
                 continue
             images.extend(value if isinstance(value, (list, tuple)) else [value])
-        if images:
+        videos = [] if row.get("video") is None else [row["video"]]  # one clip: frames list ok
+        if row.get("videos") is not None:
+            value = row["videos"]
+            videos.extend(value if isinstance(value, (list, tuple)) else [value])
+        if images or videos:
             first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
             if first is None:
-                raise ValueError("a row with images needs a user message to put them in")
+                raise ValueError("a row with images or videos needs a user message to put them in")
             content = messages[first]["content"]
             parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
-            image_parts = [_image_part(image) for image in images]
-            messages[first] = {**messages[first], "content": [*image_parts, *parts]}
+            media = [*(_video_part(v) for v in videos), *(_image_part(i) for i in images)]
+            messages[first] = {**messages[first], "content": [*media, *parts]}
         if self.system_prompt and (not messages or messages[0].get("role") != "system"):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return messages
@@ -453,6 +465,12 @@ def _image_part(image: Any) -> dict[str, Any]:
     if isinstance(image, Mapping) and "bytes" in image:  # datasets' Image feature, undecoded
         return {"type": "image", "image": image["bytes"] if image["bytes"] else image.get("path")}
     return {"type": "image", "image": image}
+
+
+def _video_part(video: Any) -> dict[str, Any]:
+    if isinstance(video, Mapping) and video.get("type") in VIDEO_PART_TYPES:
+        return dict(video)
+    return {"type": "video", "video": video}
 
 
 def _with_seed(sampling: SamplingParams, seed: int) -> SamplingParams:

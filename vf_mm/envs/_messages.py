@@ -24,10 +24,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from vf_mm.errors import MessageError
-from vf_mm.types import IMAGE_PART_TYPES
+from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_KEYS, VIDEO_PART_TYPES
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES))
+PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES), *sorted(VIDEO_PART_TYPES))
+# a video part's own keys besides its source: the raw frames' rate and processing options
+_VIDEO_NUMBERS = ("frame_rate", "fps", "num_frames", "min_pixels", "max_pixels")
 
 
 def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
@@ -89,7 +91,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         raise MessageError(
             f"{where}, field 'content': a {type(content).__name__}, not text or content parts",
             where=where,
-            hint='content is a str or a list of {"type": "text" | "image" | "image_url", ...}',
+            hint='content is a str or a list of {"type": "text" | "image" | "video", ...}',
         )
     if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
         raise MessageError(f"{where}, field 'tool_call_id': must be a str", where=where)
@@ -131,16 +133,58 @@ def _part(part: Any, where: str) -> dict[str, Any]:
             where=where,
             hint='{"type": "image", "image": PIL image | array | bytes | path}',
         )
-    if kind == "image_url":
-        inner = part.get("image_url")
+    if kind in ("image_url", "video_url"):
+        inner = part.get(kind)
         url = inner.get("url") if isinstance(inner, Mapping) else inner
         if not isinstance(url, str) or not url:
+            media = kind.split("_")[0]
             raise MessageError(
-                f"{where}, field 'image_url': needs a URL",
+                f"{where}, field '{kind}': needs a URL",
                 where=where,
-                hint='{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}',
+                hint=f'{{"type": "{kind}", "{kind}": {{"url": "data:{media}/..."}}}}',
             )
+    if kind == "video" and all(part.get(k) is None for k in ("video", "url", "path")):
+        raise MessageError(
+            f"{where}: a video part without a video",
+            where=where,
+            hint='{"type": "video", "video": frames list | (T, H, W, 3) uint8 array | path}',
+        )
+    if kind in VIDEO_PART_TYPES:
+        _video_options(part, where)
     return dict(part)
+
+
+def _video_options(part: Mapping[str, Any], where: str) -> None:
+    """A video part's keys are known (a misspelt option would silently change nothing) and
+    its numbers positive (``fps`` and ``num_frames`` exclude each other, as in the
+    processors): refused here, where the author's code made them."""
+    for key in part:
+        if key not in VIDEO_PART_KEYS:
+            raise MessageError(
+                f"{where}: unknown key {key!r} in a video part",
+                where=where,
+                hint=_suggest(key, tuple(sorted(VIDEO_PART_KEYS)))
+                or f"a video part holds {', '.join(sorted(VIDEO_PART_KEYS))}",
+            )
+    for key in _VIDEO_NUMBERS:
+        value = part.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise MessageError(
+                f"{where}, field '{key}': must be a positive number, not {value!r}", where=where
+            )
+    if part.get("fps") is not None and part.get("num_frames") is not None:
+        raise MessageError(
+            f"{where}: fps and num_frames both given",
+            where=where,
+            hint="sample by rate (fps) or by count (num_frames), not both",
+        )
+    flag = part.get("do_sample_frames")
+    if flag is not None and not isinstance(flag, bool):
+        raise MessageError(
+            f"{where}, field 'do_sample_frames': must be a bool, not {flag!r}", where=where
+        )
 
 
 def _is_image(value: Any) -> bool:

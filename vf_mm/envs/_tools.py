@@ -144,16 +144,19 @@ class ToolEnv(MultiTurnEnv):
 
 
 def _tool_content(result: Any, name: str) -> str | list[dict[str, Any]]:
-    """A tool's return value as tool-message content: text stays text; images, and lists
-    mixing images, text and content parts (``{"type": "image", ...}``), become parts; any
+    """A tool's return value as tool-message content: text stays text; images and videos
+    (a ``vf_mm.videos.Video``), and lists mixing them, text and content parts
+    (``{"type": "image", ...}``, ``{"type": "video", ...}``), become parts; any
     other value is written as JSON. A value JSON cannot hold is refused, never stringified."""
     items = result if isinstance(result, (list, tuple)) else [result]
-    if not any(_is_image(r) or _is_part(r) for r in items):
+    if not any(_is_image(r) or _is_video(r) or _is_part(r) for r in items):
         return result if isinstance(result, str) else _json_text(result, name)
     parts: list[dict[str, Any]] = []
     for item in items:
         if _is_image(item):
             parts.append({"type": "image", "image": item})
+        elif _is_video(item):
+            parts.append({"type": "video", "video": item})
         elif _is_part(item):
             parts.append(dict(item))
         else:
@@ -173,8 +176,10 @@ def _is_part(value: Any) -> bool:
         return isinstance(value.get("text"), str) and set(value) <= {"type", "text"}
     if kind == "image":
         return any(value.get(k) is not None for k in ("image", "url", "path"))
-    if kind == "image_url":
-        url = value.get("image_url")
+    if kind == "video":
+        return any(value.get(k) is not None for k in ("video", "url", "path"))
+    if kind in ("image_url", "video_url"):
+        url = value.get(kind)
         return (isinstance(url, Mapping) and isinstance(url.get("url"), str)) or isinstance(
             value.get("url"), str
         )
@@ -193,6 +198,13 @@ def _json_text(value: Any, name: str) -> str:
             hint="return a str, a JSON-able value (convert numpy values with .tolist()), a PIL "
             "image, or a list of those",
         ) from None
+
+
+def _is_video(value: Any) -> bool:
+    """A ``vf_mm.videos.Video`` (a clip a tool made or loaded)."""
+    from vf_mm.videos import Video
+
+    return isinstance(value, Video)
 
 
 def _is_image(value: Any) -> bool:

@@ -89,6 +89,7 @@ class LocalBackend:
         self.is_multimodal = family in VISION_FAMILIES
         self.family = family
         self.image_token_id = _config_id(config, "image_token")
+        self.video_token_id = _config_id(config, "video_token")
         # the model must never sample an image's own tokens: they need image inputs
         self.suppress_token_ids = [
             i
@@ -262,43 +263,54 @@ class LocalBackend:
                     f"{self.path.name} is a text model: it takes no images", backend=self.name
                 )
             return
-        expected = sum(p.num_embeds for p in data.mm_placeholders.get("image", [])) if data else 0
-        pads = request.prompt_ids.count(self.image_token_id)
-        if pads != expected:
-            raise BackendError(
-                f"prompt has {pads} image pad tokens but its multi-modal data covers {expected}",
-                backend=self.name,
-            )
-        for i, item in enumerate(data.mm_items.get("image", []) if data else []):
-            if not item or item.get("pixel_values") is None:
+        kinds = (("image", self.image_token_id, "pixel_values"),
+                 ("video", self.video_token_id, "pixel_values_videos"))  # fmt: skip
+        for modality, token, pixels in kinds:
+            ranges = data.mm_placeholders.get(modality, []) if data else []
+            if ranges and token is None:
+                raise BackendError(f"{self.path.name} takes no {modality}", backend=self.name)
+            expected = sum(p.num_embeds for p in ranges)
+            pads = request.prompt_ids.count(token) if token is not None else 0
+            if pads != expected:
                 raise BackendError(
-                    f"image {i} has no pixel_values (this backend needs the processed inputs, "
-                    "not only hashes)",
+                    f"prompt has {pads} {modality} pad tokens but its multi-modal data covers "
+                    f"{expected}",
                     backend=self.name,
                 )
+            for i, item in enumerate(data.mm_items.get(modality, []) if data else []):
+                if not item or item.get(pixels) is None:
+                    raise BackendError(
+                        f"{modality} {i} has no {pixels} (this backend needs the processed "
+                        "inputs, not only hashes)",
+                        backend=self.name,
+                    )
 
     def _vision_inputs(
         self, requests: Sequence[GenerateRequest], input_ids: torch.Tensor
     ) -> dict[str, Any]:
         from vf_mm.models import model_inputs
 
-        images = [
-            item
-            for r in requests
-            if r.multi_modal_data is not None
-            for item in r.multi_modal_data.mm_items.get("image", [])
-        ]
+        def items(modality: str) -> list[Any]:
+            return [
+                item
+                for r in requests
+                if r.multi_modal_data is not None
+                for item in r.multi_modal_data.mm_items.get(modality, [])
+            ]
+
         try:
             return model_inputs(
                 self.family,
                 input_ids,
-                images,
+                items("image"),
                 image_token_ids=[self.image_token_id],
                 dtype=next(self.model.parameters()).dtype,
+                videos=items("video"),
+                video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
             )
         except (KeyError, ValueError) as exc:
             raise BackendError(
-                f"the images' inputs do not make one batch: {exc}", backend=self.name
+                f"the images' and videos' inputs do not make one batch: {exc}", backend=self.name
             ) from None
 
 

@@ -10,6 +10,10 @@ transformers classes, and ``load_processor(path)`` loads a checkpoint's processo
 family's processor computes them, and ``image_token_ids(processor)`` the ids that take
 image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
 forward takes for a batch.
+Video (``VIDEO_FAMILIES``, the Qwen-VL ones): ``load_video_settings(path, family)`` reads a
+checkpoint's video processing (``VideoSettings``), ``expand_video(settings, frames, ...)``
+is one clip's model inputs and prompt text, as transformers' video processor computes
+them, with torch alone (no torchvision needed).
 ``image_backend`` (``IMAGE_BACKENDS``: ``"auto"``, ``"pil"``, ``"torchvision"``) picks
 the image processing; ``"auto"`` is what ``AutoProcessor`` and vLLM use on this machine
 (``resolve_image_backend``), so the renderer's pixels are the engine's. All of them work
@@ -50,6 +54,16 @@ from vf_mm.models._inputs import model_inputs
 from vf_mm.models._templates import CHAT_TEMPLATES, QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 from vf_mm.models._tiny_lm import build_tiny_lm
 from vf_mm.models._tiny_vlm import build_tiny_vlm
+from vf_mm.models._video import (
+    VIDEO_FAMILIES,
+    VIDEO_OPTIONS,
+    ExpandedVideo,
+    SampledVideo,
+    VideoSettings,
+    expand_video,
+    load_video_settings,
+    sample_frames,
+)
 from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
 
 __all__ = [
@@ -58,24 +72,32 @@ __all__ = [
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "QWEN_VL_FAMILIES",
+    "VIDEO_FAMILIES",
+    "VIDEO_OPTIONS",
+    "ExpandedVideo",
+    "SampledVideo",
+    "VideoSettings",
     "VISION_FAMILIES",
     "VisionFamily",
     "build_tiny_lm",
     "build_tiny_vlm",
     "embedded_model",
     "expand_image",
+    "expand_video",
     "family_info",
     "image_backend_of",
     "image_kwargs",
     "image_processor_class",
     "image_token_ids",
     "load_processor",
+    "load_video_settings",
     "model_class",
     "model_inputs",
     "model_type",
     "processor_class",
     "qwen_tokenizer",
     "resolve_image_backend",
+    "sample_frames",
     "tiny_tokenizer",
     "torchvision_available",
 ]

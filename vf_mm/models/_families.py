@@ -44,7 +44,7 @@ class VisionFamily:
     imported until used) and what its model's forward takes besides the images.
 
     ``token_types`` is the per-token input the model needs with images (1 on image
-    embedding positions): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
+    embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
     Gemma 4), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
     None (SmolVLM, LLaVA-OneVision find image tokens by id).
     """
@@ -62,25 +62,28 @@ class VisionFamily:
     tool_format: str = "json"  # tool calls: "json" (<tool_call>{...}) or "xml" (<function=...>)
     content_as_parts: bool = False  # the template renders only list content (drops strings)
     image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
+    video_inputs: tuple[str, ...] = ()  # one video's inputs (empty: no video support)
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_QWEN_VIDEO = ("pixel_values_videos", "video_grid_thw")
 
 _FAMILIES = {
     f.model_type: f
     for f in (
         VisionFamily("qwen2_vl", "Qwen2-VL", "Qwen2VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen2VLForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen2-VL-2B-Instruct"),
+                     "Qwen/Qwen2-VL-2B-Instruct", video_inputs=_QWEN_VIDEO),
         VisionFamily("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen2_5_VLForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen2.5-VL-3B-Instruct"),
+                     "Qwen/Qwen2.5-VL-3B-Instruct",
+                     video_inputs=(*_QWEN_VIDEO, "second_per_grid_ts")),
         VisionFamily("qwen3_vl", "Qwen3-VL", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3VLForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen3-VL-2B-Instruct"),
+                     "Qwen/Qwen3-VL-2B-Instruct", video_inputs=_QWEN_VIDEO),
         VisionFamily("qwen3_5", "Qwen3.5", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3_5ForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen3.5-0.8B", tool_format="xml"),
+                     "Qwen/Qwen3.5-0.8B", tool_format="xml", video_inputs=_QWEN_VIDEO),
         VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
                      "Gemma3ForConditionalGeneration", "token_type_ids",
                      "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"),

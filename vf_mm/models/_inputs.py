@@ -17,7 +17,12 @@ in the order their tokens appear (row by row). Per family:
   ``image_sizes``), ``image_sizes`` ``(images, 2)``, and ``batch_num_images`` all 1:
   every image in single-image (anyres) mode, as vLLM computes them.
 
-The family's embedding token ids (``image_token_ids``) mark the image positions.
+Videos (the Qwen-VL families) go beside the images: ``pixel_values_videos`` rows and
+``video_grid_thw`` rows concatenated (and Qwen2.5-VL's ``second_per_grid_ts``), with 2 in
+``mm_token_type_ids`` on video tokens.
+
+The family's embedding token ids (``image_token_ids``, ``video_token_ids``) mark the
+image and video positions.
 """
 
 from __future__ import annotations
@@ -37,37 +42,49 @@ def model_inputs(
     *,
     image_token_ids: Sequence[int],
     dtype: Any = None,
+    videos: Sequence[Mapping[str, Any]] = (),
+    video_token_ids: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The forward's image and token-type inputs for ``input_ids`` (a ``(B, L)`` tensor)
-    whose images, in token order, are ``images`` (each one image's inputs, as
-    ``expand_image`` returns them). ``dtype`` casts the floating-point image inputs (the
-    model's own dtype). Text-only batches (no images) get no image inputs."""
+    """The forward's image, video and token-type inputs for ``input_ids`` (a ``(B, L)``
+    tensor) whose images and videos, in token order, are ``images`` and ``videos`` (each
+    one item's inputs, as ``expand_image`` / ``expand_video`` return them). ``dtype``
+    casts the floating-point inputs (the model's own dtype). Text-only batches get no
+    image or video inputs."""
     import torch
 
     info = family_info(family)
+    if videos and not info.video_inputs:
+        raise ValueError(f"a {info.label} forward takes no video")
     out: dict[str, Any] = {}
     if info.token_types is not None:
         marks = torch.zeros_like(input_ids, dtype=torch.long)
         for token in image_token_ids:
             marks |= (input_ids == token).long()
+        for token in video_token_ids:
+            marks[input_ids == token] = 2
         out[info.token_types] = marks
-    if not images:
-        return out
-    expected = set(info.image_inputs)
-    for image in images:
-        if set(image) != expected:
-            raise ValueError(
-                f"an image's inputs are {sorted(image)}, but a {info.label} forward takes "
-                f"{sorted(expected)}: these images were made by another family's processor"
-            )
-    for name in images[0]:
-        arrays = [_array(image, name) for image in images]
-        if info.pad_axis is not None:
-            arrays = _pad(arrays, info.pad_axis)
-        tensor = torch.from_numpy(np.concatenate(arrays, axis=info.image_axis))
-        if tensor.is_floating_point() and dtype is not None:
-            tensor = tensor.to(dtype)
-        out[name] = tensor
+    for kind, items, expected in (
+        ("image", images, info.image_inputs),
+        ("video", videos, info.video_inputs),
+    ):
+        if not items:
+            continue
+        for item in items:
+            if set(item) != set(expected):
+                raise ValueError(
+                    f"{'an' if kind == 'image' else 'a'} {kind}'s inputs are {sorted(item)}, but "
+                    f"a {info.label} forward takes {sorted(expected)}: these {kind}s were made "
+                    "by another family's processor"
+                )
+        axis = info.image_axis if kind == "image" else 0
+        for name in expected:
+            arrays = [_array(item, name) for item in items]
+            if info.pad_axis is not None and kind == "image":
+                arrays = _pad(arrays, info.pad_axis)
+            tensor = torch.from_numpy(np.concatenate(arrays, axis=axis))
+            if tensor.is_floating_point() and dtype is not None and name != "second_per_grid_ts":
+                tensor = tensor.to(dtype)
+            out[name] = tensor
     return out
 
 
@@ -75,8 +92,10 @@ def _array(image: Mapping[str, Any], name: str) -> np.ndarray:
     if name not in image:
         raise KeyError(f"an image lacks {name!r}, which the batch's other images have")
     value = np.asarray(image[name])
-    if name == "image_grid_thw":
+    if name in ("image_grid_thw", "video_grid_thw"):
         value = value.reshape(-1, 3).astype(np.int64, copy=False)
+    elif name == "second_per_grid_ts":
+        value = value.reshape(-1)
     return value
 
 

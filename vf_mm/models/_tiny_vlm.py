@@ -106,6 +106,22 @@ def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
         image_kwargs.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     image_processor_class(family)(**image_kwargs).save_pretrained(path)
     _write_processor_config(path, family)
+    if family in ("qwen3_vl", "qwen3_5"):
+        # the real Qwen3-VL and Qwen3.5 ship a video processor config (without one,
+        # transformers would pick Qwen2-VL's video processor from the image config);
+        # Qwen2-VL and Qwen2.5-VL ship none and take the image config's settings
+        video = {
+            "video_processor_type": "Qwen3VLVideoProcessor",
+            **image_kwargs,
+            "do_sample_frames": True,
+            "fps": 2,
+            "min_frames": 4,
+            "max_frames": 768,
+            "resample": 3,
+            "rescale_factor": 1 / 255,
+            "size": {"shortest_edge": 4 * unit, "longest_edge": 1024 * unit},
+        }
+        (path / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
 
     config = _qwen_config(family, tokenizer)
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]

@@ -7,9 +7,17 @@ from typing import Any
 
 from vf_mm.errors import UnsupportedModelError
 from vf_mm.images import ImagePolicy
-from vf_mm.models import VISION_FAMILIES, family_info, load_processor, model_type
+from vf_mm.models import (
+    VISION_FAMILIES,
+    VideoSettings,
+    family_info,
+    load_processor,
+    load_video_settings,
+    model_type,
+)
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import VisionSpec
+from vf_mm.videos import VideoLimits
 
 SUPPORTED = (*VISION_FAMILIES, "any text model with a chat template")
 
@@ -22,6 +30,7 @@ def load_renderer(
     template_kwargs: dict[str, Any] | None = None,
     image_backend: str = "auto",
     processor_kwargs: dict[str, Any] | None = None,
+    video_limits: VideoLimits | None = None,
 ) -> ChatTemplateRenderer:
     """A renderer for ``model``: a checkpoint directory, a loaded HF processor, or a tokenizer.
 
@@ -49,6 +58,8 @@ def load_renderer(
                 cache_size,
                 template_kwargs,
                 processor_kwargs,
+                video=load_video_settings(path, family),
+                video_limits=video_limits,
             )
         if family is not None and _is_vision_model(path):
             raise UnsupportedModelError(
@@ -96,11 +107,21 @@ def _from_processor(
     cache_size: int,
     template_kwargs: Any,
     processor_kwargs: dict[str, Any] | None,
+    *,
+    video: VideoSettings | None = None,
+    video_limits: VideoLimits | None = None,
 ) -> ChatTemplateRenderer:
     tokenizer = processor.tokenizer
     if not getattr(tokenizer, "chat_template", None) and getattr(processor, "chat_template", None):
         tokenizer.chat_template = processor.chat_template
-    vision = VisionSpec(processor, policy=policy, cache_size=cache_size, options=processor_kwargs)
+    vision = VisionSpec(
+        processor,
+        policy=policy,
+        cache_size=cache_size,
+        options=processor_kwargs,
+        video=video,
+        video_limits=video_limits,
+    )
     return ChatTemplateRenderer(
         tokenizer,
         vision=vision,

@@ -22,6 +22,7 @@ without the multi-modal data that explains them, and so on.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,7 @@ _USER = "\ue000vf_mm user probe\ue000"
 _CONTENT = "\ue000vf_mm content probe\ue000"
 _REASONING = "\ue000vf_mm reasoning probe\ue000"
 _IMAGE_TYPES = ("image", "image_url")
+_VIDEO_TYPES = ("video", "video_url")
 _PART_TYPES = ("text", "image", "image_url", "video", "video_url")
 
 
@@ -271,15 +273,15 @@ class ChatTemplateRenderer:
         if not self.vision.marker_token_ids.isdisjoint(completion_ids):
             return "the completion contains image tokens"
         ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
-        found = sum(ids.count(t) for t in self.vision.embed_token_ids)
-        covered = (
-            sum(r.num_embeds for r in previous.mm_placeholders.get("image", ())) if previous else 0
-        )
-        if found != covered:
-            return (
-                f"the previous prompt has {found} image tokens but its multi-modal data "
-                f"covers {covered}"
-            )
+        for modality in self.vision.placeholders:
+            found = sum(ids.count(t) for t in self.vision.embed_ids(modality))
+            ranges = previous.mm_placeholders.get(modality, ()) if previous else ()
+            covered = sum(r.num_embeds for r in ranges)
+            if found != covered:
+                return (
+                    f"the previous prompt has {found} {modality} tokens but its multi-modal "
+                    f"data covers {covered}"
+                )
         return None
 
     def _replay_refusal(
@@ -414,9 +416,10 @@ class ChatTemplateRenderer:
 
     def _prepare(
         self, messages: Sequence[Mapping[str, Any]]
-    ) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
-        """Messages for the template (image parts reduced to ``{"type": "image"}``, so no
-        pixels reach Jinja) and the image parts in conversation order, with where they are."""
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, Any, str]]]:
+        """Messages for the template (image and video parts reduced to ``{"type": "image"}``
+        / ``{"type": "video"}``, so no pixels reach Jinja) and those parts in conversation
+        order, with where they are and their modality."""
         out: list[dict[str, Any]] = []
         parts: list[tuple[str, Any]] = []
         for i, message in enumerate(messages):
@@ -443,18 +446,22 @@ class ChatTemplateRenderer:
                             f"message {i}, part {j}: unknown content part {kind!r} (parts are "
                             f"{', '.join(_PART_TYPES)})"
                         )
-                    if part.get("type") in ("video", "video_url"):
-                        raise RenderError(
-                            f"message {i}, part {j}: video input is not supported yet"
-                        )
-                    if isinstance(part, Mapping) and part.get("type") in _IMAGE_TYPES:
+                    kind = part.get("type")
+                    if kind in _IMAGE_TYPES or kind in _VIDEO_TYPES:
+                        modality = "image" if kind in _IMAGE_TYPES else "video"
                         if self.vision is None:
                             raise RenderError(
                                 f"message {i}, part {j}: {self.name or 'this model'} has no vision "
-                                "input, but the message holds an image"
+                                f"input, but the message holds {'an image' if modality == 'image' else 'a video'}"
                             )
-                        parts.append((f"message {i}, part {j}", part))
-                        new_content.append({"type": "image"})
+                        if modality == "video" and self.vision.video is None:
+                            raise RenderError(
+                                f"message {i}, part {j}: {self.name or 'this model'} renders no "
+                                "video here (video is rendered for the Qwen-VL families, with "
+                                "the renderer loaded from their checkpoint directory)"
+                            )
+                        parts.append((f"message {i}, part {j}", part, modality))
+                        new_content.append({"type": modality})
                     else:
                         new_content.append(part)
                 message = {**message, "content": new_content}
@@ -465,22 +472,38 @@ class ChatTemplateRenderer:
             out.append(message)
         return out, parts
 
-    def _tokenize(self, text: str, parts: list[tuple[str, Any]], *, base: int) -> RenderedTokens:
+    def _tokenize(
+        self, text: str, parts: list[tuple[str, Any, str]], *, base: int
+    ) -> RenderedTokens:
         if self.vision is None:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             return RenderedTokens(token_ids=list(ids), multi_modal_data=None)
-        pieces = text.split(self.vision.image_token)
-        if len(pieces) - 1 != len(parts):
-            raise RenderError(
-                f"the chat template wrote {len(pieces) - 1} image placeholders for {len(parts)} "
-                f"images: a literal {self.vision.image_token} in the text, or an image where "
-                f"{self.name or 'this'} template drops it (Gemma 3's system message)"
+        placeholders = self.vision.placeholders
+        found = _split_placeholders(text, placeholders)
+        pieces = found[0::2]
+        written = found[1::2]
+        wanted = [modality for _, _, modality in parts]
+        if written != wanted:
+            counts = ", ".join(
+                f"{written.count(m)} {placeholders[m]} for {wanted.count(m)} {m}s"
+                for m in placeholders
+                if written.count(m) or wanted.count(m)
             )
-        images: list[ProcessedImage] = [self.vision.process(part, where=w) for w, part in parts]
-        # the text the processor puts around an image's span joins the prompt text beside it
-        for k, image in enumerate(images):
-            pieces[k] += image.text_before
-            pieces[k + 1] = image.text_after + pieces[k + 1]
+            raise RenderError(
+                f"the chat template wrote placeholders that do not match the images and videos "
+                f"({counts}, in order): the text holds a placeholder literally, or the "
+                f"{self.name or 'this'} template drops an item (Gemma 3's system message)"
+            )
+        items: list[ProcessedImage] = [
+            self.vision.process(part, where=w)
+            if modality == "image"
+            else self.vision.process_video(part, where=w)
+            for w, part, modality in parts
+        ]
+        # the text the processor puts around an item's span joins the prompt text beside it
+        for k, item in enumerate(items):
+            pieces[k] += item.text_before
+            pieces[k + 1] = item.text_after + pieces[k + 1]
         encoded = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
         reserved = self.vision.reserved_token_ids
         for piece in encoded:
@@ -494,19 +517,24 @@ class ChatTemplateRenderer:
                 )
         ids: list[int] = list(encoded[0])
         data = MultiModalData()
-        if images:
-            data = MultiModalData(
-                mm_hashes={"image": []}, mm_placeholders={"image": []}, mm_items={"image": []}
+        for item, piece in zip(items, encoded[1:], strict=True):
+            m = item.modality
+            data.mm_hashes.setdefault(m, []).append(item.hash)
+            data.mm_placeholders.setdefault(m, []).append(
+                PlaceholderRange(base + len(ids), item.num_tokens, item.is_embed)
             )
-        for image, piece in zip(images, encoded[1:], strict=True):
-            data.mm_hashes["image"].append(image.hash)
-            data.mm_placeholders["image"].append(
-                PlaceholderRange(base + len(ids), image.num_tokens, image.is_embed)
-            )
-            data.mm_items["image"].append(image.item)
-            ids.extend(image.tokens)
+            data.mm_items.setdefault(m, []).append(item.item)
+            ids.extend(item.tokens)
             ids.extend(piece)
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
+
+
+def _split_placeholders(text: str, placeholders: Mapping[str, str]) -> list[str]:
+    """``text`` split at every placeholder: text, modality, text, modality, ..., text."""
+    by_token = {token: modality for modality, token in placeholders.items()}
+    pattern = "(" + "|".join(re.escape(t) for t in sorted(by_token, key=len, reverse=True)) + ")"
+    split = re.split(pattern, text)
+    return [piece if k % 2 == 0 else by_token[piece] for k, piece in enumerate(split)]
 
 
 def _arguments_as_mapping(call: Any) -> Any:

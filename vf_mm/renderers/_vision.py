@@ -14,14 +14,21 @@ after is tokenized with the prompt text around it, as the processor does. The sp
 the image's placeholder range; ``is_embed`` marks the positions that take image
 embeddings (None when all do: Qwen's run of pads).
 
-Processed images are cached by content hash (an LRU bounded in entries), so an image
-seen in an earlier turn is never processed again. Cached arrays are read-only numpy
+Videos (Qwen-VL families) take the same path: ``process_video`` loads the clip
+(``vf_mm.videos``), ``vf_mm.models.expand_video`` computes its inputs and replacement
+text (its pads, and Qwen3-VL's timestamps), and the span is spliced the same way. A
+video's options (``fps``, ``num_frames``, ``min_pixels``, ``max_pixels``,
+``do_sample_frames``) come from its content part.
+
+Processed images and videos are cached by content hash (an LRU bounded in entries), so
+an image or clip seen in an earlier turn is never processed again. Cached arrays are read-only numpy
 arrays: they are shared by every turn and rollout that shows the image, and a
 write through one of them would silently corrupt the others, so it raises instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import threading
 import time
 from collections import OrderedDict
@@ -32,14 +39,25 @@ import numpy as np
 
 from vf_mm.errors import RenderError
 from vf_mm.images import ImagePolicy, image_hash, load_image
-from vf_mm.models import expand_image, image_backend_of, image_kwargs, image_token_ids
+from vf_mm.models import (
+    VIDEO_OPTIONS,
+    VideoSettings,
+    expand_image,
+    expand_video,
+    image_backend_of,
+    image_kwargs,
+    image_token_ids,
+)
+from vf_mm.types import VIDEO_PART_KEYS
+from vf_mm.videos import VideoLimits, load_video, video_hash
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessedImage:
-    """One image, ready to splice into a prompt: ``tokens`` is its placeholder span,
-    ``is_embed`` which of them take embeddings (None: all), ``text_before`` /
-    ``text_after`` the replacement text outside the span, ``item`` its model inputs."""
+    """One image (or video: ``modality``), ready to splice into a prompt: ``tokens`` is its
+    placeholder span, ``is_embed`` which of them take embeddings (None: all),
+    ``text_before`` / ``text_after`` the replacement text outside the span, ``item`` its
+    model inputs."""
 
     hash: str
     num_tokens: int  # len(tokens): the placeholder range's length
@@ -49,6 +67,7 @@ class ProcessedImage:
     is_embed: tuple[bool, ...] | None = None
     text_before: str = ""
     text_after: str = ""
+    modality: str = "image"
 
     @property
     def num_embeds(self) -> int:
@@ -65,7 +84,8 @@ class VisionSpec:
     (``"pil"`` or ``"torchvision"``): the two compute different pixels for a resized
     image, and every ``ProcessedImage`` says which. ``options`` are processor call
     options (``processor_kwargs`` of ``load_renderer``), the ones the engine is given too
-    (vLLM's ``mm_processor_kwargs``).
+    (vLLM's ``mm_processor_kwargs``). ``video``: the checkpoint's video settings (None:
+    video parts are refused); ``video_limits`` bound what a clip may cost to load.
     """
 
     def __init__(
@@ -75,6 +95,8 @@ class VisionSpec:
         policy: ImagePolicy | None = None,
         cache_size: int = 512,
         options: dict[str, Any] | None = None,
+        video: VideoSettings | None = None,
+        video_limits: VideoLimits | None = None,
     ) -> None:
         self.processor = processor
         self.options = dict(options or {})
@@ -89,6 +111,18 @@ class VisionSpec:
         self.backend = image_backend_of(self.image_processor)
         self.policy = policy
         self.cache_size = cache_size
+        self.video = video
+        self.video_limits = video_limits
+        self.video_token: str | None = getattr(processor, "video_token", None)
+        self.video_token_id: int | None = None
+        if self.video_token is not None:
+            token_id = self.tokenizer.convert_tokens_to_ids(self.video_token)
+            self.video_token_id = None if token_id == self.tokenizer.unk_token_id else token_id
+        self._video_tokens = {
+            "video_token": self.video_token or "",
+            "vision_start_token": getattr(processor, "vision_start_token", "<|vision_start|>"),
+            "vision_end_token": getattr(processor, "vision_end_token", "<|vision_end|>"),
+        }
         self._added = sorted(
             {str(t) for t in self.tokenizer.get_added_vocab()}, key=len, reverse=True
         )
@@ -98,23 +132,35 @@ class VisionSpec:
         self.misses = 0
         self.processing_s = 0.0  # time spent inside the image processor (cache misses)
 
+    def embed_ids(self, modality: str) -> tuple[int, ...]:
+        """The ids that take ``modality``'s embeddings."""
+        if modality == "image":
+            return self.embed_token_ids
+        return (self.video_token_id,) if self.video_token_id is not None else ()
+
     @property
     def marker_token_ids(self) -> frozenset[int]:
-        """Ids that only an image's span may hold (a completion holding one cannot be
-        re-rendered as the same tokens)."""
-        return frozenset((*self.embed_token_ids, self.placeholder_token_id))
+        """Ids that only an image's or video's span may hold (a completion holding one
+        cannot be re-rendered as the same tokens)."""
+        video = self.embed_ids("video") if self.video is not None else ()
+        return frozenset((*self.embed_token_ids, self.placeholder_token_id, *video))
 
     @property
     def reserved_token_ids(self) -> frozenset[int]:
-        """Ids that text may not hold: the image's tokens, and the video placeholder (no
-        video is ever expanded here). Written literally in a message, they would be
-        embedding positions no image explains."""
-        video = getattr(self.processor, "video_token_id", None)
-        token = getattr(self.processor, "video_token", None)
-        if not isinstance(video, int) and isinstance(token, str):
-            video = self.tokenizer.convert_tokens_to_ids(token)
-            video = None if video == self.tokenizer.unk_token_id else video
-        return self.marker_token_ids | ({video} if isinstance(video, int) else set())
+        """Ids that text may not hold: the image's and the video's tokens (the video's
+        even where no video is expanded). Written literally in a message, they would be
+        embedding positions no image or video explains."""
+        video = {self.video_token_id} if self.video_token_id is not None else set()
+        return self.marker_token_ids | video
+
+    @property
+    def placeholders(self) -> dict[str, str]:
+        """The text the chat template writes once per item, by modality (video only where
+        this renderer processes video)."""
+        out = {"image": self.image_token}
+        if self.video is not None and self.video_token is not None:
+            out["video"] = self.video_token
+        return out
 
     def process(self, part: Any, *, where: str) -> ProcessedImage:
         """Load one image content part and return its (cached) expansion and inputs."""
@@ -142,27 +188,75 @@ class VisionSpec:
                 self._cache.popitem(last=False)
         return processed
 
-    def _splice(self, key: str, replacement: str, item: dict[str, np.ndarray]) -> ProcessedImage:
+    def process_video(self, part: Any, *, where: str) -> ProcessedImage:
+        """Load one video content part and return its (cached) expansion and inputs; the
+        part's processing options (``VIDEO_OPTIONS``) apply to this clip only."""
+        if self.video is None or self.video_token_id is None:
+            raise RenderError(
+                f"{where}: this renderer has no video processing (video is supported for the "
+                "Qwen-VL families, loaded from their checkpoint directory)"
+            )
+        unknown = sorted(str(k) for k in part if k not in VIDEO_PART_KEYS)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(VIDEO_PART_KEYS), n=1)
+            raise RenderError(
+                f"{where}: unknown key {unknown[0]!r} in a video part"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+            )
+        options = {k: part[k] for k in VIDEO_OPTIONS if part.get(k) is not None}
+        settings = self.video.with_options(options)
+        video = load_video(part, policy=self.policy, limits=self.video_limits, where=where)
+        # options change the tensors, so they change the hash: one mm_hash names one
+        # item (a group stores one item per hash)
+        key = video_hash(video)
+        if options:
+            key = _options_hash(key, options)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return cached
+        start = time.perf_counter()
+        expanded = expand_video(settings, video.frames, fps=video.fps, tokens=self._video_tokens)
+        for array in expanded.item.values():
+            array.flags.writeable = False
+        processed = self._splice(key, expanded.replacement, expanded.item, modality="video")
+        with self._lock:
+            self.processing_s += time.perf_counter() - start
+            self.misses += 1
+            self._cache[key] = processed
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return processed
+
+    def _splice(
+        self, key: str, replacement: str, item: dict[str, np.ndarray], *, modality: str = "image"
+    ) -> ProcessedImage:
         first, last = self._added_bounds(replacement)
         if first is None:
             raise RenderError(
-                f"the processor's image text {replacement[:60]!r} holds no added token "
-                "to anchor the image's span"
+                f"the processor's {modality} text {replacement[:60]!r} holds no added token "
+                f"to anchor the {modality}'s span"
             )
         span = replacement[first:last]
         tokens = tuple(self.tokenizer(span, add_special_tokens=False)["input_ids"])
-        embeds = [t in self.embed_token_ids for t in tokens]
+        embed_ids = self.embed_ids(modality)
+        embeds = [t in embed_ids for t in tokens]
         if not any(embeds):
-            raise RenderError(f"the processor's image text {span[:60]!r} holds no image token")
+            raise RenderError(
+                f"the processor's {modality} text {span[:60]!r} holds no {modality} token"
+            )
         return ProcessedImage(
             hash=key,
             num_tokens=len(tokens),
             item=item,
-            backend=self.backend,
+            backend=self.backend if modality == "image" else "torch",
             tokens=tokens,
             is_embed=None if all(embeds) else tuple(embeds),
             text_before=replacement[:first],
             text_after=replacement[last:],
+            modality=modality,
         )
 
     def _added_bounds(self, text: str) -> tuple[int | None, int]:
@@ -175,3 +269,11 @@ class VisionSpec:
                 first = at if first is None else min(first, at)
                 last = max(last, text.rfind(token) + len(token))
         return first, last
+
+
+def _options_hash(content_hash: str, options: dict[str, Any]) -> str:
+    """The hash of a clip processed with options of its own."""
+    import hashlib
+
+    text = f"{content_hash}:{sorted(options.items())!r}"
+    return hashlib.sha256(text.encode()).hexdigest()

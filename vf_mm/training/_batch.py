@@ -66,6 +66,8 @@ class MicroBatch:
     sources: list[str]
     family: str = "qwen2_vl"  # the model family whose forward model_inputs() feeds
     image_token_ids: tuple[int, ...] = ()
+    videos: list[list[dict[str, np.ndarray]]] | None = None  # per sample, each video's inputs
+    video_token_ids: tuple[int, ...] = ()
 
     @property
     def is_multimodal(self) -> bool:
@@ -102,8 +104,14 @@ class MicroBatch:
         inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.images is not None:
             flat = [image for images in self.images for image in images]
+            videos = [video for per_sample in self.videos or [] for video in per_sample]
             extra = model_inputs(
-                self.family, self.input_ids, flat, image_token_ids=self.image_token_ids
+                self.family,
+                self.input_ids,
+                flat,
+                image_token_ids=self.image_token_ids,
+                videos=videos,
+                video_token_ids=self.video_token_ids,
             )
             if "mm_token_type_ids" in extra:  # exactly the samples' own marks
                 extra["mm_token_type_ids"] = self.mm_token_type_ids
@@ -121,9 +129,11 @@ def make_batches(
     truncate: Literal["error", "image_boundary"] = "error",
     merge_size: int = 2,
     family: str | None = None,
+    video_token_id: int | None = None,
 ) -> list[MicroBatch]:
     """Validate, (maybe) truncate, and pack samples into micro-batches of at most
     ``token_budget`` padded tokens (``B * L``), multimodal and text apart.
+    ``video_token_id`` (the model's ``<|video_pad|>``) is needed when samples hold videos.
 
     ``family`` is the model's ``model_type`` (``model.config.model_type``): it decides how
     ``MicroBatch.model_inputs()`` lays the images out for the forward. It may be left out
@@ -135,19 +145,28 @@ def make_batches(
 
     if family is None:
         family = _qwen_or_refuse(samples)
-    expected = set(family_info(family).image_inputs)  # an unknown family fails here
+    info = family_info(family)  # an unknown family fails here
     for sample in samples:
-        if any(set(image) != expected for image in sample.images):
-            raise TrajectoryError(
-                f"{sample.source}: its images' inputs are not a {family} forward's "
-                f"({sorted(expected)}): family= must be the model that made them"
-            )
+        for kind, items, expected in (
+            ("images", sample.images, set(info.image_inputs)),
+            ("videos", sample.videos, set(info.video_inputs)),
+        ):
+            if not expected and items:
+                raise TrajectoryError(f"{sample.source}: a {family} forward takes no videos")
+            if any(set(item) != expected for item in items):
+                raise TrajectoryError(
+                    f"{sample.source}: its {kind}' inputs are not a {family} forward's "
+                    f"({sorted(expected)}): family= must be the model that made them"
+                )
     ready = []
     for sample in samples:
         if max_seq_len is not None and sample.num_tokens > max_seq_len:
             sample = _truncate(sample, max_seq_len, truncate)
-        sample.validate(image_token_id=image_token_id, merge_size=merge_size)
+        sample.validate(
+            image_token_id=image_token_id, merge_size=merge_size, video_token_id=video_token_id
+        )
         ready.append(sample)
+    ids = (image_token_id, video_token_id)
     batches = []
     for kind in (True, False):
         group = sorted((s for s in ready if s.is_multimodal == kind), key=lambda s: -s.num_tokens)
@@ -155,7 +174,7 @@ def make_batches(
         for sample in group:
             width = max([s.num_tokens for s in current] + [sample.num_tokens])
             if current and width * (len(current) + 1) > token_budget:
-                batches.append(_collate(current, pad_token_id, family, image_token_id))
+                batches.append(_collate(current, pad_token_id, family, ids))
                 current = []
             if sample.num_tokens > token_budget:
                 raise TrajectoryError(
@@ -163,12 +182,17 @@ def make_batches(
                 )
             current.append(sample)
         if current:
-            batches.append(_collate(current, pad_token_id, family, image_token_id))
+            batches.append(_collate(current, pad_token_id, family, ids))
     return batches
 
 
 def _qwen_or_refuse(samples: Sequence[Sample]) -> str:
     for sample in samples:
+        if sample.videos:
+            raise TrajectoryError(
+                f"{sample.source}: it holds videos: pass make_batches(..., "
+                "family=model.config.model_type) so the forward gets them in its own layout"
+            )
         if any("image_grid_thw" not in image for image in sample.images):
             raise TrajectoryError(
                 f"{sample.source}: its images are not Qwen-VL's (no image_grid_thw): pass "
@@ -179,8 +203,9 @@ def _qwen_or_refuse(samples: Sequence[Sample]) -> str:
 
 
 def _collate(
-    samples: Sequence[Sample], pad_token_id: int, family: str, image_token_id: int
+    samples: Sequence[Sample], pad_token_id: int, family: str, ids: tuple[int, int | None]
 ) -> MicroBatch:
+    image_token_id, video_token_id = ids
     width = max(s.num_tokens for s in samples)
 
     def pad(name: str, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -204,14 +229,17 @@ def _collate(
         sources=[s.source for s in samples],
         family=family,
         image_token_ids=(image_token_id,),
+        videos=[list(s.videos) for s in samples] if multimodal else None,
+        video_token_ids=(video_token_id,) if video_token_id is not None else (),
     )
 
 
 def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
-    inside = [p for p in sample.placeholders if p.offset < limit]
+    ranges = [*sample.placeholders, *sample.video_placeholders]
+    inside = [p for p in ranges if p.offset < limit]
     straddles = any(p.end > limit for p in inside)
     if policy == "error":
-        what = "through an image" if straddles else "its tokens"
+        what = "through an image or video" if straddles else "its tokens"
         raise TrajectoryError(
             f"{sample.source}: {sample.num_tokens} tokens exceed max_seq_len {limit}; cutting would "
             f"lose {what} (pass truncate='image_boundary' to cut at an image boundary)"
@@ -220,6 +248,7 @@ def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
     if straddles:
         cut = max(p.offset for p in inside if p.end > limit)
     kept = [p for p in sample.placeholders if p.end <= cut]
+    kept_videos = [p for p in sample.video_placeholders if p.end <= cut]
     return replace(
         sample,
         input_ids=sample.input_ids[:cut],
@@ -229,5 +258,7 @@ def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
         mm_token_type_ids=sample.mm_token_type_ids[:cut],
         images=sample.images[: len(kept)],
         placeholders=kept,
+        videos=sample.videos[: len(kept_videos)],
+        video_placeholders=kept_videos,
         source=f"{sample.source} (cut at token {cut})",
     )

@@ -46,6 +46,8 @@ class Sample:
     images: list[dict[str, np.ndarray]] = field(default_factory=list)  # model inputs, in order
     placeholders: list[PlaceholderRange] = field(default_factory=list)  # one per image
     source: str = ""  # "example E, rollout R, steps A-B": named in every error
+    videos: list[dict[str, np.ndarray]] = field(default_factory=list)  # model inputs, in order
+    video_placeholders: list[PlaceholderRange] = field(default_factory=list)  # one per video
 
     @property
     def num_tokens(self) -> int:
@@ -53,7 +55,7 @@ class Sample:
 
     @property
     def is_multimodal(self) -> bool:
-        return bool(self.images)
+        return bool(self.images) or bool(self.videos)
 
     @property
     def pixel_values(self) -> np.ndarray | None:
@@ -69,7 +71,9 @@ class Sample:
         grids = concat_images(self.images, "image_grid_thw")
         return None if grids is None else grids.reshape(-1, 3).astype(np.int64, copy=False)
 
-    def validate(self, *, image_token_id: int, merge_size: int = 2) -> None:
+    def validate(
+        self, *, image_token_id: int, merge_size: int = 2, video_token_id: int | None = None
+    ) -> None:
         n = self.num_tokens
         for name in ("loss_mask", "logprobs", "advantages", "mm_token_type_ids"):
             if getattr(self, name).shape != (n,):
@@ -111,6 +115,50 @@ class Sample:
                     f"{self.source}: pixel_values has "
                     f"{None if pixel_values is None else pixel_values.shape[0]} rows, grids need {rows}"
                 )
+        self._validate_videos(video_token_id, merge_size)
+
+    def _validate_videos(self, video_token_id: int | None, merge_size: int) -> None:
+        """Each video's placeholder, pads and patch rows agree (Qwen-VL's layout)."""
+        n = self.num_tokens
+        if len(self.videos) != len(self.video_placeholders):
+            raise TrajectoryError(
+                f"{self.source}: {len(self.videos)} videos but "
+                f"{len(self.video_placeholders)} video placeholders"
+            )
+        if not self.videos and video_token_id is None:
+            return
+        if video_token_id is None:
+            raise TrajectoryError(
+                f"{self.source}: the sample has videos: pass video_token_id (the model's "
+                "<|video_pad|> id)"
+            )
+        for p in self.video_placeholders:
+            if p.offset < 0 or p.end > n:
+                raise TrajectoryError(
+                    f"{self.source}: video placeholder ({p.offset}, {p.length}) outside {n} tokens"
+                )
+            if not np.all(self.input_ids[p.embed_positions()] == video_token_id):
+                raise TrajectoryError(
+                    f"{self.source}: video placeholder ({p.offset}, {p.length}) has embedding "
+                    "positions that do not hold the video token"
+                )
+        pads = int(np.count_nonzero(self.input_ids == video_token_id))
+        grids = concat_images(self.videos, "video_grid_thw")
+        if grids is None and self.videos:
+            raise TrajectoryError(f"{self.source}: a video has no video_grid_thw")
+        grids = np.zeros((0, 3), np.int64) if grids is None else grids.reshape(-1, 3)
+        expected = int(grids.prod(axis=1).sum()) // merge_size**2
+        if pads != expected:
+            raise TrajectoryError(
+                f"{self.source}: {pads} video tokens but the videos' grids need {expected}"
+            )
+        rows = int(grids.prod(axis=1).sum())
+        pixels = concat_images(self.videos, "pixel_values_videos")
+        if self.videos and (pixels is None or pixels.shape[0] != rows):
+            raise TrajectoryError(
+                f"{self.source}: pixel_values_videos has "
+                f"{None if pixels is None else pixels.shape[0]} rows, grids need {rows}"
+            )
 
 
 def concat_images(images: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
@@ -221,15 +269,25 @@ def _merge(
         types[input_ids == video_token_id] = 2
     images: list[dict[str, np.ndarray]] = []
     placeholders: list[PlaceholderRange] = []
+    videos: list[dict[str, np.ndarray]] = []
+    video_placeholders: list[PlaceholderRange] = []
     data = last["mm"]
     if data is not None:
         data = data if isinstance(data, MultiModalData) else MultiModalData.from_dict(data)
         data.validate(len(last["prompt_ids"]))
-        images = [
-            {name: np.asarray(value) for name, value in item.items()}
-            for item in data.mm_items.get("image", [])
-        ]
+        unknown = set(data.modalities) - {"image", "video"}
+        if unknown:
+            raise TrajectoryError(f"{where}: modalities {sorted(unknown)} cannot be trained on")
+
+        def arrays(modality: str) -> list[dict[str, np.ndarray]]:
+            return [
+                {name: np.asarray(value) for name, value in item.items()}
+                for item in data.mm_items.get(modality, [])
+            ]
+
+        images, videos = arrays("image"), arrays("video")
         placeholders = list(data.mm_placeholders.get("image", []))
+        video_placeholders = list(data.mm_placeholders.get("video", []))
     return Sample(
         input_ids=input_ids,
         loss_mask=loss_mask,
@@ -239,6 +297,8 @@ def _merge(
         images=images,
         placeholders=placeholders,
         source=where,
+        videos=videos,
+        video_placeholders=video_placeholders,
     )
 
 

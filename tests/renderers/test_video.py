@@ -1,0 +1,147 @@
+"""Rendering video: clips in user, environment and tool turns, beside images, bridged onto
+earlier turns, each processed once. (Exactness against transformers' processors, which
+need torchvision, is checked in ``tests/vllm/test_video_processing.py``.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vf_mm.errors import RenderError, VideoError
+from vf_mm.models import VIDEO_FAMILIES, load_processor
+from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("video-render")
+    return {f: build_tiny_vlm(root / f, f) for f in (*VIDEO_FAMILIES, "gemma3")}
+
+
+def clip(seed: int, t: int = 6, h: int = 42, w: int = 56) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (t, h, w, 3), dtype=np.uint8)
+
+
+def video(seed: int, **keys) -> dict:
+    return {"type": "video", "video": clip(seed), "frame_rate": 4.0, **keys}
+
+
+def conversation() -> list[dict]:
+    picture = Image.fromarray(clip(9, t=1)[0])
+    return [
+        {"role": "user", "content": [video(1), {"type": "image", "image": picture},
+                                     {"type": "text", "text": "What moved?"}]},
+        {"role": "assistant", "content": "The ball."},
+        {"role": "user", "content": [{"type": "text", "text": "Slower:"}, video(2, num_frames=4)]},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_videos_and_images_get_their_placeholders_in_order(tiny, family):
+    renderer = load_renderer(tiny[family])
+    out = renderer.render(conversation())
+    data = out.multi_modal_data
+    data.validate(len(out.token_ids))
+    assert data.num_items("video") == 2 and data.num_items("image") == 1
+    assert [m for m, _, _ in data.all_placeholders()] == ["video", "image", "video"]
+    ids = np.asarray(out.token_ids)
+    video_token = renderer.vision.video_token_id
+    for r in data.mm_placeholders["video"]:
+        assert np.all(ids[r.embed_positions()] == video_token)
+    assert int((ids == video_token).sum()) == sum(
+        r.num_embeds for r in data.mm_placeholders["video"]
+    )
+    for item in data.mm_items["video"]:
+        assert not item["pixel_values_videos"].flags.writeable
+
+
+# Qwen3.5's template is not prefix-stable across a new user turn (its generation prompt
+# holds an empty think block that the history drops), with or without video
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_bridging_a_new_clip_equals_a_full_render(tiny, family):
+    renderer = load_renderer(tiny[family])
+    messages = conversation()
+    prompt = renderer.render(messages[:1])
+    reply = renderer.tokenizer("The ball.", add_special_tokens=False)["input_ids"]
+    completion = [*reply, renderer.stop_token_ids[0]]
+    bridged = renderer.bridge_to_next_turn(
+        prompt.token_ids, completion, messages[2:],
+        previous_multi_modal_data=prompt.multi_modal_data, previous_messages=messages[:2],
+    )  # fmt: skip
+    assert bridged is not None, dict(renderer.bridge_refusals)
+    full = renderer.render(messages)
+    assert bridged.token_ids == full.token_ids
+    assert bridged.multi_modal_data.mm_hashes == full.multi_modal_data.mm_hashes
+    assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
+
+
+def test_a_bridge_without_the_previous_videos_data_is_refused(tiny):
+    renderer = load_renderer(tiny["qwen2_5_vl"])
+    messages = conversation()
+    prompt = renderer.render(messages[:1])
+    completion = [*renderer.tokenizer("x", add_special_tokens=False)["input_ids"],
+                  renderer.stop_token_ids[0]]  # fmt: skip
+    data = prompt.multi_modal_data
+    only_images = type(data)(
+        mm_hashes={"image": data.mm_hashes["image"]},
+        mm_placeholders={"image": data.mm_placeholders["image"]},
+        mm_items={"image": data.mm_items["image"]},
+    )
+    out = renderer.bridge_to_next_turn(prompt.token_ids, completion, messages[2:],
+                                       previous_multi_modal_data=only_images)  # fmt: skip
+    assert out is None
+    assert any("video tokens" in reason for reason in renderer.bridge_refusals)
+
+
+def test_a_clip_is_processed_once_and_its_options_are_part_of_its_hash(tiny):
+    renderer = load_renderer(tiny["qwen2_vl"])
+    messages = [{"role": "user", "content": [video(1), video(1), video(1, num_frames=2)]}]
+    out = renderer.render(messages)
+    hashes = out.multi_modal_data.mm_hashes["video"]
+    assert hashes[0] == hashes[1] != hashes[2]  # one clip, two processings
+    assert renderer.vision.misses == 2
+    renderer.render(messages)
+    assert renderer.vision.misses == 2  # every item came from the cache
+
+
+def test_a_tool_result_may_hold_a_clip(tiny):
+    renderer = load_renderer(tiny["qwen2_5_vl"])
+    call = {"id": "c1", "type": "function", "function": {"name": "replay", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [video(3)]},
+    ]
+    out = renderer.render(messages)
+    assert out.multi_modal_data.num_items("video") == 1
+
+
+def test_a_family_without_video_refuses_a_clip_by_name(tiny):
+    renderer = load_renderer(tiny["gemma3"], image_backend="pil")
+    with pytest.raises(RenderError, match="video"):
+        renderer.render([{"role": "user", "content": [video(1)]}])
+
+
+def test_a_renderer_from_a_loaded_processor_says_video_needs_the_checkpoint(tiny):
+    renderer = load_renderer(load_processor(tiny["qwen2_vl"], image_backend="pil"))
+    with pytest.raises(RenderError, match="checkpoint directory"):
+        renderer.render([{"role": "user", "content": [video(1)]}])
+
+
+def test_a_literal_video_pad_in_text_is_refused(tiny):
+    renderer = load_renderer(tiny["qwen2_5_vl"])
+    with pytest.raises(RenderError, match="literally"):
+        renderer.render([{"role": "user", "content": "see <|video_pad|> here"}])
+
+
+def test_bad_clips_fail_with_errors_that_name_them(tiny):
+    renderer = load_renderer(tiny["qwen2_vl"])
+    with pytest.raises(VideoError, match="message 0, part 0"):
+        renderer.render([{"role": "user", "content": [
+            {"type": "video", "video": np.zeros((4, 8, 8, 3), np.float32)}]}])  # fmt: skip
+    with pytest.raises(RenderError, match="unknown key 'num_frame'"):  # a typo is not ignored
+        renderer.render([{"role": "user", "content": [video(1, num_frame=3)]}])
+    with pytest.raises(RenderError, match="exclusive"):
+        renderer.render([{"role": "user", "content": [video(1, fps=2.0, num_frames=4)]}])

@@ -1,0 +1,429 @@
+"""Video model inputs for the Qwen-VL families, computed as transformers' video processors do.
+
+transformers' video processors (``Qwen2VLVideoProcessor``, ``Qwen3VLVideoProcessor``) are
+built on torchvision, which cannot be imported beside a CPU-only torch. This module
+computes the same tensors with torch alone, step for step:
+
+1. frame sampling, when the processor samples (``do_sample_frames``): Qwen2-VL's uniform
+   ``arange`` of ``num_frames`` or ``fps`` frames, Qwen3-VL's ``linspace`` at 2 fps by
+   default, with the same clamps and the same fallbacks (Qwen3-VL takes an unknown frame
+   rate as 24 fps);
+2. the resize: the family's ``smart_resize`` (transformers' own function) picks the size,
+   and ``torch.nn.functional.interpolate`` with antialiasing does what
+   ``torchvision.transforms.v2.functional.resize`` does on a uint8 tensor (bicubic, and
+   bilinear on AVX2/AVX512/ARM CPUs, interpolate the uint8 frames directly; anything else
+   goes through float32 and is rounded back);
+3. rescale and normalize fused, in float32, as transformers' torchvision backend fuses
+   them (``(x - mean / s) / (std / s)`` with ``s`` the rescale factor);
+4. the temporal padding (the last frame repeated up to a multiple of
+   ``temporal_patch_size``) and the patch layout of the family's ``patchify``.
+
+The vLLM tier checks every step against transformers' own video processors, bit for bit,
+where torchvision imports (``tests/vllm/test_video_processing.py``). The settings are
+read from the checkpoint the way ``AutoVideoProcessor`` reads them: the
+``video_processor`` entry of ``processor_config.json``, else
+``video_preprocessor_config.json``, else the image processor's
+``preprocessor_config.json``, over the video processor class's defaults.
+
+The text that replaces a video's placeholder: ``<|video_pad|>`` once per merged patch
+(Qwen2-VL, Qwen2.5-VL), or, per temporal group, ``<{t:.1f} seconds>`` then
+``<|vision_start|>`` + pads + ``<|vision_end|>`` (Qwen3-VL, Qwen3.5: ``t`` the mean
+timestamp of the group's first and last frame).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vf_mm.errors import RenderError, UnsupportedModelError
+
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_HALF = (0.5, 0.5, 0.5)
+_BICUBIC, _BILINEAR = 3, 2  # PIL resample codes, as the configs store them
+
+#: The options a video part or ``processor_kwargs`` may set, as the processors name them.
+VIDEO_OPTIONS = ("fps", "num_frames", "min_pixels", "max_pixels", "do_sample_frames")
+
+
+@dataclass(frozen=True, slots=True)
+class VideoSettings:
+    """A checkpoint's video processing: its video processor's settings after loading.
+
+    ``style`` is the video processor class the checkpoint's files select: ``"qwen2"``
+    (``Qwen2VLVideoProcessor``: samples only when asked, a 2-D ``smart_resize``) or
+    ``"qwen3"`` (``Qwen3VLVideoProcessor``: 2 fps by default, a resize budget over all
+    frames). ``timestamps`` comes from the processor (Qwen3-VL, Qwen3.5 write each
+    temporal group's time in the text, whichever video processor the files select).
+    ``second_per_grid_ts``: the model takes the seconds each temporal patch spans
+    (Qwen2.5-VL's M-RoPE).
+    """
+
+    style: str
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    rescale_factor: float = 1 / 255
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    resample: int = _BICUBIC
+    do_sample_frames: bool = False
+    fps: float | None = None
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+    second_per_grid_ts: bool = False
+    timestamps: bool = False
+
+    def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
+        """These settings with call options applied (``fps``, ``num_frames``,
+        ``min_pixels``, ``max_pixels``, ``do_sample_frames``); unknown options are refused
+        by name, since a misspelt one would silently change nothing."""
+        if not options:
+            return self
+        unknown = sorted(set(options) - set(VIDEO_OPTIONS))
+        if unknown:
+            raise RenderError(
+                f"unknown video option(s) {unknown}: the video processor takes "
+                f"{', '.join(VIDEO_OPTIONS)}"
+            )
+        if options.get("fps") is not None and options.get("num_frames") is not None:
+            raise RenderError("fps and num_frames are exclusive: give one way to sample frames")
+        changes: dict[str, Any] = {}
+        for key, value in options.items():
+            if value is None:
+                continue
+            if key == "do_sample_frames":
+                if not isinstance(value, bool):
+                    raise RenderError(f"do_sample_frames must be a bool, not {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise RenderError(f"video option {key} must be a positive number, not {value!r}")
+            elif key != "fps" and value != int(value):
+                raise RenderError(f"video option {key} must be a whole number, not {value!r}")
+            changes[key] = value if key in ("fps", "do_sample_frames") else int(value)
+        if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
+            changes["do_sample_frames"] = True  # asking for a rate means sampling
+        if "fps" in changes:
+            changes["num_frames"] = None
+        elif "num_frames" in changes:
+            changes["fps"] = None
+        return dataclasses.replace(self, **changes)
+
+
+_DEFAULTS = {
+    # Qwen2VLVideoProcessor's class defaults
+    "qwen2": VideoSettings("qwen2", 14, 2, 2, 128 * 28 * 28, 28 * 28 * 768, _CLIP_MEAN,
+                           _CLIP_STD),
+    # Qwen3VLVideoProcessor's
+    "qwen3": VideoSettings("qwen3", 16, 2, 2, 128 * 32 * 32, 32 * 32 * 768, _HALF, _HALF,
+                           do_sample_frames=True, fps=2),
+}  # fmt: skip
+_STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3"}
+VIDEO_FAMILIES = tuple(_STYLE)
+# the video processor class a config names (``AutoVideoProcessor`` maps an image
+# processor's type to its family's video processor when only the image config exists)
+_CLASS_STYLE = {
+    "Qwen2VLVideoProcessor": "qwen2",
+    "Qwen3VLVideoProcessor": "qwen3",
+    "Qwen2VLImageProcessor": "qwen2",
+    "Qwen2VLImageProcessorPil": "qwen2",
+}
+
+
+def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
+    """The video settings of a checkpoint directory of ``family``; None for a family
+    whose video vf_mm does not process."""
+    if family not in _STYLE:
+        return None
+    path = Path(path)
+    saved: dict[str, Any] = {}
+    nested = _read_json(path / "processor_config.json").get("video_processor")
+    if isinstance(nested, dict):
+        saved = nested
+    elif (path / "video_preprocessor_config.json").exists():
+        saved = _read_json(path / "video_preprocessor_config.json")
+    else:
+        saved = _read_json(path / "preprocessor_config.json")
+    named = saved.get("video_processor_type") or saved.get("image_processor_type")
+    style = _CLASS_STYLE.get(named, _STYLE[family]) if isinstance(named, str) else _STYLE[family]
+    settings = _DEFAULTS[style]
+    changes: dict[str, Any] = {
+        "second_per_grid_ts": family == "qwen2_5_vl",
+        "timestamps": _STYLE[family] == "qwen3",
+    }
+    size = saved.get("size")
+    if isinstance(size, dict):
+        changes["min_pixels"] = int(size.get("shortest_edge", settings.min_pixels))
+        changes["max_pixels"] = int(size.get("longest_edge", settings.max_pixels))
+    for key in ("min_pixels", "max_pixels"):  # the older spelling wins, as in __init__
+        if saved.get(key) is not None:
+            changes[key] = int(saved[key])
+    for field in dataclasses.fields(VideoSettings):
+        name = field.name
+        if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps"):
+            continue
+        if name in saved:
+            value = saved[name]
+            changes[name] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(settings, **changes)
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    if not file.exists():
+        return {}
+    try:
+        data = json.loads(file.read_text())
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{file}: not valid JSON ({exc})") from None
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class SampledVideo:
+    """Which frames of a clip the processor keeps, and the frame rate its text and M-RoPE
+    use: ``indices`` into the clip's frames, ``fps`` the clip's rate (None: unknown)."""
+
+    indices: tuple[int, ...]
+    fps: float | None
+
+
+def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> SampledVideo:
+    """The frames the family's video processor keeps from a clip of ``total`` frames."""
+    if total < 1:
+        raise RenderError("a video needs at least one frame")
+    if not settings.do_sample_frames:
+        return SampledVideo(tuple(range(total)), fps)
+    if settings.style == "qwen2":
+        return SampledVideo(_sample_qwen2(settings, total, fps), fps)
+    return _sample_qwen3(settings, total, fps)
+
+
+def _sample_qwen2(settings: VideoSettings, total: int, fps: float | None) -> tuple[int, ...]:
+    import torch
+
+    tps = settings.temporal_patch_size
+    num: float | int | None = None
+    if settings.num_frames is not None:
+        num = round(settings.num_frames / tps) * tps
+    elif settings.fps is not None:
+        if fps is None:
+            raise RenderError(
+                f"sampling at {settings.fps} fps needs the clip's frame rate: give the video "
+                "part a frame_rate, or sample by num_frames"
+            )
+        most = math.floor(min(settings.max_frames, total) / tps) * tps
+        num = min(max(total / fps * settings.fps, settings.min_frames), most, total)
+        num = math.floor(num / tps) * tps
+    if num is None:
+        return tuple(range(total))
+    if num <= 0:
+        raise RenderError(
+            f"sampling leaves no frames from a {total}-frame clip (frames are taken in "
+            f"multiples of {tps}): ask for more frames"
+        )
+    if num > total:
+        raise RenderError(
+            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
+        )
+    return tuple(torch.arange(0, total, total / num).int().tolist())
+
+
+def _sample_qwen3(settings: VideoSettings, total: int, fps: float | None) -> SampledVideo:
+    num = settings.num_frames
+    if num is None and settings.fps is not None:
+        if fps is None:
+            fps = 24.0  # what the processor assumes, and then writes in the timestamps
+        num = int(total / fps * settings.fps)
+        num = min(max(num, settings.min_frames), settings.max_frames, total)
+    if num is None:
+        num = min(max(total, settings.min_frames), settings.max_frames)
+    if num > total:
+        raise RenderError(
+            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
+        )
+    indices = np.linspace(0, total - 1, num).round().astype(int)
+    return SampledVideo(tuple(int(i) for i in indices), fps)
+
+
+def resized_size(
+    settings: VideoSettings, num_frames: int, height: int, width: int
+) -> tuple[int, int]:
+    """The frame size the family's ``smart_resize`` picks (transformers' own function)."""
+    factor = settings.patch_size * settings.merge_size
+    try:
+        if settings.style == "qwen2":
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+            return smart_resize(
+                height, width, factor=factor, min_pixels=settings.min_pixels,
+                max_pixels=settings.max_pixels,
+            )  # fmt: skip
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
+            smart_resize as smart_resize_3d,
+        )
+
+        return smart_resize_3d(
+            num_frames=num_frames, height=height, width=width,
+            temporal_factor=settings.temporal_patch_size, factor=factor,
+            min_pixels=settings.min_pixels, max_pixels=settings.max_pixels,
+        )  # fmt: skip
+    except ValueError as exc:  # aspect ratio over 200, fewer frames than a temporal patch
+        raise RenderError(f"the video processor refuses this clip: {exc}") from None
+
+
+def _native_uint8(resample: int) -> bool:
+    """Whether torchvision resizes uint8 frames without a float round trip here."""
+    import torch
+
+    if resample == _BILINEAR:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or (
+            platform.machine() in ("aarch64", "arm64")
+        )
+    return True
+
+
+def resize_frames(frames: Any, height: int, width: int, resample: int) -> Any:
+    """(T, C, H, W) uint8 frames resized as torchvision's v2 ``resize`` resizes them."""
+    import torch
+    from torch.nn.functional import interpolate
+
+    if tuple(frames.shape[-2:]) == (height, width):
+        return frames
+    modes = {_BICUBIC: "bicubic", _BILINEAR: "bilinear"}
+    if resample not in modes:
+        raise RenderError(
+            f"video resample {resample} is not supported (bicubic 3 and bilinear 2 are)"
+        )
+    if _native_uint8(resample):
+        return interpolate(
+            frames, size=[height, width], mode=modes[resample], align_corners=False, antialias=True
+        )
+    out = interpolate(
+        frames.to(torch.float32), size=[height, width], mode=modes[resample],
+        align_corners=False, antialias=True,
+    )  # fmt: skip
+    if resample == _BICUBIC:
+        out = out.clamp_(min=0, max=255)
+    return out.round_().to(torch.uint8)
+
+
+def _normalize(frames: Any, settings: VideoSettings) -> Any:
+    import torch
+
+    if settings.do_rescale and settings.do_normalize:
+        scale = 1.0 / settings.rescale_factor
+        mean = (torch.tensor(settings.image_mean) * scale).view(-1, 1, 1)
+        std = (torch.tensor(settings.image_std) * scale).view(-1, 1, 1)
+        return frames.to(torch.float32).sub_(mean).div_(std)
+    if settings.do_normalize:
+        mean = torch.tensor(settings.image_mean).view(-1, 1, 1)
+        std = torch.tensor(settings.image_std).view(-1, 1, 1)
+        return frames.to(torch.float32).sub_(mean).div_(std)
+    if settings.do_rescale:
+        return frames * settings.rescale_factor
+    return frames
+
+
+def _patchify(frames: Any, settings: VideoSettings) -> tuple[Any, int, int, int]:
+    import torch
+
+    t, c, h, w = frames.shape
+    tps, p, m = settings.temporal_patch_size, settings.patch_size, settings.merge_size
+    if pad := -t % tps:
+        frames = torch.cat((frames, frames[-1:].expand(pad, -1, -1, -1)), dim=0)
+        t += pad
+    gt, gh, gw = t // tps, h // p, w // p
+    patches = frames.reshape(gt, tps, c, gh // m, m, p, gw // m, m, p)
+    patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return patches.reshape(gt * gh * gw, c * tps * p * p), gt, gh, gw
+
+
+@dataclass(frozen=True, slots=True)
+class ExpandedVideo:
+    """One clip as the processor sees it: the text that replaces its placeholder, its model
+    inputs (numpy, leading video axis), and the frames kept (``sampled``)."""
+
+    replacement: str
+    item: dict[str, np.ndarray]
+    sampled: SampledVideo
+
+
+def expand_video(
+    settings: VideoSettings,
+    frames: np.ndarray,
+    *,
+    fps: float | None,
+    tokens: dict[str, str],
+) -> ExpandedVideo:
+    """A clip's model inputs and replacement text, as the family's video processor and
+    processor compute them for ``videos=[frames]`` with metadata ``{"total_num_frames": T,
+    "fps": fps, "frames_indices": range(T)}``.
+
+    ``frames``: (T, H, W, 3) uint8 RGB. ``tokens``: the processor's ``video_token``,
+    ``vision_start_token`` and ``vision_end_token``.
+    """
+    import torch
+
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise RenderError(
+            f"video frames must be (T, H, W, 3) uint8, got {frames.shape} {frames.dtype}"
+        )
+    sampled = sample_frames(settings, int(frames.shape[0]), fps)
+    kept = frames if len(sampled.indices) == frames.shape[0] else frames[list(sampled.indices)]
+    with warnings.catch_warnings():  # read-only frames: only read, then copied by contiguous()
+        warnings.simplefilter("ignore", UserWarning)
+        video = torch.from_numpy(np.ascontiguousarray(kept))
+    video = video.permute(0, 3, 1, 2).contiguous()
+    if settings.do_resize:
+        height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
+        video = resize_frames(video, height, width, settings.resample)
+    video = _normalize(video, settings)
+    pixels, gt, gh, gw = _patchify(video, settings)
+    item = {
+        "pixel_values_videos": pixels.numpy(),
+        "video_grid_thw": np.array([[gt, gh, gw]], dtype=np.int64),
+    }
+    if settings.second_per_grid_ts:
+        # the processor's sampled fps: kept frames over all frames times the clip's rate
+        rate = len(sampled.indices) / frames.shape[0] * sampled.fps if sampled.fps else 24
+        item["second_per_grid_ts"] = np.array(
+            [settings.temporal_patch_size / rate], dtype=np.float32
+        )
+    per_group = gh * gw // settings.merge_size**2
+    pad = tokens["video_token"]
+    if not settings.timestamps:
+        replacement = pad * (gt * per_group)
+    else:
+        stamps = _timestamps(sampled, settings.temporal_patch_size)
+        replacement = "".join(
+            f"<{stamps[g]:.1f} seconds>"
+            + tokens["vision_start_token"]
+            + pad * per_group
+            + tokens["vision_end_token"]
+            for g in range(gt)
+        )
+    return ExpandedVideo(replacement, item, sampled)
+
+
+def _timestamps(sampled: SampledVideo, merge: int) -> list[float]:
+    """Qwen3-VL's timestamp per temporal group: the mean time of its first and last frame."""
+    fps = sampled.fps if sampled.fps is not None else 24
+    indices = list(sampled.indices)
+    if len(indices) % merge:
+        indices.extend(indices[-1] for _ in range(merge - len(indices) % merge))
+    times = [i / fps for i in indices]
+    return [(times[i] + times[i + merge - 1]) / 2 for i in range(0, len(times), merge)]
