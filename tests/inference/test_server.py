@@ -519,7 +519,9 @@ def test_content_parts_refusals(client, renderer):
     ssrf = {"type": "image_url", "url": "http://169.254.169.254/latest/x.png"}
     assert "content_parts[0]" in refuse([ssrf])
     assert "content_parts[0]" in refuse([{"type": "image_url", "url": "/etc/hostname"}])
-    assert "image_url parts only" in refuse([{"type": "input_audio", "input_audio": {}}])
+    assert "image_url and video_url parts only" in refuse(
+        [{"type": "input_audio", "input_audio": {}}]
+    )
     assert "no image URL" in refuse([{"type": "image_url"}])
     two = [{"type": "image_url", "url": _data_url(image)}] * 2
     assert "one pad per image" in refuse(two)
@@ -918,3 +920,82 @@ def test_a_family_the_server_does_not_check_is_refused_at_start():
     renderer = SimpleNamespace(vision=object(), name="gemma3")
     with pytest.raises(UnsupportedModelError, match="not 'gemma3' yet"):
         create_app(SimpleNamespace(), renderer=renderer, model_name="m")
+
+
+def _lossless_mp4_url(frames: np.ndarray, rate: int = 4) -> str:
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264rgb", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "rgb24"
+        stream.options = {"qp": "0"}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return "data:video/mp4;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_clip_serves_as_features_from_the_cache_and_as_content_parts(backend, renderer):
+    """Video through vf-mm serve: features with kwargs_data, then hash-only (the server's
+    cache), then the raw clip as a content part expanded by the server: one prompt, the
+    same greedy tokens."""
+    frames = np.random.default_rng(3).integers(0, 256, (6, 42, 56, 3), dtype=np.uint8)
+    url = _lossless_mp4_url(frames)
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                             {"type": "text", "text": "What moved?"}]}]  # fmt: skip
+    rendered = renderer.render(messages)
+    pad = renderer.vision.video_token_id
+    (span,) = rendered.multi_modal_data.mm_placeholders["video"]
+    collapsed = [*rendered.token_ids[: span.offset], pad, *rendered.token_ids[span.end :]]
+    app = create_app(backend, renderer=renderer, model_name=MODEL)
+    sampling = SamplingParams(max_tokens=5, temperature=0)
+
+    async def main() -> list[list[int]]:
+        outputs = []
+        for send in (True, False):  # with kwargs_data, then hash-only from the cache
+            client = VLLMBackend("http://vf-mm.test", model=MODEL, send_kwargs_data=send,
+                                 transport=httpx.ASGITransport(app=app))  # fmt: skip
+            try:
+                result = await client.generate(
+                    GenerateRequest(rendered.token_ids, sampling, rendered.multi_modal_data)
+                )
+            finally:
+                await client.aclose()
+            outputs.append(result.completion_ids)
+        return outputs
+
+    features = asyncio.run(main())
+    with TestClient(app) as c:
+        body = {"token_ids": collapsed, "return_token_ids": True,
+                "sampling_params": {"max_tokens": 5, "temperature": 0.0},
+                "content_parts": [{"type": "video_url", "url": url}]}  # fmt: skip
+        r = _generate(c, body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["prompt_token_ids"] == rendered.token_ids
+        # a clip's placeholders need a video pad per position, as an image's
+        bad = {"token_ids": rendered.token_ids, "sampling_params": {},
+               "features": {"mm_hashes": {"video": ["x"]},
+                            "mm_placeholders": {"video": [{"offset": 0, "length": 3}]}}}  # fmt: skip
+        assert "video pad tokens" in _error(_generate(c, bad))
+    assert features[0] == features[1] == out["choices"][0]["token_ids"]
+
+
+def test_the_chat_route_takes_a_clip_and_reads_it_through_the_servers_policy(client):
+    frames = np.random.default_rng(4).integers(0, 256, (4, 28, 28, 3), dtype=np.uint8)
+    content = [{"type": "video_url", "video_url": {"url": _lossless_mp4_url(frames)}},
+               {"type": "text", "text": "What moved?"}]  # fmt: skip
+    body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": content}]}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > 20
+    # a local path is not the server's to read, whatever the renderer's own policy says
+    content[0] = {"type": "video_url", "video_url": {"url": "/etc/hostname"}}
+    assert "message 0, part 0" in _error(client.post("/v1/chat/completions", json=body))
+    # a misspelt per-clip option is refused, not ignored
+    content[0] = {"type": "video_url", "video_url": {"url": _lossless_mp4_url(frames)},
+                  "num_frame": 2}  # fmt: skip
+    assert "num_frame" in _error(client.post("/v1/chat/completions", json=body))

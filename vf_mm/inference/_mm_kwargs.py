@@ -194,7 +194,12 @@ def decode_kwargs_item(
             raise DecodeError(f"kwarg {key!r}: bad field spec {field!r}")
         if elem["data"] is None:
             raise DecodeError(f"kwarg {key!r} holds no data (a cache reference)")
-        value = _tensor(key, elem["data"], tensors)
+        data = elem["data"]
+        if _is_number_list(data):  # a plain value, not a tensor (Qwen3-VL's timestamps)
+            value = np.asarray(data, dtype=np.float64 if any(isinstance(x, float) for x in data)
+                               else np.int64)  # fmt: skip
+        else:
+            value = _tensor(key, data, tensors)
         if field[0] == "batched":
             value = value.reshape((1, *value.shape))
         out[key] = value
@@ -250,6 +255,16 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code != RAW_VIEW_EXT:
         raise DecodeError(f"unsupported msgpack extension type {code} (only raw tensor data, 3)")
     return _Raw(data)
+
+
+def _is_number_list(data: Any) -> bool:
+    """A list of plain numbers, as vLLM's encoder writes a Python list (never a tensor's
+    ``[dtype, shape, data]``, whose first entry is a string)."""
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in data)
+    )
 
 
 def _tensor(key: str, enc: Any, tensors: str) -> Any:

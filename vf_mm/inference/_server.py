@@ -13,11 +13,14 @@
   ``pixel_values`` are taken as the transformers processor makes them (rescaled and
   normalised), which is what a vLLM server started with ``--no-mm-device-do-normalize``
   takes too. Or in
-  ``content_parts`` mode: ``token_ids`` hold one image pad per image and the parts
-  carry the images (``{"type": "image_url", "url": "data:..."}``, vLLM's flat form, or
-  OpenAI's nested ``image_url.url``); the renderer's image processor expands each pad,
-  and ``return_token_ids`` returns the expanded ids and their placeholders.
+  ``content_parts`` mode: ``token_ids`` hold one image pad per image (one video pad per
+  clip) and the parts carry them (``{"type": "image_url", "url": "data:..."}`` or
+  ``video_url``, vLLM's flat form, or OpenAI's nested ``image_url.url``); the renderer
+  expands each pad, and ``return_token_ids`` returns the expanded ids and their
+  placeholders. Clips (Qwen-VL families) go through the same two modes: features
+  under ``"video"`` (``pixel_values_videos``, ``video_grid_thw``, ...), or raw.
 - ``POST /v1/chat/completions``: OpenAI-compatible, messages in / message out; images
+  (``image_url``) and clips (``video_url``, with per-clip ``fps`` / ``num_frames`` / ...)
   only as ``data:`` URLs unless an explicit ``image_policy`` allows more.
 - ``GET /v1/models`` and ``GET /health``.
 
@@ -68,7 +71,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from vf_mm.errors import ImageError, PromptTooLongError, UnsupportedModelError, VfMmError
+from vf_mm.errors import (
+    ImageError,
+    PromptTooLongError,
+    RenderError,
+    UnsupportedModelError,
+    VfMmError,
+    VideoError,
+)
 from vf_mm.images import ImagePolicy, load_image
 from vf_mm.inference._server_errors import (
     RequestError,
@@ -82,8 +92,9 @@ from vf_mm.inference._server_models import (
     GenerateRequestModel,
 )
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
-from vf_mm.models import QWEN_VL_FAMILIES, VISION_FAMILIES
+from vf_mm.models import QWEN_VL_FAMILIES, VISION_FAMILIES, family_info
 from vf_mm.types import MultiModalData, PlaceholderRange
+from vf_mm.videos import load_video
 
 __all__ = ["DEFAULT_SERVER_IMAGE_POLICY", "create_app"]
 
@@ -162,6 +173,7 @@ class _Server:
                 f"the vf_mm server serves Qwen-VL checkpoints and text models, not {family!r} "
                 "yet; use LocalBackend in-process, or vLLM in content_parts mode"
             )
+        self.family: str | None = family if family in VISION_FAMILIES else None
         self.backend = backend
         self.renderer = renderer
         self.model_name = model_name
@@ -177,6 +189,11 @@ class _Server:
             vision.image_token_id
             if vision is not None
             else getattr(backend, "image_token_id", None)
+        )
+        self.video_token_id: int | None = (
+            vision.video_token_id
+            if vision is not None and vision.video is not None
+            else getattr(backend, "video_token_id", None)
         )
         self.merge_size = int(
             vision.merge_size
@@ -232,9 +249,10 @@ class _Server:
             token_ids, mm = await run_in_threadpool(
                 self._expand_content_parts, req.token_ids, req.content_parts
             )
-            # processed images serve later hash-only (features) requests too, as in vLLM
-            for h, item in zip(mm.mm_hashes["image"], mm.mm_items["image"], strict=True):
-                self.cache.put(("image", h), item)
+            # processed items serve later hash-only (features) requests too, as in vLLM
+            for modality in mm.modalities:
+                for h, item in zip(mm.mm_hashes[modality], mm.mm_items[modality], strict=True):
+                    self.cache.put((modality, h), item)
         else:
             mm = await self._multi_modal_data(req)
         sampling = SamplingParams(
@@ -330,184 +348,234 @@ class _Server:
 
     async def _multi_modal_data(self, req: GenerateRequestModel) -> MultiModalData | None:
         features = req.features
-        pad = self.image_token_id
         ids = np.asarray(req.token_ids, dtype=np.int64)
-        if features is None or not any(features.mm_hashes.values()):
-            if pad is not None and (n := int((ids == pad).sum())):
-                raise RequestError(
-                    f"token_ids hold {n} image pad tokens ({pad}) but the request has no "
-                    "features describing their images",
-                    param="features",
-                )
-            return None
-        other = sorted(m for m, h in features.mm_hashes.items() if h and m != "image")
+        pads = {"image": self.image_token_id, "video": self.video_token_id}
+        sent = {m: h for m, h in features.mm_hashes.items() if h} if features is not None else {}
+        other = sorted(m for m in sent if m not in pads)
         if other:
             raise RequestError(
-                f"modality {other[0]!r} is not supported by vf-mm serve (images only)",
+                f"modality {other[0]!r} is not supported by vf-mm serve (images and videos only)",
                 param="features",
             )
-        if pad is None:
+        data = MultiModalData()
+        for modality, pad in pads.items():
+            if modality not in sent:
+                if pad is not None and (n := int((ids == pad).sum())):
+                    raise RequestError(
+                        f"token_ids hold {n} {modality} pad tokens ({pad}) but the request has "
+                        f"no features describing their {modality}s",
+                        param="features",
+                    )
+                continue
+            if pad is None:
+                raise RequestError(
+                    f"the model {self.model_name} takes no {modality}s, but the request has "
+                    f"{modality} features",
+                    param="features",
+                )
+            assert features is not None
+            part = await self._modality_data(features, modality, pad, ids)
+            data.mm_hashes[modality] = part.mm_hashes[modality]
+            data.mm_placeholders[modality] = part.mm_placeholders[modality]
+            data.mm_items[modality] = part.mm_items[modality]
+        return data if data.modalities else None
+
+    async def _modality_data(
+        self, features: Any, modality: str, pad: int, ids: np.ndarray
+    ) -> MultiModalData:
+        """One modality's features checked (every placeholder a run of its pad tokens, the
+        grids' token counts) and its items decoded or found in the cache."""
+        hashes = features.mm_hashes[modality]
+        ranges = features.mm_placeholders.get(modality, [])
+        if len(ranges) != len(hashes):
             raise RequestError(
-                f"the model {self.model_name} takes no images, but the request has features",
-                param="features",
+                f"features has {len(hashes)} {modality} hashes but {len(ranges)} placeholders",
+                param="features.mm_placeholders",
             )
-        hashes = features.mm_hashes["image"]
-        ranges = features.mm_placeholders["image"]
         for i, p in enumerate(ranges):
             span = ids[p.offset : p.offset + p.length]
             if not bool((span == pad).all()):
                 bad = p.offset + int(np.argmax(span != pad))
                 raise RequestError(
-                    f"features.mm_placeholders.image[{i}] (offset {p.offset}, length "
-                    f"{p.length}) must cover image pad tokens ({pad}) only, but token_ids[{bad}] "
-                    f"is {int(ids[bad])}",
+                    f"features.mm_placeholders.{modality}[{i}] (offset {p.offset}, length "
+                    f"{p.length}) must cover {modality} pad tokens ({pad}) only, but "
+                    f"token_ids[{bad}] is {int(ids[bad])}",
                     param="features.mm_placeholders",
                 )
         total = int((ids == pad).sum())
         covered = sum(p.length for p in ranges)
         if total != covered:
             raise RequestError(
-                f"token_ids hold {total} image pad tokens ({pad}) but mm_placeholders cover "
-                f"{covered}",
+                f"token_ids hold {total} {modality} pad tokens ({pad}) but mm_placeholders "
+                f"cover {covered}",
                 param="features.mm_placeholders",
             )
-        data = (features.kwargs_data or {}).get("image") or [None] * len(hashes)
+        data = (features.kwargs_data or {}).get(modality) or [None] * len(hashes)
 
         def decode_all() -> dict[int, dict[str, Any]]:
             out: dict[int, dict[str, Any]] = {}
             for i, b64 in enumerate(data):
                 if b64 is None:
                     continue
+                where = f"kwargs_data.{modality}[{i}]"
                 try:
-                    out[i] = self._check_item(_decode_item(b64), f"kwargs_data.image[{i}]")
+                    out[i] = self._check_item(_decode_item(b64), where, modality)
                 except RequestError:
                     raise
                 except (VfMmError, ValueError, TypeError) as exc:
                     raise RequestError(
-                        f"features.kwargs_data.image[{i}]: {exc}", param="features.kwargs_data"
+                        f"features.{where}: {exc}", param="features.kwargs_data"
                     ) from None
             return out
 
         decoded = await run_in_threadpool(decode_all) if any(d is not None for d in data) else {}
         items: list[dict[str, Any]] = []
         seen: dict[str, dict[str, Any]] = {}
+        grid_key = f"{modality}_grid_thw"
         for i, h in enumerate(hashes):
             item = decoded.get(i)
             if item is None:
-                item = seen.get(h) or self.cache.get(("image", h))
+                item = seen.get(h) or self.cache.get((modality, h))
                 if item is None:
                     raise RequestError(
-                        f"features.mm_hashes.image[{i}] = {h!r} is not in the server's "
+                        f"features.mm_hashes.{modality}[{i}] = {h!r} is not in the server's "
                         "multi-modal cache: send its kwargs_data",
                         param="features.kwargs_data",
                     )
             seen.setdefault(h, item)
-            tokens = int(np.prod(item["image_grid_thw"])) // self.merge_size**2
+            tokens = int(np.prod(item[grid_key])) // self.merge_size**2
             if tokens != ranges[i].length:
-                grid = [int(x) for x in np.asarray(item["image_grid_thw"]).reshape(-1)]
+                grid = [int(x) for x in np.asarray(item[grid_key]).reshape(-1)]
                 raise RequestError(
-                    f"image {i} ({h!r}): its placeholder has length {ranges[i].length} but its "
-                    f"image_grid_thw {grid} makes prod(grid) / merge_size^2 = {tokens} tokens",
+                    f"{modality} {i} ({h!r}): its placeholder has length {ranges[i].length} but "
+                    f"its {grid_key} {grid} makes prod(grid) / merge_size^2 = {tokens} tokens",
                     param="features.mm_placeholders",
                 )
             items.append(item)
         for i, item in decoded.items():
-            self.cache.put(("image", hashes[i]), item)
+            self.cache.put((modality, hashes[i]), item)
         return MultiModalData(
-            mm_hashes={"image": list(hashes)},
-            mm_placeholders={"image": [PlaceholderRange(p.offset, p.length) for p in ranges]},
-            mm_items={"image": items},
+            mm_hashes={modality: list(hashes)},
+            mm_placeholders={modality: [PlaceholderRange(p.offset, p.length) for p in ranges]},
+            mm_items={modality: items},
         )
 
     def _expand_content_parts(
         self, token_ids: list[int], parts: list[dict[str, Any]]
     ) -> tuple[list[int], MultiModalData]:
-        """content_parts mode: load each image (server policy), process it with the
-        renderer's image processor, and expand its single pad in ``token_ids``."""
+        """content_parts mode: load each image or video (server policy), process it with
+        the renderer, and expand its single pad in ``token_ids`` (``image_url`` and
+        ``video_url`` parts, in the order their pads appear)."""
         vision = _inner(self.renderer, "vision")
         if vision is None:
             raise RequestError(
                 "content_parts need a server with a multimodal renderer; send features",
                 param="content_parts",
             )
-        pad = vision.image_token_id
+        pads = {"image": vision.image_token_id}
+        if vision.video is not None and vision.video_token_id is not None:
+            pads["video"] = vision.video_token_id
         processed = []
         for i, part in enumerate(parts):
             where = f"content_parts[{i}]"
             kind = part.get("type")
-            if kind != "image_url":
+            modality = {"image_url": "image", "video_url": "video"}.get(kind)
+            if modality not in pads:
+                takes = " and ".join(f"{m}_url" for m in pads)
                 raise RequestError(
-                    f"{where} has type {kind!r}; vf-mm serve takes image_url parts only",
+                    f"{where} has type {kind!r}; vf-mm serve takes {takes} parts only",
                     param="content_parts",
                 )
             url = part.get("url")
-            nested = part.get("image_url")
+            nested = part.get(kind)
             if url is None and isinstance(nested, dict):
                 url = nested.get("url")
             if not isinstance(url, str) or not url:
-                raise RequestError(f"{where} has no image URL", param="content_parts")
+                raise RequestError(f"{where} has no {modality} URL", param="content_parts")
             try:
-                image = load_image(url, policy=self.image_policy, where=where)
-                processed.append(vision.process({"type": "image", "image": image}, where=where))
-            except ImageError as exc:
+                if modality == "image":
+                    image = load_image(url, policy=self.image_policy, where=where)
+                    item = vision.process({"type": "image", "image": image}, where=where)
+                else:  # loaded through the server's policy, never the renderer's
+                    video = load_video(url, policy=self.image_policy, where=where)
+                    item = vision.process_video({"type": "video", "video": video}, where=where)
+            except (ImageError, VideoError, RenderError) as exc:
                 raise RequestError(str(exc), param="content_parts") from None
-        positions = [k for k, t in enumerate(token_ids) if t == pad]
-        if len(positions) != len(processed):
+            processed.append(item)
+        by_pad = {pad: m for m, pad in pads.items()}
+        positions = [(k, by_pad[t]) for k, t in enumerate(token_ids) if t in by_pad]
+        written = [m for _, m in positions]
+        wanted = [item.modality for item in processed]
+        if written != wanted:
             raise RequestError(
-                f"token_ids hold {len(positions)} image pad tokens ({pad}) but content_parts "
-                f"has {len(processed)} images: content_parts mode takes one pad per image",
+                f"token_ids hold pads for {written} but content_parts has {wanted}: "
+                "content_parts mode takes one pad per image or video, in order",
                 param="content_parts",
             )
+        tokenizer = vision.tokenizer
         ids: list[int] = []
-        data = MultiModalData(
-            mm_hashes={"image": []}, mm_placeholders={"image": []}, mm_items={"image": []}
-        )
+        data = MultiModalData()
         start = 0
-        for position, image in zip(positions, processed, strict=True):
+        for (position, modality), item in zip(positions, processed, strict=True):
             ids.extend(token_ids[start:position])
-            data.mm_placeholders["image"].append(PlaceholderRange(len(ids), image.num_tokens))
-            data.mm_hashes["image"].append(image.hash)
-            data.mm_items["image"].append(image.item)
-            ids.extend([pad] * image.num_tokens)
+            # text the processor writes around a span (Qwen3-VL's first timestamp) stands
+            # next to added tokens, so it tokenizes alone as it does in the prompt
+            if item.text_before:
+                ids.extend(tokenizer(item.text_before, add_special_tokens=False)["input_ids"])
+            data.mm_placeholders.setdefault(modality, []).append(
+                PlaceholderRange(len(ids), item.num_tokens, item.is_embed)
+            )
+            data.mm_hashes.setdefault(modality, []).append(item.hash)
+            data.mm_items.setdefault(modality, []).append(item.item)
+            ids.extend(item.tokens)
+            if item.text_after:
+                ids.extend(tokenizer(item.text_after, add_special_tokens=False)["input_ids"])
             start = position + 1
         ids.extend(token_ids[start:])
         return ids, data
 
-    def _check_item(self, item: dict[str, Any], where: str) -> dict[str, Any]:
+    def _check_item(
+        self, item: dict[str, Any], where: str, modality: str = "image"
+    ) -> dict[str, Any]:
         def bad(message: str) -> RequestError:
             return RequestError(f"features.{where}: {message}", param="features.kwargs_data")
 
-        missing = [k for k in ("pixel_values", "image_grid_thw") if k not in item]
+        pixels_key = "pixel_values" if modality == "image" else "pixel_values_videos"
+        grid_key = f"{modality}_grid_thw"
+        missing = [k for k in (pixels_key, grid_key) if k not in item]
         if missing:
             raise bad(f"no {' or '.join(missing)} (got {', '.join(sorted(item)) or 'nothing'})")
-        grid = np.asarray(item["image_grid_thw"])
+        grid = np.asarray(item[grid_key])
         if grid.shape not in ((1, 3), (3,)) or grid.dtype.kind not in "iu" or (grid <= 0).any():
-            raise bad(f"image_grid_thw must be 3 positive ints, got {grid.tolist()}")
+            raise bad(f"{grid_key} must be 3 positive ints, got {grid.tolist()}")
         grid = grid.astype(np.int64).reshape(1, 3)
-        pv = np.asarray(item["pixel_values"])
+        pv = np.asarray(item[pixels_key])
         if pv.ndim != 2 or not (pv.dtype.kind == "f" or pv.dtype.name == "bfloat16"):
-            raise bad(f"pixel_values must be a 2-D float array, got {pv.dtype} {pv.shape}")
+            raise bad(f"{pixels_key} must be a 2-D float array, got {pv.dtype} {pv.shape}")
         rows = int(np.prod(grid))
         if pv.shape[0] != rows:
             raise bad(
-                f"pixel_values has {pv.shape[0]} rows but image_grid_thw "
+                f"{pixels_key} has {pv.shape[0]} rows but {grid_key} "
                 f"{grid[0].tolist()} needs {rows}"
             )
         if self.patch_dim is not None and pv.shape[1] != self.patch_dim:
             raise bad(
-                f"pixel_values rows have {pv.shape[1]} values; the model takes {self.patch_dim}"
+                f"{pixels_key} rows have {pv.shape[1]} values; the model takes {self.patch_dim}"
             )
         if grid[0, 1] % self.merge_size or grid[0, 2] % self.merge_size:
             raise bad(
-                f"image_grid_thw {grid[0].tolist()} is not a multiple of merge_size "
-                f"{self.merge_size}"
+                f"{grid_key} {grid[0].tolist()} is not a multiple of merge_size {self.merge_size}"
             )
         if pv.dtype != np.float32:
             pv = pv.astype(np.float32)
             pv.flags.writeable = False
         out = dict(item)
-        out["pixel_values"] = pv
-        out["image_grid_thw"] = grid
+        out[pixels_key] = pv
+        out[grid_key] = grid
+        if modality == "video" and self.family is not None:
+            expected = set(family_info(self.family).video_inputs)
+            if set(out) != expected:
+                raise bad(f"a {self.family} video takes {sorted(expected)}, got {sorted(out)}")
         return out
 
     # -- POST /v1/chat/completions -------------------------------------------------------
@@ -627,20 +695,24 @@ class _Server:
     def _render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> Any:
-        """Images loaded through the server's policy (never the renderer's), then render."""
+        """Images and videos loaded through the server's policy (never the renderer's), then
+        render."""
         for i, message in enumerate(messages):
             content = message.get("content")
             if not isinstance(content, list):
                 continue
             for j, part in enumerate(content):
-                if part.get("type") == "image_url":
-                    try:
-                        image = load_image(
-                            part, policy=self.image_policy, where=f"message {i}, part {j}"
-                        )
-                    except ImageError as exc:
-                        raise RequestError(str(exc), param=f"messages.{i}.content.{j}") from None
-                    content[j] = {"type": "image", "image": image}
+                where = f"message {i}, part {j}"
+                try:
+                    if part.get("type") == "image_url":
+                        image = load_image(part, policy=self.image_policy, where=where)
+                        content[j] = {"type": "image", "image": image}
+                    elif part.get("type") == "video_url":
+                        video = load_video(part, policy=self.image_policy, where=where)
+                        options = {k: v for k, v in part.items() if k not in ("type", "video_url")}
+                        content[j] = {"type": "video", "video": video, **options}
+                except (ImageError, VideoError) as exc:
+                    raise RequestError(str(exc), param=f"messages.{i}.content.{j}") from None
         try:
             return self.renderer.render(messages, tools=tools)
         except (VfMmError, ValueError, TypeError, KeyError, IndexError) as exc:

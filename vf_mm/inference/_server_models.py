@@ -243,7 +243,17 @@ class _ImagePart(BaseModel):
     image_url: _ImageURL
 
 
-_Part = Annotated[_TextPart | _ImagePart, Field(discriminator="type")]
+class _VideoURL(BaseModel):
+    url: str
+
+
+class _VideoPart(BaseModel):
+    model_config = ConfigDict(extra="allow")  # per-clip options: fps, num_frames, ...
+    type: Literal["video_url"]
+    video_url: _VideoURL
+
+
+_Part = Annotated[_TextPart | _ImagePart | _VideoPart, Field(discriminator="type")]
 
 
 class _FunctionCall(BaseModel):

@@ -177,7 +177,7 @@ def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> d
         raise MultiModalDataError(
             f"these {sparse[0]} placeholders mark only some positions as embeddings (is_embed), "
             "which vLLM's features route cannot carry (its placeholders are offset and length "
-            "only): send this model's images as content_parts instead"
+            f"only): send this model's {sparse[0]}s as content_parts instead"
         )
     kwargs_data: dict[str, list[str | None]] | None = None
     if send_kwargs_data:
