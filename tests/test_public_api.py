@@ -94,10 +94,16 @@ def test_videos_exports():
         "DEFAULT_MAX_DURATION_S",
         "DEFAULT_MAX_FRAMES",
         "DEFAULT_MAX_PIXELS_PER_FRAME",
+        "VIDEO_EXTENSIONS",
         "Video",
         "VideoLimits",
+        "encode_lossless",
+        "is_raw_video",
         "load_video",
+        "read_video_bytes",
+        "video_extension",
         "video_hash",
+        "video_mm_hash",
     }
     for name in vf_mm.videos.__all__:
         assert hasattr(vf_mm.videos, name), name

@@ -34,6 +34,7 @@ from vf_mm.errors import MultiModalDataError, TrajectoryError, VfMmError
 
 __all__ = [
     "IMAGE_PART_TYPES",
+    "VIDEO_OPTIONS",
     "VIDEO_PART_KEYS",
     "VIDEO_PART_TYPES",
     "AssistantMessage",
@@ -63,6 +64,7 @@ __all__ = [
     "image_part_source",
     "image_parts",
     "text_of",
+    "video_parts",
 ]
 
 # -- messages (OpenAI chat format) -------------------------------------------------
@@ -121,11 +123,13 @@ ContentPart = TextPart | ImageURLPart | ImagePart | VideoURLPart | VideoPart
 IMAGE_PART_TYPES = frozenset({"image", "image_url"})
 #: The ``type`` values of content parts that carry a video.
 VIDEO_PART_TYPES = frozenset({"video", "video_url"})
+#: A video part's processing options: how the model's video processor samples and sizes
+#: this clip (they change its tensors, so they are part of its ``mm_hash``).
+VIDEO_OPTIONS = ("fps", "num_frames", "min_pixels", "max_pixels", "do_sample_frames")
 #: The keys a video part may hold: its source, the raw frames' rate, processing options.
 VIDEO_PART_KEYS = frozenset(
-    {"type", "video", "url", "path", "video_url", "frame_rate", "fps", "num_frames",
-     "min_pixels", "max_pixels", "do_sample_frames"}
-)  # fmt: skip
+    {"type", "video", "url", "path", "video_url", "frame_rate", *VIDEO_OPTIONS}
+)
 
 
 class ToolCallFunction(TypedDict):
@@ -193,6 +197,17 @@ def image_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, C
     for m, message in enumerate(messages):
         for p, part in enumerate(content_parts(message)):
             if isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES:
+                found.append((m, p, part))
+    return found
+
+
+def video_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, ContentPart]]:
+    """``(message index, part index, part)`` for every video part, in conversation order
+    (the order of a rendered prompt's video placeholders)."""
+    found: list[tuple[int, int, ContentPart]] = []
+    for m, message in enumerate(messages):
+        for p, part in enumerate(content_parts(message)):
+            if isinstance(part, Mapping) and part.get("type") in VIDEO_PART_TYPES:
                 found.append((m, p, part))
     return found
 

@@ -25,6 +25,7 @@ import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 
+from vf_mm.errors import MultiModalDataError
 from vf_mm.inference import (
     GenerateRequest,
     GenerateResult,
@@ -968,6 +969,24 @@ def test_a_clip_serves_as_features_from_the_cache_and_as_content_parts(backend, 
         return outputs
 
     features = asyncio.run(main())
+
+    async def as_content_parts(part) -> Any:
+        client = VLLMBackend("http://vf-mm.test", model=MODEL, mode="content_parts",
+                             transport=httpx.ASGITransport(app=app))  # fmt: skip
+        try:
+            return await client.generate(GenerateRequest(collapsed, sampling, content_parts=[part]))
+        finally:
+            await client.aclose()
+
+    # the client sends the clip's own file, or raw frames losslessly encoded
+    for part in ({"type": "video_url", "video_url": {"url": url}},
+                 {"type": "video", "video": frames, "frame_rate": 4.0}):  # fmt: skip
+        sent = asyncio.run(as_content_parts(part))
+        assert sent.prompt_ids == rendered.token_ids
+        assert sent.multi_modal_data.mm_hashes == rendered.multi_modal_data.mm_hashes
+        assert sent.completion_ids == features[0]
+    with pytest.raises(MultiModalDataError, match="num_frames"):
+        asyncio.run(as_content_parts({"type": "video", "video": frames, "num_frames": 2}))
     with TestClient(app) as c:
         body = {"token_ids": collapsed, "return_token_ids": True,
                 "sampling_params": {"max_tokens": 5, "temperature": 0.0},

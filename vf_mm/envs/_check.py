@@ -17,8 +17,9 @@ offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
   This is checked only when the replies are deterministic (the default policy or a list
   of strings; a callable may sample).
 
-The report counts what it saw: rows, the dataset's images, the new images each model
-turn was shown (prompt images on turn 1, environment and tool images after), the tool
+The report counts what it saw: rows, the dataset's images and videos, the new images
+and videos each model turn was shown (the prompt's on turn 1, environment and tool ones
+after), the tool
 calls made and the tools that answered with an error (``"Error: ..."``), and the rewards.
 Its ``warnings`` say what a tool's schema leaves the model to guess (no description, a
 parameter without a type hint or an ``Args:`` line, an ``Args:`` line naming no
@@ -42,7 +43,7 @@ from vf_mm.envs._messages import check_messages
 from vf_mm.envs._rubric import asked_columns
 from vf_mm.envs._tools import schema_gaps
 from vf_mm.errors import EnvironmentCheckError, ResultsError, VfMmError
-from vf_mm.types import image_parts
+from vf_mm.types import image_parts, video_parts
 
 DEFAULT_ANSWER = "I think the answer is 1."
 
@@ -60,7 +61,9 @@ def check_environment(
     return the report::
 
         {"rows": rows checked, "images": dataset images loaded,
+         "videos": dataset videos loaded,
          "images_per_turn": [[new images at model turn 1, 2, ...] per rollout],
+         "videos_per_turn": [[new videos at model turn 1, 2, ...] per rollout],
          "tool_calls": {tool: calls made}, "tool_errors": {tool: its first error answer},
          "warnings": [what a tool schema leaves the model to guess],
          "rewards": [reward per rollout], "seconds": wall time}
@@ -76,7 +79,7 @@ def check_environment(
 
     start = time.perf_counter()
     problems: list[str] = []
-    report: dict[str, Any] = {"rows": 0, "images": 0}
+    report: dict[str, Any] = {"rows": 0, "images": 0, "videos": 0}
     try:
         rows = env.get_eval_dataset(num_examples)
     except Exception as exc:
@@ -109,7 +112,8 @@ def check_environment(
         )
         runs = [{}]
     first = runs[0]
-    report["images_per_turn"] = [_new_images_per_turn(out) for out in first.values()]
+    report["images_per_turn"] = [_new_per_turn(out, image_parts) for out in first.values()]
+    report["videos_per_turn"] = [_new_per_turn(out, video_parts) for out in first.values()]
     report["tool_calls"], report["tool_errors"] = _tool_use(first.values())
     report["rewards"] = []
     for (example_id, index), out in sorted(first.items(), key=lambda kv: str(kv[0])):
@@ -237,6 +241,7 @@ def _check_row(
     env: Environment, i: int, row: Mapping[str, Any], policy: Any, report: dict[str, Any]
 ) -> list[str]:
     from vf_mm.images import load_image
+    from vf_mm.videos import load_video
 
     if row.get("question") is None and row.get("prompt") is None:
         return [f"row {i} has neither a 'question' nor a 'prompt' column"]
@@ -262,6 +267,12 @@ def _check_row(
         try:
             load_image(part, policy=policy, where=f"row {i}, message {m}, part {p}")
             report["images"] += 1
+        except VfMmError as exc:
+            problems.append(str(exc))
+    for m, p, part in video_parts(prompt):
+        try:
+            load_video(part, policy=policy, where=f"row {i}, message {m}, part {p}")
+            report["videos"] += 1
         except VfMmError as exc:
             problems.append(str(exc))
     return problems
@@ -318,13 +329,14 @@ def _not_json(value: Any) -> str | None:
     return None
 
 
-def _new_images_per_turn(output: Any) -> list[int]:
-    """How many images each model turn saw for the first time."""
+def _new_per_turn(output: Any, parts: Any) -> list[int]:
+    """How many images (or videos: ``parts`` finds them) each model turn saw for the
+    first time."""
     counts, seen = [], 0
     for step in output.trajectory:
-        shown = len(image_parts(step.prompt))
+        shown = len(parts(step.prompt))
         counts.append(shown - seen)
-        seen = shown + len(image_parts(step.completion))
+        seen = shown + len(parts(step.completion))
     return counts
 
 

@@ -21,7 +21,8 @@ Request (vLLM's ``GenerateRequest``; only the fields we send)::
                   "mm_placeholders": {"image": [{"offset", "length"}]},
                   "kwargs_data": {"image": [base64 str | null]} | null},
      # or (content_parts mode)
-     "content_parts": [{"type": "image_url", "url": "data:image/png;base64,..."}],
+     "content_parts": [{"type": "image_url", "url": "data:image/png;base64,..."},
+                       {"type": "video_url", "url": "data:video/mp4;base64,..."}],
      "return_token_ids": true}
 
 Every sampling field is sent, penalties included, so a server's generation-config
@@ -29,7 +30,7 @@ defaults (``repetition_penalty`` 1.05 in some Qwen checkpoints) never change wha
 sampled. ``logprobs: 0`` returns the sampled token's log-probability only (vLLM always
 includes the sampled token in each position's logprob dict).
 
-``features``: per image its hash, its placeholder range in ``token_ids`` and its model
+``features``: per image (and per clip, under ``"video"``) its hash, its placeholder range in ``token_ids`` and its model
 inputs (``kwargs_data``: base64 of vLLM's msgpack ``MultiModalKwargsItem``, made by
 ``vf_mm.inference._mm_kwargs``; ``image_grid_thw`` travels as shape ``(3,)`` per item).
 A ``null`` entry, or ``kwargs_data: null``, tells the server to look the item up by hash
@@ -67,10 +68,17 @@ so the server processes exactly what the policy let through. A refused image fai
 the request with its ``ImageError`` before anything is sent. The result's
 ``multi_modal_data`` holds the server's placeholders, ``image_hash`` of each image as
 sent, and an empty item dict per image (the pixels were processed on the server).
+
+Videos (content_parts mode) go the same way: each clip is loaded here under the policy
+and sent as a ``data:`` URL of its own file (an encoded source, read once) or of its raw
+frames encoded losslessly (``vf_mm.videos.encode_lossless``), so the server decodes the
+frames vf_mm hashed (``video_hash``). A part with processing options (``fps``,
+``num_frames``, ...) is refused: the server samples every clip by its own settings.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -95,7 +103,8 @@ class RequestBody:
     """What is POSTed, and what reading the answer needs to know about it."""
 
     body: bytes
-    image_hashes: list[str] | None = None  # content_parts mode: hashes of what was sent
+    # content_parts mode: per modality, the hashes of what was sent, in order
+    media_hashes: dict[str, list[str]] | None = None
 
 
 class ResponseNotJSON(Exception):
@@ -128,19 +137,19 @@ def encode_request(
         body["model"] = model
     if request.request_id is not None:
         body["request_id"] = request.request_id
-    image_hashes: list[str] | None = None
+    media_hashes: dict[str, list[str]] | None = None
     if request.content_parts:
-        urls, hashes = _load_image_parts(request.content_parts, image_policy)
-        if urls:
-            body["content_parts"] = [{"type": "image_url", "url": url} for url in urls]
+        parts, hashes = _load_media_parts(request.content_parts, image_policy)
+        if parts:
+            body["content_parts"] = parts
             body["return_token_ids"] = True
-            image_hashes = hashes
+            media_hashes = hashes
     elif request.multi_modal_data is not None and not request.multi_modal_data.is_empty:
         body["features"] = _features(
             request.multi_modal_data, len(request.prompt_ids), send_kwargs_data
         )
     encoded = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-    return RequestBody(encoded, image_hashes)
+    return RequestBody(encoded, media_hashes)
 
 
 def _sampling_params(sampling: SamplingParams) -> dict[str, Any]:
@@ -199,36 +208,86 @@ def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> d
     }
 
 
-def _load_image_parts(
+_VIDEO_MEDIA_TYPES = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm",
+                      "mkv": "video/x-matroska", "avi": "video/x-msvideo", "ts": "video/mp2t"}  # fmt: skip
+
+
+def _load_media_parts(
     parts: Sequence[Mapping[str, Any]], policy: ImagePolicy | None
-) -> tuple[list[str], list[str]]:
-    """Each image part loaded under ``policy`` and re-encoded as a PNG data URL; with the
-    image hashes. Text parts are skipped (vLLM reads only media parts)."""
+) -> tuple[list[dict[str, str]], dict[str, list[str]]]:
+    """Each image and video part loaded under ``policy`` and sent as a ``data:`` URL the
+    server decodes itself, in order; with the hashes of what was sent, per modality. An
+    image is re-encoded as a PNG; a clip is sent as its own file (an encoded source) or
+    losslessly encoded (raw frames). Text parts are skipped (vLLM reads only media)."""
     from vf_mm.images import image_hash, load_image, png_data_url
 
-    urls: list[str] = []
-    hashes: list[str] = []
+    out: list[dict[str, str]] = []
+    hashes: dict[str, list[str]] = {}
     for i, part in enumerate(parts):
+        where = f"content_parts[{i}]"
         if not isinstance(part, Mapping):
-            raise MultiModalDataError(
-                f"content_parts[{i}] must be a dict, not {type(part).__name__}"
-            )
+            raise MultiModalDataError(f"{where} must be a dict, not {type(part).__name__}")
         kind = part.get("type")
         if kind == "text":
             continue
-        if kind not in ("image", "image_url"):
+        if kind in ("image", "image_url"):
+            source: Any = dict(part)
+            if kind == "image_url" and "image_url" not in part and "url" in part:
+                # vLLM's own flat form {"type": "image_url", "url": ...}
+                source = {"type": "image_url", "image_url": {"url": part["url"]}}
+            image = load_image(source, policy=policy, where=where)
+            out.append({"type": "image_url", "url": png_data_url(image)})
+            hashes.setdefault("image", []).append(image_hash(image))
+        elif kind in ("video", "video_url"):
+            url, digest = _video_data_url(part, policy, where)
+            out.append({"type": "video_url", "url": url})
+            hashes.setdefault("video", []).append(digest)
+        else:
             raise MultiModalDataError(
-                f"content_parts[{i}] has type {kind!r}; the vLLM backend sends image parts "
-                "('image_url' or 'image') only"
+                f"{where} has type {kind!r}; the vLLM backend sends image and video parts "
+                "('image_url', 'image', 'video_url', 'video') only"
             )
-        source: Any = dict(part)
-        if kind == "image_url" and "image_url" not in part and "url" in part:
-            # vLLM's own flat form {"type": "image_url", "url": ...}
-            source = {"type": "image_url", "image_url": {"url": part["url"]}}
-        image = load_image(source, policy=policy, where=f"content_parts[{i}]")
-        urls.append(png_data_url(image))
-        hashes.append(image_hash(image))
-    return urls, hashes
+    return out, hashes
+
+
+def _video_data_url(
+    part: Mapping[str, Any], policy: ImagePolicy | None, where: str
+) -> tuple[str, str]:
+    """A clip as a ``data:`` URL whose decoding is the clip vf_mm loads, and its hash.
+    Refused: processing options (the server samples by its own settings, so the tokens
+    would not be the renderer's), and raw frames at a rate no container states exactly."""
+    from vf_mm.types import VIDEO_OPTIONS
+    from vf_mm.videos import (
+        encode_lossless,
+        is_raw_video,
+        load_video,
+        read_video_bytes,
+        video_extension,
+        video_hash,
+    )
+
+    options = sorted(k for k in VIDEO_OPTIONS if part.get(k) is not None)
+    if options:
+        raise MultiModalDataError(
+            f"{where} sets {', '.join(options)}: in content_parts mode the server samples "
+            "each clip by its own settings; send the clip as features, or set them on the "
+            "server (--mm-processor-kwargs)"
+        )
+    if part.get("type") == "video_url" and "video_url" not in part and "url" in part:
+        part = {"type": "video_url", "video_url": {"url": part["url"]}}  # vLLM's flat form
+    inner = part.get("video", part.get("url", part.get("path")))
+    video = load_video(dict(part), policy=policy, where=where)
+    if is_raw_video(inner):
+        data = encode_lossless(video)
+        if video.fps is not None and load_video(data).fps != video.fps:
+            raise MultiModalDataError(
+                f"{where}: raw frames at {video.fps!r} fps, a rate no container states "
+                "exactly: the server would read another rate; send the clip as features"
+            )
+    else:
+        data = read_video_bytes(dict(part), policy=policy, where=where)
+    media = _VIDEO_MEDIA_TYPES[video_extension(data)]
+    return f"data:{media};base64,{base64.b64encode(data).decode()}", video_hash(video)
 
 
 # -- the answer -------------------------------------------------------------------------
@@ -297,8 +356,8 @@ def decode_response(content: bytes, request: GenerateRequest, sent: RequestBody)
 
     prompt_ids: list[int] | None = None
     mm: MultiModalData | None = None
-    if sent.image_hashes is not None:
-        prompt_ids, mm = _expanded_prompt(parsed, sent.image_hashes)
+    if sent.media_hashes is not None:
+        prompt_ids, mm = _expanded_prompt(parsed, sent.media_hashes)
     if parsed.usage is not None:
         completion_tokens = parsed.usage.completion_tokens
         usage = Usage(
@@ -343,30 +402,28 @@ def _logprobs(choice: _Choice) -> list[float]:
 
 
 def _expanded_prompt(
-    parsed: _GenerateResponse, hashes: list[str]
+    parsed: _GenerateResponse, hashes: dict[str, list[str]]
 ) -> tuple[list[int], MultiModalData]:
     """content_parts mode: the prompt as the server expanded it, with its placeholders."""
     if parsed.prompt_token_ids is None:
         raise ResponseSchemaError("prompt_token_ids missing although return_token_ids was sent")
     prompt_ids = list(parsed.prompt_token_ids)
     placeholders = parsed.mm_placeholders or {}
-    extra = sorted(set(placeholders) - {"image"})
+    extra = sorted(set(placeholders) - set(hashes))
     if extra:
         raise ResponseSchemaError(f"mm_placeholders for modalities {extra} we never sent")
-    ranges = [PlaceholderRange(p.offset, p.length) for p in placeholders.get("image", [])]
-    if len(ranges) != len(hashes):
-        raise ResponseSchemaError(
-            f"{len(ranges)} image placeholders came back for {len(hashes)} images sent "
-            "(is return_token_ids supported by this server?)"
-        )
-    if not hashes:
-        return prompt_ids, MultiModalData()
-    mm = MultiModalData(
-        mm_hashes={"image": list(hashes)},
-        mm_placeholders={"image": ranges},
+    mm = MultiModalData()
+    for modality, sent in hashes.items():
+        ranges = [PlaceholderRange(p.offset, p.length) for p in placeholders.get(modality, [])]
+        if len(ranges) != len(sent):
+            raise ResponseSchemaError(
+                f"{len(ranges)} {modality} placeholders came back for {len(sent)} "
+                f"{modality}s sent (is return_token_ids supported by this server?)"
+            )
+        mm.mm_hashes[modality] = list(sent)
+        mm.mm_placeholders[modality] = ranges
         # the server processed the pixels: the client holds no model inputs for them
-        mm_items={"image": [{} for _ in hashes]},
-    )
+        mm.mm_items[modality] = [{} for _ in sent]
     try:
         mm.validate(num_tokens=len(prompt_ids))
     except MultiModalDataError as exc:

@@ -45,14 +45,12 @@ from typing import Any
 import numpy as np
 
 from vf_mm.errors import RenderError, UnsupportedModelError
+from vf_mm.types import VIDEO_OPTIONS
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _HALF = (0.5, 0.5, 0.5)
 _BICUBIC, _BILINEAR = 3, 2  # PIL resample codes, as the configs store them
-
-#: The options a video part or ``processor_kwargs`` may set, as the processors name them.
-VIDEO_OPTIONS = ("fps", "num_frames", "min_pixels", "max_pixels", "do_sample_frames")
 
 
 @dataclass(frozen=True, slots=True)

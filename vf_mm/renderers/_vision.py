@@ -49,7 +49,7 @@ from vf_mm.models import (
     image_token_ids,
 )
 from vf_mm.types import VIDEO_PART_KEYS
-from vf_mm.videos import VideoLimits, load_video, video_hash
+from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,11 +206,8 @@ class VisionSpec:
         options = {k: part[k] for k in VIDEO_OPTIONS if part.get(k) is not None}
         settings = self.video.with_options(options)
         video = load_video(part, policy=self.policy, limits=self.video_limits, where=where)
-        # options change the tensors, so they change the hash: one mm_hash names one
-        # item (a group stores one item per hash)
-        key = video_hash(video)
-        if options:
-            key = _options_hash(key, options)
+        # options change the tensors, so they change the hash (video_mm_hash)
+        key = video_mm_hash(video_hash(video), part)
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -269,11 +266,3 @@ class VisionSpec:
                 first = at if first is None else min(first, at)
                 last = max(last, text.rfind(token) + len(token))
         return first, last
-
-
-def _options_hash(content_hash: str, options: dict[str, Any]) -> str:
-    """The hash of a clip processed with options of its own."""
-    import hashlib
-
-    text = f"{content_hash}:{sorted(options.items())!r}"
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,4 +1,11 @@
-"""Images: each distinct one embedded once, as a CSS class (``data:`` URI)."""
+"""Images and videos: each distinct one embedded once.
+
+An image is embedded once as a CSS class (a ``data:`` URI) that every use refers to. A
+video is embedded once as its strip frames (PNG images, embedded as images are, so a
+frame equal to an image or another clip's frame costs nothing more) and, when a browser
+plays the file (``_videos.browser_mime``), once as the file itself in one player that
+every use opens.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm._text import shorten
-from vf_mm.errors import ImageError
+from vf_mm.errors import ImageError, MissingDependencyError, VideoError
 from vf_mm.images import decode_data_url, encode_png
+from vf_mm.report._videos import (
+    STRIP_MAX_H,
+    STRIP_MAX_W,
+    browser_mime,
+    data_url_bytes,
+    strip_indices,
+)
+from vf_mm.videos import VideoLimits, load_video, video_extension
 
 #: assets bigger than this are not embedded (a placeholder says so)
 ASSET_MAX_BYTES = 32 * 1024 * 1024
@@ -52,16 +67,44 @@ class _Asset:
         return max(self.width, self.height) < FULL_MIN
 
 
+@dataclass
+class _Video:
+    """One distinct video: its strip (``frames``: index, image asset, thumbnail size) and,
+    when a browser plays it (``mime``), the file as base64 for the one player."""
+
+    cls: str
+    num_frames: int
+    fps: float | None
+    width: int
+    height: int
+    container: str
+    frames: list[dict[str, Any]]
+    mime: str | None
+    b64: str
+    digest: str
+
+    @property
+    def rate_text(self) -> str:
+        return "frame rate unknown" if self.fps is None else f"{self.fps:.4g} fps"
+
+
 class _Assets:
-    """Resolves image references to embedded assets (deduplicated by content)."""
+    """Resolves image and video references to embedded assets (deduplicated by content)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._by_ref: dict[str, _Asset | str] = {}  # reference -> asset, or why it failed
         self._by_digest: dict[str, _Asset] = {}
+        # (reference, frame_rate) -> video, or why it failed; videos by content
+        self._videos_by_ref: dict[tuple[str, float | None], _Video | str] = {}
+        self._videos: dict[tuple[str, float | None], _Video] = {}
 
     def embedded(self) -> list[_Asset]:
         return list(self._by_digest.values())
+
+    def videos(self) -> list[_Video]:
+        """Every distinct video shown, in the order first seen."""
+        return list(self._videos.values())
 
     def css(self) -> str:
         # only our class names, a MIME type from a fixed table and base64: nothing to escape
@@ -95,7 +138,9 @@ class _Assets:
             data_or_err = self._read_local(ref)
         if isinstance(data_or_err, str):
             return data_or_err
-        data = data_or_err
+        return self._image_from_bytes(data_or_err)
+
+    def _image_from_bytes(self, data: bytes) -> _Asset | str:
         digest = hashlib.sha256(data).hexdigest()
         if digest in self._by_digest:
             return self._by_digest[digest]
@@ -123,6 +168,70 @@ class _Assets:
         self._by_digest[digest] = asset
         return asset
 
+    # -- videos
+
+    def video_view(self, ref: Any, *, frame_rate: Any = None) -> dict[str, Any]:
+        """What to draw for a video reference (and its part's ``frame_rate``, which gives
+        the rate of a file that states none): its strip, a remote link or a placeholder."""
+        if not isinstance(ref, str) or not ref.strip():
+            return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": "no video URL"}
+        ref = ref.strip()
+        if ref.lower().startswith(("http://", "https://")):
+            return {"type": "remote", "url": ref}
+        rate = _rate(frame_rate)
+        key = (ref, rate)
+        if key not in self._videos_by_ref:
+            self._videos_by_ref[key] = self._load_video(ref, rate)
+        got = self._videos_by_ref[key]
+        if isinstance(got, str):
+            return {"type": "missing", "ref": shorten(ref, 200), "reason": got}
+        return {"type": "asset", "video": got}
+
+    def _load_video(self, ref: str, rate: float | None) -> _Video | str:
+        if ref.lower().startswith("data:"):
+            data = data_url_bytes(ref, max_bytes=ASSET_MAX_BYTES)
+        else:
+            data = self._read_local(ref)
+        if isinstance(data, str):
+            return data
+        key = (hashlib.sha256(data).hexdigest(), rate)
+        if key in self._videos:
+            return self._videos[key]
+        part: dict[str, Any] = {"type": "video", "video": data}
+        if rate is not None:
+            part["frame_rate"] = rate
+        try:
+            video = load_video(part, limits=VideoLimits(max_bytes=ASSET_MAX_BYTES))
+        except (VideoError, MissingDependencyError) as exc:
+            reason = exc.reason if isinstance(exc, VideoError) else str(exc)
+            return f"unreadable video ({type(exc).__name__}: {shorten(reason, 160)})"
+        from PIL import Image
+
+        frames = []
+        for index in strip_indices(video.num_frames):
+            pixels = video.frames[index]
+            png = encode_png(Image.fromarray(pixels), compress_level=6)
+            asset = self._image_from_bytes(png)
+            if isinstance(asset, str):  # our own PNG: never; a placeholder would hide nothing
+                return asset
+            w, h, pix = _fit(video.width, video.height, STRIP_MAX_W, STRIP_MAX_H)
+            frames.append({"index": index, "asset": asset, "w": w, "h": h, "pixelated": pix})
+        mime = browser_mime(data)
+        found = _Video(
+            cls=f"v{len(self._videos)}",
+            num_frames=video.num_frames,
+            fps=video.fps,
+            width=video.width,
+            height=video.height,
+            container=video_extension(data),
+            frames=frames,
+            mime=mime,
+            b64=base64.b64encode(data).decode("ascii") if mime else "",
+            digest=key[0][:12],
+        )
+        self._videos[key] = found
+        return found
+
     def _read_local(self, ref: str) -> bytes | str:
         if ref.lower().startswith("file://"):
             rel = urllib.parse.unquote(urllib.parse.urlparse(ref).path)
@@ -147,8 +256,20 @@ class _Assets:
             return f"could not read it ({exc.strerror or exc})"
 
 
-def _fit(w: int, h: int) -> tuple[int, int, bool]:
-    scale = min(1.0, THUMB_MAX_W / w, THUMB_MAX_H / h)
+def _fit(
+    w: int, h: int, max_w: int = THUMB_MAX_W, max_h: int = THUMB_MAX_H
+) -> tuple[int, int, bool]:
+    """A thumbnail's size: within ``max_w`` x ``max_h``, tiny images scaled up to
+    ``THUMB_MIN`` on their long side; and whether it is scaled up (drawn pixelated)."""
+    scale = min(1.0, max_w / w, max_h / h)
     if max(w, h) * scale < THUMB_MIN:
         scale = THUMB_MIN / max(w, h)
     return max(1, round(w * scale)), max(1, round(h * scale)), scale > 1
+
+
+def _rate(value: Any) -> float | None:
+    """A part's ``frame_rate`` when it is a positive finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    rate = float(value)
+    return rate if 0 < rate < float("inf") else None

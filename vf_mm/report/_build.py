@@ -30,6 +30,7 @@ class Report:
     rollouts_shown: int
     images_embedded: int
     warnings: list[str] = field(default_factory=list)
+    videos_embedded: int = 0  # distinct videos shown (each as a strip; a player if playable)
 
 
 def build_report(outdir: str | Path, *, max_rollouts: int | None = None) -> str:
@@ -62,7 +63,8 @@ def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Repor
     flagged = sum(1 for c in cards if c["warnings"])
     if flagged:
         warnings.append(
-            f"{flagged} rollout(s) have warnings (missing or unreadable images); see their cards"
+            f"{flagged} rollout(s) have warnings (missing or unreadable images or videos); "
+            "see their cards"
         )
     if max_rollouts is not None and total > len(rows):
         warnings.append(
@@ -85,6 +87,7 @@ def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Repor
         cards=cards,
         total=total,
         assets=assets.embedded(),
+        videos=assets.videos(),
         asset_css=Markup(assets.css()),
         css=Markup(_CSS),
         js=Markup(_JS),
@@ -92,7 +95,7 @@ def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Repor
     )
     # lone surrogates (legal in JSON, not in UTF-8) become "?" so the file always writes
     html = html.encode("utf-8", "replace").decode("utf-8")
-    return Report(html, total, len(rows), len(assets.embedded()), warnings)
+    return Report(html, total, len(rows), len(assets.embedded()), warnings, len(assets.videos()))
 
 
 #: per-file warnings about bad results.jsonl lines listed before "and N more"

@@ -97,10 +97,18 @@ background:repeating-conic-gradient(#eee 0 25%,#fff 0 50%) 0 0/16px 16px}
 .img{display:inline-block;background-size:contain;background-repeat:no-repeat;
 background-position:center}
 .img.pix{image-rendering:pixelated}
-.img-missing,.img-remote{display:inline-flex;flex-direction:column;justify-content:center;gap:2px;
+.img-missing,.img-remote,.vid-missing,.vid-remote{display:inline-flex;flex-direction:column;justify-content:center;gap:2px;
 min-width:160px;min-height:90px;padding:8px;border:2px dashed #d0a14a;border-radius:6px;
 background:var(--warnbg);color:var(--warn);font-size:12px;word-break:break-all;max-width:320px}
-.img-remote{border-color:#9aa5b4;background:#f3f5f8;color:var(--muted)}
+.img-remote,.vid-remote{border-color:#9aa5b4;background:#f3f5f8;color:var(--muted)}
+.video{display:inline-flex;flex-direction:column;gap:4px;margin:0;padding:6px;
+border:1px solid var(--line);border-radius:6px;background:#fafbfc;max-width:100%}
+.video .strip{display:flex;flex-wrap:wrap;gap:4px;align-items:flex-start}
+.video figcaption{font-size:12px;color:var(--muted)}
+.video figcaption b{color:var(--fg);font-weight:600}
+.video a.play{margin-left:6px;font-weight:600;color:#1a5fb4;text-decoration:none;white-space:nowrap}
+.lightbox video{position:relative;max-width:94vw;max-height:80vh;background:#000;
+min-width:min(480px,94vw)}
 .toolcall{border:1px solid #c7e3cf;background:#fff;border-radius:6px;padding:4px 8px}
 .toolcall .fn{font-weight:700;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 .toolcall .id{color:var(--muted);font-size:12px;margin-left:6px}
@@ -171,14 +179,16 @@ _JS = r"""
   // lightbox: open without touching the URL (the :target fallback works without JS)
   function closeAll() {
     document.querySelectorAll(".lightbox.open").forEach(function (b) { b.classList.remove("open"); });
+    document.querySelectorAll(".lightbox video").forEach(function (v) { v.pause(); });
   }
   document.addEventListener("click", function (e) {
-    var a = e.target.closest("a.thumb");
+    var a = e.target.closest("a.thumb, a.play");
     if (a) {
       var box = document.getElementById(a.getAttribute("href").slice(1));
       if (box) { e.preventDefault(); closeAll(); box.classList.add("open"); }
       return;
     }
+    if (e.target.closest(".lightbox video")) return;  // the player's own controls
     if (e.target.closest(".lightbox.open")) { e.preventDefault(); closeAll(); }
   });
   document.addEventListener("keydown", function (e) { if (e.key === "Escape") closeAll(); });
@@ -197,12 +207,26 @@ _JS = r"""
     }
     return decoded[url];
   }
-  var occ = Array.prototype.slice.call(document.querySelectorAll("#cards .imgocc"));
-  var jobs = occ.filter(function (el) { return el.hasAttribute("data-asset"); }).map(function (el) {
+  function background(el) {
     var m = /^url\("?(.*?)"?\)$/.exec(getComputedStyle(el).backgroundImage);
     return m ? decodes(m[1]) : Promise.resolve(0);
-  });
-  Promise.all(jobs).then(function (widths) {
+  }
+  var occ = Array.prototype.slice.call(document.querySelectorAll("#cards .imgocc"));
+  var jobs = occ.filter(function (el) { return el.hasAttribute("data-asset"); }).map(background);
+  var vframes = Array.prototype.slice.call(document.querySelectorAll("#cards .vframe"));
+  var players = Array.prototype.slice.call(document.querySelectorAll(".lightbox video"));
+  function plays(v) {  // its metadata loads: the browser reads the embedded file
+    return new Promise(function (resolve) {
+      if (v.readyState >= 1) { resolve(v.videoWidth); return; }
+      v.addEventListener("loadedmetadata", function () { resolve(v.videoWidth); });
+      v.addEventListener("error", function () { resolve(0); });
+      setTimeout(function () { resolve(0); }, 5000);
+      v.load();
+    });
+  }
+  Promise.all([Promise.all(jobs), Promise.all(vframes.map(background)),
+               Promise.all(players.map(plays))]).then(function (all) {
+    var widths = all[0];
     function ids() { return cards.filter(function (c) { return !c.hidden; })
       .map(function (c) { return c.id; }); }
     function domOrder() { return Array.prototype.map.call(list.children, function (c) { return c.id; }); }
@@ -218,6 +242,12 @@ _JS = r"""
       loaded: widths.filter(function (w) { return w > 0; }).length,
       missing: document.querySelectorAll("#cards .img-missing").length,
       remote: document.querySelectorAll("#cards .img-remote").length,
+      videos: document.querySelectorAll("#cards .vidocc").length,
+      videos_missing: document.querySelectorAll("#cards .vid-missing").length,
+      video_frames: vframes.length,
+      video_frames_loaded: all[1].filter(function (w) { return w > 0; }).length,
+      players: players.length,
+      players_loaded: all[2].filter(function (w) { return w > 0; }).length,
       cards: cards.length,
       sorted_desc: desc, sorted_asc: asc, errors_only: errors
     });
@@ -227,7 +257,7 @@ _JS = r"""
 """
 
 _CSP = (
-    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+    "default-src 'none'; img-src data:; media-src data:; style-src 'unsafe-inline'; "
     f"script-src 'sha256-{base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()}'; "
     "base-uri 'none'; form-action 'none'"
 )
@@ -261,6 +291,12 @@ _TEMPLATE = r"""<!DOCTYPE html>
 {% if p.type == "asset" %}<a class="thumb" href="#view-{{ p.asset.cls }}" title="{{ p.asset.width }}&times;{{ p.asset.height }}: click to enlarge"><span class="img imgocc {{ p.asset.cls }}{% if p.pixelated %} pix{% endif %}" data-asset="{{ p.asset.cls }}" role="img" aria-label="image {{ p.asset.width }}&times;{{ p.asset.height }}" style="width:{{ p.w }}px;height:{{ p.h }}px"></span></a>
 {% elif p.type == "remote" %}<span class="imgocc img-remote"><b>remote image (not embedded)</b><a href="{{ p.url }}" rel="noreferrer noopener" target="_blank">{{ p.url }}</a></span>
 {% else %}<span class="imgocc img-missing" role="img" aria-label="missing image"><b>⚠ image unavailable</b><span>{{ p.ref }}</span><span>{{ p.reason }}</span></span>
+{% endif %}
+{% elif p.kind == "video" %}{% if ns.open %}</div>{% set ns.open = false %}{% endif %}
+{% if p.type == "asset" %}{% set v = p.video %}<figure class="video vidocc" data-video="{{ v.cls }}"><div class="strip">{% for f in v.frames %}<a class="thumb" href="#view-{{ f.asset.cls }}" title="frame {{ f.index + 1 }} of {{ v.num_frames }}: click to enlarge"><span class="img vframe {{ f.asset.cls }}{% if f.pixelated %} pix{% endif %}" data-asset="{{ f.asset.cls }}" role="img" aria-label="frame {{ f.index + 1 }} of {{ v.num_frames }}" style="width:{{ f.w }}px;height:{{ f.h }}px"></span></a>{% endfor %}</div>
+<figcaption><b>video</b> · {{ p.caption }}{% if p.options %} · sampled with {{ p.options }}{% endif %}{% if v.mime %}<a class="play" href="#play-{{ v.cls }}">▶ play</a>{% endif %}</figcaption></figure>
+{% elif p.type == "remote" %}<span class="vidocc vid-remote"><b>remote video (not embedded)</b><a href="{{ p.url }}" rel="noreferrer noopener" target="_blank">{{ p.url }}</a>{% if p.options %}<span>sampled with {{ p.options }}</span>{% endif %}</span>
+{% else %}<span class="vidocc vid-missing" role="img" aria-label="missing video"><b>⚠ video unavailable</b><span>{{ p.ref }}</span><span>{{ p.reason }}</span></span>
 {% endif %}
 {% else %}{% if ns.open %}</div>{% set ns.open = false %}{% endif %}
 {% if p.kind == "text" %}{{ text(p.text) }}{% else %}{{ text(p.text, "mono") }}{% endif %}
@@ -300,7 +336,7 @@ _TEMPLATE = r"""<!DOCTYPE html>
 <article class="card{% if c.error %} has-error{% endif %}" id="{{ c.dom_id }}" data-order="{{ c.order }}" data-reward="{{ c.reward.sort }}" data-example="{{ c.example_id }}"{% if c.error %} data-error{% endif %}>
 <header><span class="reward {{ c.reward.class }}"{% if c.reward.style %} style="{{ c.reward.style }}"{% endif %} title="reward">{{ c.reward.text }}</span>
 <h2>example {{ c.example_id }}{% if c.rollout_index %} · rollout {{ c.rollout_index }}{% endif %}</h2>
-<span class="meta">{% if c.num_turns %}{{ c.num_turns|plural("turn") }}{% endif %}{% if c.tokens %} · {{ c.tokens }} tokens{% endif %}{% if c.images %} · {{ c.images|plural("image") }}{% endif %}</span>
+<span class="meta">{% if c.num_turns %}{{ c.num_turns|plural("turn") }}{% endif %}{% if c.tokens %} · {{ c.tokens }} tokens{% endif %}{% if c.images %} · {{ c.images|plural("image") }}{% endif %}{% if c.videos %} · {{ c.videos|plural("video") }}{% endif %}</span>
 <a class="anchor" href="#{{ c.dom_id }}">#{{ c.order }}</a></header>
 {% if c.metrics %}<ul class="chips">{% for k, v in c.metrics %}<li><b>{{ k }}</b> {{ v }}</li>{% endfor %}</ul>{% endif %}
 {% if c.error %}<div class="error"><b>error</b>{{ text(c.error, "mono") }}</div>{% endif %}
@@ -327,6 +363,9 @@ _TEMPLATE = r"""<!DOCTYPE html>
 </main>
 {% for a in assets %}
 <div class="lightbox" id="view-{{ a.cls }}" role="dialog" aria-label="image {{ a.width }}&times;{{ a.height }}"><a class="lb-close" href="#close" aria-label="close"></a><span class="img {{ a.cls }}{% if a.full_pixelated %} pix{% endif %}" style="{{ a.full_style }}"></span><div class="cap">{{ a.width }}&times;{{ a.height }} · {{ a.mime }} · sha256 {{ a.digest }}… · click or Esc to close</div></div>
+{% endfor %}
+{% for v in videos if v.mime %}
+<div class="lightbox" id="play-{{ v.cls }}" role="dialog" aria-label="video {{ v.width }}&times;{{ v.height }}"><a class="lb-close" href="#close" aria-label="close"></a><video controls preload="metadata" src="data:{{ v.mime }};base64,{{ v.b64 }}"></video><div class="cap">{{ v.num_frames }} frames · {{ v.rate_text }} · {{ v.width }}&times;{{ v.height }} · {{ v.mime }} · sha256 {{ v.digest }}… · click outside or Esc to close</div></div>
 {% endfor %}
 <script>{{ js }}</script>
 </body>

@@ -116,9 +116,31 @@ def _part_views(content: Any, assets: _Assets) -> list[dict[str, Any]]:
             if isinstance(ref, dict):
                 ref = ref.get("url")
             views.append({"kind": "image", **assets.view(ref)})
+        elif kind in ("video_url", "video"):
+            ref = part.get("video_url", part.get("video", part.get("url", part.get("path"))))
+            if isinstance(ref, dict):
+                ref = ref.get("url")
+            view = assets.video_view(ref, frame_rate=part.get("frame_rate"))
+            views.append({"kind": "video", **view, **_video_caption(view, part)})
         else:
             views.append({"kind": "json", "text": _text(_json(part))})
     return views
+
+
+def _video_caption(view: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """What the caption under a video's strip says: frames, rate, size, container, and
+    the part's processing options (how the model sampled it)."""
+    options = [
+        f"{key} {_fmt(part[key])}"
+        for key in ("fps", "num_frames", "min_pixels", "max_pixels", "do_sample_frames")
+        if key in part
+    ]
+    if view["type"] != "asset":
+        return {"options": ", ".join(options)}
+    video = view["video"]
+    size = f"{video.width}×{video.height}"  # noqa: RUF001
+    facts = [_plural(video.num_frames, "frame"), video.rate_text, size, video.container]
+    return {"caption": " · ".join(facts), "options": ", ".join(options)}
 
 
 def _tool_call_view(call: Any) -> dict[str, Any]:
@@ -196,14 +218,19 @@ def _card(i: int, row: dict[str, Any], assets: _Assets, lo: float, hi: float) ->
     prompt = _messages(row.get("prompt"), assets, "user")
     completion = _messages(row.get("completion"), assets, "assistant")
     warnings = []
-    images = 0
+    images = videos = 0
     for msg in prompt + completion:
         for part in msg["parts"]:
-            if part["kind"] != "image":
+            if part["kind"] not in ("image", "video"):
                 continue
-            images += 1
+            if part["kind"] == "image":
+                images += 1
+            else:
+                videos += 1
             if "reason" in part:
-                warnings.append(f"image {part['ref']}: {part['reason']} (placeholder shown)")
+                warnings.append(
+                    f"{part['kind']} {part['ref']}: {part['reason']} (placeholder shown)"
+                )
     turn = 0
     for msg in completion:
         if msg["role"] == "assistant":
@@ -235,6 +262,7 @@ def _card(i: int, row: dict[str, Any], assets: _Assets, lo: float, hi: float) ->
         "prompt": prompt,
         "completion": completion,
         "images": images,
+        "videos": videos,
         "warnings": warnings,
     }
 

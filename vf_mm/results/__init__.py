@@ -7,7 +7,10 @@ Everything that writes, reads or sums up a run directory lives here, and everyth
   (example, rollout) with ``write(output, rollout_index=r)``. Images in the messages are
   stored once each as ``assets/<hash>.png`` (``AssetStore``) and the lines hold
   ``{"type": "image_url", "image_url": {"url": "assets/<hash>.png"}}`` references, never
-  base64 pixels. A run killed at any moment resumes with ``resume=True``.
+  base64 pixels; videos likewise as ``assets/<hash>.<ext>`` (``{"type": "video_url",
+  "video_url": {"url": ...}, "frame_rate": ...}``: an encoded clip as its own bytes, raw
+  frames losslessly), so that ``vf_mm.videos.load_video`` of a stored part gives the
+  clip the model saw. A run killed at any moment resumes with ``resume=True``.
 - ``read_results(outdir, bad_lines=...)`` is **the** reader: it says what to do with a bad
   line (``"raise"``, ``"torn-tail"`` — the default: only a torn last line is left out —
   or ``"skip"``) and ``scan_results`` returns the rows together with what was wrong.

@@ -1,37 +1,60 @@
-"""Content-addressed image assets, and JSON-ready copies of messages.
+"""Content-addressed image and video assets, and JSON-ready copies of messages.
 
 ``AssetStore(outdir)`` keeps each distinct image once, as ``OUTDIR/assets/<hash>.png``
 where ``<hash>`` is ``vf_mm.images.image_hash`` of the RGB image that
 ``vf_mm.images.load_image`` makes of it: the same pixels from a PIL image, PNG bytes or a
-``data:`` URL are one file. A file is written to a temporary name in the same folder,
-fsynced and renamed into place (``os.replace``), so a reader (or a run killed mid-write)
-never sees half a PNG; a file that already exists is never written again.
+``data:`` URL are one file. Each distinct video is kept once too, as
+``OUTDIR/assets/<hash>.<ext>`` where ``<hash>`` is ``vf_mm.videos.video_hash`` of what
+``vf_mm.videos.load_video`` makes of it (frames and frame rate): an encoded source as
+the bytes it is (``.mp4``, ``.mov``, ``.webm``, ``.mkv``, ``.avi``, ``.ts``: a browser
+plays an MP4 or WebM as stored), raw frames encoded losslessly (FFV1 in ``.mkv``); see
+``vf_mm.videos.encode_lossless``. A file is written to a temporary name in the same folder, fsynced
+and renamed into place (``os.replace``), so a reader (or a run killed mid-write) never
+sees half an asset; a file that already exists is never written again.
 
 ``AssetStore.to_jsonable(messages)`` is what goes into ``results.jsonl``: a copy of
 OpenAI-style messages in which every image part is ``{"type": "image_url", "image_url":
-{"url": "assets/<hash>.png"}}`` (relative to OUTDIR). http(s) image URLs are kept as given
-(never fetched). Every other value must already be JSON (``str``, numbers, ``bool``,
-``None``, lists and str-keyed dicts of those); bytes, tensors, arrays, NaN and infinity
-are refused with a ``ResultsError`` naming the message and the field.
+{"url": "assets/<hash>.png"}}`` and every video part ``{"type": "video_url",
+"video_url": {"url": "assets/<hash>.<ext>"}, "frame_rate": fps, ...}`` (relative to
+OUTDIR; a video part keeps its other JSON keys, its processing options among them).
+The invariant for videos: ``load_video`` of the stored part (the asset path resolved in
+OUTDIR) gives the frames, frame rate and ``video_hash`` of the original part, so a
+resumed run or a re-render from ``results.jsonl`` sees exactly the clip the model saw.
+http(s) image and video URLs are kept as given (never fetched). Every other value must
+already be JSON (``str``, numbers, ``bool``, ``None``, lists and str-keyed dicts of
+those); bytes, tensors, arrays, NaN and infinity are refused with a ``ResultsError``
+naming the message and the field.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from PIL import Image
 
 from vf_mm._json import to_json_value
-from vf_mm.errors import ImageError, ResultsError
-from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
-from vf_mm.types import IMAGE_PART_TYPES, image_part_source
+from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
+from vf_mm.images import ImagePolicy, describe_source, encode_png, image_hash, load_image
+from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source
+from vf_mm.videos import (
+    VIDEO_EXTENSIONS,
+    Video,
+    VideoLimits,
+    encode_lossless,
+    is_raw_video,
+    load_video,
+    read_video_bytes,
+    video_extension,
+    video_hash,
+)
 
 __all__ = [
     "ASSETS_DIR",
@@ -41,14 +64,17 @@ __all__ = [
     "to_json_value",
 ]
 
-#: The folder (inside OUTDIR) that holds the image assets.
+#: The folder (inside OUTDIR) that holds the image and video assets.
 ASSETS_DIR = "assets"
 
 _TMP_MARK = ".tmp-"
 _ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
+_VIDEO_ASSET_URL = re.compile(rf"^assets/([0-9a-f]{{32}})\.({'|'.join(VIDEO_EXTENSIONS)})$")
 _HTTP_URL = re.compile(r"^https?://", re.IGNORECASE)
 # keys of an image part that hold the image itself (vf_mm, OpenAI and transformers forms)
 _IMAGE_SOURCE_KEYS = frozenset({"type", "image", "image_url", "url", "path"})
+# keys of a video part that hold the video itself (vf_mm, OpenAI and transformers forms)
+_VIDEO_SOURCE_KEYS = frozenset({"type", "video", "video_url", "url", "path"})
 
 
 # -- files -------------------------------------------------------------------------
@@ -126,15 +152,39 @@ def unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
     return {"unavailable": type(value).__name__, "error": f"{type(exc).__name__}: {exc}"}
 
 
+def video_part_source(part: Mapping[str, Any]) -> Any:
+    """The video a video part points at, unchecked: the URL of an OpenAI ``{"type":
+    "video_url", "video_url": {"url": ...}}`` (or ``"video_url": "..."``), else the first of
+    ``video`` / ``url`` / ``path`` that is set; None when there is none.
+    ``vf_mm.videos.load_video`` is what checks and loads it."""
+    if part.get("type") == "video_url":
+        inner = part.get("video_url")
+        return inner.get("url") if isinstance(inner, Mapping) else inner
+    return next((part[k] for k in ("video", "url", "path") if part.get(k) is not None), None)
+
+
+def _well_formed(part: Mapping[str, Any]) -> bool:
+    """Whether a video part names exactly one source as ``load_video`` wants it (a
+    malformed one is handed to ``load_video`` for its error)."""
+    if part.get("type") == "video_url":
+        return isinstance(video_part_source(part), str)
+    present = [k for k in ("video", "url", "path") if part.get(k) is not None]
+    return len(present) == 1 and not isinstance(part[present[0]], Mapping)
+
+
 # -- the store ---------------------------------------------------------------------
 
 
 class AssetStore:
-    """Image files by content hash under ``root/assets/`` (``root`` is the OUTDIR).
+    """Image and video files by content hash under ``root/assets/`` (``root`` is the OUTDIR).
 
     ``add(source)`` stores one image and returns its URL relative to ``root``
-    (``"assets/<hash>.png"``); ``to_jsonable(messages)`` does it for every image part
-    of a conversation. Thread safe. ``written`` counts the files this object wrote.
+    (``"assets/<hash>.png"``); ``add_video(part)`` stores one video part's video and
+    returns its URL (``"assets/<hash>.<ext>"``) and the loaded ``Video``;
+    ``to_jsonable(messages)`` does it for every image and video part of a conversation.
+    Thread safe. ``written`` counts the files this object wrote. ``video_limits`` bound
+    what a video may cost to load (``VideoLimits()`` when None: pass the renderer's, so
+    the store takes every clip the run took).
     """
 
     def __init__(
@@ -143,13 +193,19 @@ class AssetStore:
         *,
         policy: ImagePolicy | None = None,
         compress_level: int = 6,
+        video_limits: VideoLimits | None = None,
     ) -> None:
         self.root = Path(root)
         self.dir = self.root / ASSETS_DIR
         self.policy = policy
         self.compress_level = compress_level
+        self.video_limits = video_limits
         self.written = 0
         self._known: set[str] = set()
+        self._videos: dict[str, str] = {}  # video hash -> its asset URL
+        # (sha256 of encoded bytes, frame_rate) -> (video hash, URL, fps): a clip read
+        # again (every rollout of an example shows it) is not decoded again
+        self._encoded: dict[tuple[str, float | None], tuple[str, str, float | None]] = {}
         self._lock = threading.Lock()
         self._dir_dirty = False
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -185,25 +241,119 @@ class AssetStore:
         if final.is_file():
             self._known.add(digest)
             return self.url(digest)
+
+        def write(f: IO[bytes]) -> None:
+            f.write(encode_png(image, compress_level=self.compress_level))
+
+        self._write_new(final, write)
+        with self._lock:
+            self._known.add(digest)
+        return self.url(digest)
+
+    def _write_new(self, final: Path, write: Callable[[IO[bytes]], None]) -> bool:
+        """Write ``final`` through a fsynced temporary file and a rename, unless another
+        thread stored it meanwhile (theirs is kept); True when this call wrote it."""
         fd, tmp = _temp_in(self.dir, final.name)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(encode_png(image, compress_level=self.compress_level))
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
             with self._lock:
                 if final.is_file():  # another thread stored it meanwhile: keep theirs
                     os.unlink(tmp)
-                else:
-                    os.replace(tmp, final)
-                    self.written += 1
-                    self._dir_dirty = True
-                self._known.add(digest)
+                    return False
+                os.replace(tmp, final)
+                self.written += 1
+                self._dir_dirty = True
+                return True
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return self.url(digest)
+
+    # -- single videos
+
+    def video_url(self, digest: str) -> str | None:
+        """The URL of the stored video with this hash (whatever its container), or None."""
+        url = self._videos.get(digest)
+        if url is not None:
+            return url
+        for ext in VIDEO_EXTENSIONS:
+            if (self.dir / f"{digest}.{ext}").is_file():
+                with self._lock:
+                    self._videos[digest] = f"{ASSETS_DIR}/{digest}.{ext}"
+                return self._videos[digest]
+        return None
+
+    def add_video(
+        self,
+        part: Mapping[str, Any],
+        *,
+        policy: ImagePolicy | None = None,
+        where: str | None = None,
+    ) -> tuple[str, float | None]:
+        """Store the video of a video part (``{"type": "video", "video": ...}`` or
+        ``{"type": "video_url", "video_url": {"url": ...}}``, with its ``"frame_rate"``);
+        return its URL (``"assets/<hash>.<ext>"``) and its frame rate (the ``fps`` of
+        ``load_video(part)``, which the stored part must carry as ``"frame_rate"``).
+
+        An encoded source is read once (through ``policy``, the store's when None) and
+        stored as those bytes; raw frames are stored losslessly (``.mkv``). Either way
+        ``load_video`` of the stored part gives the original's ``video_hash``. http(s)
+        URLs are not read (``to_jsonable`` keeps them). Raises ``vf_mm.errors.VideoError``
+        (naming the source and ``where``) when the video does not load.
+        """
+        policy = policy or self.policy or ImagePolicy()
+        limits = self.video_limits or VideoLimits()
+        if not _well_formed(part):
+            load_video(dict(part), policy=policy, limits=limits, where=where)  # raises
+            raise VideoDecodeError("a video part without one video source", where=where)
+        source = video_part_source(part)
+        rate = part.get("frame_rate")
+        if is_raw_video(source):
+            video = load_video(dict(part), policy=policy, limits=limits, where=where)
+            return self._store_raw(video), video.fps
+        try:
+            data = read_video_bytes(source, policy=policy, limits=limits)
+        except VideoError as exc:
+            exc.where = exc.where or where
+            raise
+        key = (hashlib.sha256(data).hexdigest(), rate if isinstance(rate, (int, float)) else None)
+        known = self._encoded.get(key)
+        if known is not None and self.video_url(known[0]) is not None:
+            return known[1], known[2]
+        inner: dict[str, Any] = {"type": "video", "video": data}
+        if rate is not None:
+            inner["frame_rate"] = rate
+        try:
+            video = load_video(inner, policy=policy, limits=limits, where=where)
+        except VideoError as exc:
+            exc.source = describe_source(source)  # the path or URL, not "<bytes ...>"
+            raise
+        digest = video_hash(video)
+        url = self.video_url(digest)
+        if url is None:
+            url = f"{ASSETS_DIR}/{digest}.{video_extension(data)}"
+            self._write_new(self.root / url, lambda f: f.write(data))
+            with self._lock:
+                self._videos.setdefault(digest, url)
+            url = self._videos[digest]
+        with self._lock:
+            self._encoded[key] = (digest, url, video.fps)
+        return url, video.fps
+
+    def _store_raw(self, video: Video) -> str:
+        digest = video_hash(video)
+        url = self.video_url(digest)
+        if url is not None:
+            return url
+        data = encode_lossless(video, limits=self.video_limits)
+        url = f"{ASSETS_DIR}/{digest}.mkv"
+        self._write_new(self.root / url, lambda f: f.write(data))
+        with self._lock:
+            self._videos.setdefault(digest, url)
+        return self._videos[digest]
 
     def sync(self) -> None:
         """Make the renames of new assets durable (fsync the folder) if there were any."""
@@ -233,24 +383,31 @@ class AssetStore:
         where: str | None = None,
         on_error: str = "raise",
     ) -> list[dict[str, Any]]:
-        """A JSON-ready copy of ``messages`` with every image stored as an asset.
+        """A JSON-ready copy of ``messages`` with every image and video stored as an asset.
 
         Image parts (``{"type": "image", "image": PIL | bytes | path}``, transformers'
         ``{"type": "image", "url" | "path": ...}``, ``{"type": "image_url", "image_url":
         {"url": "data:..." | path}}``) become ``{"type": "image_url", "image_url": {"url":
         "assets/<hash>.png"}}``, keeping ``detail`` and any other JSON keys of the part.
-        http(s) URLs are kept as given (not fetched); an ``assets/<hash>.png`` URL whose
-        file is in this store is kept (so the output can be converted again). Everything
-        else is copied (tool calls, ``reasoning_content``, ``name``, ...) and must be JSON.
-        ``messages`` is never modified. Images load with ``policy`` (the store's when None;
-        ``ImagePolicy()`` then: any local path, no network). ``where`` is put before the
+        Video parts (``{"type": "video", "video": frames | array | Video | bytes | path}``,
+        ``"url"`` / ``"path"`` instead of ``"video"``, ``{"type": "video_url",
+        "video_url": {"url": "data:..." | "file://..." | path}}``) become ``{"type":
+        "video_url", "video_url": {"url": "assets/<hash>.<ext>"}, "frame_rate": fps}``
+        (``frame_rate`` the loaded video's rate, left out when unknown), keeping the
+        processing options (``fps``, ``num_frames``, ...) and any other JSON keys.
+        http(s) URLs are kept as given (not fetched); an ``assets/<hash>.<ext>`` URL
+        whose file is in this store is kept (so the output can be converted again).
+        Everything else is copied (tool calls, ``reasoning_content``, ``name``, ...) and
+        must be JSON. ``messages`` is never modified. Images and videos load with
+        ``policy`` (the store's when None; ``ImagePolicy()`` then: any local path, no
+        network), videos within the store's ``video_limits``. ``where`` is put before the
         place in errors (``"example 3 rollout 0, prompt"`` -> ``"..., prompt, message 2"``).
 
         ``on_error="record"`` (for a rollout that failed) never raises for content: a part
-        whose image does not load becomes ``{"type": "unavailable", "error": why,
-        "source": the part's source if it is JSON (a path, a URL), else null}``, and any
-        other value JSON cannot hold becomes ``{"unavailable": its type, "error": why}``,
-        so the rest of the conversation is stored and the gap says what it was.
+        whose image or video does not load becomes ``{"type": "unavailable", "error":
+        why, "source": the part's source if it is JSON (a path, a URL), else null}``, and
+        any other value JSON cannot hold becomes ``{"unavailable": its type, "error":
+        why}``, so the rest of the conversation is stored and the gap says what it was.
         """
         if on_error not in ("raise", "record"):
             raise ValueError(f"on_error must be 'raise' or 'record', not {on_error!r}")
@@ -286,7 +443,7 @@ class AssetStore:
                         copy[key] = self._content(value, at, policy, record=record)
                     else:
                         copy[key] = to_json_value(value, at, key)
-                except (ResultsError, ImageError) as exc:
+                except (ResultsError, ImageError, VideoError) as exc:
                     if not record:
                         raise
                     copy[key] = unavailable(value, exc)
@@ -303,10 +460,10 @@ class AssetStore:
             for p, part in enumerate(value):
                 try:
                     parts.append(self._part(part, f"{where}, part {p}", policy))
-                except (ResultsError, ImageError) as exc:
+                except (ResultsError, ImageError, VideoError) as exc:
                     if not record:
                         raise
-                    source = image_part_source(part) if isinstance(part, Mapping) else None
+                    source = _part_source(part) if isinstance(part, Mapping) else None
                     parts.append(
                         {
                             "type": "unavailable",
@@ -323,7 +480,10 @@ class AssetStore:
     def _part(self, part: Any, where: str, policy: ImagePolicy | None) -> dict[str, Any]:
         if not isinstance(part, Mapping):
             raise ResultsError(f"{where}: a content part must be a dict, not {type(part).__name__}")
-        if part.get("type") not in IMAGE_PART_TYPES:
+        kind = part.get("type")
+        if kind in VIDEO_PART_TYPES:
+            return self._video_part(part, where, policy)
+        if kind not in IMAGE_PART_TYPES:
             return to_json_value(part, where)
         url = self._kept_url(part)
         if url is None:
@@ -340,6 +500,29 @@ class AssetStore:
             **to_json_value(rest, where),
         }
 
+    def _video_part(
+        self, part: Mapping[str, Any], where: str, policy: ImagePolicy | None
+    ) -> dict[str, Any]:
+        inner = part.get("video_url")
+        inner_rest = (
+            {k: v for k, v in inner.items() if k != "url"} if isinstance(inner, Mapping) else {}
+        )
+        rest = {k: v for k, v in part.items() if k not in _VIDEO_SOURCE_KEYS}
+        url = self._kept_video_url(part)
+        if url is None:
+            url, fps = self.add_video(part, policy=policy, where=where)
+            # the loaded rate, so that load_video of the stored part is the original
+            # whether or not the asset's container states it (vf_mm.videos.encode_lossless)
+            if fps is None:
+                rest.pop("frame_rate", None)
+            else:
+                rest["frame_rate"] = fps
+        return {
+            "type": "video_url",
+            "video_url": {"url": url, **to_json_value(inner_rest, where, "video_url")},
+            **to_json_value(rest, where),
+        }
+
     def _kept_url(self, part: Mapping[str, Any]) -> str | None:
         """The part's URL when it is kept as it is: http(s), or an asset of this store."""
         url = image_part_source(part)
@@ -351,3 +534,22 @@ class AssetStore:
         if match and match.group(1) in self:
             return url
         return None
+
+    def _kept_video_url(self, part: Mapping[str, Any]) -> str | None:
+        """A video part's URL when it is kept as it is: http(s), or a video asset of this
+        store (its file there)."""
+        url = video_part_source(part) if _well_formed(part) else None
+        if not isinstance(url, str):
+            return None
+        if _HTTP_URL.match(url):
+            return url
+        if _VIDEO_ASSET_URL.match(url) and (self.root / url).is_file():
+            return url
+        return None
+
+
+def _part_source(part: Mapping[str, Any]) -> Any:
+    """An image or video part's source, for an ``unavailable`` record."""
+    if part.get("type") in VIDEO_PART_TYPES:
+        return video_part_source(part)
+    return image_part_source(part)

@@ -11,11 +11,13 @@ Layout of an OUTDIR (what ``vf-mm eval -o OUTDIR`` writes and ``vf-mm view`` rea
                        ``finalize``); always replaced atomically
       results.jsonl    one JSON object per line, one line per (example_id, rollout_index)
       assets/<hash>.png  each distinct image once (see ``_assets.py``)
+      assets/<hash>.<ext>  each distinct video once: mp4, mov, webm, mkv, avi or ts, its
+                       container (see ``_assets.py`` and ``vf_mm.videos.encode_lossless``)
 
 One line of ``results.jsonl`` (``ROW_KEYS``, then the caller's ``extra`` keys)::
 
     {"example_id": int | str, "rollout_index": int,
-     "prompt": [message, ...], "completion": [message, ...],      # images as asset refs
+     "prompt": [message, ...], "completion": [message, ...],   # images, videos: asset refs
      "answer": JSON, "info": {...}, "reward": float | null, "metrics": {name: float | null},
      "error": {"type": str, "message": str, "where": str} | null, "num_turns": int, "prompt_tokens": int | null,
      "completion_tokens": int | null, "timing": {...}, ...extra}

@@ -19,6 +19,7 @@ from typing import Any
 from vf_mm.results._reader import read_metadata, read_results
 from vf_mm.results._summary import summarize
 from vf_mm.results._writer import ResultsWriter
+from vf_mm.videos import VideoLimits
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ async def evaluate_to_dir(
     max_errors: int | None = None,
     on_progress: Callable[[EvalProgress], None] | None = None,
     config_defaults: Mapping[str, Any] | None = None,
+    video_limits: VideoLimits | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``env`` with ``client`` into ``outdir``; returns the aggregates written to
     metadata.json (``summarize`` of every row, this run's and earlier ones).
@@ -67,7 +69,9 @@ async def evaluate_to_dir(
     stops the run once this many of this run's rollouts have failed (a broken environment
     should not burn a GPU hour): the rollouts in flight are cancelled, everything stored
     so far stays (a later ``resume`` continues), and the aggregates say why in
-    ``"stopped"`` (null for a run that finished). ``config_defaults``: see ``ResultsWriter``.
+    ``"stopped"`` (null for a run that finished). ``config_defaults`` and
+    ``video_limits`` (what a stored clip may cost to load; pass the renderer's): see
+    ``ResultsWriter``.
     """
     if max_errors is not None and max_errors < 1:
         raise ValueError(f"max_errors must be >= 1, got {max_errors}")
@@ -79,6 +83,7 @@ async def evaluate_to_dir(
         retry_errors=retry_errors,
         metadata=dict(metadata),
         config_defaults=config_defaults,
+        video_limits=video_limits,
     ) as writer:
         rows = env.get_eval_dataset(num_examples)
         progress = EvalProgress(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm._text import shorten
-from vf_mm.errors import ImageError, ResultsError, ResumeMismatchError
+from vf_mm.errors import ImageError, ResultsError, ResumeMismatchError, VideoError
 from vf_mm.images import ImagePolicy
 from vf_mm.results._assets import (
     AssetStore,
@@ -41,6 +41,7 @@ from vf_mm.results._format import (
 from vf_mm.results._reader import read_metadata, read_results, scan_results
 from vf_mm.results._summary import summarize
 from vf_mm.types import RolloutError, RolloutOutput
+from vf_mm.videos import VideoLimits
 
 try:
     import fcntl
@@ -67,7 +68,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 class ResultsWriter:
-    """Append rollouts to ``OUTDIR/results.jsonl``, images to ``OUTDIR/assets/``.
+    """Append rollouts to ``OUTDIR/results.jsonl``, images and videos to ``OUTDIR/assets/``.
 
     ``metadata`` describes the run; its ``config`` dict (env id, env args, model, sampling
     args, num examples, rollouts per example, ...) is what ``resume=True`` compares with
@@ -86,11 +87,13 @@ class ResultsWriter:
     of a killed writer, deleted), ``resumed`` (whether earlier rows were found).
 
     ``write`` is thread safe (call it from worker threads, or ``await awrite(...)`` from
-    asyncio, which runs it in a thread since it encodes PNGs). Use it as a context
+    asyncio, which runs it in a thread since it encodes PNGs and videos). Use it as a context
     manager or call ``close()``; ``finalize`` stores the aggregates in metadata.json.
     ``fsync_every``: fsync the results file (and the assets folder) every that many
     lines; 0 or None = only on ``close``/``finalize``. ``policy`` decides which image
-    sources may be read (``vf_mm.images.ImagePolicy``; default: any local path, no network).
+    and video sources may be read (``vf_mm.images.ImagePolicy``; default: any local path,
+    no network); ``video_limits`` what a video may cost to load (``VideoLimits()`` when
+    None; pass the renderer's, so that every clip the run took is stored).
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class ResultsWriter:
         fsync_every: int | None = 100,
         policy: ImagePolicy | None = None,
         config_defaults: Mapping[str, Any] | None = None,
+        video_limits: VideoLimits | None = None,
     ) -> None:
         self.config_defaults = dict(config_defaults or {})
         if not isinstance(metadata, Mapping):
@@ -135,7 +139,7 @@ class ResultsWriter:
         existed = self.results_path.exists()
         self._fd = self._open_results(resume)
         try:
-            self.assets = AssetStore(self.outdir, policy=policy)
+            self.assets = AssetStore(self.outdir, policy=policy, video_limits=video_limits)
             self._prepare(resume)
             self._write_metadata(results=None, finished_at=None)
         except BaseException:
@@ -297,11 +301,12 @@ class ResultsWriter:
         rollout_index: int,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Append ``output`` as one line (its images stored first); return the row written.
+        """Append ``output`` as one line (its images and videos stored first); return the
+        row written.
 
-        A rollout's content that cannot be stored as it is (an image that does not load,
-        a value JSON cannot hold, in its messages, answer or info) does not stop the run:
-        the row is written with those values replaced by ``unavailable`` records saying
+        A rollout's content that cannot be stored as it is (an image or a video that does
+        not load, a value JSON cannot hold, in its messages, answer or info) does not stop
+        the run: the row is written with those values replaced by ``unavailable`` records saying
         why (``AssetStore.to_jsonable(on_error="record")``), its ``error`` set (the
         rollout's own error if it has one, else why it could not be stored) and its reward
         null. Raises ``ResultsError`` for a key already written, a malformed key, reward or
@@ -417,7 +422,7 @@ class ResultsWriter:
             return self.assets.to_jsonable(messages, where=where, on_error="record")
         try:
             return self.assets.to_jsonable(messages, where=where)
-        except ImageError as exc:
+        except (ImageError, VideoError) as exc:
             if exc.where is None:
                 exc.where = where
             raise _ContentError(exc) from exc

@@ -1,4 +1,5 @@
-"""The training wire form of rollouts: one frame per example's group, images stored once.
+"""The training wire form of rollouts: one frame per example's group, images and videos
+stored once.
 
 ``pack_group(outputs)`` turns the rollouts of one example (a GRPO group) into one plain
 dict for ``vf_mm.wire.packb`` / ``write_stream``; ``unpack_group(frame)`` turns a decoded
@@ -6,22 +7,25 @@ frame back into ``TrainingRollout`` objects (``RolloutOutput`` with ``rollout_in
 ``advantage``) whose steps carry a ``MultiModalData`` equal to what the renderer made:
 the same hashes, placeholders and items.
 
-Each distinct image's tensors travel **once per group**, keyed by its content hash
-(``mm_hash``); steps refer to images by hash *and* position. So the bytes grow with the
-number of distinct images, never with turns x images, whatever the steps do: plain
-extension (each turn adds an image), branching (rollouts, or steps of one rollout, that
+Each distinct image's or video's tensors travel **once per group**, keyed by its
+``mm_hash``; steps refer to items by hash *and* position. So the bytes grow with the
+number of distinct images and videos, never with turns x items, whatever the steps do:
+plain extension (each turn adds an image), branching (rollouts, or steps of one rollout, that
 share a prefix), compaction (a later step drops earlier images: its sidecar is *not* a
 superset of the previous one) and repeats (the same image twice in a step is two entries
 with one hash). Nothing rests on "the last step holds every image" (the assumption that
 lost images for verifiers once rollouts compacted or branched), and the only copy of the
-tensors is the group's ``images`` table: steps and messages hold hashes, never pixels.
+tensors is the group's item table (the ``images`` field, which holds every modality's
+items: images and videos): steps and messages hold hashes, never pixels.
 
 Frame schema (``format`` ``"vf_mm.group/1"``)::
 
     {"format": "vf_mm.group/1",
      "example_id": int | str,
      "images": {mm_hash: {"pixel_values": array, "image_grid_thw": array, ...}},
-                        # the item dict as the renderer made it (any keys), once per hash
+                        # every item, once per hash, as the renderer made it (any keys):
+                        # images and videos ({"pixel_values_videos", "video_grid_thw",
+                        # ...}); a step's mm says which modality a hash is
      "rollouts": [
         {"rollout_index": int,
          "reward": float | None, "metrics": {str: float},
@@ -29,7 +33,8 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
          "answer": Any, "info": dict,
          "advantage": float,            # only when pack_group got advantages
          "prompt": messages, "completion": messages,
-                        # image parts -> {"type": "image_ref", "hash": h}; see below
+                        # image parts -> {"type": "image_ref", "hash": h},
+                        # video parts -> {"type": "video_ref", "hash": h}; see below
          "steps": [
             # a step with tokens (a token-level backend):
             {"prompt_ids": int32 array (int64 if an id needs it),
@@ -55,18 +60,26 @@ path or ``file://`` URL) becomes ``{"type": "image_ref", "hash": h}`` with
 ``h = image_hash(load_image(image))``, the same hash the renderer puts in ``mm_hashes``
 (so a trainer can find its tensors in ``images`` when a step used it) and the results
 store uses for ``assets/<h>.png``; a results-store URL ``assets/<h>.png`` becomes the same
-reference without being read. ``http(s)://`` and ``data:`` URLs are kept as they are
-(never fetched or decoded). Step-level messages and ``TrajectoryStep.extras`` are not
-carried (the trainer needs tokens; the rollout's own prompt and completion are), so the
-rebuilt steps have empty ``prompt``/``completion`` lists; ``RolloutOutput.timing`` is not
-carried either.
+reference without being read. A video part whose video is in memory or local (frames, an
+array, a ``Video``, encoded bytes, a path or ``file://`` URL) becomes ``{"type":
+"video_ref", "hash": h}`` with ``h`` the renderer's ``mm_hash`` of it
+(``vf_mm.videos.video_mm_hash``: the clip's ``video_hash``, combined with the part's
+processing options when it sets any: the same clip sampled two ways is two items); a
+results-store URL ``assets/<h>.<ext>`` becomes the reference by that rule without being
+read (the results store names a video's file by its ``video_hash``). ``http(s)://`` and
+``data:`` URLs, of images and videos, are kept as they are (never fetched or decoded).
+Step-level messages and ``TrajectoryStep.extras`` are not carried (the trainer needs
+tokens; the rollout's own prompt and completion are), so the rebuilt steps have empty
+``prompt``/``completion`` lists; ``RolloutOutput.timing`` is not carried either.
 
 Checks, each a ``vf_mm.errors.GroupFrameError`` naming the rollout and step: two different
 tensors under one hash within a group (shapes, dtypes and bytes are compared, only when
-the two item objects differ: items shared by bridging cost nothing), a step that refers
-to a hash the group does not carry, placeholders that fail ``MultiModalData.validate``
-against the step's prompt length, token lists of different lengths, a frame that is not
-a ``vf_mm.group/1``.
+the two item objects differ: items shared by bridging cost nothing), one hash used for
+two modalities (an image in one step, a video in another), a step that refers to a hash
+the group does not carry, placeholders that fail ``MultiModalData.validate`` against the
+step's prompt length, token lists of different lengths, a frame that is not a
+``vf_mm.group/1``. ``unpack_group`` checks the same of what it reads: every hash a step
+names is in the item table, under one modality in the whole group.
 """
 
 from __future__ import annotations
@@ -83,6 +96,7 @@ from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
 from vf_mm.images import ImagePolicy, image_hash, load_image
 from vf_mm.types import (
     IMAGE_PART_TYPES,
+    VIDEO_PART_TYPES,
     MultiModalData,
     PlaceholderRange,
     ResponseTokens,
@@ -91,6 +105,7 @@ from vf_mm.types import (
     TrajectoryStep,
     image_part_source,
 )
+from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 __all__ = ["GROUP_FORMAT", "TrainingRollout", "pack_group", "unpack_group"]
 
@@ -100,6 +115,8 @@ GROUP_FORMAT = "vf_mm.group/1"
 _INT32 = np.iinfo(np.int32)
 _KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
 _ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
+#: a results-store video asset: its file is named by the clip's video_hash
+_VIDEO_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.[a-z0-9]{2,4}$")
 
 
 @dataclass(slots=True)
@@ -127,16 +144,19 @@ def pack_group(
     example_id: int | str | None = None,
     advantages: Sequence[float] | None = None,
     policy: ImagePolicy | None = None,
+    video_limits: VideoLimits | None = None,
 ) -> dict[str, Any]:
     """One frame for one example's rollouts (see the module docstring for the schema).
 
     ``rollout_indices`` default to ``0..n-1``; ``example_id`` defaults to the rollouts'
     (they must all agree, and agree with it when given); ``advantages``, if given, one per
-    rollout. ``policy`` is the ``ImagePolicy`` used to read in-memory images and local
-    paths in messages in order to hash them (default: any local path, no network).
+    rollout. ``policy`` is the ``ImagePolicy`` used to read in-memory images and videos
+    and local paths in messages in order to hash them (default: any local path, no
+    network); ``video_limits`` bound a video read for its hash (``VideoLimits()`` when
+    None; pass the renderer's).
 
     The frame holds references to the rollouts' own arrays (nothing is copied here);
-    ``packb`` copies each distinct image once.
+    ``packb`` copies each distinct image's and video's tensors once.
     """
     outputs = list(outputs)
     n = len(outputs)
@@ -161,7 +181,7 @@ def pack_group(
         if len(advantages) != n:
             raise GroupFrameError(f"{len(advantages)} advantages for {n} rollouts")
 
-    packer = _Packer(policy)
+    packer = _Packer(policy, video_limits)
     rollouts = []
     for r, output in enumerate(outputs):
         where = f"example {example_id!r}, rollout {indices[r]}"
@@ -190,13 +210,16 @@ def pack_group(
 
 
 class _Packer:
-    """Per-group state: the image table and what has been checked against it."""
+    """Per-group state: the item table (every modality) and what has been checked against it."""
 
-    def __init__(self, policy: ImagePolicy | None) -> None:
+    def __init__(self, policy: ImagePolicy | None, video_limits: VideoLimits | None) -> None:
         self.policy = policy
-        self.images: dict[str, Any] = {}
+        self.video_limits = video_limits
+        self.images: dict[str, Any] = {}  # mm_hash -> item, images and videos alike
+        self._modality: dict[str, str] = {}  # mm_hash -> the modality that uses it
         self._checked: set[tuple[str, int]] = set()  # (hash, id(item)) found equal
-        self._hashes: dict[Any, str] = {}  # message image source (id or str) -> hash
+        # message source (id or str) -> hash: images' image_hash, videos' video_hash
+        self._hashes: dict[tuple[str, Any], str] = {}
         self._keep: list[Any] = []  # keeps hashed sources alive so their ids stay unique
 
     def step(self, step: TrajectoryStep, where: str) -> dict[str, Any]:
@@ -223,18 +246,19 @@ class _Packer:
         for modality, hashes in mm.mm_hashes.items():
             items = mm.mm_items[modality]
             for i, (h, item) in enumerate(zip(hashes, items, strict=True)):
-                self._intern(h, item, f"{where}, {modality} {i}")
+                self._intern(h, item, modality, f"{where}, {modality} {i}")
             out[modality] = {
                 "hashes": list(hashes),
                 "placeholders": [_pack_range(r) for r in mm.mm_placeholders[modality]],
             }
         return out
 
-    def _intern(self, h: str, item: Any, where: str) -> None:
+    def _intern(self, h: str, item: Any, modality: str, where: str) -> None:
         if not isinstance(item, Mapping):
             raise GroupFrameError(
                 f"{where}: an item must be a dict of tensors, not {type(item).__name__}"
             )
+        _check_modality(self._modality, h, modality, where)
         known = self.images.get(h)
         if known is None:
             self.images[h] = item
@@ -244,9 +268,9 @@ class _Packer:
         problem = _difference(known, item)
         if problem is not None:
             raise GroupFrameError(
-                f"{where}: two different tensors claim image hash {h} in one group ({problem}); "
-                "a hash must name one image's model inputs (were two processors or "
-                "processor settings mixed?)"
+                f"{where}: two different tensors claim {modality} hash {h} in one group "
+                f"({problem}); a hash must name one {modality}'s model inputs (were two "
+                "processors or processor settings mixed?)"
             )
         self._checked.add((h, id(item)))
 
@@ -259,8 +283,11 @@ class _Packer:
                 continue
             parts = []
             for p, part in enumerate(content):
-                if isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES:
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                if kind in IMAGE_PART_TYPES:
                     part = self._image_part(part, f"{where}, message {m}, part {p}")
+                elif kind in VIDEO_PART_TYPES:
+                    part = self._video_part(part, f"{where}, message {m}, part {p}")
                 parts.append(part)
             out.append({**message, "content": parts})
         return out
@@ -273,9 +300,9 @@ class _Packer:
             asset = _ASSET_URL.match(source)
             if asset:
                 return {"type": "image_ref", "hash": asset.group(1)}
-            key: Any = source
+            key: Any = ("image", source)
         else:
-            key = id(source)
+            key = ("image", id(source))
         digest = self._hashes.get(key)
         if digest is None:
             try:
@@ -286,6 +313,55 @@ class _Packer:
             self._hashes[key] = digest
             self._keep.append(source)
         return {"type": "image_ref", "hash": digest}
+
+    def _video_part(self, part: Mapping[str, Any], where: str) -> Any:
+        """``{"type": "video_ref", "hash": mm_hash}`` for a video in memory or on disk;
+        http(s) and ``data:`` URLs as they are. The clip is loaded (once per source and
+        frame rate in the group) for its ``video_hash``."""
+        if part.get("type") == "video_url":
+            inner = part.get("video_url")
+            source = inner.get("url") if isinstance(inner, Mapping) else inner
+        else:
+            source = next(
+                (part[k] for k in ("video", "url", "path") if part.get(k) is not None), None
+            )
+        if isinstance(source, str):
+            if _KEPT_URL.match(source):
+                return part  # http(s) is never fetched here; a data: URL is already text
+            asset = _VIDEO_ASSET_URL.match(source)
+            if asset:
+                return {"type": "video_ref", "hash": video_mm_hash(asset.group(1), part)}
+            key: Any = ("video", source, repr(part.get("frame_rate")))
+        else:
+            key = ("video", id(source), repr(part.get("frame_rate")))
+        digest = self._hashes.get(key)
+        if digest is None:
+            try:
+                video = load_video(
+                    dict(part), policy=self.policy, limits=self.video_limits, where=where
+                )
+            except Exception as exc:
+                exc.add_note(f"while packing {where} (hashing its video for a video_ref)")
+                raise
+            digest = video_hash(video)
+            self._hashes[key] = digest
+            self._keep.append(source)
+        return {"type": "video_ref", "hash": video_mm_hash(digest, part)}
+
+
+def _check_modality(seen: dict[str, str], h: str, modality: str, where: str) -> None:
+    """Refuse a hash used for two modalities in one group: the item table holds one item
+    per hash, and an image's inputs are no video's."""
+    first = seen.setdefault(h, modality)
+    if first != modality:
+        raise GroupFrameError(
+            f"{where}: hash {h} names {_a(modality)} here but {_a(first)} elsewhere in the "
+            "group; one hash names one item"
+        )
+
+
+def _a(modality: str) -> str:
+    return f"an {modality}" if modality[:1] in "aeiou" else f"a {modality}"
 
 
 def _ids(values: Sequence[int]) -> np.ndarray:
@@ -352,10 +428,11 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
     """The rollouts of a decoded group frame (``unpackb`` / ``read_stream`` output).
 
     Each step's ``MultiModalData`` has the hashes and placeholders that were packed, and
-    items that are the group's decoded item dicts: one dict per distinct image, shared by
-    every step and rollout that shows it, its numpy arrays made read-only (as the
-    renderer's cached arrays are) so that a write through one step cannot change another.
-    Raises ``GroupFrameError`` on a frame that breaks the rules (module docstring).
+    items that are the group's decoded item dicts: one dict per distinct image or video,
+    shared by every step and rollout that shows it, its numpy arrays made read-only (as
+    the renderer's cached arrays are) so that a write through one step cannot change
+    another. Raises ``GroupFrameError`` on a frame that breaks the rules (module
+    docstring).
     """
     if not isinstance(data, Mapping) or data.get("format") != GROUP_FORMAT:
         found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
@@ -363,15 +440,18 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
     example_id = _get(data, "example_id", "the group")
     images = _get(data, "images", "the group")
     if not isinstance(images, Mapping):
-        raise GroupFrameError(f"the group's images must be a map, not {type(images).__name__}")
+        raise GroupFrameError(
+            f"the group's item table ('images') must be a map, not {type(images).__name__}"
+        )
     items: dict[str, Any] = {}
     for h, item in images.items():
         if not isinstance(item, Mapping):
-            raise GroupFrameError(f"image {h}: an item must be a map, not {type(item).__name__}")
+            raise GroupFrameError(f"item {h}: an item must be a map, not {type(item).__name__}")
         for value in item.values():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
         items[h] = item
+    modalities: dict[str, str] = {}  # hash -> the modality the group's steps use it as
     out = []
     for r, entry in enumerate(_get(data, "rollouts", "the group")):
         where = f"example {example_id!r}, rollout {r}"
@@ -380,7 +460,7 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
         index = _get(entry, "rollout_index", where)
         where = f"example {example_id!r}, rollout {index}"
         trajectory = [
-            _unpack_step(step, items, f"{where}, step {s}")
+            _unpack_step(step, items, modalities, f"{where}, step {s}")
             for s, step in enumerate(_get(entry, "steps", where))
         ]
         out.append(
@@ -452,7 +532,9 @@ def _get(mapping: Mapping[str, Any], key: str, where: str) -> Any:
         raise GroupFrameError(f"{where}: the frame has no {key!r} field") from None
 
 
-def _unpack_step(step: Any, items: Mapping[str, Any], where: str) -> TrajectoryStep:
+def _unpack_step(
+    step: Any, items: Mapping[str, Any], modalities: dict[str, str], where: str
+) -> TrajectoryStep:
     if not isinstance(step, Mapping):
         raise GroupFrameError(f"{where}: must be a map, not {type(step).__name__}")
     if "tokens" in step:
@@ -462,7 +544,7 @@ def _unpack_step(step: Any, items: Mapping[str, Any], where: str) -> TrajectoryS
     prompt_ids = _list(step, "prompt_ids", where)
     wire_mm = _get(step, "mm", where)
     try:
-        mm = None if wire_mm is None else _unpack_mm(wire_mm, items, where)
+        mm = None if wire_mm is None else _unpack_mm(wire_mm, items, modalities, where)
         tokens = ResponseTokens(
             prompt_ids=prompt_ids,
             completion_ids=_list(step, "completion_ids", where),
@@ -477,7 +559,9 @@ def _unpack_step(step: Any, items: Mapping[str, Any], where: str) -> TrajectoryS
     return TrajectoryStep(prompt=[], completion=[], tokens=tokens, reward=step.get("reward"))
 
 
-def _unpack_mm(wire: Any, items: Mapping[str, Any], where: str) -> MultiModalData:
+def _unpack_mm(
+    wire: Any, items: Mapping[str, Any], modalities: dict[str, str], where: str
+) -> MultiModalData:
     if not isinstance(wire, Mapping):
         raise GroupFrameError(f"{where}: 'mm' must be a map or null, not {type(wire).__name__}")
     mm = MultiModalData()
@@ -493,9 +577,10 @@ def _unpack_mm(wire: Any, items: Mapping[str, Any], where: str) -> MultiModalDat
             item = items.get(h) if isinstance(h, str) else None
             if item is None:
                 raise GroupFrameError(
-                    f"{where}: {modality} {i} refers to image {h!r}, which the group does not "
-                    "carry (its images table has no such hash)"
+                    f"{where}: {modality} {i} refers to {modality} {h!r}, which the group "
+                    "does not carry (its item table, 'images', has no such hash)"
                 )
+            _check_modality(modalities, h, modality, f"{where}, {modality} {i}")
             found.append(item)
         ranges = [_unpack_range(entry, where) for entry in pairs]
         mm.mm_hashes[modality] = hashes

@@ -5,7 +5,11 @@
 a frames array, encoded bytes, a ``data:`` URL, a local path or ``file://`` URL, an
 ``http(s)://`` URL, or a content part into a ``Video``: every frame decoded, ``(T, H,
 W, 3)`` uint8 RGB, read-only, with the source's frame rate. ``video_hash(video)`` is its
-content hash (pixels, shape, frame rate).
+content hash (pixels, shape, frame rate); ``video_mm_hash(hash, part)`` the hash of the
+clip as a part's processing options make it (what the renderer, group frames and vLLM
+key its tensors by). ``read_video_bytes`` reads a source's own file without decoding it
+(``video_extension`` names its container); ``encode_lossless`` turns raw frames into a
+file that decodes back to them exactly (results assets, vLLM content_parts).
 
 Sources (``_source.py``, ``_load.py``)
     Strings are sorted by ``vf_mm.images``' rules (``data:``, ``http:``/``https:``,
@@ -64,7 +68,9 @@ encoded video; errors are ``vf_mm.errors.VideoError`` subclasses)
 
 from __future__ import annotations
 
-from vf_mm.videos._hash import video_hash
+from vf_mm.videos._container import VIDEO_EXTENSIONS, video_extension
+from vf_mm.videos._encode import encode_lossless
+from vf_mm.videos._hash import video_hash, video_mm_hash
 from vf_mm.videos._limits import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DECODED_BYTES,
@@ -73,7 +79,7 @@ from vf_mm.videos._limits import (
     DEFAULT_MAX_PIXELS_PER_FRAME,
     VideoLimits,
 )
-from vf_mm.videos._load import load_video
+from vf_mm.videos._load import is_raw_video, load_video, read_video_bytes
 from vf_mm.videos._video import Video
 
 __all__ = [
@@ -82,8 +88,14 @@ __all__ = [
     "DEFAULT_MAX_DURATION_S",
     "DEFAULT_MAX_FRAMES",
     "DEFAULT_MAX_PIXELS_PER_FRAME",
+    "VIDEO_EXTENSIONS",
     "Video",
     "VideoLimits",
+    "encode_lossless",
+    "is_raw_video",
     "load_video",
+    "read_video_bytes",
+    "video_extension",
     "video_hash",
+    "video_mm_hash",
 ]

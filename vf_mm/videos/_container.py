@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 from vf_mm.errors import VideoDecodeError
 
-__all__ = ["Container", "sniff_container"]
+__all__ = ["VIDEO_EXTENSIONS", "Container", "sniff_container", "video_extension"]
+
+#: The file extensions of the containers read, one per container (``video_extension``).
+VIDEO_EXTENSIONS = ("mp4", "mov", "webm", "mkv", "avi", "ts")
+_EBML = b"\x1a\x45\xdf\xa3"
+_DOCTYPE = b"\x42\x82"
 
 _MP4_BOXES = frozenset({b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide"})
 #: ftyp brands of still-image formats in the MP4 box structure (HEIF family).
@@ -105,3 +110,38 @@ def sniff_container(data: bytes | bytearray | memoryview) -> Container:
         f"the bytes are {look}, not a video in a container vf_mm reads "
         f"(MP4/MOV, Matroska/WebM, AVI, MPEG-TS){hint}"
     )
+
+
+def _matroska_doctype(head: bytes) -> bytes | None:
+    """The EBML header's DocType (``b"webm"``, ``b"matroska"``), or None if not found."""
+    at = head.find(_DOCTYPE, 4, 64)
+    if at < 0 or at + 2 >= len(head):
+        return None
+    first = head[at + 2]
+    width = 9 - first.bit_length() if first else 0  # an EBML varint's length
+    if not 1 <= width <= 8:
+        return None
+    size = first & ((1 << (8 - width)) - 1)
+    for byte in head[at + 3 : at + 2 + width]:
+        size = (size << 8) | byte
+    start = at + 2 + width
+    return head[start : start + size].rstrip(b"\0")
+
+
+def video_extension(data: bytes | bytearray | memoryview) -> str:
+    """The extension (``VIDEO_EXTENSIONS``) of the container ``data`` is in, from its
+    first bytes: ``mp4`` (MP4, M4V, 3GP), ``mov`` (the QuickTime brand), ``webm`` or
+    ``mkv`` (by the Matroska DocType), ``avi``, ``ts``; ``VideoDecodeError`` for bytes in
+    none of them."""
+    head = bytes(memoryview(data)[:4096])
+    if head[4:8] in _MP4_BOXES:
+        brand = head[8:12] if head[4:8] == b"ftyp" else b""
+        return "mp4" if brand and brand != b"qt  " else "mov"
+    if head.startswith(_EBML):
+        return "webm" if _matroska_doctype(head) == b"webm" else "mkv"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "avi"
+    if len(head) > 2 * _TS_PACKET and head[0] == head[_TS_PACKET] == head[2 * _TS_PACKET] == 0x47:
+        return "ts"
+    sniff_container(head)  # raises, saying what the bytes are
+    raise VideoDecodeError("the bytes are in no video container vf_mm reads")

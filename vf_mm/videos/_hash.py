@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Mapping
+from typing import Any
 
+from vf_mm.types import VIDEO_OPTIONS
 from vf_mm.videos._video import Video
 
-__all__ = ["video_hash"]
+__all__ = ["video_hash", "video_mm_hash"]
 
 _PREFIX = b"vf_mm.video.v1\0RGB\0"
 
@@ -45,3 +48,16 @@ def video_hash(video: Video) -> str:
     digest.update(b"\0" if video.fps is None else b"\1" + struct.pack(">d", video.fps))
     digest.update(video.frames.data)
     return digest.hexdigest()[:32]
+
+
+def video_mm_hash(content_hash: str, part: Mapping[str, Any]) -> str:
+    """The ``mm_hash`` of the clip a video ``part`` shows, whose ``video_hash`` is
+    ``content_hash``: ``content_hash`` itself when the part sets none of the processing
+    options (``vf_mm.types.VIDEO_OPTIONS``), else the sha256 hex of
+    ``f"{content_hash}:{sorted(options.items())!r}"`` over the options it sets (not None).
+    Options change the tensors, so they change the hash: one ``mm_hash`` names one item,
+    in the renderer's cache, a group frame's table and vLLM's encoder cache alike."""
+    options = {key: part[key] for key in VIDEO_OPTIONS if part.get(key) is not None}
+    if not options:
+        return content_hash
+    return hashlib.sha256(f"{content_hash}:{sorted(options.items())!r}".encode()).hexdigest()

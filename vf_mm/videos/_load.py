@@ -94,6 +94,44 @@ def load_video(
         raise
 
 
+def read_video_bytes(
+    source: Any,
+    *,
+    policy: ImagePolicy | None = None,
+    limits: VideoLimits | None = None,
+    where: str | None = None,
+    fetcher: Fetcher | None = None,
+) -> bytes:
+    """The encoded bytes a source holds or names (bytes, a ``data:`` URL's payload, a local
+    path's or ``file://`` URL's file, an http(s) body), read exactly as ``load_video``
+    reads them: through ``policy``'s guard, at most ``limits.max_bytes``. Not decoded.
+    For whoever must keep a clip's own file (the results store keeps what was sent, so a
+    browser can play it). ``source`` may be a content part; raw frames are refused (they
+    have no file: ``encode_lossless`` makes one). Errors as ``load_video``'s."""
+    policy = _DEFAULT_POLICY if policy is None else policy
+    limits = _DEFAULT_LIMITS if limits is None else limits
+    inner, _ = unwrap(source)
+    try:
+        if is_raw_video(inner):
+            raise VideoDecodeError("raw frames have no encoded bytes to read")
+        try:
+            return bytes(_read(inner, policy, limits, fetcher or _DEFAULT_FETCHER))
+        except ImageError as exc:
+            raise _as_video_error(exc) from exc
+    except VideoError as exc:
+        if exc.source is None:
+            exc.source = describe(source)
+        if exc.where is None:
+            exc.where = where
+        raise
+
+
+def is_raw_video(source: Any) -> bool:
+    """Whether a video source is frames rather than encoded bytes or a place: a list or
+    tuple of frames, an array, or a ``Video``."""
+    return isinstance(source, (Video, list, tuple)) or is_array(source)
+
+
 def _as_video_error(exc: ImageError) -> VideoError:
     if isinstance(exc, UnsafeImageSourceError):
         return UnsafeVideoSourceError(exc.reason)

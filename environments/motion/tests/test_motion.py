@@ -401,6 +401,10 @@ def test_check_environment_passes(env, model):
     assert "at least 8 pixels" in report["tool_errors"]["zoom_clip"]
     args = {"slow_replay": {"factor": 2}, "zoom_clip": {"x": 0, "y": 0, "w": 56, "h": 56}}
     report = vf.check_environment(env, model_dir=model, tool_args=args)
+    # the prompt's clip on turn 1, then one tool clip per later turn
+    assert report["videos"] == 2 and report["images_per_turn"][0][0] == 0
+    assert all(turns[0] == 1 and all(n <= 1 for n in turns[1:])
+               for turns in report["videos_per_turn"])  # fmt: skip
     assert report["tool_errors"] == {} and report["tool_calls"] == {
         "slow_replay": 4,
         "zoom_clip": 4,
