@@ -923,20 +923,12 @@ def test_a_family_the_server_does_not_check_is_refused_at_start():
         create_app(SimpleNamespace(), renderer=renderer, model_name="m")
 
 
-def _lossless_mp4_url(frames: np.ndarray, rate: int = 4) -> str:
-    import av
+def _lossless_url(frames: np.ndarray, rate: int = 4) -> str:
+    """``frames`` as a lossless video file (FFV1 in Matroska) in a ``data:`` URL."""
+    from vf_mm.videos import Video, encode_lossless
 
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as container:
-        stream = container.add_stream("libx264rgb", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "rgb24"
-        stream.options = {"qp": "0"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return "data:video/mp4;base64," + base64.b64encode(buffer.getvalue()).decode()
+    data = encode_lossless(Video(frames, fps=rate))
+    return "data:video/x-matroska;base64," + base64.b64encode(data).decode()
 
 
 def test_a_clip_serves_as_features_from_the_cache_and_as_content_parts(backend, renderer):
@@ -944,7 +936,7 @@ def test_a_clip_serves_as_features_from_the_cache_and_as_content_parts(backend, 
     cache), then the raw clip as a content part expanded by the server: one prompt, the
     same greedy tokens."""
     frames = np.random.default_rng(3).integers(0, 256, (6, 42, 56, 3), dtype=np.uint8)
-    url = _lossless_mp4_url(frames)
+    url = _lossless_url(frames)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
                                              {"type": "text", "text": "What moved?"}]}]  # fmt: skip
     rendered = renderer.render(messages)
@@ -1005,7 +997,7 @@ def test_a_clip_serves_as_features_from_the_cache_and_as_content_parts(backend, 
 
 def test_the_chat_route_takes_a_clip_and_reads_it_through_the_servers_policy(client):
     frames = np.random.default_rng(4).integers(0, 256, (4, 28, 28, 3), dtype=np.uint8)
-    content = [{"type": "video_url", "video_url": {"url": _lossless_mp4_url(frames)}},
+    content = [{"type": "video_url", "video_url": {"url": _lossless_url(frames)}},
                {"type": "text", "text": "What moved?"}]  # fmt: skip
     body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": content}]}
     r = client.post("/v1/chat/completions", json=body)
@@ -1015,6 +1007,6 @@ def test_the_chat_route_takes_a_clip_and_reads_it_through_the_servers_policy(cli
     content[0] = {"type": "video_url", "video_url": {"url": "/etc/hostname"}}
     assert "message 0, part 0" in _error(client.post("/v1/chat/completions", json=body))
     # a misspelt per-clip option is refused, not ignored
-    content[0] = {"type": "video_url", "video_url": {"url": _lossless_mp4_url(frames)},
+    content[0] = {"type": "video_url", "video_url": {"url": _lossless_url(frames)},
                   "num_frame": 2}  # fmt: skip
     assert "num_frame" in _error(client.post("/v1/chat/completions", json=body))

@@ -263,18 +263,14 @@ def _check_row(
                     f"{rf.name} asks for it: give every row one, or declare "
                     f"optional_columns=[{column!r}]"
                 )
-    for m, p, part in image_parts(prompt):
-        try:
-            load_image(part, policy=policy, where=f"row {i}, message {m}, part {p}")
-            report["images"] += 1
-        except VfMmError as exc:
-            problems.append(str(exc))
-    for m, p, part in video_parts(prompt):
-        try:
-            load_video(part, policy=policy, where=f"row {i}, message {m}, part {p}")
-            report["videos"] += 1
-        except VfMmError as exc:
-            problems.append(str(exc))
+    for count, parts, load in (("images", image_parts, load_image),
+                               ("videos", video_parts, load_video)):  # fmt: skip
+        for m, p, part in parts(prompt):
+            try:
+                load(part, policy=policy, where=f"row {i}, message {m}, part {p}")
+                report[count] += 1
+            except VfMmError as exc:
+                problems.append(str(exc))
     return problems
 
 

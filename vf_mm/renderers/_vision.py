@@ -32,6 +32,7 @@ import difflib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,27 +167,15 @@ class VisionSpec:
         """Load one image content part and return its (cached) expansion and inputs."""
         image = load_image(part, policy=self.policy, where=where)
         key = image_hash(image)
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return cached
-        start = time.perf_counter()
-        try:
-            replacement, item = expand_image(self.processor, image, kwargs=self._image_kwargs)
-        except Exception as exc:
-            raise RenderError(f"{where}: the image processor failed: {exc}") from exc
-        for array in item.values():
-            array.flags.writeable = False
-        processed = self._splice(key, replacement, item)
-        with self._lock:
-            self.processing_s += time.perf_counter() - start
-            self.misses += 1
-            self._cache[key] = processed
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return processed
+
+        def compute() -> ProcessedImage:
+            try:
+                replacement, item = expand_image(self.processor, image, kwargs=self._image_kwargs)
+            except Exception as exc:
+                raise RenderError(f"{where}: the image processor failed: {exc}") from exc
+            return self._splice(key, replacement, item)
+
+        return self._cached(key, compute)
 
     def process_video(self, part: Any, *, where: str) -> ProcessedImage:
         """Load one video content part and return its (cached) expansion and inputs; the
@@ -208,6 +197,16 @@ class VisionSpec:
         video = load_video(part, policy=self.policy, limits=self.video_limits, where=where)
         # options change the tensors, so they change the hash (video_mm_hash)
         key = video_mm_hash(video_hash(video), part)
+
+        def compute() -> ProcessedImage:
+            out = expand_video(settings, video.frames, fps=video.fps, tokens=self._video_tokens)
+            return self._splice(key, out.replacement, out.item, modality="video")
+
+        return self._cached(key, compute)
+
+    def _cached(self, key: str, compute: Callable[[], ProcessedImage]) -> ProcessedImage:
+        """The cached expansion under ``key``, or ``compute()``'s, cached (LRU by entries;
+        its arrays made read-only first, since every turn and rollout shares them)."""
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -215,10 +214,9 @@ class VisionSpec:
                 self.hits += 1
                 return cached
         start = time.perf_counter()
-        expanded = expand_video(settings, video.frames, fps=video.fps, tokens=self._video_tokens)
-        for array in expanded.item.values():
+        processed = compute()
+        for array in processed.item.values():
             array.flags.writeable = False
-        processed = self._splice(key, expanded.replacement, expanded.item, modality="video")
         with self._lock:
             self.processing_s += time.perf_counter() - start
             self.misses += 1

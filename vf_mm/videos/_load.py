@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from PIL import Image
@@ -75,23 +77,9 @@ def load_video(
     secrets) and ``where``; a refusal by the image guard is chained as ``__cause__``.
     Never a partial video.
     """
-    policy = _DEFAULT_POLICY if policy is None else policy
-    limits = _DEFAULT_LIMITS if limits is None else limits
-    if not isinstance(policy, ImagePolicy):
-        raise TypeError(f"policy must be an ImagePolicy, not {type(policy).__name__}")
-    if not isinstance(limits, VideoLimits):
-        raise TypeError(f"limits must be a VideoLimits, not {type(limits).__name__}")
-    try:
-        try:
-            return _load(source, policy, limits, fetcher or _DEFAULT_FETCHER)
-        except ImageError as exc:  # the image guard's refusal, in the video tree
-            raise _as_video_error(exc) from exc
-    except VideoError as exc:
-        if exc.source is None:
-            exc.source = describe(source)
-        if exc.where is None:
-            exc.where = where
-        raise
+    policy, limits = _checked_args(policy, limits)
+    with _named(source, where):
+        return _load(source, policy, limits, fetcher or _DEFAULT_FETCHER)
 
 
 def read_video_bytes(
@@ -108,15 +96,34 @@ def read_video_bytes(
     For whoever must keep a clip's own file (the results store keeps what was sent, so a
     browser can play it). ``source`` may be a content part; raw frames are refused (they
     have no file: ``encode_lossless`` makes one). Errors as ``load_video``'s."""
-    policy = _DEFAULT_POLICY if policy is None else policy
-    limits = _DEFAULT_LIMITS if limits is None else limits
+    policy, limits = _checked_args(policy, limits)
     inner, _ = unwrap(source)
-    try:
+    with _named(source, where):
         if is_raw_video(inner):
             raise VideoDecodeError("raw frames have no encoded bytes to read")
+        return bytes(_read(inner, policy, limits, fetcher or _DEFAULT_FETCHER))
+
+
+def _checked_args(
+    policy: ImagePolicy | None, limits: VideoLimits | None
+) -> tuple[ImagePolicy, VideoLimits]:
+    policy = _DEFAULT_POLICY if policy is None else policy
+    limits = _DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(policy, ImagePolicy):
+        raise TypeError(f"policy must be an ImagePolicy, not {type(policy).__name__}")
+    if not isinstance(limits, VideoLimits):
+        raise TypeError(f"limits must be a VideoLimits, not {type(limits).__name__}")
+    return policy, limits
+
+
+@contextlib.contextmanager
+def _named(source: Any, where: str | None) -> Iterator[None]:
+    """Errors inside, in the video tree (the image guard's refusals mapped) and naming
+    ``source`` and ``where``."""
+    try:
         try:
-            return bytes(_read(inner, policy, limits, fetcher or _DEFAULT_FETCHER))
-        except ImageError as exc:
+            yield
+        except ImageError as exc:  # the image guard's refusal, in the video tree
             raise _as_video_error(exc) from exc
     except VideoError as exc:
         if exc.source is None:
