@@ -430,3 +430,30 @@ def test_tools_the_model_could_not_call_are_refused_when_the_env_is_made():
 def test_an_environment_made_wrong_says_what_to_pass(kwargs, error, match):
     with pytest.raises(error, match=match):
         vf.MultiTurnEnv(**kwargs)
+
+
+def test_a_tool_returning_a_clip_gives_the_model_a_video_and_a_bare_array_says_how(renderer):
+    import numpy as np
+
+    from vf_mm.videos import Video
+
+    frames = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 3), dtype=np.uint8)
+
+    def replay():
+        """Replay the clip."""
+        return [Video(frames, fps=4.0), "slower"]
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[replay], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("replay")), rows(1)[0]))
+    assert state["error"] is None
+    assert [p["type"] for p in state["completion"][1]["content"]] == ["video", "text"]
+    assert state["trajectory"][1].tokens.multi_modal_data.num_items("video") == 1
+
+    def bare():
+        """Returns frames as they are."""
+        return frames
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[bare], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("bare")), rows(1)[0]))
+    assert state["error"].type == "MessageError"
+    assert "vf_mm.videos.Video(frames, fps)" in state["error"].message

@@ -145,3 +145,12 @@ def test_bad_clips_fail_with_errors_that_name_them(tiny):
         renderer.render([{"role": "user", "content": [video(1, num_frame=3)]}])
     with pytest.raises(RenderError, match="exclusive"):
         renderer.render([{"role": "user", "content": [video(1, fps=2.0, num_frames=4)]}])
+
+
+def test_option_errors_and_a_one_frame_qwen3_clip_name_the_part(tiny):
+    renderer = load_renderer(tiny["qwen3_vl"])
+    with pytest.raises(RenderError, match=r"message 0, part 1: cannot sample 100 frames"):
+        renderer.render([{"role": "user", "content": ["x", video(1, num_frames=100)]}])
+    one = {"type": "video", "video": clip(1, t=1), "frame_rate": 4.0}
+    with pytest.raises(RenderError, match=r"message 0, part 0: .*1 frame\(s\).*at least 2"):
+        renderer.render([{"role": "user", "content": [one]}])

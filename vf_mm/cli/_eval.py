@@ -41,8 +41,8 @@ def register(sub: Any) -> None:
         "eval",
         help="evaluate a model on an environment",
         description="Run R rollouts of the first N rows of an environment's eval split, "
-        "score them, and write OUTDIR/results.jsonl, metadata.json and assets/ (images by "
-        "content hash). A rollout that fails is recorded with its error; the run goes on. "
+        "score them, and write OUTDIR/results.jsonl, metadata.json and assets/ (images and "
+        "clips by content hash). A rollout that fails is recorded with its error; the run goes on. "
         "Exit status: 0 done, 1 refused (an environment that cannot be found or loaded, an "
         "OUTDIR in use, a resume with other settings), 2 arguments that do not parse, 3 stopped "
         "by --max-errors.",

@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
     view = sub.add_parser(
         "view",
         help="write a self-contained HTML report of an eval run directory",
-        description="Write one HTML file (inline CSS/JS, images embedded once each) showing the "
+        description="Write one HTML file (inline CSS/JS, images and video frames embedded once each) showing the "
         "run config, aggregates and every rollout's turns, images and reward. Open it in any "
         "browser; it needs no network and can be mailed around.",
     )
@@ -66,6 +66,6 @@ def run_view(args: argparse.Namespace, console: Console | None = None) -> int:
     )
     console.print(
         f"wrote {escape(str(out))} ({len(report.html.encode()) / 1024:,.0f} KiB: {shown} rollouts, "
-        f"{report.images_embedded} distinct images)"
+        f"{report.images_embedded} distinct images, {report.videos_embedded} distinct videos)"
     )
     return 0

@@ -192,12 +192,16 @@ def _json_text(value: Any, name: str) -> str:
     try:
         return json.dumps(to_json_value(value, f"tool {name!r} returned"))
     except ResultsError as exc:
-        raise MessageError(
-            str(exc),
-            where=f"tool {name!r}",
-            hint="return a str, a JSON-able value (convert numpy values with .tolist()), a PIL "
-            "image, or a list of those",
-        ) from None
+        shape = getattr(value, "shape", None)
+        if isinstance(shape, tuple) and len(shape) == 4:  # frames, not data
+            hint = ("a (T, H, W, 3) array is a clip: return vf_mm.videos.Video(frames, fps) or "
+                    '{"type": "video", "video": frames, "frame_rate": fps}')  # fmt: skip
+        elif isinstance(shape, tuple) and len(shape) in (2, 3):
+            hint = "an (H, W, 3) array is an image: return PIL.Image.fromarray(array)"
+        else:
+            hint = ("return a str, a JSON-able value (convert numpy values with .tolist()), a "
+                    "PIL image, a vf_mm.videos.Video, or a list of those")  # fmt: skip
+        raise MessageError(str(exc), where=f"tool {name!r}", hint=hint) from None
 
 
 def _is_video(value: Any) -> bool:

@@ -280,7 +280,16 @@ def resized_size(
             min_pixels=settings.min_pixels, max_pixels=settings.max_pixels,
         )  # fmt: skip
     except ValueError as exc:  # aspect ratio over 200, fewer frames than a temporal patch
-        raise RenderError(f"the video processor refuses this clip: {exc}") from None
+        if num_frames < settings.temporal_patch_size:
+            raise RenderError(
+                f"the video processor refuses a clip of {num_frames} frame(s) (after sampling): "
+                f"it needs at least {settings.temporal_patch_size}, one temporal patch "
+                f"({exc})"
+            ) from None
+        raise RenderError(
+            f"the video processor refuses this clip ({num_frames} frames of {height}x{width} "
+            f"after sampling): {exc}"
+        ) from None
 
 
 def _native_uint8(resample: int) -> bool:

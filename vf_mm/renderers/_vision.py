@@ -193,13 +193,19 @@ class VisionSpec:
                 + (f" (did you mean {close[0]!r}?)" if close else "")
             )
         options = {k: part[k] for k in VIDEO_OPTIONS if part.get(k) is not None}
-        settings = self.video.with_options(options)
+        try:
+            settings = self.video.with_options(options)
+        except RenderError as exc:
+            raise RenderError(f"{where}: {exc}") from None
         video = load_video(part, policy=self.policy, limits=self.video_limits, where=where)
         # options change the tensors, so they change the hash (video_mm_hash)
         key = video_mm_hash(video_hash(video), part)
 
         def compute() -> ProcessedImage:
-            out = expand_video(settings, video.frames, fps=video.fps, tokens=self._video_tokens)
+            try:
+                out = expand_video(settings, video.frames, fps=video.fps, tokens=self._video_tokens)
+            except RenderError as exc:
+                raise RenderError(f"{where}: {exc}") from None
             return self._splice(key, out.replacement, out.item, modality="video")
 
         return self._cached(key, compute)
