@@ -5,7 +5,8 @@ Each turn k = 1..16 brings one new clip, sent as users send it: an H.264 MP4 in 
 320x240 at 8 fps by default). Side by side, in one process, on the same conversation
 (a tiny Qwen2.5-VL or Qwen3-VL checkpoint built offline):
 
-  own clip      the new clip alone: ``load_video`` (base64 + decode) and
+  own clip      the new clip alone: ``load_video`` (base64 + decode), ``video_hash``
+                (the content hash every clip is cached and deduplicated by) and
                 ``expand_video`` (sampling, resize, normalise, patches): the cost the
                 bridge cannot avoid
   bridge        ``bridge_to_next_turn`` onto the previous turn's tokens (the new clip is
@@ -39,7 +40,7 @@ import transformers
 import vf_mm
 from vf_mm.models import build_tiny_vlm, expand_video, load_video_settings
 from vf_mm.renderers import load_renderer
-from vf_mm.videos import load_video
+from vf_mm.videos import load_video, video_hash
 
 
 def clip_url(seed: int, frames: int, width: int, height: int, rate: int = 8) -> str:
@@ -121,6 +122,7 @@ def main() -> None:
             def own(fresh: Any = fresh) -> Any:
                 url = next(fresh)
                 video = load_video({"type": "video_url", "video_url": {"url": url}})
+                video_hash(video)
                 return expand_video(settings, video.frames, fps=video.fps, tokens=tokens)
 
             def bridge(prev: Any = prev, fresh: Any = fresh, prev_msgs: Any = prev_msgs,

@@ -64,6 +64,7 @@ __all__ = [
     "image_part_source",
     "image_parts",
     "text_of",
+    "video_options",
     "video_parts",
 ]
 
@@ -210,6 +211,38 @@ def video_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, C
             if isinstance(part, Mapping) and part.get("type") in VIDEO_PART_TYPES:
                 found.append((m, p, part))
     return found
+
+
+def video_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The processing options (``VIDEO_OPTIONS``) a video part or call sets, checked and
+    normalised: ``fps`` a finite positive number; ``num_frames``, ``min_pixels`` and
+    ``max_pixels`` finite positive whole numbers (as ints); ``do_sample_frames`` a bool;
+    not ``fps`` and ``num_frames`` both. Keys set to None and other keys are left out.
+    Raises ``ValueError`` naming the option: the one rule every entry point applies
+    (message checks, the renderer, the servers)."""
+    import math
+
+    out: dict[str, Any] = {}
+    for key in VIDEO_OPTIONS:
+        value = options.get(key)
+        if value is None:
+            continue
+        if key == "do_sample_frames":
+            if not isinstance(value, bool):
+                raise ValueError(f"do_sample_frames must be a bool, not {value!r}")
+            out[key] = value
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"video option {key} must be a finite positive number, not {value!r}")
+        if key != "fps" and value != int(value):
+            raise ValueError(f"video option {key} must be a whole number, not {value!r}")
+        out[key] = float(value) if key == "fps" else int(value)
+    if "fps" in out and "num_frames" in out:
+        raise ValueError(
+            "fps and num_frames both given: sample by rate (fps) or by count (num_frames)"
+        )
+    return out
 
 
 def image_part_source(part: Mapping[str, Any]) -> Any:

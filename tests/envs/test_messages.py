@@ -125,3 +125,11 @@ def test_video_parts_a_user_would_get_wrong_are_refused():
         check([{"role": "user", "content": [{"type": "video", "video": clip, "num_frame": 2}]}])
     ok = check([{"role": "user", "content": [{"type": "video", "video": clip, "frame_rate": 4}]}])
     assert ok[0]["content"][0]["video"] is clip
+
+
+def test_video_numbers_must_be_finite():
+    clip = np.zeros((2, 8, 8, 3), np.uint8)
+    for key, value in (("fps", float("inf")), ("num_frames", float("nan")),
+                       ("frame_rate", float("inf")), ("max_pixels", 1e999)):  # fmt: skip
+        with pytest.raises(MessageError, match="finite positive"):
+            check([{"role": "user", "content": [{"type": "video", "video": clip, key: value}]}])

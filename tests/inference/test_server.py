@@ -1010,3 +1010,68 @@ def test_the_chat_route_takes_a_clip_and_reads_it_through_the_servers_policy(cli
     content[0] = {"type": "video_url", "video_url": {"url": _lossless_url(frames)},
                   "num_frame": 2}  # fmt: skip
     assert "num_frame" in _error(client.post("/v1/chat/completions", json=body))
+
+
+def test_bad_video_features_and_content_parts_options_are_refused(client, renderer):
+    frames = np.random.default_rng(6).integers(0, 256, (4, 28, 28, 3), dtype=np.uint8)
+    url = _lossless_url(frames)
+    rendered = renderer.render([{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}])  # fmt: skip
+    (span,) = rendered.multi_modal_data.mm_placeholders["video"]
+    item = dict(rendered.multi_modal_data.mm_items["video"][0])
+    from vf_mm.inference import encode_kwargs_item
+
+    for bad in (np.array([np.nan], np.float32), np.array([-1.0], np.float32),
+                np.array([2], np.int64)):  # fmt: skip
+        body = {"token_ids": rendered.token_ids, "sampling_params": {},
+                "features": {"mm_hashes": {"video": ["h"]},
+                             "mm_placeholders": {"video": [{"offset": span.offset,
+                                                            "length": span.length}]},
+                             "kwargs_data": {"video": [encode_kwargs_item(
+                                 {**item, "second_per_grid_ts": bad}, modality="video")]}}}  # fmt: skip
+        assert "second_per_grid_ts" in _error(_generate(client, body))
+    collapsed = [*rendered.token_ids[: span.offset], renderer.vision.video_token_id,
+                 *rendered.token_ids[span.end :]]  # fmt: skip
+    body = {"token_ids": collapsed, "sampling_params": {},
+            "content_parts": [{"type": "video_url", "url": url, "num_frames": 2}]}  # fmt: skip
+    assert "'num_frames'" in _error(_generate(client, body))
+
+
+def test_content_parts_send_the_rate_a_part_gives_a_file_that_states_none(backend, renderer):
+    from vf_mm.videos import Video, encode_lossless
+
+    frames = np.random.default_rng(8).integers(0, 256, (6, 42, 56, 3), dtype=np.uint8)
+    rateless = encode_lossless(Video(frames))  # a file that states no frame rate
+    part = {"type": "video", "video": rateless, "frame_rate": 4.0}
+    rendered = renderer.render([{"role": "user", "content": [part]}])
+    (span,) = rendered.multi_modal_data.mm_placeholders["video"]
+    collapsed = [*rendered.token_ids[: span.offset], renderer.vision.video_token_id,
+                 *rendered.token_ids[span.end :]]  # fmt: skip
+    app = create_app(backend, renderer=renderer, model_name=MODEL)
+
+    async def send(part) -> Any:
+        client = VLLMBackend("http://vf-mm.test", model=MODEL, mode="content_parts",
+                             transport=httpx.ASGITransport(app=app))  # fmt: skip
+        try:
+            request = GenerateRequest(collapsed, SamplingParams(max_tokens=1), content_parts=[part])
+            return await client.generate(request)
+        finally:
+            await client.aclose()
+
+    sent = asyncio.run(send(part))
+    assert sent.prompt_ids == rendered.token_ids
+    assert sent.multi_modal_data.mm_hashes == rendered.multi_modal_data.mm_hashes
+
+    async def hash_only() -> Any:  # found in the server's cache only if it read 4 fps too
+        client = VLLMBackend("http://vf-mm.test", model=MODEL, send_kwargs_data=False,
+                             transport=httpx.ASGITransport(app=app))  # fmt: skip
+        try:
+            request = GenerateRequest(rendered.token_ids, SamplingParams(max_tokens=1),
+                                      rendered.multi_modal_data)  # fmt: skip
+            return await client.generate(request)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(hash_only()).completion_ids
+    with pytest.raises(MultiModalDataError, match="no container states exactly"):
+        asyncio.run(send({**part, "frame_rate": 3.14159}))

@@ -61,7 +61,8 @@ def test_a_nested_video_processor_config_wins(tiny, tmp_path):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"fsp": 2}, "unknown video option"), ({"fps": 2, "num_frames": 4}, "exclusive"),
+    [({"fsp": 2}, "unknown video option"), ({"fps": 2, "num_frames": 4}, "both given"), ({"fps": float("inf")}, "finite"),
+     ({"min_pixels": float("nan")}, "finite"),
      ({"fps": -1}, "positive"), ({"num_frames": 2.5}, "whole number"),
      ({"fps": True}, "positive"), ({"do_sample_frames": "yes"}, "bool")],
 )  # fmt: skip

@@ -143,14 +143,18 @@ def test_bad_clips_fail_with_errors_that_name_them(tiny):
             {"type": "video", "video": np.zeros((4, 8, 8, 3), np.float32)}]}])  # fmt: skip
     with pytest.raises(RenderError, match="unknown key 'num_frame'"):  # a typo is not ignored
         renderer.render([{"role": "user", "content": [video(1, num_frame=3)]}])
-    with pytest.raises(RenderError, match="exclusive"):
+    with pytest.raises(RenderError, match="both given"):
         renderer.render([{"role": "user", "content": [video(1, fps=2.0, num_frames=4)]}])
 
 
 def test_option_errors_and_a_one_frame_qwen3_clip_name_the_part(tiny):
-    renderer = load_renderer(tiny["qwen3_vl"])
+    qwen2 = load_renderer(tiny["qwen2_vl"])
     with pytest.raises(RenderError, match=r"message 0, part 1: cannot sample 100 frames"):
-        renderer.render([{"role": "user", "content": ["x", video(1, num_frames=100)]}])
+        qwen2.render([{"role": "user", "content": ["x", video(1, num_frames=100)]}])
+    qwen3 = load_renderer(tiny["qwen3_vl"])
     one = {"type": "video", "video": clip(1, t=1), "frame_rate": 4.0}
     with pytest.raises(RenderError, match=r"message 0, part 0: .*1 frame\(s\).*at least 2"):
-        renderer.render([{"role": "user", "content": [one]}])
+        qwen3.render([{"role": "user", "content": [one]}])
+    # asking for two frames repeats the one (Qwen3-VL's linspace sampling does)
+    out = qwen3.render([{"role": "user", "content": [{**one, "num_frames": 2}]}])
+    assert out.multi_modal_data.mm_items["video"][0]["video_grid_thw"][0][0] == 1

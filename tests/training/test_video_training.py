@@ -116,3 +116,16 @@ def test_a_cut_never_goes_through_a_video(trained):
                             max_seq_len=video.offset + 2, truncate="image_boundary", **ids)  # fmt: skip
     assert batch.input_ids.shape[1] == video.offset
     assert len(batch.videos[0]) == len(sample.videos) - 1
+
+
+def test_a_rollout_with_videos_needs_the_video_token_to_become_samples(trained):
+    family, _path, renderer, state = trained
+    with pytest.raises(TrajectoryError, match="video_token_id"):
+        build_samples(state, advantage=1.0, image_token_id=renderer.vision.image_token_id)
+    samples, _ = batches_of(trained)
+    sample = samples[-1]
+    sample.mm_token_type_ids[sample.video_placeholders[0].embed_positions()[0]] = 0  # as text
+    with pytest.raises(TrajectoryError, match="not marked 2"):
+        make_batches([sample], token_budget=20_000, pad_token_id=0, family=family,
+                     image_token_id=renderer.vision.image_token_id,
+                     video_token_id=renderer.vision.video_token_id)  # fmt: skip

@@ -43,6 +43,9 @@ CLIPS = [
     (4, 480, 640, 25.0, {}),
     (5, 36, 1000, 8.0, {}),
     (12, 120, 90, 6.0, {"do_sample_frames": False}),
+    (4, 40, 40, 8.0, {"num_frames": 8}),  # more than the clip: Qwen3-VL repeats frames
+    (1, 40, 40, 8.0, {"num_frames": 2}),
+    (6, 40, 40, 8.0, {"do_sample_frames": True}),  # Qwen2-VL: neither fps nor num_frames
 ]
 
 
@@ -99,7 +102,7 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
             return_tensors="pt",
             **reference_kwargs(settings, options),
         )
-    except (ValueError, ZeroDivisionError) as exc:  # the processor refuses this clip
+    except (ValueError, TypeError, ZeroDivisionError) as exc:  # the processor refuses it
         from vf_mm.errors import RenderError
 
         with pytest.raises(RenderError):  # a clear error where the processor raises

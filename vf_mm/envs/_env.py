@@ -470,6 +470,9 @@ def _image_part(image: Any) -> dict[str, Any]:
 def _video_part(video: Any) -> dict[str, Any]:
     if isinstance(video, Mapping) and video.get("type") in VIDEO_PART_TYPES:
         return dict(video)
+    if isinstance(video, Mapping) and ("bytes" in video or "path" in video):
+        # datasets' Video feature, undecoded: the file's bytes, else its path
+        return {"type": "video", "video": video.get("bytes") or video.get("path")}
     return {"type": "video", "video": video}
 
 

@@ -20,16 +20,15 @@ mutated: the result is a new list of new dicts (images are shared, not copied).
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from vf_mm.errors import MessageError
-from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_KEYS, VIDEO_PART_TYPES
+from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_KEYS, VIDEO_PART_TYPES, video_options
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES), *sorted(VIDEO_PART_TYPES))
-# a video part's own keys besides its source: the raw frames' rate and processing options
-_VIDEO_NUMBERS = ("frame_rate", "fps", "num_frames", "min_pixels", "max_pixels")
 
 
 def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
@@ -166,25 +165,19 @@ def _video_options(part: Mapping[str, Any], where: str) -> None:
                 hint=_suggest(key, tuple(sorted(VIDEO_PART_KEYS)))
                 or f"a video part holds {', '.join(sorted(VIDEO_PART_KEYS))}",
             )
-    for key in _VIDEO_NUMBERS:
-        value = part.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise MessageError(
-                f"{where}, field '{key}': must be a positive number, not {value!r}", where=where
-            )
-    if part.get("fps") is not None and part.get("num_frames") is not None:
+    rate = part.get("frame_rate")
+    if rate is not None and not (
+        isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate)
+        and rate > 0
+    ):  # fmt: skip
         raise MessageError(
-            f"{where}: fps and num_frames both given",
+            f"{where}, field 'frame_rate': must be a finite positive number, not {rate!r}",
             where=where,
-            hint="sample by rate (fps) or by count (num_frames), not both",
         )
-    flag = part.get("do_sample_frames")
-    if flag is not None and not isinstance(flag, bool):
-        raise MessageError(
-            f"{where}, field 'do_sample_frames': must be a bool, not {flag!r}", where=where
-        )
+    try:
+        video_options(part)
+    except ValueError as exc:
+        raise MessageError(f"{where}: {exc}", where=where) from None
 
 
 def _is_image(value: Any) -> bool:

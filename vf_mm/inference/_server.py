@@ -486,6 +486,14 @@ class _Server:
                     f"{where} has type {kind!r}; vf-mm serve takes {takes} parts only",
                     param="content_parts",
                 )
+            extra = sorted(set(part) - {"type", "url", kind})
+            if extra:  # per-clip options, frame_rate: the server would drop them silently
+                raise RequestError(
+                    f"{where} has {', '.join(map(repr, extra))}: content_parts carry only the "
+                    f"{modality} (its file states its frame rate); send per-clip options as "
+                    "features",
+                    param="content_parts",
+                )
             url = part.get("url")
             nested = part.get(kind)
             if url is None and isinstance(nested, dict):
@@ -572,6 +580,19 @@ class _Server:
         out = dict(item)
         out[pixels_key] = pv
         out[grid_key] = grid
+        if "second_per_grid_ts" in out:
+            seconds = np.asarray(out["second_per_grid_ts"])
+            if (
+                seconds.size != 1
+                or seconds.dtype.kind != "f"
+                or not np.isfinite(seconds).all()
+                or (seconds <= 0).any()
+            ):
+                raise bad(
+                    "second_per_grid_ts must be one finite positive float, got "
+                    f"{seconds.dtype} {seconds.tolist()}"
+                )
+            out["second_per_grid_ts"] = seconds.astype(np.float32).reshape(1)
         if modality == "video" and self.family is not None:
             expected = set(family_info(self.family).video_inputs)
             if set(out) != expected:

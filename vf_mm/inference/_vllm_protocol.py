@@ -277,15 +277,19 @@ def _video_data_url(
         part = {"type": "video_url", "video_url": {"url": part["url"]}}  # vLLM's flat form
     inner = part.get("video", part.get("url", part.get("path")))
     video = load_video(dict(part), policy=policy, where=where)
-    if is_raw_video(inner):
+    data = (
+        encode_lossless(video) if is_raw_video(inner)
+        else read_video_bytes(dict(part), policy=policy, where=where)
+    )  # fmt: skip
+    if video.fps is not None and load_video(data).fps != video.fps:
+        # the file states no rate (or rounds it) and the part's frame_rate gave it: the
+        # server reads the file alone, so send it with the rate stated, if a file can
         data = encode_lossless(video)
-        if video.fps is not None and load_video(data).fps != video.fps:
+        if load_video(data).fps != video.fps:
             raise MultiModalDataError(
-                f"{where}: raw frames at {video.fps!r} fps, a rate no container states "
-                "exactly: the server would read another rate; send the clip as features"
+                f"{where}: a clip at {video.fps!r} fps, a rate no container states exactly: "
+                "the server would read another rate; send the clip as features"
             )
-    else:
-        data = read_video_bytes(dict(part), policy=policy, where=where)
     media = _VIDEO_MEDIA_TYPES[video_extension(data)]
     return f"data:{media};base64,{base64.b64encode(data).decode()}", video_hash(video)
 

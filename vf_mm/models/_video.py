@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm.errors import RenderError, UnsupportedModelError
-from vf_mm.types import VIDEO_OPTIONS
+from vf_mm.types import VIDEO_OPTIONS, video_options
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -99,20 +99,10 @@ class VideoSettings:
                 f"unknown video option(s) {unknown}: the video processor takes "
                 f"{', '.join(VIDEO_OPTIONS)}"
             )
-        if options.get("fps") is not None and options.get("num_frames") is not None:
-            raise RenderError("fps and num_frames are exclusive: give one way to sample frames")
-        changes: dict[str, Any] = {}
-        for key, value in options.items():
-            if value is None:
-                continue
-            if key == "do_sample_frames":
-                if not isinstance(value, bool):
-                    raise RenderError(f"do_sample_frames must be a bool, not {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise RenderError(f"video option {key} must be a positive number, not {value!r}")
-            elif key != "fps" and value != int(value):
-                raise RenderError(f"video option {key} must be a whole number, not {value!r}")
-            changes[key] = value if key in ("fps", "do_sample_frames") else int(value)
+        try:
+            changes: dict[str, Any] = video_options(options)
+        except ValueError as exc:
+            raise RenderError(str(exc)) from None
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
         if "fps" in changes:
@@ -226,8 +216,11 @@ def _sample_qwen2(settings: VideoSettings, total: int, fps: float | None) -> tup
         most = math.floor(min(settings.max_frames, total) / tps) * tps
         num = min(max(total / fps * settings.fps, settings.min_frames), most, total)
         num = math.floor(num / tps) * tps
-    if num is None:
-        return tuple(range(total))
+    if num is None:  # transformers fails here (a TypeError deep in its sampler)
+        raise RenderError(
+            "Qwen2-VL's video processor samples by fps or num_frames only: give one, or "
+            "do_sample_frames=False to keep every frame"
+        )
     if num <= 0:
         raise RenderError(
             f"sampling leaves no frames from a {total}-frame clip (frames are taken in "
@@ -249,10 +242,8 @@ def _sample_qwen3(settings: VideoSettings, total: int, fps: float | None) -> Sam
         num = min(max(num, settings.min_frames), settings.max_frames, total)
     if num is None:
         num = min(max(total, settings.min_frames), settings.max_frames)
-    if num > total:
-        raise RenderError(
-            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
-        )
+    # more frames than the clip has repeat frames (linspace), as the processor does: the
+    # only way a one-frame clip reaches Qwen3-VL, whose temporal patch takes two
     indices = np.linspace(0, total - 1, num).round().astype(int)
     return SampledVideo(tuple(int(i) for i in indices), fps)
 

@@ -70,20 +70,24 @@ async def evaluate_to_dir(
     should not burn a GPU hour): the rollouts in flight are cancelled, everything stored
     so far stays (a later ``resume`` continues), and the aggregates say why in
     ``"stopped"`` (null for a run that finished). ``config_defaults`` and
-    ``video_limits`` (what a stored clip may cost to load; pass the renderer's): see
-    ``ResultsWriter``.
+    ``video_limits`` (what a stored clip may cost to load; default: the client's
+    renderer's): see ``ResultsWriter``. Stored media are read under the client's
+    renderer's image policy (``RendererClient.media_rules``).
     """
     if max_errors is not None and max_errors < 1:
         raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     outdir = Path(outdir)
     earlier = _earlier_client_stats(outdir) if resume else {}
+    # stored media are read under the renderer's rules unless told otherwise
+    policy, renderer_limits = getattr(client, "media_rules", (None, None))
     with ResultsWriter(
         outdir,
         resume=resume,
         retry_errors=retry_errors,
         metadata=dict(metadata),
         config_defaults=config_defaults,
-        video_limits=video_limits,
+        policy=policy,
+        video_limits=video_limits if video_limits is not None else renderer_limits,
     ) as writer:
         rows = env.get_eval_dataset(num_examples)
         progress = EvalProgress(

@@ -142,6 +142,11 @@ class Sample:
                     f"{self.source}: video placeholder ({p.offset}, {p.length}) has embedding "
                     "positions that do not hold the video token"
                 )
+            if not np.all(self.mm_token_type_ids[p.embed_positions()] == 2):
+                raise TrajectoryError(
+                    f"{self.source}: video placeholder ({p.offset}, {p.length}) is not marked "
+                    "2 in mm_token_type_ids (M-RoPE would place the clip as text)"
+                )
         pads = int(np.count_nonzero(self.input_ids == video_token_id))
         grids = concat_images(self.videos, "video_grid_thw")
         if grids is None and self.videos:
@@ -286,6 +291,13 @@ def _merge(
             ]
 
         images, videos = arrays("image"), arrays("video")
+        if videos and video_token_id is None:
+            # without it the video tokens would be marked as text (mm_token_type_ids 0):
+            # M-RoPE would place every clip as text, and every logprob after it changes
+            raise TrajectoryError(
+                f"{where}: the rollout holds videos: pass build_samples(..., "
+                "video_token_id=...) (the model's <|video_pad|> id)"
+            )
         placeholders = list(data.mm_placeholders.get("image", []))
         video_placeholders = list(data.mm_placeholders.get("video", []))
     return Sample(

@@ -64,6 +64,8 @@ async def stream_rollouts(
     """Run the train split's groups and send each through ``sender`` once it is scored."""
     rows = env.get_dataset(num_examples)
     progress = RolloutProgress(total_groups=len(rows))
+    # media are read again to hash them into group frames: under the renderer's rules
+    policy, video_limits = getattr(client, "media_rules", (None, None))
     pending: dict[Any, list[tuple[int, Any]]] = {}
     if on_progress is not None:
         on_progress(progress)
@@ -74,8 +76,9 @@ async def stream_rollouts(
         outputs = [output for _, output in done]
         try:
             group = await asyncio.to_thread(
-                pack_group, outputs, rollout_indices=indices, example_id=example_id
-            )
+                pack_group, outputs, rollout_indices=indices, example_id=example_id,
+                policy=policy, video_limits=video_limits,
+            )  # fmt: skip
             nbytes = await sender.asend(group)
         except TransportError:
             raise

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 
 from vf_mm.errors import VideoDecodeError, VideoTooLargeError
 
 __all__ = ["decode_video_data_url"]
 
-_WHITESPACE = re.compile(rb"[\t\n\r\f\v ]+")
+_WHITESPACE = b"\t\n\r\f\v "  # deleted from a payload (one translate pass, no regex)
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
@@ -56,7 +55,7 @@ def decode_video_data_url(url: str, *, max_bytes: int) -> bytes:
         payload = url[comma + 1 :].encode("ascii")
     except UnicodeEncodeError:
         raise VideoDecodeError("data: URL payload holds non-ASCII characters") from None
-    payload = _WHITESPACE.sub(b"", payload).translate(_URLSAFE)
+    payload = payload.translate(_URLSAFE, _WHITESPACE)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
