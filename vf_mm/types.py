@@ -65,6 +65,7 @@ __all__ = [
     "image_parts",
     "text_of",
     "video_options",
+    "video_part_source",
     "video_parts",
 ]
 
@@ -254,6 +255,17 @@ def image_part_source(part: Mapping[str, Any]) -> Any:
         inner = part.get("image_url")
         return inner.get("url") if isinstance(inner, Mapping) else inner
     return next((part[k] for k in ("image", "url", "path") if part.get(k) is not None), None)
+
+
+def video_part_source(part: Mapping[str, Any]) -> Any:
+    """The clip a video part points at, unchecked: the URL of an OpenAI ``{"type":
+    "video_url", "video_url": {"url": ...}}`` (or ``"video_url": "..."``, or vLLM's flat
+    ``"url"``), else the first of ``video`` / ``url`` / ``path`` that is set; None when
+    there is none. ``vf_mm.videos.load_video`` is what checks and loads it."""
+    if part.get("type") == "video_url":
+        inner = part.get("video_url", part.get("url"))
+        return inner.get("url") if isinstance(inner, Mapping) else inner
+    return next((part[k] for k in ("video", "url", "path") if part.get(k) is not None), None)
 
 
 def text_of(message: Mapping[str, Any]) -> str:

@@ -195,7 +195,8 @@ def test_which_files_a_browser_plays():
     assert browser_mime(b"not a video") is None
     assert data_url_bytes("data:video/mp4;base64,AAEC", max_bytes=10) == b"\x00\x01\x02"
     assert "not base64" in data_url_bytes("data:video/mp4,xyz", max_bytes=10)
-    assert "too large" in data_url_bytes("data:video/mp4;base64," + "A" * 400, max_bytes=10)
+    assert "over max_bytes" in data_url_bytes("data:video/mp4;base64," + "A" * 400, max_bytes=10)
+    assert "image" in data_url_bytes("data:image/png;base64,AAEC", max_bytes=10)  # not a video
 
 
 def test_a_file_without_a_rate_shows_the_parts(tmp_path):

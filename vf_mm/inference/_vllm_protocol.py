@@ -256,7 +256,7 @@ def _video_data_url(
     """A clip as a ``data:`` URL whose decoding is the clip vf_mm loads, and its hash.
     Refused: processing options (the server samples by its own settings, so the tokens
     would not be the renderer's), and raw frames at a rate no container states exactly."""
-    from vf_mm.types import VIDEO_OPTIONS
+    from vf_mm.types import VIDEO_OPTIONS, video_part_source
     from vf_mm.videos import (
         encode_lossless,
         is_raw_video,
@@ -275,7 +275,7 @@ def _video_data_url(
         )
     if part.get("type") == "video_url" and "video_url" not in part and "url" in part:
         part = {"type": "video_url", "video_url": {"url": part["url"]}}  # vLLM's flat form
-    inner = part.get("video", part.get("url", part.get("path")))
+    inner = video_part_source(part)
     video = load_video(dict(part), policy=policy, where=where)
     data = (
         encode_lossless(video) if is_raw_video(inner)

@@ -10,13 +10,11 @@ frames), AVI, MPEG-TS and MP4s of other codecs get the strip only.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
-import re
 from typing import Any
 
-from vf_mm.videos import video_extension
+from vf_mm.errors import VideoError
+from vf_mm.videos import VideoLimits, read_video_bytes, video_extension
 
 #: frames a video's strip shows (fewer when the clip has fewer)
 STRIP_FRAMES = 6
@@ -29,7 +27,6 @@ _PLAYABLE = {
     "webm": ("video/webm", frozenset({"vp8", "vp9", "av1"})),
 }
 _DEMUXER = {"mp4": "mov", "webm": "matroska"}
-_WHITESPACE = re.compile(rb"\s+")
 
 
 def strip_indices(count: int, n: int = STRIP_FRAMES) -> list[int]:
@@ -66,14 +63,8 @@ def browser_mime(data: bytes) -> str | None:
 
 
 def data_url_bytes(url: str, *, max_bytes: int) -> bytes | str:
-    """The bytes of a base64 ``data:`` URL (a video part another tool wrote), or why not."""
-    head, comma, payload = url.partition(",")
-    if not comma or not head.lower().rstrip().endswith(";base64"):
-        return "a data: URL that is not base64"
-    if len(payload) // 4 * 3 > max_bytes + 3:
-        return f"too large to embed (about {len(payload) // 4 * 3 / 2**20:.1f} MiB)"
+    """The bytes of a ``data:`` video URL (a video part another tool wrote), or why not."""
     try:
-        raw = _WHITESPACE.sub(b"", payload.encode("ascii"))
-        return base64.b64decode(raw.translate(bytes.maketrans(b"-_", b"+/")), validate=True)
-    except (UnicodeEncodeError, binascii.Error, ValueError):
-        return "a data: URL whose payload is not base64"
+        return read_video_bytes(url, limits=VideoLimits(max_bytes=max_bytes))
+    except VideoError as exc:
+        return exc.reason

@@ -43,7 +43,7 @@ from PIL import Image
 from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
 from vf_mm.images import ImagePolicy, describe_source, encode_png, image_hash, load_image
-from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source
+from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source, video_part_source
 from vf_mm.videos import (
     VIDEO_EXTENSIONS,
     Video,
@@ -150,17 +150,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
     """What is stored in place of a value that could not be: its type and why."""
     return {"unavailable": type(value).__name__, "error": f"{type(exc).__name__}: {exc}"}
-
-
-def video_part_source(part: Mapping[str, Any]) -> Any:
-    """The video a video part points at, unchecked: the URL of an OpenAI ``{"type":
-    "video_url", "video_url": {"url": ...}}`` (or ``"video_url": "..."``), else the first of
-    ``video`` / ``url`` / ``path`` that is set; None when there is none.
-    ``vf_mm.videos.load_video`` is what checks and loads it."""
-    if part.get("type") == "video_url":
-        inner = part.get("video_url")
-        return inner.get("url") if isinstance(inner, Mapping) else inner
-    return next((part[k] for k in ("video", "url", "path") if part.get(k) is not None), None)
 
 
 def _well_formed(part: Mapping[str, Any]) -> bool:

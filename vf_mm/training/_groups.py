@@ -104,8 +104,9 @@ from vf_mm.types import (
     RolloutOutput,
     TrajectoryStep,
     image_part_source,
+    video_part_source,
 )
-from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
+from vf_mm.videos import VIDEO_EXTENSIONS, VideoLimits, load_video, video_hash, video_mm_hash
 
 __all__ = ["GROUP_FORMAT", "TrainingRollout", "pack_group", "unpack_group"]
 
@@ -116,7 +117,7 @@ _INT32 = np.iinfo(np.int32)
 _KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
 _ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
 #: a results-store video asset: its file is named by the clip's video_hash
-_VIDEO_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.[a-z0-9]{2,4}$")
+_VIDEO_ASSET_URL = re.compile(rf"^assets/([0-9a-f]{{32}})\.({'|'.join(VIDEO_EXTENSIONS)})$")
 
 
 @dataclass(slots=True)
@@ -318,13 +319,7 @@ class _Packer:
         """``{"type": "video_ref", "hash": mm_hash}`` for a video in memory or on disk;
         http(s) and ``data:`` URLs as they are. The clip is loaded (once per source and
         frame rate in the group) for its ``video_hash``."""
-        if part.get("type") == "video_url":
-            inner = part.get("video_url")
-            source = inner.get("url") if isinstance(inner, Mapping) else inner
-        else:
-            source = next(
-                (part[k] for k in ("video", "url", "path") if part.get(k) is not None), None
-            )
+        source = video_part_source(part)
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
