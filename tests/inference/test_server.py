@@ -1075,3 +1075,44 @@ def test_content_parts_send_the_rate_a_part_gives_a_file_that_states_none(backen
     assert asyncio.run(hash_only()).completion_ids
     with pytest.raises(MultiModalDataError, match="no container states exactly"):
         asyncio.run(send({**part, "frame_rate": 3.14159}))
+
+
+def test_content_parts_results_say_which_positions_are_embeddings(tmp_path):
+    """A Qwen3-VL clip's range holds timestamps between its frame groups: with the
+    renderer's embedding ids the returned placeholders carry is_embed, equal to the
+    renderer's, so the result can be bridged onto and trained on."""
+    from vf_mm.testing import build_tiny_vlm
+
+    path = build_tiny_vlm(tmp_path / "q3", "qwen3_vl")
+    renderer = load_renderer(path)
+    backend = LocalBackend(path, batch_window_ms=1)
+    frames = np.random.default_rng(9).integers(0, 256, (8, 42, 56, 3), dtype=np.uint8)
+    part = {"type": "video", "video": frames, "frame_rate": 4.0}
+    rendered = renderer.render([{"role": "user", "content": [part]}])
+    (mine,) = rendered.multi_modal_data.mm_placeholders["video"]
+    assert mine.is_embed is not None
+    ids = rendered.token_ids
+    text = renderer.tokenizer.apply_chat_template(  # the template's prompt: one pad per clip
+        [{"role": "user", "content": [{"type": "video"}]}], tokenize=False,
+        add_generation_prompt=True,
+    )  # fmt: skip
+    collapsed = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    app = create_app(backend, renderer=renderer, model_name=MODEL)
+
+    async def send(embed_ids) -> Any:
+        client = VLLMBackend("http://vf-mm.test", model=MODEL, mode="content_parts",
+                             transport=httpx.ASGITransport(app=app), embed_token_ids=embed_ids)  # fmt: skip
+        try:
+            request = GenerateRequest(collapsed, SamplingParams(max_tokens=1), content_parts=[part])
+            return await client.generate(request)
+        finally:
+            await client.aclose()
+
+    try:
+        result = asyncio.run(send({"video": renderer.vision.embed_ids("video")}))
+        assert result.prompt_ids == ids
+        assert result.multi_modal_data.mm_placeholders["video"] == [mine]
+        plain = asyncio.run(send(None))  # without them: every position an embedding
+        assert plain.multi_modal_data.mm_placeholders["video"][0].is_embed is None
+    finally:
+        asyncio.run(backend.aclose())

@@ -40,7 +40,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -120,6 +120,12 @@ class VLLMBackend:
     up by hash in its cache. ``transport`` replaces httpx's (tests, a Unix socket);
     ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's ``--api-key``). Proxy
     environment variables are ignored: inference servers are reached directly.
+    ``embed_token_ids`` (content_parts mode): per modality, the token ids that take
+    embeddings (``renderer.vision.embed_ids("video")``), so the returned placeholders say
+    which of their positions are embeddings (``is_embed``) where a range also holds
+    text: Qwen3-VL's clips (timestamps), Gemma 3's images (markers). Without them every
+    returned position counts as an embedding, which a later bridge or training batch
+    then refuses for those families (never silently wrong).
     """
 
     def __init__(
@@ -138,10 +144,16 @@ class VLLMBackend:
         send_kwargs_data: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         api_key: str | None = None,
+        embed_token_ids: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("VLLMBackend needs at least one base URL")
+        self.embed_token_ids = (
+            {m: frozenset(int(t) for t in ids) for m, ids in embed_token_ids.items()}
+            if embed_token_ids
+            else None
+        )
         self._servers = [_Server(_normalise_base_url(u)) for u in urls]
         if len({s.url for s in self._servers}) != len(self._servers):
             raise ValueError(f"duplicate base URLs: {[s.url for s in self._servers]}")
@@ -262,12 +274,14 @@ class VLLMBackend:
         return self._encode(request)
 
     def _encode(self, request: GenerateRequest) -> RequestBody:
-        return encode_request(
+        body = encode_request(
             request,
             model=self.model,
             image_policy=self.image_policy,
             send_kwargs_data=self.send_kwargs_data,
         )
+        body.embed_token_ids = self.embed_token_ids
+        return body
 
     # -- sending, with retries ------------------------------------------------------
 

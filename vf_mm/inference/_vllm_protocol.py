@@ -105,6 +105,8 @@ class RequestBody:
     body: bytes
     # content_parts mode: per modality, the hashes of what was sent, in order
     media_hashes: dict[str, list[str]] | None = None
+    # content_parts mode: per modality, the ids that take embeddings (sets is_embed)
+    embed_token_ids: Mapping[str, frozenset[int]] | None = None
 
 
 class ResponseNotJSON(Exception):
@@ -361,7 +363,7 @@ def decode_response(content: bytes, request: GenerateRequest, sent: RequestBody)
     prompt_ids: list[int] | None = None
     mm: MultiModalData | None = None
     if sent.media_hashes is not None:
-        prompt_ids, mm = _expanded_prompt(parsed, sent.media_hashes)
+        prompt_ids, mm = _expanded_prompt(parsed, sent.media_hashes, sent.embed_token_ids)
     if parsed.usage is not None:
         completion_tokens = parsed.usage.completion_tokens
         usage = Usage(
@@ -406,9 +408,12 @@ def _logprobs(choice: _Choice) -> list[float]:
 
 
 def _expanded_prompt(
-    parsed: _GenerateResponse, hashes: dict[str, list[str]]
+    parsed: _GenerateResponse,
+    hashes: dict[str, list[str]],
+    embed_token_ids: Mapping[str, frozenset[int]] | None = None,
 ) -> tuple[list[int], MultiModalData]:
-    """content_parts mode: the prompt as the server expanded it, with its placeholders."""
+    """content_parts mode: the prompt as the server expanded it, with its placeholders
+    (``is_embed`` from ``embed_token_ids`` where given)."""
     if parsed.prompt_token_ids is None:
         raise ResponseSchemaError("prompt_token_ids missing although return_token_ids was sent")
     prompt_ids = list(parsed.prompt_token_ids)
@@ -418,7 +423,20 @@ def _expanded_prompt(
         raise ResponseSchemaError(f"mm_placeholders for modalities {extra} we never sent")
     mm = MultiModalData()
     for modality, sent in hashes.items():
-        ranges = [PlaceholderRange(p.offset, p.length) for p in placeholders.get(modality, [])]
+        ids = (embed_token_ids or {}).get(modality)
+        ranges = []
+        for p in placeholders.get(modality, []):
+            mask = None
+            if ids is not None:
+                span = prompt_ids[p.offset : p.offset + p.length]
+                flags = tuple(t in ids for t in span)
+                if not any(flags):
+                    raise ResponseSchemaError(
+                        f"a {modality} placeholder ({p.offset}, {p.length}) holds none of the "
+                        f"{modality}'s embedding tokens {sorted(ids)}"
+                    )
+                mask = None if all(flags) else flags
+            ranges.append(PlaceholderRange(p.offset, p.length, mask))
         if len(ranges) != len(sent):
             raise ResponseSchemaError(
                 f"{len(ranges)} {modality} placeholders came back for {len(sent)} "
