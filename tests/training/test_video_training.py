@@ -34,8 +34,8 @@ class Watch(vf.MultiTurnEnv):
     """Every turn shows the model one more clip (as a user message)."""
 
     async def env_response(self, messages, state):
-        part = {"type": "video", "video": clip(state["turn"], frames=3 + state["turn"]),
-                "frame_rate": 4.0}  # fmt: skip
+        # one frame count for every clip: LLaVA-OneVision's forward stacks them
+        part = {"type": "video", "video": clip(state["turn"], frames=5), "frame_rate": 4.0}
         return [{"role": "user", "content": [part, {"type": "text", "text": "and now?"}]}]
 
 
@@ -68,7 +68,7 @@ def test_the_forward_gives_back_the_samplers_logprobs_with_videos(trained):
     family, path, _renderer, _state = trained
     samples, batches = batches_of(trained)
     assert len(samples[-1].videos) == 2  # the env's clips of turns 1 and 2
-    assert set(np.unique(samples[-1].mm_token_type_ids)) == {0, 1, 2}
+    assert set(np.unique(samples[-1].mm_token_type_ids)) == {0, 1, 2}  # (sampler's marks)
     model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
     for batch in batches:
         with torch.no_grad():

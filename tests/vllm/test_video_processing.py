@@ -90,13 +90,20 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
     frames_count, height, width, rate, options = clip
     processor = AutoProcessor.from_pretrained(path)
     settings = load_video_settings(path, family)
+    if family == "llava_onevision" and {"min_pixels", "max_pixels"} & set(options):
+        from vf_mm.errors import RenderError
+
+        with pytest.raises(RenderError, match="do not apply"):  # every frame is one size
+            settings.with_options(options)
+        return
     rng = np.random.default_rng(frames_count * 1000 + height)
     frames = rng.integers(0, 256, (frames_count, height, width, 3), dtype=np.uint8)
     metadata = {"total_num_frames": frames_count, "fps": rate,
                 "frames_indices": list(range(frames_count))}  # fmt: skip
+    placeholder = PLACEHOLDER if "video_pad" in processor.video_token else processor.video_token
     try:
         reference = processor(
-            text=[PLACEHOLDER],
+            text=[placeholder],
             videos=[frames],
             video_metadata=[metadata],
             return_tensors="pt",
@@ -115,13 +122,16 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
         settings.with_options(options), frames, fps=rate, tokens=tokens_of(processor)
     )
     ids = processor.tokenizer(
-        PLACEHOLDER.replace(processor.video_token, ours.replacement), add_special_tokens=False
+        placeholder.replace(processor.video_token, ours.replacement), add_special_tokens=False
     )["input_ids"]
     assert ids == reference["input_ids"][0].tolist()
     expected = reference["pixel_values_videos"].numpy()
     got = ours.item["pixel_values_videos"]
     assert got.dtype == expected.dtype and got.shape == expected.shape
     assert np.array_equal(got, expected), float(np.abs(got - expected).max())
+    if "video_grid_thw" not in reference:  # LLaVA-OneVision: frames, not patches
+        assert set(ours.item) == {"pixel_values_videos"}
+        return
     assert np.array_equal(ours.item["video_grid_thw"], reference["video_grid_thw"].numpy())
     if "second_per_grid_ts" in reference:
         assert np.array_equal(
@@ -139,6 +149,8 @@ def test_the_renderer_matches_the_processor_on_a_conversation(family_checkpoint)
     from transformers import AutoProcessor
 
     family, path = family_checkpoint
+    if family == "llava_onevision":
+        pytest.skip("the Qwen-VL conversation; LLaVA-OneVision's is the next test")
     processor = AutoProcessor.from_pretrained(path)
     rng = np.random.default_rng(7)
     clip_a = rng.integers(0, 256, (9, 70, 90, 3), dtype=np.uint8)
@@ -205,3 +217,30 @@ def test_the_renderer_matches_the_processor_on_a_conversation(family_checkpoint)
     marks[ids == processor.image_token_id] = 1
     marks[ids == processor.video_token_id] = 2
     assert np.array_equal(marks, whole["mm_token_type_ids"][0].numpy())
+
+
+def test_a_llava_onevision_conversation_matches_the_processor(tmp_path):
+    """A clip and an image in one message: the ids are the processor's expansion of the
+    template's text, and the tensors its (frames resized to one size, the tokens pooled
+    per frame plus one newline)."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    path = build_tiny_vlm(tmp_path / "m", "llava_onevision")
+    processor = AutoProcessor.from_pretrained(path)
+    rng = np.random.default_rng(3)
+    clip = rng.integers(0, 256, (6, 70, 90, 3), dtype=np.uint8)
+    picture = Image.fromarray(rng.integers(0, 256, (50, 80, 3), dtype=np.uint8))
+    messages = [{"role": "user", "content": [
+        {"type": "video", "video": clip, "frame_rate": 3.0}, {"type": "image", "image": picture},
+        {"type": "text", "text": "What moved?"}]}]  # fmt: skip
+    ours = load_renderer(path).render(messages)
+    shown = [{**m, "content": [{"type": p["type"]} if p["type"] != "text" else p
+                               for p in m["content"]]} for m in messages]  # fmt: skip
+    text = processor.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
+    whole = processor(text=[text], images=[picture], videos=[clip], return_tensors="pt",
+                      video_metadata=[{"total_num_frames": 6, "fps": 3.0,
+                                       "frames_indices": list(range(6))}])  # fmt: skip
+    assert ours.token_ids == whole["input_ids"][0].tolist()
+    assert np.array_equal(ours.multi_modal_data.mm_items["video"][0]["pixel_values_videos"],
+                          whole["pixel_values_videos"].numpy())  # fmt: skip

@@ -97,7 +97,8 @@ _FAMILIES = {
                      "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
                      None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
                      pad_axis=1, content_as_parts=True,
-                     image_inputs=("pixel_values", "image_sizes", "batch_num_images")),
+                     image_inputs=("pixel_values", "image_sizes", "batch_num_images"),
+                     video_inputs=("pixel_values_videos",)),
     )
 }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Video model inputs for the Qwen-VL families, computed as transformers' video processors do.
+"""Video model inputs, computed as transformers' video processors compute them.
 
 transformers' video processors (``Qwen2VLVideoProcessor``, ``Qwen3VLVideoProcessor``) are
 built on torchvision, which cannot be imported beside a CPU-only torch. This module
@@ -29,6 +29,11 @@ The text that replaces a video's placeholder: ``<|video_pad|>`` once per merged 
 (Qwen2-VL, Qwen2.5-VL), or, per temporal group, ``<{t:.1f} seconds>`` then
 ``<|vision_start|>`` + pads + ``<|vision_end|>`` (Qwen3-VL, Qwen3.5: ``t`` the mean
 timestamp of the group's first and last frame).
+
+LLaVA-OneVision (``LlavaOnevisionVideoProcessor``) is simpler: frames sampled by the
+base processor's uniform sampler when asked, each resized to one size, normalised, and
+kept as ``(1, T, 3, H, W)``; its text is ``<video>`` once per pooled token of every frame
+plus one (the newline the model appends).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class VideoSettings:
     max_frames: int = 768
     second_per_grid_ts: bool = False
     timestamps: bool = False
+    size: tuple[int, int] | None = None  # LLaVA-OneVision: every frame resized to (H, W)
+    tokens_per_frame: int = 0  # LLaVA-OneVision: pooled tokens per frame
 
     def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
         """These settings with call options applied (``fps``, ``num_frames``,
@@ -103,6 +110,11 @@ class VideoSettings:
             changes: dict[str, Any] = video_options(options)
         except ValueError as exc:
             raise RenderError(str(exc)) from None
+        if self.style == "llava" and ({"min_pixels", "max_pixels"} & set(changes)):
+            raise RenderError(
+                "LLaVA-OneVision resizes every frame to its processor's size: min_pixels and "
+                "max_pixels do not apply"
+            )
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
         if "fps" in changes:
@@ -119,8 +131,11 @@ _DEFAULTS = {
     # Qwen3VLVideoProcessor's
     "qwen3": VideoSettings("qwen3", 16, 2, 2, 128 * 32 * 32, 32 * 32 * 768, _HALF, _HALF,
                            do_sample_frames=True, fps=2),
+    # LlavaOnevisionVideoProcessor's (no patches of its own: the vision tower's)
+    "llava": VideoSettings("llava", 1, 1, 1, 0, 0, _CLIP_MEAN, _CLIP_STD, size=(384, 384)),
 }  # fmt: skip
-_STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3"}
+_STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
+          "llava_onevision": "llava"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -129,6 +144,9 @@ _CLASS_STYLE = {
     "Qwen3VLVideoProcessor": "qwen3",
     "Qwen2VLImageProcessor": "qwen2",
     "Qwen2VLImageProcessorPil": "qwen2",
+    "LlavaOnevisionVideoProcessor": "llava",
+    "LlavaOnevisionImageProcessor": "llava",
+    "LlavaOnevisionImageProcessorPil": "llava",
 }
 
 
@@ -154,6 +172,18 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
         "timestamps": _STYLE[family] == "qwen3",
     }
     size = saved.get("size")
+    if style == "llava":
+        if isinstance(size, dict) and size.get("height") and size.get("width"):
+            changes["size"] = (int(size["height"]), int(size["width"]))
+        # the processor's text: per frame, the tower's tokens pooled 2x2 (ceil), + 1 newline
+        tokens = _read_json(path / "processor_config.json").get("num_image_tokens")
+        if not isinstance(tokens, int) or tokens < 1:
+            raise UnsupportedModelError(
+                f"{path}: processor_config.json has no num_image_tokens (LLaVA-OneVision's "
+                "video text needs it)"
+            )
+        changes["tokens_per_frame"] = math.ceil(int(math.sqrt(tokens)) / 2) ** 2
+        size = None
     if isinstance(size, dict):
         changes["min_pixels"] = int(size.get("shortest_edge", settings.min_pixels))
         changes["max_pixels"] = int(size.get("longest_edge", settings.max_pixels))
@@ -162,7 +192,8 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
             changes[key] = int(saved[key])
     for field in dataclasses.fields(VideoSettings):
         name = field.name
-        if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps"):
+        if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps",
+                    "size", "tokens_per_frame"):  # fmt: skip
             continue
         if name in saved:
             value = saved[name]
@@ -197,7 +228,28 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         return SampledVideo(tuple(range(total)), fps)
     if settings.style == "qwen2":
         return SampledVideo(_sample_qwen2(settings, total, fps), fps)
+    if settings.style == "llava":
+        return SampledVideo(_sample_uniform(settings, total, fps), fps)
     return _sample_qwen3(settings, total, fps)
+
+
+def _sample_uniform(settings: VideoSettings, total: int, fps: float | None) -> tuple[int, ...]:
+    """transformers' ``default_sample_indices_fn`` (the base video processor's)."""
+    num = settings.num_frames
+    if num is None and settings.fps is not None:
+        if fps is None:
+            raise RenderError(
+                f"sampling at {settings.fps} fps needs the clip's frame rate: give the video "
+                "part a frame_rate, or sample by num_frames"
+            )
+        num = max(1, int(total / fps * settings.fps))
+    if num is None:
+        return tuple(range(total))
+    if num > total:
+        raise RenderError(
+            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
+        )
+    return tuple(int(i) for i in np.arange(num, dtype=int) * total // num)
 
 
 def _sample_qwen2(settings: VideoSettings, total: int, fps: float | None) -> tuple[int, ...]:
@@ -386,6 +438,8 @@ def expand_video(
         warnings.simplefilter("ignore", UserWarning)
         video = torch.from_numpy(np.ascontiguousarray(kept))
     video = video.permute(0, 3, 1, 2).contiguous()
+    if settings.style == "llava":
+        return _expand_llava(settings, video, sampled, tokens)
     if settings.do_resize:
         height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
         video = resize_frames(video, height, width, settings.resample)
@@ -415,6 +469,20 @@ def expand_video(
             for g in range(gt)
         )
     return ExpandedVideo(replacement, item, sampled)
+
+
+def _expand_llava(
+    settings: VideoSettings, video: Any, sampled: SampledVideo, tokens: dict[str, str]
+) -> ExpandedVideo:
+    """LLaVA-OneVision: every frame resized to the processor's size, normalised, kept as
+    ``(1, T, 3, H, W)``; the text is ``<video>`` once per pooled token of every frame, plus
+    one for the newline the model appends."""
+    if settings.do_resize and settings.size is not None:
+        video = resize_frames(video, *settings.size, settings.resample)
+    video = _normalize(video, settings)
+    count = int(video.shape[0])
+    replacement = tokens["video_token"] * (count * settings.tokens_per_frame + 1)
+    return ExpandedVideo(replacement, {"pixel_values_videos": video[None].numpy()}, sampled)
 
 
 def _timestamps(sampled: SampledVideo, merge: int) -> list[float]:

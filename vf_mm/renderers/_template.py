@@ -483,7 +483,7 @@ class ChatTemplateRenderer:
         pieces = found[0::2]
         written = found[1::2]
         wanted = [modality for _, _, modality in parts]
-        if written != wanted:
+        if any(written.count(m) != wanted.count(m) for m in placeholders):
             counts = ", ".join(
                 f"{written.count(m)} {placeholders[m]} for {wanted.count(m)} {m}s"
                 for m in placeholders
@@ -491,15 +491,17 @@ class ChatTemplateRenderer:
             )
             raise RenderError(
                 f"the chat template wrote placeholders that do not match the images and videos "
-                f"({counts}, in order): the text holds a placeholder literally, or the "
+                f"({counts}): the text holds a placeholder literally, or the "
                 f"{self.name or 'this'} template drops an item (Gemma 3's system message)"
             )
-        items: list[ProcessedImage] = [
-            self.vision.process(part, where=w)
-            if modality == "image"
-            else self.vision.process_video(part, where=w)
-            for w, part, modality in parts
-        ]
+        # each modality's placeholders take its items in order, as the processors pair them
+        # (LLaVA-OneVision's template writes a message's images before its videos)
+        queues = {m: [(w, p) for w, p, mm in parts if mm == m] for m in placeholders}
+        items: list[ProcessedImage] = []
+        for modality in written:
+            w, part = queues[modality].pop(0)
+            process = self.vision.process if modality == "image" else self.vision.process_video
+            items.append(process(part, where=w))
         # the text the processor puts around an item's span joins the prompt text beside it
         for k, item in enumerate(items):
             pieces[k] += item.text_before

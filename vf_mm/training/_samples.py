@@ -118,7 +118,8 @@ class Sample:
         self._validate_videos(video_token_id, merge_size)
 
     def _validate_videos(self, video_token_id: int | None, merge_size: int) -> None:
-        """Each video's placeholder, pads and patch rows agree (Qwen-VL's layout)."""
+        """Each video's placeholder, pads and inputs agree (Qwen-VL: grids and patch rows;
+        LLaVA-OneVision: the placeholders' embeddings)."""
         n = self.num_tokens
         if len(self.videos) != len(self.video_placeholders):
             raise TrajectoryError(
@@ -148,9 +149,14 @@ class Sample:
                     "2 in mm_token_type_ids (M-RoPE would place the clip as text)"
                 )
         pads = int(np.count_nonzero(self.input_ids == video_token_id))
+        if any("video_grid_thw" not in v for v in self.videos):  # LLaVA-OneVision's frames
+            expected = sum(p.num_embeds for p in self.video_placeholders)
+            if pads != expected:
+                raise TrajectoryError(
+                    f"{self.source}: {pads} video tokens but the placeholders need {expected}"
+                )
+            return
         grids = concat_images(self.videos, "video_grid_thw")
-        if grids is None and self.videos:
-            raise TrajectoryError(f"{self.source}: a video has no video_grid_thw")
         grids = np.zeros((0, 3), np.int64) if grids is None else grids.reshape(-1, 3)
         expected = int(grids.prod(axis=1).sum()) // merge_size**2
         if pads != expected:
