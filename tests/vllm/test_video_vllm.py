@@ -1,16 +1,17 @@
-"""Video against a real vLLM 0.32 server (Qwen2.5-VL and Qwen3-VL, one tiny checkpoint and
-one server each, ``--limit-mm-per-prompt '{"image":4,"video":2}'``).
+"""Video against a real vLLM 0.32 server (Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision, one tiny
+checkpoint and one server each, ``--limit-mm-per-prompt '{"image":4,"video":2}'``).
 
 - The render route (``/v1/chat/completions/render``) on a raw clip (a lossless MP4 data URL,
   so vLLM's OpenCV decoding and vf_mm's PyAV decoding see the same pixels): vLLM's token
   ids equal the renderer's, and every tensor of its ``kwargs_data`` (decoded by our
   decoder) equals the renderer's model inputs bit for bit. Qwen3-VL at the clip's 4 fps
-  (vLLM samples it to 2 fps as transformers does); Qwen2.5-VL at 2 fps, because vLLM's
+  (vLLM samples it to 2 fps as transformers does), LLaVA-OneVision at 4 fps (every frame
+  kept, as transformers keeps them); Qwen2.5-VL at 2 fps, because vLLM's
   own loader samples a Qwen2.5-VL clip to 2 fps where transformers keeps every frame
   (measured here too: a 4 fps clip comes back with half the frames).
 - content_parts: the template's prompt (one ``<|video_pad|>``) and the raw clip expand
   to the renderer's ids.
-- features (Qwen2.5-VL): vLLM's decoder takes our ``kwargs_data`` for a clip and samples
+- features (Qwen2.5-VL, LLaVA-OneVision): vLLM's decoder takes our ``kwargs_data`` for a clip and samples
   what its own processing of the raw clip gives, tokens and logprobs. Qwen3-VL's
   placeholders carry ``is_embed`` (the timestamps): refused before anything is sent.
 """
@@ -36,7 +37,7 @@ from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_onevision")
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 
 
