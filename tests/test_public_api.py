@@ -95,6 +95,7 @@ def test_videos_exports():
         "DEFAULT_MAX_FRAMES",
         "DEFAULT_MAX_PIXELS_PER_FRAME",
         "VIDEO_EXTENSIONS",
+        "VIDEO_MEDIA_TYPES",
         "Video",
         "VideoLimits",
         "encode_lossless",

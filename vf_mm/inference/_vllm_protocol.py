@@ -210,10 +210,6 @@ def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> d
     }
 
 
-_VIDEO_MEDIA_TYPES = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm",
-                      "mkv": "video/x-matroska", "avi": "video/x-msvideo", "ts": "video/mp2t"}  # fmt: skip
-
-
 def _load_media_parts(
     parts: Sequence[Mapping[str, Any]], policy: ImagePolicy | None
 ) -> tuple[list[dict[str, str]], dict[str, list[str]]]:
@@ -260,6 +256,7 @@ def _video_data_url(
     would not be the renderer's), and raw frames at a rate no container states exactly."""
     from vf_mm.types import VIDEO_OPTIONS, video_part_source
     from vf_mm.videos import (
+        VIDEO_MEDIA_TYPES,
         encode_lossless,
         is_raw_video,
         load_video,
@@ -292,7 +289,7 @@ def _video_data_url(
                 f"{where}: a clip at {video.fps!r} fps, a rate no container states exactly: "
                 "the server would read another rate; send the clip as features"
             )
-    media = _VIDEO_MEDIA_TYPES[video_extension(data)]
+    media = VIDEO_MEDIA_TYPES[video_extension(data)]
     return f"data:{media};base64,{base64.b64encode(data).decode()}", video_hash(video)
 
 

@@ -14,18 +14,15 @@ import io
 from typing import Any
 
 from vf_mm.errors import VideoError
-from vf_mm.videos import VideoLimits, read_video_bytes, video_extension
+from vf_mm.videos import VIDEO_MEDIA_TYPES, VideoLimits, read_video_bytes, video_extension
 
 #: frames a video's strip shows (fewer when the clip has fewer)
 STRIP_FRAMES = 6
 #: a strip frame fits this box
 STRIP_MAX_W, STRIP_MAX_H = 120, 90
 
-#: what a browser plays: container -> (MIME type, codecs), codecs by FFmpeg's canonical names
-_PLAYABLE = {
-    "mp4": ("video/mp4", frozenset({"h264", "vp9", "av1"})),
-    "webm": ("video/webm", frozenset({"vp8", "vp9", "av1"})),
-}
+#: what a browser plays: container -> codecs, by FFmpeg's canonical names
+_PLAYABLE = {"mp4": frozenset({"h264", "vp9", "av1"}), "webm": frozenset({"vp8", "vp9", "av1"})}
 _DEMUXER = {"mp4": "mov", "webm": "matroska"}
 
 
@@ -50,7 +47,7 @@ def browser_mime(data: bytes) -> str | None:
         return None
     if ext not in _PLAYABLE:
         return None
-    mime, codecs = _PLAYABLE[ext]
+    mime, codecs = VIDEO_MEDIA_TYPES[ext], _PLAYABLE[ext]
     try:
         import av
 

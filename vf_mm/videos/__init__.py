@@ -68,7 +68,7 @@ encoded video; errors are ``vf_mm.errors.VideoError`` subclasses)
 
 from __future__ import annotations
 
-from vf_mm.videos._container import VIDEO_EXTENSIONS, video_extension
+from vf_mm.videos._container import VIDEO_EXTENSIONS, VIDEO_MEDIA_TYPES, video_extension
 from vf_mm.videos._encode import encode_lossless
 from vf_mm.videos._hash import video_hash, video_mm_hash
 from vf_mm.videos._limits import (
@@ -89,6 +89,7 @@ __all__ = [
     "DEFAULT_MAX_FRAMES",
     "DEFAULT_MAX_PIXELS_PER_FRAME",
     "VIDEO_EXTENSIONS",
+    "VIDEO_MEDIA_TYPES",
     "Video",
     "VideoLimits",
     "encode_lossless",

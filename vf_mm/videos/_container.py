@@ -26,10 +26,19 @@ from dataclasses import dataclass
 
 from vf_mm.errors import VideoDecodeError
 
-__all__ = ["VIDEO_EXTENSIONS", "Container", "sniff_container", "video_extension"]
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "VIDEO_MEDIA_TYPES",
+    "Container",
+    "sniff_container",
+    "video_extension",
+]
 
 #: The file extensions of the containers read, one per container (``video_extension``).
 VIDEO_EXTENSIONS = ("mp4", "mov", "webm", "mkv", "avi", "ts")
+#: The media type of each (``data:`` URLs, HTML players).
+VIDEO_MEDIA_TYPES = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm",
+                     "mkv": "video/x-matroska", "avi": "video/x-msvideo", "ts": "video/mp2t"}  # fmt: skip
 _EBML = b"\x1a\x45\xdf\xa3"
 _DOCTYPE = b"\x42\x82"
 
