@@ -113,3 +113,22 @@ def test_unknown_environment_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "no-such-env", "-o", str(tmp_path / "x")]) == 1
     assert "EnvironmentNotFoundError" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_take_the_environments_media_is_refused_up_front(
+    tmp_path, capsys, monkeypatch
+):
+    """Every rollout would fail the same way: one clear line instead of a run of errors."""
+    from vf_mm.models import build_tiny_lm, build_tiny_vlm
+
+    monkeypatch.chdir(ROOT)
+    gemma = build_tiny_vlm(tmp_path / "gemma", "gemma3")
+    out = tmp_path / "run"
+    assert main(["eval", "motion", "-n", "1", "-m", str(gemma), "-o", str(out)]) == 1
+    said = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "renders no video, but motion's prompts hold clips" in said
+    text = build_tiny_lm(tmp_path / "lm")
+    assert main(["eval", "shapes", "-n", "1", "-m", str(text), "-o", str(out)]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "is a text model, but shapes's prompts hold images" in said
+    assert not out.exists()

@@ -4,7 +4,8 @@
                    [-c CONC] [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-o OUTDIR] [--resume]
 
 Exit status: 0 when every rollout ran (failed ones are recorded with their error), 1
-when vf_mm refused the run (an environment that does not load, an OUTDIR in use), 2 for
+when vf_mm refused the run (an environment that does not load, an OUTDIR in use, a
+model that cannot take the environment's images or clips), 2 for
 bad arguments, 3 when ``--max-errors`` stopped it.
 
 A terminal over ``vf_mm.results.evaluate_to_dir``: with no ``-m`` it runs the embedded
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 import vf_mm
 from vf_mm._text import shorten
@@ -44,7 +46,8 @@ def register(sub: Any) -> None:
         "score them, and write OUTDIR/results.jsonl, metadata.json and assets/ (images and "
         "clips by content hash). A rollout that fails is recorded with its error; the run goes on. "
         "Exit status: 0 done, 1 refused (an environment that cannot be found or loaded, an "
-        "OUTDIR in use, a resume with other settings), 2 arguments that do not parse, 3 stopped "
+        "OUTDIR in use, a resume with other settings, a model that cannot take the "
+        "environment's images or clips), 2 arguments that do not parse, 3 stopped "
         "by --max-errors.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -120,6 +123,11 @@ async def _eval(args: argparse.Namespace) -> int:
         "vf_mm_version": vf_mm.__version__,
     }
     client = make_client(args, model)
+    problem = _media_refused(env, client, model)
+    if problem is not None:  # every rollout would fail the same way: say it once, up front
+        await client.backend.aclose()
+        console.print(f"[red]{escape(problem)}[/]")
+        return 1
     try:
         with progress_bar(console, "") as bar:
             task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0)
@@ -159,6 +167,34 @@ async def _eval(args: argparse.Namespace) -> int:
         console.print(f"[red]{aggregates['stopped']}[/]; --resume continues the run")
         return EXIT_STOPPED
     return 0
+
+
+def _media_refused(env: Any, client: Any, model: str) -> str | None:
+    """Why the model cannot take the environment's first eval prompt (images for a text
+    model, clips for a model without video), or None."""
+    from vf_mm.types import image_parts, video_parts
+
+    if not client.token_level:
+        return None  # a chat API: the server decides
+    rows = env.get_eval_dataset(1)
+    if not rows:
+        return None
+    try:
+        prompt = env.format_prompt(rows[0])
+    except Exception:  # a bad row fails its own rollouts, with its own error
+        return None
+    renderer = client.renderer
+    renderer = (getattr(renderer, "renderers", None) or [renderer])[0]
+    vision = getattr(renderer, "vision", None)
+    if image_parts(prompt) and vision is None:
+        return f"{model} is a text model, but {env.env_id}'s prompts hold images"
+    if video_parts(prompt) and getattr(vision, "video", None) is None:
+        return (
+            f"{model} renders no video, but {env.env_id}'s prompts hold clips (video is "
+            "rendered for Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and LLaVA-OneVision "
+            "checkpoints)"
+        )
+    return None
 
 
 def _summary(env_id: str, model: str, agg: dict[str, Any]) -> Any:
