@@ -10,7 +10,8 @@ checkpoint and one server each, ``--limit-mm-per-prompt '{"image":4,"video":2}'`
   own loader samples a Qwen2.5-VL clip to 2 fps where transformers keeps every frame
   (measured here too: a 4 fps clip comes back with half the frames).
 - content_parts: the template's prompt (one ``<|video_pad|>``) and the raw clip expand
-  to the renderer's ids.
+  to the renderer's ids, posted raw and through ``VLLMBackend`` (raw frames sent
+  losslessly encoded; the returned placeholders count the renderer's embeddings).
 - features (Qwen2.5-VL, LLaVA-OneVision): vLLM's decoder takes our ``kwargs_data`` for a clip and samples
   what its own processing of the raw clip gives, tokens and logprobs. Qwen3-VL's
   placeholders carry ``is_embed`` (the timestamps): refused before anything is sent.
@@ -145,7 +146,7 @@ def test_vllm_samples_a_qwen2_5_clip_to_2_fps_where_transformers_keeps_every_fra
 
 
 def template_prompt(renderer, messages):
-    shown = [{**m, "content": [{"type": "video"} if p["type"] == "video_url" else p
+    shown = [{**m, "content": [{"type": "video"} if p["type"] in ("video", "video_url") else p
                                for p in m["content"]]} for m in messages]  # fmt: skip
     text = renderer.tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
     return renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -184,3 +185,25 @@ def test_features_sample_what_the_servers_own_processing_of_the_clip_samples(fam
     assert mine.completion_ids == choice["token_ids"]
     np.testing.assert_allclose(mine.logprobs, [e["logprob"] for e in choice["logprobs"]["content"]],
                                atol=1e-4)  # fmt: skip
+
+
+def test_the_backend_sends_raw_frames_as_content_parts(family):
+    """VLLMBackend in content_parts mode: raw frames go out losslessly encoded with their
+    rate, vLLM expands them to the renderer's ids, and with the embedding ids the returned
+    placeholders count the renderer's embeddings (Qwen3-VL's timestamps are not)."""
+    name, server, _path, renderer = family
+    rate = 2.0 if name == "qwen2_5_vl" else 4.0
+    frames = np.random.default_rng(4).integers(0, 256, (8, 64, 80, 3), dtype=np.uint8)
+    part = {"type": "video", "video": frames, "frame_rate": rate}
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "What moved?"}]}]
+    ours = renderer.render(messages)
+    backend = VLLMBackend(server.base_url, mode="content_parts",
+                          embed_token_ids={"video": renderer.vision.embed_ids("video")})  # fmt: skip
+    request = GenerateRequest(template_prompt(renderer, messages), SamplingParams(max_tokens=1),
+                              content_parts=[part])  # fmt: skip
+    result = asyncio.run(backend.generate(request))
+    assert result.prompt_ids == list(ours.token_ids)
+    (theirs,) = result.multi_modal_data.mm_placeholders["video"]
+    (mine,) = ours.multi_modal_data.mm_placeholders["video"]
+    assert theirs.num_embeds == mine.num_embeds and theirs.end == mine.end
+    assert result.multi_modal_data.mm_hashes == ours.multi_modal_data.mm_hashes
