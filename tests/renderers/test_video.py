@@ -160,3 +160,17 @@ def test_option_errors_and_a_one_frame_qwen3_clip_name_the_part(tiny):
     # asking for two frames repeats the one (Qwen3-VL's linspace sampling does)
     out = qwen3.render([{"role": "user", "content": [{**one, "num_frames": 2}]}])
     assert out.multi_modal_data.mm_items["video"][0]["video_grid_thw"][0][0] == 1
+
+
+def test_a_bad_clip_in_a_bridged_turn_names_its_place_in_the_conversation(tiny):
+    renderer = load_renderer(tiny["qwen2_5_vl"])
+    messages = conversation()
+    prompt = renderer.render(messages[:1])
+    completion = [*renderer.tokenizer("x", add_special_tokens=False)["input_ids"],
+                  renderer.stop_token_ids[0]]  # fmt: skip
+    previous = [messages[0], {"role": "assistant", "content": "x"}]
+    bad = [{"role": "user", "content": ["again:", {"type": "video", "video": "missing.mp4"}]}]
+    with pytest.raises(VideoError, match=r"message 2, part 1"):
+        renderer.bridge_to_next_turn(prompt.token_ids, completion, bad,
+                                     previous_multi_modal_data=prompt.multi_modal_data,
+                                     previous_messages=previous)  # fmt: skip

@@ -216,7 +216,8 @@ class ChatTemplateRenderer:
         # next turn; a template that does not render it (Qwen2-VL, Qwen2.5-VL) keeps the
         # ``<think>`` text inside the content, which it renders verbatim: nothing to check
         has_reasoning = self._renders["reasoning"] and self._think_end in completion
-        template_messages, parts = self._prepare(new_messages)
+        first = len(previous_messages) if previous_messages is not None else 0
+        template_messages, parts = self._prepare(new_messages, first=first)
         tail = self._tail_text(template_messages, tools, has_reasoning)
         if isinstance(tail, _Refusal):
             return tail
@@ -415,14 +416,16 @@ class ChatTemplateRenderer:
             ) from exc
 
     def _prepare(
-        self, messages: Sequence[Mapping[str, Any]]
+        self, messages: Sequence[Mapping[str, Any]], *, first: int = 0
     ) -> tuple[list[dict[str, Any]], list[tuple[str, Any, str]]]:
         """Messages for the template (image and video parts reduced to ``{"type": "image"}``
         / ``{"type": "video"}``, so no pixels reach Jinja) and those parts in conversation
-        order, with where they are and their modality."""
+        order, with where they are and their modality. ``first``: the conversation index
+        of ``messages[0]`` (new messages of a bridge), so errors name the message a user
+        sees in the conversation."""
         out: list[dict[str, Any]] = []
         parts: list[tuple[str, Any]] = []
-        for i, message in enumerate(messages):
+        for i, message in enumerate(messages, start=first):
             if not isinstance(message.get("role"), str):
                 raise RenderError(f"message {i} has no role (a string: user, assistant, ...)")
             content = message.get("content")
