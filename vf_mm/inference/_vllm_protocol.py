@@ -280,9 +280,11 @@ def _video_data_url(
         encode_lossless(video) if is_raw_video(inner)
         else read_video_bytes(dict(part), policy=policy, where=where)
     )  # fmt: skip
-    if video.fps is not None and load_video(data).fps != video.fps:
-        # the file states no rate (or rounds it) and the part's frame_rate gave it: the
-        # server reads the file alone, so send it with the rate stated, if a file can
+    # the rate came from outside the file (raw frames, or a part's frame_rate for a file
+    # that states none): the server reads the file alone, so it must state the rate
+    rate_from_part = is_raw_video(inner) or part.get("frame_rate") is not None
+    if video.fps is not None and rate_from_part and load_video(data).fps != video.fps:
+        # the file states no rate (or rounds it): send it with the rate stated, if a file can
         data = encode_lossless(video)
         if load_video(data).fps != video.fps:
             raise MultiModalDataError(
