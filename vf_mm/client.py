@@ -94,16 +94,22 @@ class RendererClient:
             raise ValueError(f"backend {backend.name} works on token ids: pass a renderer")
 
     @property
+    def vision(self) -> Any:
+        """The renderer's vision spec (what images and clips it takes, and under which
+        rules), through a ``RendererPool`` too; None for a text renderer or none."""
+        renderer = self.renderer
+        renderers = getattr(renderer, "renderers", None)
+        if renderers:  # a RendererPool: every renderer was made by one factory
+            renderer = renderers[0]
+        return getattr(renderer, "vision", None)
+
+    @property
     def media_rules(self) -> tuple[Any, Any]:
         """``(image_policy, video_limits)`` the renderer reads images and clips under (each
         None where it uses the defaults, or has no vision). Storing or packing this
         client's rollouts reads their media under the same rules, so a clip a rollout
         took is never refused there, nor a source it refused read."""
-        renderer = self.renderer
-        renderers = getattr(renderer, "renderers", None)
-        if renderers:  # a RendererPool: every renderer was made by one factory
-            renderer = renderers[0]
-        vision = getattr(renderer, "vision", None)
+        vision = self.vision
         if vision is None:
             return None, None
         return getattr(vision, "policy", None), getattr(vision, "video_limits", None)

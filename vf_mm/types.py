@@ -64,6 +64,7 @@ __all__ = [
     "image_part_source",
     "image_parts",
     "text_of",
+    "unknown_video_key",
     "video_options",
     "video_part_source",
     "video_parts",
@@ -212,6 +213,19 @@ def video_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, C
             if isinstance(part, Mapping) and part.get("type") in VIDEO_PART_TYPES:
                 found.append((m, p, part))
     return found
+
+
+def unknown_video_key(part: Mapping[str, Any]) -> str | None:
+    """The first key a video part may not hold (``VIDEO_PART_KEYS``), quoted and with the
+    closest known key when there is one (``"'num_frame' (did you mean 'num_frames'?)"``);
+    None when every key is known. A misspelt option would otherwise change nothing."""
+    import difflib
+
+    for key in part:
+        if key not in VIDEO_PART_KEYS:
+            close = difflib.get_close_matches(str(key), sorted(VIDEO_PART_KEYS), n=1)
+            return f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    return None
 
 
 def video_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -183,9 +183,7 @@ def _media_refused(env: Any, client: Any, model: str) -> str | None:
         prompt = env.format_prompt(rows[0])
     except Exception:  # a bad row fails its own rollouts, with its own error
         return None
-    renderer = client.renderer
-    renderer = (getattr(renderer, "renderers", None) or [renderer])[0]
-    vision = getattr(renderer, "vision", None)
+    vision = client.vision
     if image_parts(prompt) and vision is None:
         return f"{model} is a text model, but {env.env_id}'s prompts hold images"
     if video_parts(prompt) and getattr(vision, "video", None) is None:

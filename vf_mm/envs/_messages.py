@@ -25,7 +25,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from vf_mm.errors import MessageError
-from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_KEYS, VIDEO_PART_TYPES, video_options
+from vf_mm.types import (
+    IMAGE_PART_TYPES,
+    VIDEO_PART_KEYS,
+    VIDEO_PART_TYPES,
+    unknown_video_key,
+    video_options,
+)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES), *sorted(VIDEO_PART_TYPES))
@@ -157,14 +163,13 @@ def _video_options(part: Mapping[str, Any], where: str) -> None:
     """A video part's keys are known (a misspelt option would silently change nothing) and
     its numbers positive (``fps`` and ``num_frames`` exclude each other, as in the
     processors): refused here, where the author's code made them."""
-    for key in part:
-        if key not in VIDEO_PART_KEYS:
-            raise MessageError(
-                f"{where}: unknown key {key!r} in a video part",
-                where=where,
-                hint=_suggest(key, tuple(sorted(VIDEO_PART_KEYS)))
-                or f"a video part holds {', '.join(sorted(VIDEO_PART_KEYS))}",
-            )
+    unknown = unknown_video_key(part)
+    if unknown is not None:
+        raise MessageError(
+            f"{where}: unknown key {unknown} in a video part",
+            where=where,
+            hint=f"a video part holds {', '.join(sorted(VIDEO_PART_KEYS))}",
+        )
     rate = part.get("frame_rate")
     if rate is not None and not (
         isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate)

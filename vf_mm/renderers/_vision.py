@@ -28,7 +28,6 @@ write through one of them would silently corrupt the others, so it raises instea
 
 from __future__ import annotations
 
-import difflib
 import threading
 import time
 from collections import OrderedDict
@@ -49,7 +48,7 @@ from vf_mm.models import (
     image_kwargs,
     image_token_ids,
 )
-from vf_mm.types import VIDEO_PART_KEYS
+from vf_mm.types import unknown_video_key
 from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 
@@ -185,13 +184,9 @@ class VisionSpec:
                 f"{where}: this renderer has no video processing (video is supported for the "
                 "Qwen-VL families, loaded from their checkpoint directory)"
             )
-        unknown = sorted(str(k) for k in part if k not in VIDEO_PART_KEYS)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], sorted(VIDEO_PART_KEYS), n=1)
-            raise RenderError(
-                f"{where}: unknown key {unknown[0]!r} in a video part"
-                + (f" (did you mean {close[0]!r}?)" if close else "")
-            )
+        unknown = unknown_video_key(part)
+        if unknown is not None:
+            raise RenderError(f"{where}: unknown key {unknown} in a video part")
         options = {k: part[k] for k in VIDEO_OPTIONS if part.get(k) is not None}
         try:
             settings = self.video.with_options(options)
