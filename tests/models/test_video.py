@@ -140,3 +140,47 @@ def test_an_extreme_aspect_ratio_is_refused_as_the_processor_refuses_it(tiny):
     settings = load_video_settings(tiny["qwen2_vl"], "qwen2_vl")
     with pytest.raises(RenderError, match="aspect ratio"):
         expand_video(settings, frames(2, h=2, w=500), fps=None, tokens=TOKENS)
+
+
+def test_smolvlm_settings_follow_its_processors_init(tiny, tmp_path):
+    """``video_sampling`` sets the rate, the frame cap and the first resize; the image
+    config's ``size`` replaces its ``video_size``; ``max_image_size`` is the final square."""
+    smol = load_video_settings(tiny["smolvlm"], "smolvlm")
+    assert smol.style == "smol" and smol.frames_as_images and smol.do_sample_frames
+    assert (smol.fps, smol.num_frames, smol.longest_edge, smol.size) == (1, 64, 192, (64, 64))
+    assert smol.resample == 1 and smol.chat_template and smol.tokens_per_frame == 4
+    path = tmp_path / "m"
+    path.mkdir()
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        (path / name).write_text((tiny["smolvlm"] / name).read_text())
+    config = json.loads((path / "preprocessor_config.json").read_text())
+    config["size"] = {"longest_edge": 256}
+    config["video_sampling"] = {"fps": 3, "max_frames": 8, "video_size": {"longest_edge": 99}}
+    (path / "preprocessor_config.json").write_text(json.dumps(config))
+    changed = load_video_settings(path, "smolvlm")
+    assert (changed.fps, changed.num_frames, changed.longest_edge) == (3, 8, 256)
+
+
+def test_smolvlm_frames_are_images_in_token_order(tiny):
+    """A SmolVLM forward fills its image tokens from one sequence: a clip's frames join the
+    images' tiles in the order their tokens appear, and a batch holding both needs that
+    order."""
+    from vf_mm.models import model_inputs
+
+    def item(value: float, count: int) -> dict:
+        return {"pixel_values": np.full((1, count, 3, 4, 4), value, np.float32),
+                "pixel_attention_mask": np.ones((1, count, 4, 4), np.int64)}  # fmt: skip
+
+    import torch
+
+    ids = torch.zeros((1, 4), dtype=torch.long)
+    image, clip = item(1.0, 2), item(2.0, 3)
+    out = model_inputs("smolvlm", ids, [image], image_token_ids=[7], videos=[clip],
+                       video_token_ids=[7], order=["video", "image"])  # fmt: skip
+    assert out["pixel_values"].shape == (1, 5, 3, 4, 4)
+    assert out["pixel_values"][0, :, 0, 0, 0].tolist() == [2.0, 2.0, 2.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="order="):
+        model_inputs("smolvlm", ids, [image], image_token_ids=[7], videos=[clip],
+                     video_token_ids=[7])  # fmt: skip
+    only = model_inputs("smolvlm", ids, [], image_token_ids=[7], videos=[clip], video_token_ids=[7])
+    assert only["pixel_values"].shape == (1, 3, 3, 4, 4)

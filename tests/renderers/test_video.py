@@ -4,12 +4,14 @@ need torchvision, is checked in ``tests/vllm/test_video_processing.py``.)"""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from PIL import Image
 
 from vf_mm.errors import RenderError, VideoError
-from vf_mm.models import VIDEO_FAMILIES, load_processor
+from vf_mm.models import VIDEO_FAMILIES, family_info, load_processor
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
@@ -49,24 +51,28 @@ def test_videos_and_images_get_their_placeholders_in_order(tiny, family):
     first = ["image", "video"] if family == "llava_onevision" else ["video", "image"]
     assert [m for m, _, _ in data.all_placeholders()] == [*first, "video"]
     ids = np.asarray(out.token_ids)
-    video_token = renderer.vision.video_token_id
+    (video_token,) = renderer.vision.embed_ids("video")
     for r in data.mm_placeholders["video"]:
         assert np.all(ids[r.embed_positions()] == video_token)
+    # SmolVLM takes a clip's frames as images: they share the image token
+    sharing = ("video", "image") if family == "smolvlm" else ("video",)
     assert int((ids == video_token).sum()) == sum(
-        r.num_embeds for r in data.mm_placeholders["video"]
+        r.num_embeds for m in sharing for r in data.mm_placeholders[m]
     )
     for item in data.mm_items["video"]:
-        assert not item["pixel_values_videos"].flags.writeable
+        assert set(item) == set(family_info(family).video_inputs)
+        assert not any(array.flags.writeable for array in item.values())
 
 
 # Qwen3.5's template is not prefix-stable across a new user turn (its generation prompt
 # holds an empty think block that the history drops), with or without video
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm"])
 def test_bridging_a_new_clip_equals_a_full_render(tiny, family):
     renderer = load_renderer(tiny[family])
     messages = conversation()
     prompt = renderer.render(messages[:1])
-    reply = renderer.tokenizer("The ball.", add_special_tokens=False)["input_ids"]
+    lead = " " if family == "smolvlm" else ""  # SmolVLM's model writes the space itself
+    reply = renderer.tokenizer(lead + "The ball.", add_special_tokens=False)["input_ids"]
     completion = [*reply, renderer.stop_token_ids[0]]
     bridged = renderer.bridge_to_next_turn(
         prompt.token_ids, completion, messages[2:],
@@ -174,3 +180,54 @@ def test_a_bad_clip_in_a_bridged_turn_names_its_place_in_the_conversation(tiny):
         renderer.bridge_to_next_turn(prompt.token_ids, completion, bad,
                                      previous_multi_modal_data=prompt.multi_modal_data,
                                      previous_messages=previous)  # fmt: skip
+
+
+def test_smolvlm_renders_a_conversation_holding_a_clip_with_its_processors_template(tiny, tmp_path):
+    """SmolVLM's processor renders any conversation that holds a clip with its own default
+    template: a checkpoint template that differs is used only for conversations without
+    one, and a bridge onto the first clip (the template switches under the earlier
+    turns) is refused rather than built on tokens the template no longer writes."""
+    path = shutil.copytree(tiny["smolvlm"], tmp_path / "own-template")
+    template = (path / "chat_template.jinja").read_text()
+    marked = template.replace("'<|im_start|>'", "'<|im_start|>[own]'")
+    assert marked != template
+    (path / "chat_template.jinja").write_text(marked)
+    renderer = load_renderer(path)
+    picture = {"type": "image", "image": Image.fromarray(clip(9, t=1)[0])}
+    first = [{"role": "user", "content": [picture, {"type": "text", "text": "Look."}]}]
+    text = renderer.tokenizer.decode(renderer.render(first).token_ids)
+    assert text.startswith("<|im_start|>[own]")  # no clip: the checkpoint's template
+    both = [*first, {"role": "assistant", "content": "Ok."},
+            {"role": "user", "content": [video(1)]}]  # fmt: skip
+    text = renderer.tokenizer.decode(renderer.render(both).token_ids)
+    assert "[own]" not in text and "frames from a 0:00:01 [H:MM:SS] video" in text
+    prompt = renderer.render(first)
+    reply = renderer.tokenizer(" Ok.", add_special_tokens=False)["input_ids"]
+    out = renderer.bridge_to_next_turn(
+        prompt.token_ids, [*reply, renderer.stop_token_ids[0]], both[2:],
+        previous_multi_modal_data=prompt.multi_modal_data, previous_messages=both[:2],
+    )  # fmt: skip
+    assert out is None
+    assert any("switches the chat template" in r for r in renderer.bridge_refusals)
+
+
+def test_smolvlm_clip_options_follow_its_sampler(tiny):
+    renderer = load_renderer(tiny["smolvlm"])
+    long_clip = {"type": "video", "video": clip(4, t=40), "frame_rate": 4.0}  # 10 s at 1 fps
+    out = renderer.render([{"role": "user", "content": [long_clip]}])
+    (item,) = out.multi_modal_data.mm_items["video"]
+    assert item["pixel_values"].shape[:2] == (1, 10)
+    assert item["pixel_attention_mask"].shape == (1, 10, 64, 64)
+    capped = renderer.render([{"role": "user", "content": [{**long_clip, "num_frames": 4}]}])
+    # at most 4 frames; the first and last second are skipped (10 - 2 > 4 x 1 fps)
+    assert capped.multi_modal_data.mm_items["video"][0]["pixel_values"].shape[1] == 4
+    text = renderer.tokenizer.decode(capped.token_ids)
+    assert "series of four frames" in text and "Frame from 00:01:" in text
+    assert "Frame from 00:00:" not in text
+    with pytest.raises(RenderError, match="min_pixels and max_pixels do not apply"):
+        renderer.render([{"role": "user", "content": [{**long_clip, "max_pixels": 4096}]}])
+    no_rate = {"type": "video", "video": clip(4, t=8)}
+    with pytest.raises(RenderError, match="frame rate"):
+        renderer.render([{"role": "user", "content": [no_rate]}])
+    every = renderer.render([{"role": "user", "content": [{**no_rate, "do_sample_frames": False}]}])
+    assert every.multi_modal_data.mm_items["video"][0]["pixel_values"].shape[1] == 8

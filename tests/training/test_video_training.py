@@ -5,7 +5,9 @@ GRPO step moves the vision weights, for every family that takes video.
 The trainer's forward gets each clip's ``pixel_values_videos`` and ``video_grid_thw`` (and
 Qwen2.5-VL's ``second_per_grid_ts``), and 2 in ``mm_token_type_ids`` on video tokens:
 M-RoPE positions of a video differ from an image's, so a wrong mark changes every
-logprob after it.
+logprob after it. SmolVLM takes a clip's frames as images: they join the picture's tiles
+in token order, and ``video_token_id`` is its ``<image>`` id
+(``renderer.vision.embed_ids("video")[0]`` names it for every family).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def trained(request, tmp_path_factory):
 def batches_of(trained):
     family, _path, renderer, state = trained
     ids = {"image_token_id": renderer.vision.image_token_id,
-           "video_token_id": renderer.vision.video_token_id}  # fmt: skip
+           "video_token_id": renderer.vision.embed_ids("video")[0]}  # fmt: skip
     samples = build_samples(state, advantage=1.0, **ids)
     assert samples[-1].videos and samples[-1].images
     return samples, make_batches(samples, token_budget=20_000, pad_token_id=0, family=family,
@@ -92,14 +94,14 @@ def test_a_grpo_step_with_videos_trains_the_vision_weights(trained):
 def test_video_samples_need_the_video_token_and_the_family(trained):
     family, _path, renderer, state = trained
     samples = build_samples(state, advantage=1.0, image_token_id=renderer.vision.image_token_id,
-                            video_token_id=renderer.vision.video_token_id)  # fmt: skip
+                            video_token_id=renderer.vision.embed_ids("video")[0])  # fmt: skip
     with pytest.raises(TrajectoryError, match="video_token_id"):
         make_batches(samples, token_budget=20_000, pad_token_id=0, family=family,
                      image_token_id=renderer.vision.image_token_id)  # fmt: skip
     with pytest.raises(TrajectoryError, match="family="):
         make_batches(samples, token_budget=20_000, pad_token_id=0,
                      image_token_id=renderer.vision.image_token_id,
-                     video_token_id=renderer.vision.video_token_id)  # fmt: skip
+                     video_token_id=renderer.vision.embed_ids("video")[0])  # fmt: skip
 
 
 def test_a_cut_never_goes_through_a_video(trained):
@@ -108,7 +110,7 @@ def test_a_cut_never_goes_through_a_video(trained):
     sample = samples[-1]
     video = sample.video_placeholders[-1]
     ids = {"image_token_id": renderer.vision.image_token_id,
-           "video_token_id": renderer.vision.video_token_id}  # fmt: skip
+           "video_token_id": renderer.vision.embed_ids("video")[0]}  # fmt: skip
     with pytest.raises(TrajectoryError, match="through an image or video"):
         make_batches([sample], token_budget=20_000, pad_token_id=0, family=family,
                      max_seq_len=video.offset + 2, **ids)  # fmt: skip
@@ -128,4 +130,4 @@ def test_a_rollout_with_videos_needs_the_video_token_to_become_samples(trained):
     with pytest.raises(TrajectoryError, match="not marked 2"):
         make_batches([sample], token_budget=20_000, pad_token_id=0, family=family,
                      image_token_id=renderer.vision.image_token_id,
-                     video_token_id=renderer.vision.video_token_id)  # fmt: skip
+                     video_token_id=renderer.vision.embed_ids("video")[0])  # fmt: skip

@@ -54,7 +54,7 @@ def _needs_torchvision():  # checked when the tests run, not when they are colle
     pytest.importorskip("torchvision")
 
 
-@pytest.fixture(scope="module", params=VIDEO_FAMILIES)
+@pytest.fixture(scope="module", params=[f for f in VIDEO_FAMILIES if f != "smolvlm"])
 def family_checkpoint(request, tmp_path_factory):
     path = build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
     return request.param, path
@@ -142,7 +142,9 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
         assert "second_per_grid_ts" not in ours.item
 
 
-@pytest.mark.parametrize("family", [f for f in VIDEO_FAMILIES if f != "llava_onevision"])
+@pytest.mark.parametrize(
+    "family", [f for f in VIDEO_FAMILIES if f not in ("llava_onevision", "smolvlm")]
+)
 def test_the_renderer_matches_the_processor_on_a_conversation(family, tmp_path):
     """Video and images in one message, a second clip in a later turn: token ids and every
     tensor equal what the processor computes from the template's text."""
@@ -243,3 +245,124 @@ def test_a_llava_onevision_conversation_matches_the_processor(tmp_path):
     assert ours.token_ids == whole["input_ids"][0].tolist()
     assert np.array_equal(ours.multi_modal_data.mm_items["video"][0]["pixel_values_videos"],
                           whole["pixel_values_videos"].numpy())  # fmt: skip
+
+
+# SmolVLM2: (frames, height, width, frame rate, options). Its processor samples whenever
+# the checkpoint sets a rate (the tiny one: 1 fps, at most 64 frames, as the real one),
+# and skips the first and last second of a clip long enough to spare them.
+SMOL_CLIPS = [
+    (1, 40, 40, 5.0, {}),
+    (3, 97, 201, 10.0, {}),
+    (9, 333, 120, 30.0, {}),
+    (64, 48, 80, 30.0, {}),
+    (40, 50, 70, 2.0, {}),
+    (200, 30, 30, 10.0, {"num_frames": 5}),  # 20 s: the skip applies
+    (61, 36, 1000, 3.0, {"fps": 2.0}),
+    (13, 480, 640, 1.0, {}),
+    (7, 64, 48, None, {"do_sample_frames": False}),  # no rate: the text takes 24 fps
+    (33, 120, 90, 6.0, {"do_sample_frames": False}),
+    (5, 20, 20, None, {}),  # sampling needs the rate: both refuse
+]
+
+
+@pytest.fixture(scope="module")
+def smolvlm(tmp_path_factory):
+    from transformers import AutoProcessor
+
+    path = build_tiny_vlm(tmp_path_factory.mktemp("smolvlm") / "m", "smolvlm")
+    return path, AutoProcessor.from_pretrained(path)
+
+
+def smol_tokens(processor):
+    return {"video_token": processor.video_token, "image_token": processor.image_token,
+            "fake_image_token": processor.fake_image_token,
+            "global_image_token": processor.global_image_token}  # fmt: skip
+
+
+@pytest.mark.parametrize("clip", SMOL_CLIPS, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[4]}")
+def test_a_smolvlm_clip_is_processed_as_its_processor_processes_it(smolvlm, clip):
+    """The reference is the processor called as its ``apply_chat_template`` calls it (the
+    checkpoint's rate and frame cap, sampling on), on a clip whose metadata is what its
+    PyAV reader reports for a file: ids, ``pixel_values`` (Lanczos twice) and the mask."""
+    from vf_mm.errors import RenderError
+
+    path, processor = smolvlm
+    frames_count, height, width, rate, options = clip
+    settings = load_video_settings(path, "smolvlm")
+    rng = np.random.default_rng(frames_count * 1000 + width)
+    frames = rng.integers(0, 256, (frames_count, height, width, 3), dtype=np.uint8)
+    metadata = {"total_num_frames": frames_count, "fps": rate,
+                "duration": frames_count / rate if rate else None,
+                "frames_indices": list(range(frames_count))}  # fmt: skip
+    kwargs = {"num_frames": settings.num_frames, "fps": settings.fps, "do_sample_frames": True,
+              **options}  # fmt: skip
+    try:
+        reference = processor(text=["<video>"], videos=[[frames]], video_metadata=[[metadata]],
+                              return_tensors="pt", **kwargs)  # fmt: skip
+    except ValueError:
+        with pytest.raises(RenderError, match="frame rate"):
+            expand_video(settings.with_options(options), frames, fps=rate,
+                         tokens=smol_tokens(processor))  # fmt: skip
+        return
+    ours = expand_video(settings.with_options(options), frames, fps=rate,
+                        tokens=smol_tokens(processor))  # fmt: skip
+    ids = processor.tokenizer(ours.replacement, add_special_tokens=False)["input_ids"]
+    assert ids == reference["input_ids"][0].tolist()
+    for name in ("pixel_values", "pixel_attention_mask"):
+        expected = reference[name].numpy()
+        got = ours.item[name]
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        assert np.array_equal(got, expected), (name, float(np.abs(got - expected).max()))
+
+
+def test_a_smolvlm_conversation_matches_apply_chat_template(smolvlm, tmp_path, monkeypatch):
+    """A clip file in a user turn, answered, then a second clip: the renderer's ids and
+    tensors are what ``apply_chat_template(tokenize=True)`` computes from the files (it
+    switches to the processor's own template for a conversation holding a clip, decodes
+    with PyAV and samples at the checkpoint's rate)."""
+    import av
+
+    path, processor = smolvlm
+    rng = np.random.default_rng(5)
+    files = []
+    for k, (count, rate) in enumerate([(45, 15), (30, 10)]):
+        # AVI states its frame count, which transformers' PyAV reader takes as the total
+        file = tmp_path / f"clip{k}.avi"
+        with av.open(str(file), "w") as container:
+            stream = container.add_stream("ffv1", rate=rate)
+            stream.width, stream.height, stream.pix_fmt = 90, 70 + 10 * k, "bgr0"
+            for _ in range(count):
+                pixels = rng.integers(0, 256, (stream.height, 90, 3), dtype=np.uint8)
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode())
+        files.append(str(file))
+    messages = [
+        {"role": "user", "content": [{"type": "video", "path": files[0]},
+                                     {"type": "text", "text": "Where did the ball go?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Left."}]},
+        {"role": "user", "content": [{"type": "text", "text": "And here?"},
+                                     {"type": "video", "path": files[1]}]},
+    ]  # fmt: skip
+    # transformers decodes files with torchcodec, not installed here: its own PyAV reader
+    # stands in (both decode FFV1 exactly)
+    from transformers.video_utils import load_video
+
+    def fetch_videos(urls, sample_indices_fn=None):
+        if isinstance(urls, list):
+            return list(zip(*[fetch_videos(u, sample_indices_fn) for u in urls]))
+        return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
+
+    monkeypatch.setattr(processor.video_processor, "fetch_videos", fetch_videos)
+    whole = processor.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                          add_generation_prompt=True, return_tensors="pt")  # fmt: skip
+    ours_messages = [
+        {**m, "content": [{"type": "video", "video": p["path"]} if p["type"] == "video" else p
+                          for p in m["content"]]}
+        for m in messages
+    ]  # fmt: skip
+    ours = load_renderer(path).render(ours_messages)
+    assert ours.token_ids == whole["input_ids"][0].tolist()
+    clips = ours.multi_modal_data.mm_items["video"]
+    # one call pads every clip to the longest's frame count; here both keep 3 frames
+    assert np.array_equal(np.concatenate([c["pixel_values"] for c in clips]),
+                          whole["pixel_values"].numpy())  # fmt: skip

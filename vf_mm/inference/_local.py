@@ -63,7 +63,7 @@ class LocalBackend:
         max_model_len: int | None = None,
         seed: int = 0,
     ) -> None:
-        from vf_mm.models import VISION_FAMILIES, model_class, model_type
+        from vf_mm.models import VISION_FAMILIES, family_info, model_class, model_type
 
         self.path = Path(model)
         self.name = f"local:{self.path.name}"
@@ -90,6 +90,8 @@ class LocalBackend:
         self.family = family
         self.image_token_id = _config_id(config, "image_token")
         self.video_token_id = _config_id(config, "video_token")
+        if self.is_multimodal and family_info(family).frames_as_images:
+            self.video_token_id = self.image_token_id  # SmolVLM: a clip's frames are images
         # the model must never sample an image's own tokens: they need image inputs
         self.suppress_token_ids = [
             i
@@ -263,13 +265,20 @@ class LocalBackend:
                     f"{self.path.name} is a text model: it takes no images", backend=self.name
                 )
             return
+        from vf_mm.models import family_info
+
+        video_pixels = (family_info(self.family).video_inputs or ("pixel_values_videos",))[0]
         kinds = (("image", self.image_token_id, "pixel_values"),
-                 ("video", self.video_token_id, "pixel_values_videos"))  # fmt: skip
+                 ("video", self.video_token_id, video_pixels))  # fmt: skip
         for modality, token, pixels in kinds:
             ranges = data.mm_placeholders.get(modality, []) if data else []
             if ranges and token is None:
                 raise BackendError(f"{self.path.name} takes no {modality}", backend=self.name)
             expected = sum(p.num_embeds for p in ranges)
+            if self.video_token_id == self.image_token_id and data is not None:
+                # SmolVLM: a clip's frames take the image token, so both kinds count
+                expected = sum(p.num_embeds for m in ("image", "video")
+                               for p in data.mm_placeholders.get(m, []))  # fmt: skip
             pads = request.prompt_ids.count(token) if token is not None else 0
             if pads != expected:
                 raise BackendError(
@@ -307,6 +316,12 @@ class LocalBackend:
                 dtype=next(self.model.parameters()).dtype,
                 videos=items("video"),
                 video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
+                order=[
+                    modality
+                    for r in requests
+                    if r.multi_modal_data is not None
+                    for modality, _, _ in r.multi_modal_data.all_placeholders()
+                ],
             )
         except (KeyError, ValueError) as exc:
             raise BackendError(

@@ -10,7 +10,8 @@ transformers classes, and ``load_processor(path)`` loads a checkpoint's processo
 family's processor computes them, and ``image_token_ids(processor)`` the ids that take
 image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
 forward takes for a batch.
-Video (``VIDEO_FAMILIES``, the Qwen-VL ones): ``load_video_settings(path, family)`` reads a
+Video (``VIDEO_FAMILIES``: the Qwen-VL ones, LLaVA-OneVision, SmolVLM2):
+``load_video_settings(path, family)`` reads a
 checkpoint's video processing (``VideoSettings``), ``expand_video(settings, frames, ...)``
 is one clip's model inputs and prompt text, as transformers' video processor computes
 them, with torch alone (no torchvision needed).

@@ -63,6 +63,9 @@ class VisionFamily:
     content_as_parts: bool = False  # the template renders only list content (drops strings)
     image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
     video_inputs: tuple[str, ...] = ()  # one video's inputs (empty: no video support)
+    # the forward takes a clip's frames as images, in the images' inputs (SmolVLM): images
+    # and clips then go in one sequence, in the order their tokens appear
+    frames_as_images: bool = False
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -92,7 +95,9 @@ _FAMILIES = {
                      "SmolVLMForConditionalGeneration", None,
                      "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
                      image_axis=1, content_as_parts=True,
-                     image_inputs=("pixel_values", "pixel_attention_mask")),
+                     image_inputs=("pixel_values", "pixel_attention_mask"),
+                     video_inputs=("pixel_values", "pixel_attention_mask"),
+                     frames_as_images=True),
         VisionFamily("llava_onevision", "LLaVA-OneVision", "LlavaOnevisionProcessor",
                      "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
                      None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",

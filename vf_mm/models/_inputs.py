@@ -19,7 +19,10 @@ in the order their tokens appear (row by row). Per family:
 
 Videos (the Qwen-VL families) go beside the images: ``pixel_values_videos`` rows and
 ``video_grid_thw`` rows concatenated (and Qwen2.5-VL's ``second_per_grid_ts``), with 2 in
-``mm_token_type_ids`` on video tokens.
+``mm_token_type_ids`` on video tokens. LLaVA-OneVision's clips are ``pixel_values_videos``
+``(clips, T, 3, H, W)``. SmolVLM takes a clip's frames as images: its ``(1, T, 3, S, S)``
+frames join the images' tiles along axis 1, in the order the items' tokens appear
+(``order``), since the model fills its image tokens from one sequence.
 
 The family's embedding token ids (``image_token_ids``, ``video_token_ids``) mark the
 image and video positions.
@@ -44,17 +47,23 @@ def model_inputs(
     dtype: Any = None,
     videos: Sequence[Mapping[str, Any]] = (),
     video_token_ids: Sequence[int] = (),
+    order: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The forward's image, video and token-type inputs for ``input_ids`` (a ``(B, L)``
     tensor) whose images and videos, in token order, are ``images`` and ``videos`` (each
     one item's inputs, as ``expand_image`` / ``expand_video`` return them). ``dtype``
     casts the floating-point inputs (the model's own dtype). Text-only batches get no
-    image or video inputs."""
+    image or video inputs. ``order``: the modality of every item (``"image"`` /
+    ``"video"``) in token order over the whole batch, needed where a forward takes clips
+    and images in one sequence (SmolVLM) and the batch holds both."""
     import torch
 
     info = family_info(family)
     if videos and not info.video_inputs:
         raise ValueError(f"a {info.label} forward takes no video")
+    if info.frames_as_images and videos:
+        images = _interleave(images, videos, order, info.label)
+        videos = ()
     out: dict[str, Any] = {}
     if info.token_types is not None:
         marks = torch.zeros_like(input_ids, dtype=torch.long)
@@ -86,6 +95,25 @@ def model_inputs(
                 tensor = tensor.to(dtype)
             out[name] = tensor
     return out
+
+
+def _interleave(
+    images: Sequence[Mapping[str, Any]],
+    videos: Sequence[Mapping[str, Any]],
+    order: Sequence[str],
+    label: str,
+) -> list[Mapping[str, Any]]:
+    """Images and clips as one sequence, in token order."""
+    if not images:
+        return list(videos)
+    if sorted(order) != sorted(["image"] * len(images) + ["video"] * len(videos)):
+        raise ValueError(
+            f"a {label} forward takes images and clips in one sequence: give order= (each "
+            f"item's modality in token order) for {len(images)} images and {len(videos)} "
+            f"videos, not {list(order)}"
+        )
+    queues = {"image": iter(images), "video": iter(videos)}
+    return [next(queues[m]) for m in order]
 
 
 def _array(image: Mapping[str, Any], name: str) -> np.ndarray:

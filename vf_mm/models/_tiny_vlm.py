@@ -250,6 +250,13 @@ def _build_smolvlm(path: Path, seed: int) -> Path:
     image_processor_class("smolvlm")(
         size={"longest_edge": _SMOLVLM["longest_edge"]}, max_image_size={"longest_edge": tile}
     ).save_pretrained(path)
+    # the real SmolVLM2 keeps its video settings in the image config (no video config)
+    config_file = path / "preprocessor_config.json"
+    image_config = json.loads(config_file.read_text())
+    image_config["video_sampling"] = {
+        "fps": 1, "max_frames": 64, "video_size": {"longest_edge": _SMOLVLM["longest_edge"]},
+    }  # fmt: skip
+    config_file.write_text(json.dumps(image_config, indent=2) + "\n")
     tokens = (tile // _SMOLVLM["patch_size"]) ** 2 // _SMOLVLM["scale_factor"] ** 2
     _write_processor_config(path, "smolvlm", image_seq_len=tokens)
     text = _text_config(tokenizer, model_type="llama")

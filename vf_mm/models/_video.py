@@ -34,11 +34,24 @@ LLaVA-OneVision (``LlavaOnevisionVideoProcessor``) is simpler: frames sampled by
 base processor's uniform sampler when asked, each resized to one size, normalised, and
 kept as ``(1, T, 3, H, W)``; its text is ``<video>`` once per pooled token of every frame
 plus one (the newline the model appends).
+
+SmolVLM2 (``SmolVLMVideoProcessor``) takes a clip as a run of images: frames sampled
+between one second after the start and one before the end (when the clip is long
+enough), each resized with Lanczos twice (longest edge to the video size, then to the
+square ``max_image_size``: torch's ``interpolate`` has the same ``lanczos`` kernel that
+torchvision calls), normalised, and given to the model as ``pixel_values`` ``(1, T, 3, S,
+S)`` with a ``pixel_attention_mask``, the images' own inputs. Its text names the frame
+count in words and the clip's duration, then each frame's ``mm:ss`` timestamp before the
+frame's image tokens (``<fake_token_around_image><global-img>`` + ``<image>`` * N +
+``<fake_token_around_image>``). Its processor renders any conversation that holds a clip
+with another chat template (``chat_template`` in the settings), and samples whenever the
+checkpoint sets a rate or a frame count, as its ``apply_chat_template`` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import math
 import platform
@@ -55,7 +68,7 @@ from vf_mm.types import VIDEO_OPTIONS, video_options
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _HALF = (0.5, 0.5, 0.5)
-_BICUBIC, _BILINEAR = 3, 2  # PIL resample codes, as the configs store them
+_BICUBIC, _BILINEAR, _LANCZOS = 3, 2, 1  # PIL resample codes, as the configs store them
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +104,14 @@ class VideoSettings:
     max_frames: int = 768
     second_per_grid_ts: bool = False
     timestamps: bool = False
-    size: tuple[int, int] | None = None  # LLaVA-OneVision: every frame resized to (H, W)
-    tokens_per_frame: int = 0  # LLaVA-OneVision: pooled tokens per frame
+    size: tuple[int, int] | None = None  # LLaVA-OneVision, SmolVLM: every frame resized to (H, W)
+    tokens_per_frame: int = 0  # LLaVA-OneVision: pooled tokens per frame; SmolVLM: per frame
+    longest_edge: int = 0  # SmolVLM: the first resize's longest edge
+    # SmolVLM: the model takes a clip's frames as images (its pixel_values beside the
+    # images', its embedding positions the image token), and the processor renders a
+    # conversation holding a clip with this chat template
+    frames_as_images: bool = False
+    chat_template: str | None = None
 
     def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
         """These settings with call options applied (``fps``, ``num_frames``,
@@ -110,17 +129,19 @@ class VideoSettings:
             changes: dict[str, Any] = video_options(options)
         except ValueError as exc:
             raise RenderError(str(exc)) from None
-        if self.style == "llava" and ({"min_pixels", "max_pixels"} & set(changes)):
+        if self.style in ("llava", "smol") and ({"min_pixels", "max_pixels"} & set(changes)):
+            name = "LLaVA-OneVision" if self.style == "llava" else "SmolVLM"
             raise RenderError(
-                "LLaVA-OneVision resizes every frame to its processor's size: min_pixels and "
+                f"{name} resizes every frame to its processor's size: min_pixels and "
                 "max_pixels do not apply"
             )
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
-        if "fps" in changes:
-            changes["num_frames"] = None
-        elif "num_frames" in changes:
-            changes["fps"] = None
+        if self.style != "smol":  # SmolVLM samples with both: at most num_frames, at fps
+            if "fps" in changes:
+                changes["num_frames"] = None
+            elif "num_frames" in changes:
+                changes["fps"] = None
         return dataclasses.replace(self, **changes)
 
 
@@ -133,9 +154,12 @@ _DEFAULTS = {
                            do_sample_frames=True, fps=2),
     # LlavaOnevisionVideoProcessor's (no patches of its own: the vision tower's)
     "llava": VideoSettings("llava", 1, 1, 1, 0, 0, _CLIP_MEAN, _CLIP_STD, size=(384, 384)),
+    # SmolVLMVideoProcessor's (IMAGENET_STANDARD mean and std are 0.5)
+    "smol": VideoSettings("smol", 1, 1, 1, 0, 0, _HALF, _HALF, resample=_LANCZOS,
+                          size=(364, 364), longest_edge=4 * 364, frames_as_images=True),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
-          "llava_onevision": "llava"}  # fmt: skip
+          "llava_onevision": "llava", "smolvlm": "smol"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -147,6 +171,9 @@ _CLASS_STYLE = {
     "LlavaOnevisionVideoProcessor": "llava",
     "LlavaOnevisionImageProcessor": "llava",
     "LlavaOnevisionImageProcessorPil": "llava",
+    "SmolVLMVideoProcessor": "smol",
+    "SmolVLMImageProcessor": "smol",
+    "SmolVLMImageProcessorPil": "smol",
 }
 
 
@@ -193,12 +220,51 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
     for field in dataclasses.fields(VideoSettings):
         name = field.name
         if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps",
-                    "size", "tokens_per_frame"):  # fmt: skip
+                    "size", "tokens_per_frame", "longest_edge", "frames_as_images",
+                    "chat_template"):  # fmt: skip
             continue
         if name in saved:
             value = saved[name]
             changes[name] = tuple(value) if isinstance(value, list) else value
+    if style == "smol":
+        changes.update(_smol_settings(path, saved, changes))
     return dataclasses.replace(settings, **changes)
+
+
+def _smol_settings(path: Path, saved: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """SmolVLM's video settings, as ``SmolVLMVideoProcessor.__init__`` and
+    ``SmolVLMProcessor.apply_chat_template`` settle them: ``video_sampling`` sets the rate,
+    the frame cap and the first resize's size (the image config's ``size`` replaces its
+    ``video_size`` when both are there); ``max_image_size`` is the square each frame ends
+    at; sampling is on whenever a rate or a cap is set (``apply_chat_template`` passes
+    both, which turns sampling on whatever the config says)."""
+    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+    out: dict[str, Any] = {"chat_template": DEFAULT_CHAT_TEMPLATE, "min_pixels": 0,
+                           "max_pixels": 0}  # fmt: skip
+    size = saved.get("size")
+    sampling = saved.get("video_sampling")
+    if isinstance(sampling, dict):
+        if isinstance(size, dict):
+            sampling = {**sampling, "video_size": size}
+        out["num_frames"] = sampling.get("max_frames")
+        out["fps"] = sampling.get("fps")
+        size = sampling.get("video_size")
+    if isinstance(size, dict) and size.get("longest_edge"):
+        out["longest_edge"] = int(size["longest_edge"])
+    square = saved.get("max_image_size")
+    if isinstance(square, dict) and square.get("longest_edge"):
+        out["size"] = (int(square["longest_edge"]),) * 2
+    fps = out.get("fps", changes.get("fps"))
+    frames = out.get("num_frames", changes.get("num_frames"))
+    out["do_sample_frames"] = fps is not None or frames is not None
+    tokens = _read_json(path / "processor_config.json").get("image_seq_len", 169)
+    if not isinstance(tokens, int) or tokens < 1:
+        raise UnsupportedModelError(
+            f"{path}: processor_config.json's image_seq_len is {tokens!r}, not a positive int"
+        )
+    out["tokens_per_frame"] = tokens
+    return out
 
 
 def _read_json(file: Path) -> dict[str, Any]:
@@ -230,7 +296,34 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         return SampledVideo(_sample_qwen2(settings, total, fps), fps)
     if settings.style == "llava":
         return SampledVideo(_sample_uniform(settings, total, fps), fps)
+    if settings.style == "smol":
+        return SampledVideo(_sample_smol(settings, total, fps), fps)
     return _sample_qwen3(settings, total, fps)
+
+
+def _sample_smol(settings: VideoSettings, total: int, fps: float | None) -> tuple[int, ...]:
+    """SmolVLM's sampler: about ``fps`` frames a second, at most ``num_frames``, spread
+    evenly; a clip long enough to spare them loses its first and last second."""
+    if fps is None:
+        raise RenderError(
+            "SmolVLM samples a clip by its duration, which needs the clip's frame rate: give "
+            "the video part a frame_rate, or do_sample_frames=False to keep every frame"
+        )
+    if settings.fps is None or settings.num_frames is None:
+        raise RenderError(
+            "SmolVLM's sampler takes both a rate and a frame cap: give the video part fps "
+            "and num_frames"
+        )
+    rate, cap, skip = settings.fps, settings.num_frames, 1
+    duration = total / fps
+    wanted = max(1, min(round(rate * duration), cap))
+    start, end = 0, total - 1
+    if skip > 0 and duration - 2 * skip > cap * rate:
+        start, end = int(skip * fps), int(total - skip * fps)
+    start, end = max(0, start), min(end, total - 1)
+    if start >= end:
+        start, end = 0, total - 1
+    return tuple(int(i) for i in np.unique(np.linspace(start, end, wanted, dtype=int)))
 
 
 def _sample_uniform(settings: VideoSettings, total: int, fps: float | None) -> tuple[int, ...]:
@@ -353,10 +446,10 @@ def resize_frames(frames: Any, height: int, width: int, resample: int) -> Any:
 
     if tuple(frames.shape[-2:]) == (height, width):
         return frames
-    modes = {_BICUBIC: "bicubic", _BILINEAR: "bilinear"}
+    modes = {_BICUBIC: "bicubic", _BILINEAR: "bilinear", _LANCZOS: "lanczos"}
     if resample not in modes:
         raise RenderError(
-            f"video resample {resample} is not supported (bicubic 3 and bilinear 2 are)"
+            f"video resample {resample} is not supported (bicubic 3, bilinear 2 and lanczos 1 are)"
         )
     if _native_uint8(resample):
         return interpolate(
@@ -366,7 +459,7 @@ def resize_frames(frames: Any, height: int, width: int, resample: int) -> Any:
         frames.to(torch.float32), size=[height, width], mode=modes[resample],
         align_corners=False, antialias=True,
     )  # fmt: skip
-    if resample == _BICUBIC:
+    if resample in (_BICUBIC, _LANCZOS):
         out = out.clamp_(min=0, max=255)
     return out.round_().to(torch.uint8)
 
@@ -440,6 +533,8 @@ def expand_video(
     video = video.permute(0, 3, 1, 2).contiguous()
     if settings.style == "llava":
         return _expand_llava(settings, video, sampled, tokens)
+    if settings.style == "smol":
+        return _expand_smol(settings, video, sampled, int(frames.shape[0]), tokens)
     if settings.do_resize:
         height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
         video = resize_frames(video, height, width, settings.resample)
@@ -483,6 +578,57 @@ def _expand_llava(
     count = int(video.shape[0])
     replacement = tokens["video_token"] * (count * settings.tokens_per_frame + 1)
     return ExpandedVideo(replacement, {"pixel_values_videos": video[None].numpy()}, sampled)
+
+
+def _expand_smol(
+    settings: VideoSettings, video: Any, sampled: SampledVideo, total: int, tokens: dict[str, str]
+) -> ExpandedVideo:
+    """SmolVLM: every frame resized twice with Lanczos (longest edge, then the square),
+    normalised, kept as ``(1, T, 3, S, S)`` with an all-ones ``pixel_attention_mask``; the
+    text is the processor's intro, then each frame's timestamp and image tokens."""
+    import torch
+    from num2words import num2words
+
+    if settings.do_resize:
+        height, width = _longest_edge_size(*video.shape[-2:], settings.longest_edge)
+        video = resize_frames(video, height, width, settings.resample)
+        if settings.size is not None:
+            video = resize_frames(video, *settings.size, settings.resample)
+    video = _normalize(video, settings)
+    count = int(video.shape[0])
+    mask = torch.ones((1, count, *video.shape[-2:]), dtype=torch.int64)
+    # without a rate the processor takes 24 fps, and the duration from the last timestamp
+    fps = sampled.fps if sampled.fps is not None else 24.0
+    seconds = [i / fps for i in sampled.indices]
+    duration = int(total / sampled.fps) if sampled.fps is not None else int(seconds[-1])
+    frame = (
+        tokens["fake_image_token"]
+        + tokens["global_image_token"]
+        + tokens["image_token"] * settings.tokens_per_frame
+        + tokens["fake_image_token"]
+    )
+    text = (
+        f"You are provided the following series of {num2words(count)} frames from a "
+        f"{dt.timedelta(seconds=duration)} [H:MM:SS] video.\n"
+    )
+    for second in seconds:
+        text += f"\nFrame from {int(second // 60):02d}:{int(second % 60):02d}:" + frame
+    item = {"pixel_values": video[None].numpy(), "pixel_attention_mask": mask.numpy()}
+    return ExpandedVideo(text + "\n\n", item, sampled)
+
+
+def _longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:
+    """SmolVLM's first resize: the longest edge to ``longest`` (at most 4096), the other
+    edge by the aspect ratio, rounded down and then up to even."""
+    longest = min(4096, longest)
+    aspect = width / height
+    if width >= height:
+        width, height = longest, int(longest / aspect)
+        height += height % 2
+    else:
+        height, width = longest, int(longest * aspect)
+        width += width % 2
+    return max(height, 1), max(width, 1)
 
 
 def _timestamps(sampled: SampledVideo, merge: int) -> list[float]:

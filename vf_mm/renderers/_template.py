@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.errors import RenderError
+from vf_mm.models import VIDEO_FAMILIES
 from vf_mm.renderers._parse import TOOL_FORMATS, ParsedResponse, format_tool_calls, parse_text
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
@@ -83,8 +84,13 @@ class ChatTemplateRenderer:
         self._lock = threading.Lock()
         self._probe_cache: dict[str, str] = {}
         self._think_end = tokenizer.convert_tokens_to_ids("</think>")
-        self._renders = self._probe_template()
-        self._lead = self._assistant_lead()
+        # the template for a conversation holding a clip, where the processor switches to
+        # another (SmolVLM); None: the tokenizer's own, for every conversation
+        video_template = vision.video.chat_template if vision and vision.video else None
+        self._video_template = video_template if video_template != tokenizer.chat_template else None
+        self._facts = {t: (self._probe_template(t), self._assistant_lead(t))
+                       for t in {None, self._video_template}}  # fmt: skip
+        self._renders, self._lead = self._facts[None]
 
     @property
     def is_multimodal(self) -> bool:
@@ -95,7 +101,7 @@ class ChatTemplateRenderer:
         """The image processing backend (``"pil"`` / ``"torchvision"``), None for text."""
         return self.vision.backend if self.vision is not None else None
 
-    def _probe_template(self) -> dict[str, bool]:
+    def _probe_template(self, template: str | None) -> dict[str, bool]:
         """What the chat template does with an assistant turn: does it render
         ``reasoning_content`` and ``tool_calls``, and does it render an earlier turn
         differently once a later user query exists (Qwen3 drops earlier reasoning)?"""
@@ -108,9 +114,9 @@ class ChatTemplateRenderer:
         assistant = {"role": "assistant", "content": _CONTENT, "reasoning_content": _REASONING,
                      "tool_calls": [call]}  # fmt: skip
         try:
-            text = self._template([user, assistant], None, False)
+            text = self._template([user, assistant], None, False, template)
             later = self._template(
-                [user, assistant, {"role": "user", "content": _USER}], None, True
+                [user, assistant, {"role": "user", "content": _USER}], None, True, template
             )
         except Exception:  # a template that cannot render the probe: assume the safe answers
             return {"reasoning": False, "tool_calls": False, "history_sensitive": True}
@@ -121,14 +127,16 @@ class ChatTemplateRenderer:
             "history_sensitive": not later.startswith(text[: text.find(_CONTENT)]),
         }
 
-    def _assistant_lead(self) -> str:
+    def _assistant_lead(self, template: str | None) -> str:
         """Whitespace the template writes between its generation prompt and an assistant
         turn's content in the history (SmolVLM: ``Assistant:`` then ``Assistant: ``): the
         model writes it itself, and it is not part of the message's content."""
         user = {"role": "user", "content": _USER}
         try:
-            prompt = self._probe_prompt(user, None)
-            full = self._template([user, {"role": "assistant", "content": _CONTENT}], None, False)
+            prompt = self._probe_prompt(user, None, template)
+            full = self._template(
+                [user, {"role": "assistant", "content": _CONTENT}], None, False, template
+            )
         except RenderError:
             return ""
         at = full.find(_CONTENT, len(prompt))
@@ -148,8 +156,14 @@ class ChatTemplateRenderer:
     ) -> RenderedTokens:
         """Token ids (and images' multi-modal data) for a whole conversation."""
         template_messages, parts = self._prepare(messages)
-        text = self._template(template_messages, tools, add_generation_prompt)
+        template = self._template_for(any(m == "video" for _, _, m in parts))
+        text = self._template(template_messages, tools, add_generation_prompt, template)
         return self._tokenize(text, parts, base=0)
+
+    def _template_for(self, video: bool) -> str | None:
+        """The template a conversation is rendered with: SmolVLM's processor renders one
+        that holds a clip with its own default template (None: the tokenizer's)."""
+        return self._video_template if video else None
 
     # -- bridge -------------------------------------------------------------------------
 
@@ -201,7 +215,17 @@ class ChatTemplateRenderer:
         reason = self._bridge_refusal(
             previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
         )
-        if reason is None and previous_messages is None and self._renders["history_sensitive"]:
+        first = len(previous_messages) if previous_messages is not None else 0
+        template_messages, parts = self._prepare(new_messages, first=first)
+        had_video = previous_multi_modal_data is not None and bool(
+            previous_multi_modal_data.mm_placeholders.get("video")
+        )
+        has_video = had_video or any(m == "video" for _, _, m in parts)
+        template = self._template_for(has_video)
+        if reason is None and template != self._template_for(had_video):
+            reason = "the first clip switches the chat template (SmolVLM's processor does)"
+        renders, lead = self._facts[template]
+        if reason is None and previous_messages is None and renders["history_sensitive"]:
             # without the messages only the tokens can tell: the rewrite we know of
             # (dropping earlier reasoning on a new user query) needs reasoning to drop
             reasoning = (
@@ -215,21 +239,17 @@ class ChatTemplateRenderer:
         # reasoning the template renders from ``reasoning_content`` (Qwen3) must survive the
         # next turn; a template that does not render it (Qwen2-VL, Qwen2.5-VL) keeps the
         # ``<think>`` text inside the content, which it renders verbatim: nothing to check
-        has_reasoning = self._renders["reasoning"] and self._think_end in completion
-        first = len(previous_messages) if previous_messages is not None else 0
-        template_messages, parts = self._prepare(new_messages, first=first)
-        tail = self._tail_text(template_messages, tools, has_reasoning)
+        has_reasoning = renders["reasoning"] and self._think_end in completion
+        tail = self._tail_text(template_messages, tools, has_reasoning, template)
         if isinstance(tail, _Refusal):
             return tail
-        if self._lead and previous_messages is None:
+        if lead and previous_messages is None:
             # the template writes text between the generation prompt and the content
             # (SmolVLM: "Assistant:" then ": " + content); the model wrote it itself when
             # its completion starts with it, and then the tokens are the same
             text = self.tokenizer.decode(completion, skip_special_tokens=False)
-            if not text.startswith(self._lead):
-                return _Refusal(
-                    f"the template rewrites the assistant turn (adds {self._lead[:40]!r})"
-                )
+            if not text.startswith(lead):
+                return _Refusal(f"the template rewrites the assistant turn (adds {lead[:40]!r})")
         # The completion ends with the stop token the template writes to close the turn
         # (or was cut off by max_tokens and needs the whole closing).
         if completion and completion[-1] in self.stop_token_ids:
@@ -239,7 +259,7 @@ class ChatTemplateRenderer:
             tail = tail[len(stop_text) :]
         if previous_messages is not None:
             replay = self._replay_refusal(
-                previous_messages, template_messages, tools, completion, tail
+                previous_messages, template_messages, tools, completion, tail, template
             )
             if replay is not None:
                 return _Refusal(replay)
@@ -274,14 +294,21 @@ class ChatTemplateRenderer:
         if not self.vision.marker_token_ids.isdisjoint(completion_ids):
             return "the completion contains image tokens"
         ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
+        # modalities that share embedding tokens (SmolVLM's frames are images) count together
+        by_tokens: dict[tuple[int, ...], list[str]] = {}
         for modality in self.vision.placeholders:
-            found = sum(ids.count(t) for t in self.vision.embed_ids(modality))
-            ranges = previous.mm_placeholders.get(modality, ()) if previous else ()
-            covered = sum(r.num_embeds for r in ranges)
+            by_tokens.setdefault(self.vision.embed_ids(modality), []).append(modality)
+        for tokens, modalities in by_tokens.items():
+            found = sum(ids.count(t) for t in tokens)
+            covered = sum(
+                r.num_embeds
+                for m in modalities
+                for r in (previous.mm_placeholders.get(m, ()) if previous else ())
+            )
             if found != covered:
                 return (
-                    f"the previous prompt has {found} {modality} tokens but its multi-modal "
-                    f"data covers {covered}"
+                    f"the previous prompt has {found} {' and '.join(modalities)} tokens but its "
+                    f"multi-modal data covers {covered}"
                 )
         return None
 
@@ -292,6 +319,7 @@ class ChatTemplateRenderer:
         tools: Any,
         completion: list[int],
         tail: str,
+        template: str | None,
     ) -> str | None:
         """With the real history: the template's render of the conversation must be the
         previous prompt's render, then exactly the sampled completion and the tail. This
@@ -303,15 +331,15 @@ class ChatTemplateRenderer:
         a probe user turn, which costs the same at turn 2 and turn 200)."""
         if not previous_messages or previous_messages[-1].get("role") != "assistant":
             return "the previous messages do not end with the sampled assistant message"
-        if self._renders["history_sensitive"]:  # the whole history may change: render it
+        if self._facts[template][0]["history_sensitive"]:  # the history may change: render it
             history, _ = self._prepare(previous_messages)
-            prompt = self._template(history[:-1], tools, True)
-            full = self._template([*history, *new_messages], tools, True)
+            prompt = self._template(history[:-1], tools, True, template)
+            full = self._template([*history, *new_messages], tools, True, template)
         else:  # only the sampled turn can differ: render it after a probe user turn
             (turn,), _ = self._prepare(previous_messages[-1:])
             user = {"role": "user", "content": _USER}
-            prompt = self._probe_prompt(user, tools)
-            full = self._template([user, turn, *new_messages], tools, True)
+            prompt = self._probe_prompt(user, tools, template)
+            full = self._template([user, turn, *new_messages], tools, True, template)
         if not full.startswith(prompt):
             return "the template renders earlier turns differently once this turn is added"
         sampled = self.tokenizer.decode(completion, skip_special_tokens=False) + tail
@@ -320,7 +348,11 @@ class ChatTemplateRenderer:
         return None
 
     def _tail_text(
-        self, new_messages: list[dict[str, Any]], tools: Any, has_reasoning: bool
+        self,
+        new_messages: list[dict[str, Any]],
+        tools: Any,
+        has_reasoning: bool,
+        template: str | None,
     ) -> str | _Refusal:
         """What the template writes after the sampled assistant content: turn closing,
         the new messages, the generation prompt (whitespace before the content is the
@@ -329,8 +361,8 @@ class ChatTemplateRenderer:
         assistant: dict[str, Any] = {"role": "assistant", "content": _CONTENT}
         if has_reasoning:
             assistant["reasoning_content"] = _REASONING
-        prompt = self._probe_prompt(user, tools)
-        full = self._template([user, assistant, *new_messages], tools, True)
+        prompt = self._probe_prompt(user, tools, template)
+        full = self._template([user, assistant, *new_messages], tools, True, template)
         if not full.startswith(prompt):
             return _Refusal("the template renders earlier turns differently once later turns exist")
         rest = full[len(prompt) :]
@@ -344,14 +376,13 @@ class ChatTemplateRenderer:
             return _Refusal(f"the template rewrites the assistant turn (adds {before[:40]!r})")
         return rest[at + len(_CONTENT) :]
 
-    def _probe_prompt(self, user: dict[str, Any], tools: Any) -> str:
-        key = (
-            f"{hash(self.tokenizer.chat_template)}:{json.dumps(tools, sort_keys=True, default=str)}"
-        )
+    def _probe_prompt(self, user: dict[str, Any], tools: Any, template: str | None) -> str:
+        used = template if template is not None else self.tokenizer.chat_template
+        key = f"{hash(used)}:{json.dumps(tools, sort_keys=True, default=str)}"
         with self._lock:
             cached = self._probe_cache.get(key)
         if cached is None:
-            cached = self._template([user], tools, True)
+            cached = self._template([user], tools, True, template)
             with self._lock:
                 self._probe_cache[key] = cached
         return cached
@@ -388,7 +419,11 @@ class ChatTemplateRenderer:
     # -- internals ----------------------------------------------------------------------
 
     def _template(
-        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        add_generation_prompt: bool,
+        template: str | None = None,
     ) -> str:
         from jinja2 import TemplateError
 
@@ -405,6 +440,7 @@ class ChatTemplateRenderer:
                 tools=list(tools) if tools else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                chat_template=template,
                 **self.template_kwargs,
             )
         except (TemplateError, TypeError, ValueError) as exc:
@@ -460,8 +496,8 @@ class ChatTemplateRenderer:
                         if modality == "video" and self.vision.video is None:
                             raise RenderError(
                                 f"message {i}, part {j}: {self.name or 'this model'} renders no "
-                                "video here (video is rendered for the Qwen-VL families, with "
-                                "the renderer loaded from their checkpoint directory)"
+                                f"video here (video is rendered for {', '.join(VIDEO_FAMILIES)}, "
+                                "with the renderer loaded from the checkpoint directory)"
                             )
                         parts.append((f"message {i}, part {j}", part, modality))
                         new_content.append({"type": modality})

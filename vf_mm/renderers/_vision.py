@@ -40,6 +40,7 @@ import numpy as np
 from vf_mm.errors import RenderError
 from vf_mm.images import ImagePolicy, image_hash, load_image
 from vf_mm.models import (
+    VIDEO_FAMILIES,
     VIDEO_OPTIONS,
     VideoSettings,
     expand_image,
@@ -122,6 +123,10 @@ class VisionSpec:
             "video_token": self.video_token or "",
             "vision_start_token": getattr(processor, "vision_start_token", "<|vision_start|>"),
             "vision_end_token": getattr(processor, "vision_end_token", "<|vision_end|>"),
+            # SmolVLM writes each frame as an image
+            "image_token": self.image_token,
+            "fake_image_token": getattr(processor, "fake_image_token", ""),
+            "global_image_token": getattr(processor, "global_image_token", ""),
         }
         self._added = sorted(
             {str(t) for t in self.tokenizer.get_added_vocab()}, key=len, reverse=True
@@ -134,9 +139,14 @@ class VisionSpec:
 
     def embed_ids(self, modality: str) -> tuple[int, ...]:
         """The ids that take ``modality``'s embeddings."""
-        if modality == "image":
+        if modality == "image" or self.frames_as_images:
             return self.embed_token_ids
         return (self.video_token_id,) if self.video_token_id is not None else ()
+
+    @property
+    def frames_as_images(self) -> bool:
+        """Whether a clip's frames take the image token's embeddings (SmolVLM)."""
+        return self.video is not None and self.video.frames_as_images
 
     @property
     def marker_token_ids(self) -> frozenset[int]:
@@ -179,10 +189,11 @@ class VisionSpec:
     def process_video(self, part: Any, *, where: str) -> ProcessedImage:
         """Load one video content part and return its (cached) expansion and inputs; the
         part's processing options (``VIDEO_OPTIONS``) apply to this clip only."""
-        if self.video is None or self.video_token_id is None:
+        if self.video is None or (self.video_token_id is None and not self.frames_as_images):
             raise RenderError(
-                f"{where}: this renderer has no video processing (video is supported for the "
-                "Qwen-VL families, loaded from their checkpoint directory)"
+                f"{where}: this renderer has no video processing (video is supported for "
+                f"{', '.join(VIDEO_FAMILIES)}, with the renderer loaded from the checkpoint "
+                "directory)"
             )
         unknown = unknown_video_key(part)
         if unknown is not None:

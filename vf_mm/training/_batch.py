@@ -68,6 +68,7 @@ class MicroBatch:
     image_token_ids: tuple[int, ...] = ()
     videos: list[list[dict[str, np.ndarray]]] | None = None  # per sample, each video's inputs
     video_token_ids: tuple[int, ...] = ()
+    order: list[str] | None = None  # every image's and video's modality, in token order
 
     @property
     def is_multimodal(self) -> bool:
@@ -112,6 +113,7 @@ class MicroBatch:
                 image_token_ids=self.image_token_ids,
                 videos=videos,
                 video_token_ids=self.video_token_ids,
+                order=self.order or (),
             )
             if "mm_token_type_ids" in extra:  # exactly the samples' own marks
                 extra["mm_token_type_ids"] = self.mm_token_type_ids
@@ -133,7 +135,9 @@ def make_batches(
 ) -> list[MicroBatch]:
     """Validate, (maybe) truncate, and pack samples into micro-batches of at most
     ``token_budget`` padded tokens (``B * L``), multimodal and text apart.
-    ``video_token_id`` (the model's ``<|video_pad|>``) is needed when samples hold videos.
+    ``video_token_id`` (the token at a clip's embedding positions: ``<|video_pad|>`` for
+    Qwen-VL, ``<video>`` for LLaVA-OneVision, ``<image>`` for SmolVLM, whose frames are
+    images) is needed when samples hold videos.
 
     ``family`` is the model's ``model_type`` (``model.config.model_type``): it decides how
     ``MicroBatch.model_inputs()`` lays the images out for the forward. It may be left out
@@ -231,6 +235,7 @@ def _collate(
         image_token_ids=(image_token_id,),
         videos=[list(s.videos) for s in samples] if multimodal else None,
         video_token_ids=(video_token_id,) if video_token_id is not None else (),
+        order=[m for s in samples for m in s.item_order()] if multimodal else None,
     )
 
 

@@ -84,6 +84,11 @@ class Sample:
             raise TrajectoryError(
                 f"{self.source}: {len(self.images)} images but {len(self.placeholders)} placeholders"
             )
+        if self.videos and video_token_id is None:  # first: the token counts below need it
+            raise TrajectoryError(
+                f"{self.source}: the sample has videos: pass video_token_id (the model's "
+                "<|video_pad|> id; SmolVLM: its <image> id)"
+            )
         for p in self.placeholders:
             if p.offset < 0 or p.end > n:
                 raise TrajectoryError(
@@ -91,6 +96,8 @@ class Sample:
                 )
         pads = int(np.count_nonzero(self.input_ids == image_token_id))
         expected = sum(p.num_embeds for p in self.placeholders)
+        if video_token_id == image_token_id:  # SmolVLM: a clip's frames are images
+            expected += sum(p.num_embeds for p in self.video_placeholders)
         grids = self.image_grid_thw
         if grids is not None:
             expected = int(grids.prod(axis=1).sum()) // merge_size**2
@@ -115,11 +122,19 @@ class Sample:
                     f"{self.source}: pixel_values has "
                     f"{None if pixel_values is None else pixel_values.shape[0]} rows, grids need {rows}"
                 )
-        self._validate_videos(video_token_id, merge_size)
+        self._validate_videos(video_token_id, merge_size, image_token_id)
 
-    def _validate_videos(self, video_token_id: int | None, merge_size: int) -> None:
+    def item_order(self) -> list[str]:
+        """Each image's and video's modality, in the order their tokens appear."""
+        ranges = [(p.offset, "image") for p in self.placeholders]
+        ranges += [(p.offset, "video") for p in self.video_placeholders]
+        return [modality for _, modality in sorted(ranges)]
+
+    def _validate_videos(
+        self, video_token_id: int | None, merge_size: int, image_token_id: int
+    ) -> None:
         """Each video's placeholder, pads and inputs agree (Qwen-VL: grids and patch rows;
-        LLaVA-OneVision: the placeholders' embeddings)."""
+        LLaVA-OneVision, SmolVLM: the placeholders' embeddings)."""
         n = self.num_tokens
         if len(self.videos) != len(self.video_placeholders):
             raise TrajectoryError(
@@ -128,11 +143,7 @@ class Sample:
             )
         if not self.videos and video_token_id is None:
             return
-        if video_token_id is None:
-            raise TrajectoryError(
-                f"{self.source}: the sample has videos: pass video_token_id (the model's "
-                "<|video_pad|> id)"
-            )
+        assert video_token_id is not None  # validate() refused videos without it
         for p in self.video_placeholders:
             if p.offset < 0 or p.end > n:
                 raise TrajectoryError(
@@ -149,8 +160,11 @@ class Sample:
                     "2 in mm_token_type_ids (M-RoPE would place the clip as text)"
                 )
         pads = int(np.count_nonzero(self.input_ids == video_token_id))
-        if any("video_grid_thw" not in v for v in self.videos):  # LLaVA-OneVision's frames
+        shared = video_token_id == image_token_id
+        if shared or any("video_grid_thw" not in v for v in self.videos):
             expected = sum(p.num_embeds for p in self.video_placeholders)
+            if shared:  # SmolVLM: the images' tokens count too
+                expected += sum(p.num_embeds for p in self.placeholders)
             if pads != expected:
                 raise TrajectoryError(
                     f"{self.source}: {pads} video tokens but the placeholders need {expected}"
@@ -276,7 +290,7 @@ def _merge(
     input_ids = np.asarray(ids, dtype=np.int64)
     types = np.zeros(n, dtype=np.int8)
     types[input_ids == image_token_id] = 1
-    if video_token_id is not None:
+    if video_token_id is not None and video_token_id != image_token_id:
         types[input_ids == video_token_id] = 2
     images: list[dict[str, np.ndarray]] = []
     placeholders: list[PlaceholderRange] = []
@@ -302,10 +316,13 @@ def _merge(
             # M-RoPE would place every clip as text, and every logprob after it changes
             raise TrajectoryError(
                 f"{where}: the rollout holds videos: pass build_samples(..., "
-                "video_token_id=...) (the model's <|video_pad|> id)"
+                "video_token_id=...) (the model's <|video_pad|> id; SmolVLM: its <image> id)"
             )
         placeholders = list(data.mm_placeholders.get("image", []))
         video_placeholders = list(data.mm_placeholders.get("video", []))
+        if video_token_id == image_token_id:  # SmolVLM's frames hold the image token
+            for p in video_placeholders:
+                types[p.embed_positions()] = 2
     return Sample(
         input_ids=input_ids,
         loss_mask=loss_mask,
