@@ -124,3 +124,52 @@ def test_a_family_whose_forward_takes_other_inputs_is_refused(trained):
     with pytest.raises(vf.errors.TrajectoryError, match=f"not a {other} forward's"):
         make_batches(samples, token_budget=10_000, pad_token_id=0,
                      image_token_id=renderer.vision.image_token_id, family=other)  # fmt: skip
+
+
+def test_dropping_one_images_pixels_breaks_the_agreement(trained):
+    """The negative control of the agreement above: the same batch with one image's
+    pixels blanked (what a trainer that loses an image computes; flat grey, since SmolVLM
+    drops an all-zero tile as padding) is far from the sampler's logprobs, so the
+    agreement is evidence that the pixels arrived."""
+    family, path, renderer, state = trained
+    token = renderer.vision.image_token_id
+    samples = build_samples(state, advantage=1.0, image_token_id=token)
+    (batch,) = make_batches(samples[-1:], token_budget=10_000, pad_token_id=0,
+                            image_token_id=token, family=family)  # fmt: skip
+    first = batch.images[0][0]
+    batch.images[0][0] = {**first, "pixel_values": np.full_like(first["pixel_values"], 0.5)}
+    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ours = token_logprobs(model, batch)
+    mask = batch.loss_mask.bool()
+    assert float((ours[mask] - batch.logprobs[mask]).abs().max()) > 1e-2
+
+
+def test_a_packed_batch_gives_each_sample_what_it_gets_alone(trained):
+    """Samples of different lengths share a right-padded batch: each row's logprobs are
+    the ones a forward of that sample alone computes."""
+    from vf_mm.training._batch import _truncate
+
+    family, path, renderer, state = trained
+    token = renderer.vision.image_token_id
+    sample = build_samples(state, advantage=1.0, image_token_id=token)[-1]
+    cut = sample.placeholders[-1].offset  # drops the last image and what follows it
+    shorter = _truncate(sample, cut, "image_boundary")
+    assert shorter.num_tokens < sample.num_tokens and shorter.images
+
+    def batches(group):
+        return make_batches(group, token_budget=100_000, pad_token_id=0,
+                            image_token_id=token, family=family)  # fmt: skip
+
+    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    (packed,) = batches([sample, shorter])
+    assert packed.input_ids.shape[0] == 2
+    with torch.no_grad():
+        together = token_logprobs(model, packed)
+        for row, alone in enumerate(batches([sample]) + batches([shorter])):
+            n = int(packed.attention_mask[row].sum())
+            own = token_logprobs(model, alone)[0]
+            assert own.shape[0] == n
+            assert torch.allclose(together[row, :n], own, atol=2e-4), float(
+                (together[row, :n] - own).abs().max()
+            )

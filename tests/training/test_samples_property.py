@@ -1,8 +1,12 @@
 """Property: random trajectories (extension, branching, compaction, repeated images, API
 turns) packed, sent through a stream file and unpacked, then built into training samples:
-every sample keeps each image aligned with its pad run, and its tokens equal the steps'."""
+the samples cover the rollout's steps in order, once each; every sample's tokens equal its
+last step's prompt and completion; and its images are that step's images, in order, each
+byte for byte the image its hash names, aligned with its pad run."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -38,19 +42,26 @@ def test_samples_from_streamed_groups_keep_images_aligned(tmp_path, params):
                 build_samples(rollout, advantage=1.0, image_token_id=IMAGE_PAD)
             continue
         samples = build_samples(rollout, advantage=1.0, image_token_id=IMAGE_PAD)
-        covered = 0
+        steps = rollout.trajectory
+        expected_start = 0
         for sample in samples:
             sample.validate(image_token_id=IMAGE_PAD, merge_size=2)
-            grids = sample.image_grid_thw if sample.image_grid_thw is not None else np.zeros((0, 3))
-            assert len(grids) == len(sample.placeholders)
-            rows = 0
-            for placeholder, grid in zip(sample.placeholders, grids, strict=True):
+            start, end = map(int, re.search(r"steps (\d+)-(\d+)$", sample.source).groups())
+            assert start == expected_start  # the samples cover the steps in order, once
+            expected_start = end + 1
+            last = steps[end].tokens
+            # its tokens are exactly the last step's prompt and completion
+            assert sample.input_ids.tolist() == [*last.prompt_ids, *last.completion_ids]
+            # its images are the last step's, in order, each the very image its hash names
+            # (bytes, so a NaN pixel compares too): two same-shaped images swapped fail here
+            data = last.multi_modal_data
+            hashes = data.mm_hashes.get("image", []) if data is not None else []
+            assert len(sample.images) == len(sample.placeholders) == len(hashes)
+            for image, placeholder, h in zip(sample.images, sample.placeholders, hashes,
+                                             strict=True):  # fmt: skip
+                for name, array in world.items[h].items():
+                    assert np.asarray(image[name]).tobytes() == array.tobytes(), (h, name)
+                grid = world.items[h]["image_grid_thw"][0]
                 assert placeholder.num_embeds == int(grid.prod()) // 4
                 assert np.all(sample.input_ids[placeholder.embed_positions()] == IMAGE_PAD)
-                rows += int(grid.prod())
-            if sample.pixel_values is not None:
-                assert sample.pixel_values.shape[0] == rows
-            covered += 1
-        # each sample ends where one of the rollout's steps ends
-        ends = {len(s.tokens.prompt_ids) + len(s.tokens.completion_ids) for s in rollout.trajectory}
-        assert all(s.num_tokens in ends for s in samples) and covered == len(samples)
+        assert expected_start == len(steps)
