@@ -6,6 +6,7 @@
     python3 dev.py bench    # the benchmarks in bench/
     python3 dev.py slow     # the slow tier (pytest -m slow)
     python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
+    python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
 
 Needs only Python 3.11+. The install is skipped when .venv already matches
 requirements/lock.txt and pyproject.toml. Extra arguments go to the job's command.
@@ -77,7 +78,71 @@ JOBS = {
 }
 
 
+# Deliberate bugs, each one a silent training or sampling error if nothing caught it:
+# (name, file, exact text, replacement, where the tests that catch it live). The last
+# entry only orders the run (those tests first, then the whole default tier, with -x).
+MUTATIONS = [
+    ("flip the sign of the advantages", "vf_mm/training/_grpo.py",
+     "adv = batch.advantages.to(device)", "adv = -batch.advantages.to(device)",
+     "tests/training"),
+    ("drop loss_mask", "vf_mm/training/_grpo.py",
+     "mask = batch.loss_mask.to(device)", "mask = torch.ones_like(batch.loss_mask).to(device)",
+     "tests/training"),
+    ("swap two images' pixel rows", "vf_mm/training/_samples.py",
+     'images, videos = arrays("image"), arrays("video")',
+     'images, videos = arrays("image")[::-1], arrays("video")', "tests/training"),
+    ("ignore top_p", "vf_mm/inference/_sampling.py",
+     "if params.top_p < 1:", "if False:", "tests/inference"),
+    ("ignore the seed", "vf_mm/inference/_local.py",
+     "s.seed if s.seed is not None else ", "", "tests/inference"),
+    ("shift a placeholder offset by one", "vf_mm/renderers/_template.py",
+     "PlaceholderRange(base + len(ids), ", "PlaceholderRange(base + len(ids) + 1, ",
+     "tests/renderers"),
+    ("drop one kwargs_data entry", "vf_mm/inference/_mm_kwargs.py",
+     "item = {k: v for k, v in item.items() if k not in LOCAL_ONLY}",
+     "item = {k: v for k, v in list(item.items())[:-1] if k not in LOCAL_ONLY}",
+     "tests/inference"),
+]  # fmt: skip
+
+
+def mutate(extra: list[str]) -> int:
+    """Plant each mutation alone and run the default tier (-x: the first failure is the
+    answer), the tests where it should be caught first (a failure there is a failure of
+    the tier); restore the file whatever happens. Fails if a mutation survives, or no
+    longer applies (the code moved: update MUTATIONS)."""
+    survived = []
+    for name, rel, old, new, first in MUTATIONS:
+        path = ROOT / rel
+        source = path.read_text()
+        if source.count(old) != 1:
+            print(f"mutation {name!r}: {old!r} is not once in {rel}: update dev.py", flush=True)
+            survived.append(name)
+            continue
+        path.write_text(source.replace(old, new))
+        try:
+            print(f"\n== mutation: {name} ({rel})", flush=True)
+            caught = False
+            for where in (first, "tests"):
+                cmd = [PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
+                       "not slow and not vllm", where, *extra]  # fmt: skip
+                if subprocess.run([str(c) for c in cmd], cwd=ROOT).returncode not in (0, 5):
+                    caught = True
+                    break
+        finally:
+            path.write_text(source)
+        print(f"== {name}: {'caught' if caught else 'SURVIVED'}", flush=True)
+        if not caught:
+            survived.append(name)
+    print(f"\n{len(MUTATIONS) - len(survived)}/{len(MUTATIONS)} mutations caught", flush=True)
+    for name in survived:
+        print(f"  not caught: {name}")
+    return 1 if survived else 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "mutate":
+        setup()
+        return mutate(argv[1:])
     if not argv or argv[0] not in JOBS:
         print(__doc__)
         return 2
