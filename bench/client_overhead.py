@@ -89,7 +89,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_vlm(f"{tmp}/m", args.family)
-        pool = RendererPool(lambda: load_renderer(path, cache_size=256), size=args.pool)
+        pool = RendererPool(lambda: load_renderer(path), size=args.pool)
         with pool.renderer() as r:
             processor = r.vision.image_processor
             backend = ScriptedBackend(r, ["I move left."])

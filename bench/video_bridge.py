@@ -102,7 +102,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_vlm(f"{tmp}/m", args.family)
-        renderer = load_renderer(path, cache_size=4096)
+        renderer = load_renderer(path)
         settings = load_video_settings(path, args.family)
         tokens = {"video_token": "<|video_pad|>", "vision_start_token": "<|vision_start|>",
                   "vision_end_token": "<|vision_end|>"}  # fmt: skip

@@ -79,6 +79,8 @@ def test_images_exports():
         "load_image",
         "png_data_url",
         "read_local_file",
+        "SourceKey",
+        "source_key",
         "system_resolver",
     }
     for name in vf_mm.images.__all__:
@@ -220,6 +222,7 @@ def test_renderers_exports():
     import vf_mm.renderers
 
     assert "Renderer" in vf_mm.renderers.__all__
+    assert {"ImageCache", "DEFAULT_CACHE_BYTES"} <= set(vf_mm.renderers.__all__)
     for name in vf_mm.renderers.__all__:
         assert hasattr(vf_mm.renderers, name), name
 

@@ -298,3 +298,68 @@ def test_a_video_that_cannot_be_read_fails_naming_it(renderer_and_processor):
                 }
             ]
         )
+
+
+def data_url_turn(seed: int, text: str) -> dict:
+    """A user turn as users send it: a PNG data URL in an OpenAI-style part."""
+    from vf_mm.images import png_data_url
+
+    url = png_data_url(random_image(random.Random(seed), max_w=120, max_h=90))
+    return {
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": text},
+        ],
+    }
+
+
+def test_with_the_real_history_one_render_of_the_sampled_turn_gives_the_tail(
+    renderer_and_processor, monkeypatch
+):
+    """A completion closed by a stop token, with ``previous_messages``: the render of the
+    real turn is the previous prompt, the completion verbatim and the tail, so the probe
+    render is not needed; the result equals the full render, turn after turn."""
+    renderer, _ = renderer_and_processor
+    if renderer._facts[None][0]["history_sensitive"]:
+        pytest.skip("a template that rewrites earlier turns renders the whole history")
+    messages = [data_url_turn(0, "start")]
+    rendered = renderer.render(messages)
+    monkeypatch.setattr(renderer, "_tail_text", None)  # the probe path would fail
+    for turn in range(3):
+        reply = {"role": "assistant", "content": f"move {turn}"}
+        new = [data_url_turn(turn + 1, f"state {turn}")]
+        out = bridge_or_reason(
+            renderer, rendered.token_ids, sample(renderer, reply["content"]), new,
+            previous_multi_modal_data=rendered.multi_modal_data,
+            previous_messages=[*messages, reply],
+        )  # fmt: skip
+        assert not isinstance(out, str), out
+        messages += [reply, *new]
+        full = renderer.render(messages)
+        assert out.token_ids == full.token_ids
+        assert out.multi_modal_data.mm_hashes == full.multi_modal_data.mm_hashes
+        rendered = out
+
+
+def test_with_the_real_history_a_cut_off_or_edited_turn_takes_the_probe_path(
+    renderer_and_processor,
+):
+    renderer, _ = renderer_and_processor
+    history = [data_url_turn(5, "start")]
+    prompt = renderer.render(history)
+    new = [data_url_turn(6, "next")]
+    # cut off by max_tokens: the render could continue the completion's last word, so the
+    # tail comes from the probe render (the turn's closing), checked against the replay
+    cut = sample(renderer, "I move le", stop=False)
+    reply = {"role": "assistant", "content": "I move le"}
+    out = bridge_or_reason(renderer, prompt.token_ids, cut, new, previous_multi_modal_data=prompt.multi_modal_data,
+                           previous_messages=[*history, reply])  # fmt: skip
+    full = renderer.render([*history, reply, *new])
+    assert isinstance(out, str) or out.token_ids == full.token_ids
+    # a reply whose content is not what was sampled ("left." was never generated): the
+    # sampled text is a prefix of the render, but the bridge must not split a word there
+    edited = {"role": "assistant", "content": "I move left."}
+    out = bridge_or_reason(renderer, prompt.token_ids, cut, new, previous_multi_modal_data=prompt.multi_modal_data,
+                           previous_messages=[*history, edited])  # fmt: skip
+    assert isinstance(out, str)

@@ -4,6 +4,10 @@
 ``data:`` URL, a local path or ``file://`` URL, an ``http(s)://`` URL, or a content part
 into a decoded, upright RGB ``PIL.Image.Image``, reading only what ``policy`` allows.
 ``image_hash(image)`` is the content hash vf_mm uses for ``mm_hashes`` and image assets.
+``source_key(source, policy=...)`` identifies a source without decoding it (a data URL's
+string, a file's inode, size and times; none for PIL images, arrays and http(s)), so a
+cache of processed images recognises a repeated source before reading it (``_key.py``
+says what each key covers and why).
 
 Sources (``_source.py``)
     Strings are sorted by scheme: ``data:``, ``http:``/``https:``, ``file:``; a string
@@ -67,6 +71,7 @@ from vf_mm.images._encode import encode_png, png_data_url
 from vf_mm.images._fetch import Fetcher, Resolver, system_resolver
 from vf_mm.images._guard import check_local_path, file_url_to_path, is_public_address
 from vf_mm.images._hash import image_hash
+from vf_mm.images._key import SourceKey, source_key
 from vf_mm.images._load import load_image
 from vf_mm.images._local import read_local_file
 from vf_mm.images._policy import (
@@ -97,6 +102,8 @@ __all__ = [
     "ImagePolicy",
     "Resolver",
     "image_hash",
+    "SourceKey",
+    "source_key",
     "is_public_address",
     "load_image",
     "system_resolver",

@@ -3,7 +3,15 @@
 Accepted: ``data:image/<subtype>[;param=value]*;base64,<payload>``. The payload may
 hold ASCII whitespace (line-wrapped base64, as ``base64.encodebytes`` writes it) and
 URL-safe characters (``-``/``_``); anything else that is not base64, or wrong padding,
-is an ``ImageDecodeError``. A media type other than ``image/*`` is refused (the bytes
+is an ``ImageDecodeError``. Validation is strict and costs no pass of its own: the
+decoder validates as it decodes, refusing any character outside the alphabet and padding
+anywhere but at the end or of the wrong length. Whitespace and URL-safe characters are
+translated away first, only where present (found with ``bytes.find``, i.e. memchr).
+The decoder is pybase64's (SIMD) where installed; binascii's strict mode
+(``a2b_base64(strict_mode=True)``) is the authority: a payload pybase64 refuses is
+decoded again by binascii, which accepts it or names the problem, so what is accepted is
+exactly what binascii accepts (pybase64 is stricter about a lone trailing ``=``, and
+never laxer). A media type other than ``image/*`` is refused (the bytes
 are then sniffed by the decoder anyway: ``image/jpeg`` holding PNG bytes loads as the
 PNG it is). ``image/svg+xml`` is refused here: SVG is a vector format we do not render.
 The size is checked from the payload's length before anything is decoded.
@@ -11,15 +19,34 @@ The size is checked from the payload's length before anything is decoded.
 
 from __future__ import annotations
 
-import base64
 import binascii
 
 from vf_mm.errors import ImageDecodeError, ImageTooLargeError
 
-__all__ = ["decode_data_url"]
+try:  # SIMD base64: ~0.03 ms for a 600 kB PNG where binascii takes ~1.5 ms
+    from pybase64 import b64decode as _fast_b64decode
+except ImportError:  # pragma: no cover - a declared dependency; binascii does the same
+    _fast_b64decode = None
+
+__all__ = ["b64decode_strict", "decode_data_url"]
 
 _WHITESPACE = b"\t\n\r\f\v "  # deleted from a payload (one translate pass, no regex)
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
+_RARE = tuple(bytes([c]) for c in _WHITESPACE + b"-_")
+
+
+def b64decode_strict(payload: bytes) -> bytes:
+    """``payload`` decoded as strict base64 (the 64 characters, padding only at the end
+    and of the right length). Raises ``ImageDecodeError`` naming the problem."""
+    if _fast_b64decode is not None:
+        try:
+            return _fast_b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            pass  # binascii decides, and names the problem
+    try:
+        return binascii.a2b_base64(payload, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ImageDecodeError(f"data: URL payload is not valid base64 ({exc})") from None
 
 
 def decode_data_url(url: str, *, max_bytes: int) -> bytes:
@@ -46,15 +73,15 @@ def decode_data_url(url: str, *, max_bytes: int) -> bytes:
         raise ImageTooLargeError(
             f"data: URL payload of about {payload_len // 4 * 3} bytes is over max_bytes={max_bytes}"
         )
-    try:
-        payload = url[comma + 1 :].encode("ascii")
-    except UnicodeEncodeError:
-        raise ImageDecodeError("data: URL payload holds non-ASCII characters") from None
-    payload = payload.translate(_URLSAFE, _WHITESPACE)
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ImageDecodeError(f"data: URL payload is not valid base64 ({exc})") from None
+    # isascii is O(1) for a str (CPython records it); the slice only on the rare path
+    if not url.isascii() and not url[comma + 1 :].isascii():
+        raise ImageDecodeError("data: URL payload holds non-ASCII characters")
+    payload = url[comma + 1 :].encode("ascii")
+    # whitespace and URL-safe characters are rare: look for them (memchr, ~10 us a byte
+    # value for 1 MB) before paying for a translate pass (~0.4 ms)
+    if any(payload.find(c) >= 0 for c in _RARE):
+        payload = payload.translate(_URLSAFE, _WHITESPACE)
+    data = b64decode_strict(payload)
     if len(data) > max_bytes:
         raise ImageTooLargeError(
             f"data: URL payload of {len(data)} bytes is over max_bytes={max_bytes}"

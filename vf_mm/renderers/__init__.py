@@ -10,12 +10,14 @@ to a renderer that takes them); ``parse_response(completion_ids)`` (``format_too
 parses); ``stop_token_ids``,
 ``is_multimodal`` and ``bridge_refusals``. ``load_renderer(model)`` picks one for a
 checkpoint directory, processor or tokenizer (a ``ChatTemplateRenderer``);
-``RendererPool`` shares renderers across threads and is a ``Renderer`` itself;
+``RendererPool`` shares renderers across threads and is a ``Renderer`` itself (its
+renderers share one ``ImageCache``: processed images, bounded in bytes);
 ``is_multimodal`` answers for either. The model families and their transformers
 pieces are in ``vf_mm.models``.
 """
 
 from vf_mm.errors import RenderError, UnsupportedModelError
+from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
 from vf_mm.renderers._load import load_renderer
 from vf_mm.renderers._parse import ParsedResponse, format_tool_calls
 from vf_mm.renderers._pool import RendererPool, is_multimodal
@@ -24,7 +26,9 @@ from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "ChatTemplateRenderer",
+    "ImageCache",
     "ParsedResponse",
     "ProcessedImage",
     "RenderError",

@@ -15,6 +15,7 @@ from vf_mm.models import (
     load_video_settings,
     model_type,
 )
+from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import VisionSpec
 from vf_mm.videos import VideoLimits
@@ -26,7 +27,8 @@ def load_renderer(
     model: Any,
     *,
     image_policy: ImagePolicy | None = None,
-    cache_size: int = 512,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    image_cache: ImageCache | None = None,
     template_kwargs: dict[str, Any] | None = None,
     image_backend: str = "auto",
     processor_kwargs: dict[str, Any] | None = None,
@@ -38,6 +40,9 @@ def load_renderer(
     (``docs/models.md`` says what is exact per family); any other
     checkpoint with a tokenizer chat template gets a text renderer.
     ``image_policy`` decides which image sources may be read (``vf_mm.images``).
+    Processed images and videos are cached in ``image_cache`` when given (share one
+    ``ImageCache`` between renderers built apart; a ``RendererPool`` shares one between
+    its renderers by itself), else in a cache of their own bounded to ``cache_bytes``.
     ``image_backend`` (a checkpoint directory): ``"auto"`` (what ``AutoProcessor`` and vLLM
     use on this machine), ``"pil"`` or ``"torchvision"``; the renderer's pixels must be the
     engine's and the trainer's, and the two backends differ on every resized image. A
@@ -55,7 +60,7 @@ def load_renderer(
                 load_processor(path, image_backend=image_backend),
                 family,
                 image_policy,
-                cache_size,
+                _cache(cache_bytes, image_cache),
                 template_kwargs,
                 processor_kwargs,
                 video=load_video_settings(path, family),
@@ -88,7 +93,12 @@ def load_renderer(
                 f"renders: {', '.join(VISION_FAMILIES)}; for text only, pass its tokenizer"
             )
         return _from_processor(
-            model, family, image_policy, cache_size, template_kwargs, processor_kwargs
+            model,
+            family,
+            image_policy,
+            _cache(cache_bytes, image_cache),
+            template_kwargs,
+            processor_kwargs,
         )
     if hasattr(model, "apply_chat_template"):
         return ChatTemplateRenderer(
@@ -104,7 +114,7 @@ def _from_processor(
     processor: Any,
     family: str,
     policy: ImagePolicy | None,
-    cache_size: int,
+    cache: ImageCache,
     template_kwargs: Any,
     processor_kwargs: dict[str, Any] | None,
     *,
@@ -117,7 +127,7 @@ def _from_processor(
     vision = VisionSpec(
         processor,
         policy=policy,
-        cache_size=cache_size,
+        cache=cache,
         options=processor_kwargs,
         video=video,
         video_limits=video_limits,
@@ -131,6 +141,14 @@ def _from_processor(
         content_as_parts=family_info(family).content_as_parts,
         tool_format=family_info(family).tool_format,
     )
+
+
+def _cache(cache_bytes: int, image_cache: ImageCache | None) -> ImageCache:
+    if image_cache is None:
+        return ImageCache(cache_bytes)
+    if not isinstance(image_cache, ImageCache):
+        raise TypeError(f"image_cache must be an ImageCache, not {type(image_cache).__name__}")
+    return image_cache
 
 
 def _processor_family(processor: Any) -> str | None:

@@ -26,12 +26,20 @@ class RendererPool(Generic[R]):
     encoding; a pool gives each concurrent render its own renderer. A pool is itself a
     ``Renderer``: calls made on it (``render``, ``bridge_to_next_turn``,
     ``parse_response``) borrow one for the duration of the call.
+
+    The renderers share one image cache (the first renderer's ``vision.cache``), so an
+    image one of them processed is a hit for all: a group of rollouts showing the same
+    prompt image processes it once, whichever renderer each rollout borrows. Sharing is
+    safe whatever the factory builds: entries are keyed by each renderer's processing
+    namespace and image policy (``VisionSpec``), and concurrent misses of one image wait
+    for one computation.
     """
 
     def __init__(self, factory: Callable[[], R], size: int = 4) -> None:
         if size < 1:
             raise ValueError("a RendererPool needs at least one renderer")
         self._all = [factory() for _ in range(size)]
+        _share_cache(self._all)
         self._free: queue.SimpleQueue[R] = queue.SimpleQueue()
         for r in self._all:
             self._free.put(r)
@@ -111,6 +119,18 @@ class RendererPool(Generic[R]):
             for reason, n in getattr(r, "bridge_refusals", {}).items():
                 total[reason] = total.get(reason, 0) + n
         return total
+
+
+def _share_cache(renderers: Sequence[object]) -> None:
+    """Point every renderer's vision spec at the first one's image cache."""
+    specs = [v for v in (getattr(r, "vision", None) for r in renderers) if v is not None]
+    caches = [getattr(v, "cache", None) for v in specs]
+    shared = next((c for c in caches if c is not None), None)
+    if shared is None:
+        return
+    for spec, cache in zip(specs, caches, strict=True):
+        if cache is not None and cache is not shared:
+            spec.cache = shared  # type: ignore[attr-defined]
 
 
 def is_multimodal(renderer: object) -> bool:

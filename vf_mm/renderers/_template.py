@@ -240,7 +240,16 @@ class ChatTemplateRenderer:
         # next turn; a template that does not render it (Qwen2-VL, Qwen2.5-VL) keeps the
         # ``<think>`` text inside the content, which it renders verbatim: nothing to check
         has_reasoning = renders["reasoning"] and self._think_end in completion
-        tail = self._tail_text(template_messages, tools, has_reasoning, template)
+        # with the real history one render shows the text after the sampled turn; the
+        # probe render (which names why not) only where that render does not fit
+        replayed = self._replayed_tail(
+            previous_messages, template_messages, tools, completion, template
+        )
+        tail = (
+            replayed
+            if replayed is not None
+            else self._tail_text(template_messages, tools, has_reasoning, template)
+        )
         if isinstance(tail, _Refusal):
             return tail
         if lead and previous_messages is None:
@@ -252,12 +261,12 @@ class ChatTemplateRenderer:
                 return _Refusal(f"the template rewrites the assistant turn (adds {lead[:40]!r})")
         # The completion ends with the stop token the template writes to close the turn
         # (or was cut off by max_tokens and needs the whole closing).
-        if completion and completion[-1] in self.stop_token_ids:
+        if replayed is None and completion and completion[-1] in self.stop_token_ids:
             stop_text = self.tokenizer.convert_ids_to_tokens(completion[-1])
             if not tail.startswith(stop_text):
                 return _Refusal("the completion ends with a stop token the template does not write")
             tail = tail[len(stop_text) :]
-        if previous_messages is not None:
+        if replayed is None and previous_messages is not None:
             replay = self._replay_refusal(
                 previous_messages, template_messages, tools, completion, tail, template
             )
@@ -268,7 +277,8 @@ class ChatTemplateRenderer:
         merged = rendered.multi_modal_data
         if previous_multi_modal_data is not None and not previous_multi_modal_data.is_empty:
             merged = previous_multi_modal_data.extended(merged or MultiModalData())
-        token_ids = base + rendered.token_ids
+        token_ids = base
+        token_ids += rendered.token_ids
         if merged is not None:
             merged.validate(len(token_ids))
         return RenderedTokens(token_ids=token_ids, multi_modal_data=merged)
@@ -346,6 +356,41 @@ class ChatTemplateRenderer:
         if full[len(prompt) :] != sampled:
             return "the template renders the sampled turn differently from what was sampled"
         return None
+
+    def _replayed_tail(
+        self,
+        previous_messages: Sequence[Mapping[str, Any]] | None,
+        new_messages: list[dict[str, Any]],
+        tools: Any,
+        completion: list[int],
+        template: str | None,
+    ) -> str | None:
+        """The text after the sampled completion, when the template's render of the real
+        history (as ``_replay_refusal`` renders it) is the previous prompt's render, then
+        the completion verbatim: then the bridged text equals the full render's by
+        construction, and this one render replaces the probe render and the replay
+        check. Only for a completion closed by a stop token: the tail then starts after
+        an added token, where the tokenizer splits anyway (after a cut-off completion the
+        render could continue its last word). None where it does not fit (the probe path
+        then says why)."""
+        if not previous_messages or previous_messages[-1].get("role") != "assistant":
+            return None
+        if not completion or completion[-1] not in self.stop_token_ids:
+            return None
+        if self._facts[template][0]["history_sensitive"]:
+            history, _ = self._prepare(previous_messages)
+            prompt = self._template(history[:-1], tools, True, template)
+            full = self._template([*history, *new_messages], tools, True, template)
+        else:
+            (turn,), _ = self._prepare(previous_messages[-1:])
+            prompt = self._probe_prompt({"role": "user", "content": _USER}, tools, template)
+            full = self._template(
+                [{"role": "user", "content": _USER}, turn, *new_messages], tools, True, template
+            )
+        sampled = self.tokenizer.decode(completion, skip_special_tokens=False)
+        if not full.startswith(prompt) or not full.startswith(sampled, len(prompt)):
+            return None
+        return full[len(prompt) + len(sampled) :]
 
     def _tail_text(
         self,

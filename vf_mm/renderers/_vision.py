@@ -20,17 +20,23 @@ text (its pads, and Qwen3-VL's timestamps), and the span is spliced the same way
 video's options (``fps``, ``num_frames``, ``min_pixels``, ``max_pixels``,
 ``do_sample_frames``) come from its content part.
 
-Processed images and videos are cached by content hash (an LRU bounded in entries), so
-an image or clip seen in an earlier turn is never processed again. Cached arrays are read-only numpy
-arrays: they are shared by every turn and rollout that shows the image, and a
-write through one of them would silently corrupt the others, so it raises instead.
+Processed images and videos are cached (``ImageCache``: bounded in bytes, shared by the
+renderers of a ``RendererPool``) by content hash (``image_hash``, ``video_mm_hash``: the
+identity in ``mm_hashes``, sidecars and on the wire) behind the processing namespace, and
+images also by source key (``vf_mm.images.source_key``) under the renderer's policy: an
+image or clip seen in an earlier turn or another rollout is never processed again, and a
+repeated data URL or file is not even decoded. Cached arrays are read-only numpy arrays:
+they are shared by every turn, rollout and renderer that shows the image, and a write
+through one of them would silently corrupt the others, so it raises instead.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
-from collections import OrderedDict
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm.errors import RenderError
-from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.images import ImagePolicy, image_hash, load_image, source_key
 from vf_mm.models import (
     VIDEO_FAMILIES,
     VIDEO_OPTIONS,
@@ -49,6 +55,7 @@ from vf_mm.models import (
     image_kwargs,
     image_token_ids,
 )
+from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
 from vf_mm.types import unknown_video_key
 from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
@@ -74,6 +81,15 @@ class ProcessedImage:
     def num_embeds(self) -> int:
         return self.num_tokens if self.is_embed is None else sum(self.is_embed)
 
+    @property
+    def nbytes(self) -> int:
+        """What holding it costs: its arrays' bytes, and its tokens and text."""
+        arrays = sum(int(a.nbytes) for a in self.item.values())
+        flags = len(self.is_embed) if self.is_embed is not None else 0
+        return (
+            arrays + 8 * (len(self.tokens) + flags) + len(self.text_before) + len(self.text_after)
+        )
+
 
 class VisionSpec:
     """What a renderer needs to expand images: the family's processor and a cache.
@@ -87,6 +103,10 @@ class VisionSpec:
     options (``processor_kwargs`` of ``load_renderer``), the ones the engine is given too
     (vLLM's ``mm_processor_kwargs``). ``video``: the checkpoint's video settings (None:
     video parts are refused); ``video_limits`` bound what a clip may cost to load.
+    ``cache``: where processed images and clips are kept (an ``ImageCache``, which a
+    ``RendererPool`` shares between its renderers; entries are keyed behind
+    ``namespace``, the digest of everything processing depends on besides the pixels);
+    a cache of its own bounded to ``cache_bytes`` when None.
     """
 
     def __init__(
@@ -94,7 +114,8 @@ class VisionSpec:
         processor: Any,
         *,
         policy: ImagePolicy | None = None,
-        cache_size: int = 512,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache: ImageCache | None = None,
         options: dict[str, Any] | None = None,
         video: VideoSettings | None = None,
         video_limits: VideoLimits | None = None,
@@ -111,7 +132,6 @@ class VisionSpec:
         self.merge_size = int(getattr(self.image_processor, "merge_size", None) or 2)
         self.backend = image_backend_of(self.image_processor)
         self.policy = policy
-        self.cache_size = cache_size
         self.video = video
         self.video_limits = video_limits
         self.video_token: str | None = getattr(processor, "video_token", None)
@@ -131,7 +151,10 @@ class VisionSpec:
         self._added = sorted(
             {str(t) for t in self.tokenizer.get_added_vocab()}, key=len, reverse=True
         )
-        self._cache: OrderedDict[str, ProcessedImage] = OrderedDict()
+        # shared with every renderer whose cache this is (a RendererPool's): entries are
+        # keyed behind ``namespace``, so renderers that process differently never share one
+        self.cache = ImageCache(cache_bytes) if cache is None else cache
+        self.namespace = self._namespace()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -173,8 +196,30 @@ class VisionSpec:
         return out
 
     def process(self, part: Any, *, where: str) -> ProcessedImage:
-        """Load one image content part and return its (cached) expansion and inputs."""
-        image = load_image(part, policy=self.policy, where=where)
+        """Load one image content part and return its (cached) expansion and inputs.
+
+        A source with a key (``vf_mm.images.source_key``: a data URL, bytes, a file) is
+        looked up by it first, under this renderer's policy: a repeat is neither decoded
+        nor hashed. Any other source (a PIL image, an array: mutable; http(s): may
+        change) is loaded and found by its pixels (``image_hash``)."""
+        source = source_key(part, policy=self.policy)  # runs the guard's path check
+        if source is None:
+            return self._process_image(load_image(part, policy=self.policy, where=where), where)
+        alias = (self.namespace, self.policy, source)
+        cached = self.cache.get(alias)
+        if cached is None:
+            with self.cache.computing(alias):  # one reader of a source at a time
+                cached = self.cache.get(alias)
+                if cached is None:
+                    image = load_image(part, policy=self.policy, where=where)
+                    processed = self._process_image(image, where)
+                    self.cache.alias(alias, (self.namespace, processed.hash), source.nbytes)
+                    return processed
+        with self._lock:
+            self.hits += 1
+        return cached
+
+    def _process_image(self, image: Any, where: str) -> ProcessedImage:
         key = image_hash(image)
 
         def compute() -> ProcessedImage:
@@ -217,25 +262,57 @@ class VisionSpec:
         return self._cached(key, compute)
 
     def _cached(self, key: str, compute: Callable[[], ProcessedImage]) -> ProcessedImage:
-        """The cached expansion under ``key``, or ``compute()``'s, cached (LRU by entries;
-        its arrays made read-only first, since every turn and rollout shares them)."""
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
+        """The cached expansion of the content ``key`` (``image_hash``, ``video_mm_hash``),
+        or ``compute()``'s, cached (its arrays made read-only first, since every turn,
+        rollout and renderer sharing the cache shares them)."""
+
+        def timed() -> tuple[ProcessedImage, int]:
+            start = time.perf_counter()
+            processed = compute()
+            for array in processed.item.values():
+                array.flags.writeable = False
+            with self._lock:
+                self.processing_s += time.perf_counter() - start
+                self.misses += 1
+            return processed, processed.nbytes
+
+        processed, computed = self.cache.compute((self.namespace, key), timed)
+        if not computed:
+            with self._lock:
                 self.hits += 1
-                return cached
-        start = time.perf_counter()
-        processed = compute()
-        for array in processed.item.values():
-            array.flags.writeable = False
-        with self._lock:
-            self.processing_s += time.perf_counter() - start
-            self.misses += 1
-            self._cache[key] = processed
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
         return processed
+
+    def _namespace(self) -> str:
+        """What the processed inputs depend on besides the pixels, as a digest: the
+        processor and image processor classes, the image processor's configuration, the
+        call options, the backend, the tokenizer and the tokens spliced, the video
+        settings. Renderers of one checkpoint and options agree (and share entries);
+        any difference keeps their entries apart."""
+        processor = self.image_processor
+        try:
+            config = processor.to_dict()
+        except Exception:  # a processor without to_dict: its attributes
+            config = {k: v for k, v in vars(processor).items() if not k.startswith("_")}
+        described = {
+            "classes": [type(self.processor).__qualname__, type(processor).__qualname__],
+            "config": config,
+            "kwargs": self._image_kwargs,
+            "options": self.options,
+            "backend": self.backend,
+            "tokenizer": [
+                type(self.tokenizer).__qualname__,
+                getattr(self.tokenizer, "name_or_path", ""),
+                len(self.tokenizer),
+                self._added,
+            ],
+            "tokens": [self.image_token, self.embed_token_ids, self.placeholder_token_id],
+            "video": [repr(self.video), self._video_tokens, self.video_token_id],
+        }
+        try:
+            text = json.dumps(described, sort_keys=True, default=_describe)
+        except (TypeError, ValueError, RecursionError):  # a configuration JSON cannot hold
+            return f"unshared-{uuid.uuid4().hex}"  # safe: this renderer shares no entry
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def _splice(
         self, key: str, replacement: str, item: dict[str, np.ndarray], *, modality: str = "image"
@@ -282,3 +359,16 @@ class VisionSpec:
                 first = at if first is None else min(first, at)
                 last = max(last, text.rfind(token) + len(token))
         return first, last
+
+
+def _describe(value: Any) -> Any:
+    """A JSON stand-in for a configuration value JSON does not take: its repr, unless
+    that names a memory address (then its type and public attributes)."""
+    text = repr(value)
+    if " at 0x" not in text:
+        return text
+    attributes = getattr(value, "__dict__", {})
+    return [
+        type(value).__qualname__,
+        {k: v for k, v in attributes.items() if not k.startswith("_")},
+    ]
