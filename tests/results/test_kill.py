@@ -83,7 +83,6 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, start):
     outdir = tmp_path / "out"
     log: list[str] = []  # what happened, for the failure message
     torn_expected = False  # the previous kill was half-way through a line
-    started = time.monotonic()
 
     for how in SCHEDULE:
         first = ""
@@ -117,7 +116,6 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, start):
     assert out.splitlines()[-1] == "done"
     if torn_expected:
         assert _truncated(out), f"seed {seed}: a torn line was not cut off; {log}"
-    assert time.monotonic() - started < 30
 
     rows = read_results(outdir, bad_lines="raise")
     keys = [(r["example_id"], r["rollout_index"]) for r in rows]

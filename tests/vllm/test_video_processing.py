@@ -349,7 +349,7 @@ def test_a_smolvlm_conversation_matches_apply_chat_template(smolvlm, tmp_path, m
 
     def fetch_videos(urls, sample_indices_fn=None):
         if isinstance(urls, list):
-            return list(zip(*[fetch_videos(u, sample_indices_fn) for u in urls]))
+            return list(zip(*[fetch_videos(u, sample_indices_fn) for u in urls], strict=True))
         return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
 
     monkeypatch.setattr(processor.video_processor, "fetch_videos", fetch_videos)
