@@ -7,6 +7,7 @@
     python3 dev.py slow     # the slow tier (pytest -m slow)
     python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
     python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
+    python3 dev.py browser  # install the headless chromium the report tests use (test does)
 
 Needs only Python 3.11+. The install is skipped when .venv already matches
 requirements/lock.txt and pyproject.toml. Extra arguments go to the job's command.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import venv
@@ -65,6 +67,7 @@ JOBS = {
         ]
     ],
     "test": [
+        [PY, ROOT / "dev.py", "browser"],
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
         [PY, "-m", "pytest", "-q", "-m", "not slow and not vllm"],
     ],
@@ -139,7 +142,30 @@ def mutate(extra: list[str]) -> int:
     return 1 if survived else 0
 
 
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def browser() -> int:
+    """Make sure a headless chromium is there for the report tests: Debian's package,
+    installed with apt-get (as root, or through passwordless sudo) when none is found."""
+    if any(shutil.which(name) for name in BROWSERS):
+        return 0
+    if shutil.which("apt-get") is None:
+        print("dev.py: no chromium, and no apt-get to install it: install chromium yourself")
+        return 1
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        print("+", shlex.join(prefix + cmd), flush=True)
+        if subprocess.run(prefix + cmd, env=env, check=False).returncode != 0:
+            print("dev.py: installing chromium failed (it needs root or passwordless sudo)")
+            return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "browser":
+        return browser()
     if argv and argv[0] == "mutate":
         setup()
         return mutate(argv[1:])

@@ -1,14 +1,12 @@
-"""A real headless browser for tests: Debian's chromium, installed on first use if missing.
+"""A real headless browser for tests: chromium, which ``python3 dev.py test`` installs.
 
-``chromium()`` returns the browser's path. When it is not installed it runs
-``apt-get update`` and ``apt-get install -y chromium`` (as root, or through passwordless
-sudo) once per session; only when that is impossible does it skip the test, saying why.
-``run_chromium(...)`` runs it headless with everything that would reach the network off.
+``chromium()`` returns the browser's path, and fails the test (never skips it) when there
+is none. ``run_chromium(...)`` runs it headless with everything that would reach the
+network off.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -18,7 +16,6 @@ from pathlib import Path
 import pytest
 
 _CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-_INSTALL_TIMEOUT_S = 600
 
 _FLAGS = (
     "--headless",
@@ -47,47 +44,15 @@ def _find() -> str | None:
     return None
 
 
-@functools.cache
-def _install() -> str | None:
-    """Try to apt-get install chromium; return why it failed, or None on success."""
-    if shutil.which("apt-get") is None:
-        return "chromium is not installed and there is no apt-get to install it"
-    if os.geteuid() == 0:
-        prefix: list[str] = []
-    elif (
-        shutil.which("sudo")
-        and subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False).returncode == 0
-    ):
-        prefix = ["sudo", "-n"]
-    else:
-        return "chromium is not installed and installing it needs root (no passwordless sudo)"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-        try:
-            proc = subprocess.run(
-                prefix + cmd,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=_INSTALL_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"`{' '.join(cmd)}` failed: {exc}"
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return f"`{' '.join(cmd)}` exited {proc.returncode}: {' | '.join(tail)}"
-    return None
-
-
 def chromium() -> str:
-    """The path of a chromium binary, installing Debian's package if needed (else skip)."""
+    """The path of a chromium binary. A missing browser fails the test, saying how to get
+    one: ``python3 dev.py test`` installs it (Debian's package) before the tests run."""
     path = _find()
     if path is None:
-        why = _install()
-        path = _find()
-        if path is None:
-            pytest.skip(f"no headless browser: {why or 'chromium not found after installing'}")
+        pytest.fail(
+            "no headless browser: run the tests through `python3 dev.py test`, which installs "
+            "Debian's chromium, or install chromium (or google-chrome) yourself"
+        )
     return path
 
 

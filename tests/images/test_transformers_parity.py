@@ -13,13 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from transformers import image_transforms, image_utils
 
 from vf_mm.images import load_image
 
 from ._make import encode, gradient
-
-image_utils = pytest.importorskip("transformers.image_utils")
-image_transforms = pytest.importorskip("transformers.image_transforms")
 
 
 def _palette_with_transparency() -> bytes:
@@ -75,7 +73,8 @@ def test_exif_rotation_matches_transformers_load_image(tmp_path: Path, orientati
 
 
 def test_the_qwen2_vl_processor_sees_the_same_pixels():
-    module = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as module
+
     processor = module.Qwen2VLImageProcessorPil()
     for case in ("rgba", "palette+transparency", "16-bit grey", "cmyk-jpeg"):
         data = CASES[case]()

@@ -70,7 +70,8 @@ def test_round_trip_torch_float32_and_bfloat16() -> None:
 
 
 def test_numpy_bfloat16_via_ml_dtypes() -> None:
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes
+
     pv = _item(16)["pixel_values"].astype(ml_dtypes.bfloat16)
     data = encode_kwargs_item({"pixel_values": pv, "image_grid_thw": np.array([[1, 4, 4]])})
     out = decode_kwargs_item(data)

@@ -265,7 +265,8 @@ def test_non_json_values_are_refused_naming_message_and_field(store, message, fi
 
 
 def test_a_torch_tensor_is_refused(store):
-    torch = pytest.importorskip("torch")
+    import torch
+
     with pytest.raises(ResultsError, match=r"message 0, field 'extra'.*tensor"):
         store.to_jsonable([{"role": "user", "content": "x", "extra": torch.ones(2)}])
 

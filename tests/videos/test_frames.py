@@ -82,7 +82,8 @@ def test_arrays_a_guess_would_get_wrong_are_refused_naming_shape_and_dtype(array
 
 
 def test_a_torch_tensor_is_read_through_array():
-    torch = pytest.importorskip("torch")
+    import torch
+
     frames = from_array(torch.from_numpy(moving_square(2)))
     assert np.array_equal(frames, moving_square(2))
 
