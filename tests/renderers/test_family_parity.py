@@ -2,7 +2,8 @@
 
 For each family, over generated conversations shaped the way the family's chat template
 allows (Gemma 3: alternating turns, the system text folded into the first user turn),
-with tiny, huge and extreme-aspect images in modes RGB, L, RGBA and P, several per turn:
+with tiny, huge and extreme-aspect images in modes RGB, L, RGBA, P and LA, several per turn
+(and files whose EXIF says to rotate them):
 
 - token ids equal ``processor.apply_chat_template(..., tokenize=True)``'s;
 - every model input tensor is bit-identical (the processor's ``pixel_values``, and its
@@ -27,7 +28,7 @@ from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_proc
 from vf_mm.renderers import load_renderer
 
 FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
-MODES = ("RGB", "L", "RGBA", "P")
+MODES = ("RGB", "L", "RGBA", "P", "LA")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
 
@@ -162,6 +163,34 @@ def test_generated_conversations_match_the_processor(tiny, family, seed):
     processor = load_processor(tiny[family], image_backend="pil")
     messages = conversation(family, seed)
     assert_matches(family, renderer.render(messages), reference(processor, messages), processor)
+
+
+def test_files_are_read_upright_as_transformers_loads_them(tiny, family, tmp_path):
+    """A JPEG whose EXIF orientation says to turn it (as phones write them) and an LA PNG,
+    given as paths; ids and every tensor agree. The processor gets the JPEG through
+    transformers' own ``load_image`` (which applies the EXIF rotation) and the PNG as the
+    file's own PIL image, whose transparency its ``convert_to_rgb`` composites over white,
+    as vLLM's image loader does (transformers' ``load_image`` would drop the alpha)."""
+    from transformers.image_utils import load_image as hf_load_image
+
+    rng = np.random.default_rng(3)
+    turned = Image.fromarray(rng.integers(0, 256, (60, 140, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 clockwise to view
+    turned.save(tmp_path / "turned.jpg", exif=exif.tobytes(), quality=95)
+    grey = Image.fromarray(rng.integers(0, 256, (50, 30, 2), dtype=np.uint8), mode="LA")
+    grey.save(tmp_path / "grey.png")
+    paths = [str(tmp_path / "turned.jpg"), str(tmp_path / "grey.png")]
+    text = {"type": "text", "text": "Which way is up?"}
+    ours = [{"role": "user", "content": [*({"type": "image", "image": p} for p in paths), text]}]
+    upright = [hf_load_image(paths[0]), Image.open(paths[1])]
+    assert upright[0].size == (60, 140)  # transformers turned it: 60 wide, 140 high
+    theirs = [
+        {"role": "user", "content": [*({"type": "image", "image": i} for i in upright), text]}
+    ]
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    processor = load_processor(tiny[family], image_backend="pil")
+    assert_matches(family, renderer.render(ours), reference(processor, theirs), processor)
 
 
 def test_gemma3_pan_and_scan_crops_match_the_processor(tiny, tmp_path):
