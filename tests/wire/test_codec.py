@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import decimal
 import enum
 import gc
 import struct
@@ -17,6 +18,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -929,6 +931,167 @@ def test_plain_msgpack_decodes_everywhere() -> None:
     # a message written by plain msgpack decodes to the same Python values
     obj = {"a": [1, 2.5, None, True, "s", b"b"], "m": {"x": {"y": []}}}
     assert unpackb(msgpack.packb(obj, use_bin_type=True)) == obj
+
+
+# -- token lists: encoded as plain msgpack would, whatever path writes them --------------
+
+
+class _IntLike(int):
+    pass
+
+
+class _Level(enum.IntEnum):
+    LOW = 3
+    HIGH = 70_000
+
+
+_INT_EDGES = [
+    0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1,
+    -1, -31, -32, -33, -127, -128, -129, -32_767, -32_768, -32_769, -(2**31), -(2**31) - 1,
+    -(2**63),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        _INT_EDGES * 4,
+        tuple(_INT_EDGES * 4),
+        list(range(-70_000, 70_000, 7)),
+        {"ids": [5] * 100, "mask": [1, 0] * 50, "bools": [True, False] * 50},
+        [1] * 40 + [True],
+        [1] * 40 + [_Level.LOW, _Level.HIGH],
+        [1] * 40 + [_IntLike(5)],
+        [1] * 40 + [2.5],
+        [1] * 40 + [None, "x", b"y"],
+        {1: list(range(50)), -2: {"x": [list(range(40)), (7,) * 33]}},
+        [[list(range(40))] * 3, ("a", list(range(40)))],
+        {"deep": [[[[[[[[[list(range(64))]]]]]]]]]},
+        [{"prompt_ids": list(range(i, i + 100))} for i in range(300)],
+    ],
+    ids=[
+        "int-edges",
+        "int-edges-tuple",
+        "wide-range",
+        "dict-of-lists",
+        "bool-in-ints",
+        "int-enum",
+        "int-subclass",
+        "float-in-ints",
+        "mixed-scalars",
+        "int-keys-nested",
+        "lists-of-lists",
+        "deeper-than-any-walk",
+        "many-rollouts",
+    ],
+)
+def test_token_lists_are_plain_msgpack(obj: Any) -> None:
+    # the bytes of any value without tensors are exactly what msgpack itself writes
+    assert packb(obj) == msgpack.packb(obj, use_bin_type=True)
+    assert unpackb(packb(obj)) == msgpack.unpackb(msgpack.packb(obj), strict_map_key=False)
+
+
+def test_long_lists_keep_every_other_type_exact() -> None:
+    # values msgspec would write its own way (dates as strings, Decimal as text) take
+    # vf_mm's path even inside a long list of ints
+    when, day, uid = dt.datetime(2024, 1, 2, 3, 4, 5), dt.date(2024, 2, 29), uuid.UUID(int=7)
+    out = roundtrip({"ids": [1] * 40 + [when, day, uid, Path("/p"), _Level.HIGH]})
+    assert out["ids"] == [1] * 40 + [when, day, uid, "/p", 70_000]
+    assert [type(v) for v in out["ids"][40:]] == [dt.datetime, dt.date, uuid.UUID, str, int]
+    with pytest.raises(EncodeError):
+        packb([1] * 40 + [decimal.Decimal("1.5")])
+
+
+@pytest.mark.parametrize("bad", [2**64, -(2**63) - 1])
+def test_out_of_range_int_in_a_long_list_is_refused(bad: int) -> None:
+    with pytest.raises(EncodeError):
+        packb([1] * 100 + [bad])
+    with pytest.raises(EncodeError):
+        packb({"ids": [1] * 100 + [bad], "t": torch.ones(2)})
+
+
+def test_token_lists_next_to_tensors() -> None:
+    ids = list(range(100_000, 101_000))
+    t1, t2 = random_tensor("float32", (5, 3), seed=1), random_tensor("bfloat16", (7,), seed=2)
+    obj = {"ids": ids, "t1": t1, "odd": "x", "more": [ids, (3,) * 50], "t2": t2, "tail": ids}
+    buf = packb(obj)
+    out = unpackb(buf)
+    assert out["ids"] == ids and out["tail"] == ids and out["more"] == [ids, [3] * 50]
+    assert_same_tensor(out["t1"], t1)
+    assert_same_tensor(out["t2"], t2)
+    for off in _data_offsets(buf, [out["t1"], out["t2"]]):
+        assert off % ALIGN == 0
+    # the skeleton around the tensors is the plain msgpack of the rest
+    plain = {k: v for k, v in obj.items() if not isinstance(v, torch.Tensor)}
+    no_tensors = unpackb(packb(plain))
+    assert no_tensors == {k: v for k, v in out.items() if not isinstance(v, torch.Tensor)}
+
+
+# -- reuse_buffer: a message is never overwritten while anything still holds it ---------
+
+
+def _start(buf: Any) -> int:
+    return buffer_range(buf)[0]
+
+
+def test_reuse_buffer_reuses_a_dropped_message() -> None:
+    enc = Encoder(reuse_buffer=True)
+    first = enc.encode({"t": torch.arange(1000, dtype=torch.float32)})
+    where = _start(first)
+    del first
+    second = enc.encode({"t": torch.ones(1000)})
+    assert _start(second) == where
+    assert torch.equal(unpackb(second)["t"], torch.ones(1000))
+
+
+def test_reuse_buffer_never_overwrites_a_held_message() -> None:
+    enc = Encoder(reuse_buffer=True)
+    t = torch.arange(1000, dtype=torch.float32)
+    held = enc.encode({"t": t})
+    snapshot = bytes(held)
+    other = enc.encode({"t": torch.zeros(1000)})
+    assert _start(other) != _start(held)
+    assert bytes(held) == snapshot
+    del other
+    # whatever still refers to a dropped message's memory keeps it from being reused
+    keepers = {
+        "a slice": lambda msg: msg[100:200],
+        "a decoded tensor": lambda msg: unpackb(msg)["t"],
+        "a numpy view": lambda msg: np.frombuffer(msg, dtype=np.uint8)[100:200],
+    }
+    for name, keep in keepers.items():
+        msg = enc.encode({"t": t})
+        kept, where, snapshot = keep(msg), _start(msg), bytes(msg)
+        del msg
+        gc.collect()
+        later = enc.encode({"t": torch.full((1000,), 7.0)})
+        assert _start(later) != where, name
+        if isinstance(kept, torch.Tensor):
+            assert torch.equal(kept, t), name
+        else:
+            assert bytes(kept) == snapshot[100:200], name
+        del kept, later
+
+
+def test_reuse_buffer_lets_go_of_a_buffer_much_bigger_than_the_message() -> None:
+    enc = Encoder(reuse_buffer=True)
+    big = enc.encode({"t": torch.zeros(1 << 20)})
+    memory = weakref.ref(big.obj.base)  # the allocation the message is a view of
+    del big
+    same_size = enc.encode({"t": torch.ones(1 << 20)})
+    assert same_size.obj.base is memory()
+    del same_size
+    small = enc.encode({"t": torch.ones(10)})
+    assert memory() is None
+    assert torch.equal(unpackb(small)["t"], torch.ones(10))
+
+
+def test_without_reuse_buffer_each_message_is_independent() -> None:
+    enc = Encoder()
+    msgs = [enc.encode({"i": i, "t": torch.full((100,), float(i))}) for i in range(5)]
+    for i, msg in enumerate(msgs):
+        out = unpackb(msg)
+        assert out["i"] == i and torch.equal(out["t"], torch.full((100,), float(i)))
 
 
 # -- threads ----------------------------------------------------------------------------

@@ -86,7 +86,9 @@ def packb(obj: Any, *, tensor_format: TensorFormat = "ext") -> bytes | memoryvie
     aligned buffer (it saves copying the tensors a second time; ``bytes(...)`` it if
     you need ``bytes``). ``tensor_format="foreign"`` writes tensors as verifiers /
     prime-rl ``{"__torch_tensor__": True, ...}`` maps. Thread-safe (one encoder per
-    thread); hold your own ``Encoder`` to pass an ``enc_hook``.
+    thread); hold your own ``Encoder`` to pass an ``enc_hook``, or
+    ``Encoder(reuse_buffer=True)`` in a loop that encodes, sends and drops messages
+    (each message then reuses the last one's memory instead of faulting in fresh pages).
     """
     encoder = getattr(_local, tensor_format, None)
     if encoder is None:

@@ -4,7 +4,9 @@ msgspec's decoder hands each extension payload to our hook as a ``memoryview`` i
 the caller's buffer, so a tensor is built with ``np.frombuffer`` on that view: no
 copy, whatever its size. The only copy is for a tensor whose elements are not
 naturally aligned in memory (a message sliced at an odd offset); messages from
-``packb`` and stream frames are aligned.
+``packb`` and stream frames are aligned. What a tensor costs beyond msgspec's own
+decoding is a few microseconds of header parsing and object construction, whatever
+its size; token lists cost what msgspec takes to build their Python ints.
 
 Every length in the message is checked against the bytes actually present before
 anything is built, so hostile input cannot make us allocate more than it holds.
@@ -12,12 +14,12 @@ anything is built, so hostile input cannot make us allocate more than it holds.
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import datetime as dt
 import math
+import struct
 import uuid
 import warnings
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import msgspec
@@ -42,6 +44,12 @@ TensorType = Literal["auto", "torch", "numpy"]
 Ext = msgspec.msgpack.Ext
 
 _FOREIGN_KEY_BYTES = FOREIGN_TENSOR_KEY.encode()
+_BY_CODE = {d.code: d for d in dtypes.DTYPES}
+_SHAPES = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
+# what torch tensors are viewed through: the numpy dtype, else a same-width carrier
+_CARRIERS = {
+    d.code: np.dtype(d.numpy) if d.numpy is not None else np.dtype(d.carrier) for d in dtypes.DTYPES
+}
 _ISO_TYPES = {EXT_DATETIME: dt.datetime, EXT_DATE: dt.date, EXT_TIME: dt.time}
 
 
@@ -85,35 +93,46 @@ class Decoder:
             view = view.cast("B")
         call = _Call(view, self.tensors)
         try:
-            with _ignore_readonly_warning() if view.readonly else contextlib.nullcontext():
-                obj = msgspec.msgpack.Decoder(ext_hook=call.ext_hook).decode(view)
-                if call.may_hold_foreign():
-                    obj = _revive_foreign(obj, self.tensors)
+            obj = msgspec.msgpack.Decoder(ext_hook=call.ext_hook).decode(view)
+            if call.may_hold_foreign(data):
+                obj = _revive_foreign(obj, self.tensors)
         except VfMmError:
             raise
         except RecursionError:
             raise DecodeError("message nests deeper than the decoder allows") from None
         except (msgspec.DecodeError, ValueError, TypeError, OverflowError, MemoryError) as exc:
             raise DecodeError(f"malformed message ({len(view)} bytes): {exc}") from None
+        finally:
+            call.close()
         return obj
 
 
 class _Call:
-    """Per-call state of one ``decode``: the buffer and where its tensors were found."""
+    """Per-call state of one ``decode``: the buffer and where its tensors were found.
 
-    __slots__ = ("base", "base_addr", "spans", "tensors")
+    The costs that only tensors need (the buffer's address, silencing torch's warning
+    about read-only memory) are paid at the first tensor, so a message without one
+    decodes at msgspec's own speed."""
+
+    __slots__ = ("base", "base_addr", "quiet", "spans", "tensors")
 
     def __init__(self, base: memoryview, tensors: TensorType) -> None:
         self.base = base
-        self.base_addr = _address(base) if len(base) else 0
+        self.base_addr = -1
         self.spans: list[tuple[int, int]] = []
         self.tensors = tensors
+        self.quiet: warnings.catch_warnings | None = None
 
     def ext_hook(self, code: int, data: memoryview) -> Any:
         if code == EXT_TENSOR:
-            start = _address(data) - self.base_addr if len(data) else 0
+            if self.base_addr < 0:
+                self.base_addr = _address(self.base)
+                if self.base.readonly:
+                    self.quiet = _ignore_readonly_warning()
+            tensor, start = _tensor(data, self.tensors)
+            start -= self.base_addr
             self.spans.append((start, start + len(data)))
-            return _tensor(data, self.tensors)
+            return tensor
         kind = _ISO_TYPES.get(code)
         if kind is not None:
             try:
@@ -126,66 +145,94 @@ class _Call:
             return uuid.UUID(bytes=bytes(data))
         return Ext(code, bytes(data))
 
-    def may_hold_foreign(self) -> bool:
+    def close(self) -> None:
+        if self.quiet is not None:
+            self.quiet.__exit__(None, None, None)
+            self.quiet = None
+
+    def may_hold_foreign(self, data: Any) -> bool:
         """Whether a foreign tensor map might be present: its key appears outside our tensors.
 
         Searches only the bytes between tensor payloads (the "skeleton"), never the
-        tensor data, so the check costs nothing that scales with tensor bytes.
+        tensor data, so the check costs nothing that scales with tensor bytes (and
+        searches ``bytes`` input in place).
         """
-        gaps = []
+        base = self.base
+        find = data.find if type(data) is bytes and len(data) == len(base) else None
         pos = 0
-        for start, end in sorted(self.spans):
-            gaps.append((pos, start))
+        for start, end in (*self.spans, (len(base), len(base))):  # in message order
+            if start - pos >= len(_FOREIGN_KEY_BYTES):
+                if find is not None:
+                    if find(_FOREIGN_KEY_BYTES, pos, start) >= 0:
+                        return True
+                elif _FOREIGN_KEY_BYTES in base[pos:start].tobytes():
+                    return True
             pos = end
-        gaps.append((pos, len(self.base)))
-        return any(_FOREIGN_KEY_BYTES in self.base[a:b].tobytes() for a, b in gaps if b - a >= 16)
+        return False
 
 
 def _address(view: memoryview) -> int:
+    """Where ``view``'s first byte sits in memory."""
+    if not view.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
     return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
-def _tensor(data: memoryview, tensors: TensorType) -> Any:
-    if len(data) < TENSOR_HEAD.size:
-        raise DecodeError(f"tensor extension of {len(data)} bytes is shorter than its header")
+def _tensor(data: memoryview, tensors: TensorType) -> tuple[Any, int]:
+    """The tensor an extension payload holds, and the payload's address."""
+    size = len(data)
+    if size < TENSOR_HEAD.size:
+        raise DecodeError(f"tensor extension of {size} bytes is shorter than its header")
     version, flags, code, ndim, pad = TENSOR_HEAD.unpack_from(data)
     if version != TENSOR_LAYOUT_VERSION:
         raise DecodeError(f"tensor layout version {version} is not supported (this vf_mm reads 1)")
-    wire = dtypes.by_code(code)
+    wire = _BY_CODE.get(code) or dtypes.by_code(code)
     if ndim > MAX_NDIM:
         raise DecodeError(f"tensor declares {ndim} dimensions (at most {MAX_NDIM})")
     head = TENSOR_HEAD.size + 8 * ndim
-    if head + pad > len(data):
+    if head + pad > size:
         raise DecodeError("tensor extension is shorter than its declared header")
-    shape = tuple(np.frombuffer(data, dtype="<u8", count=ndim, offset=TENSOR_HEAD.size).tolist())
-    nbytes = math.prod(shape) * wire.itemsize
-    available = len(data) - head - pad
+    shape = _SHAPES[ndim].unpack_from(data, TENSOR_HEAD.size)
+    count = math.prod(shape)
+    nbytes = count * wire.itemsize
+    available = size - head - pad
     if nbytes != available:
         raise DecodeError(
             f"{wire.name} tensor of shape {list(shape)} needs {nbytes} bytes, "
             f"its extension holds {available}"
         )
     as_torch = tensors == "torch" or (tensors == "auto" and flags & FLAG_TORCH)
-    return _build(data, head + pad, wire, shape, as_torch)
+    offset = head + pad
+    if as_torch and count:  # the address comes cheaply from the tensor
+        array = np.frombuffer(data, dtype=_CARRIERS[wire.code], count=count, offset=offset)
+        if array.flags.aligned:
+            tensor = _torch_tensor(array, wire, shape)
+            return tensor, tensor.data_ptr() - offset
+    address = _address(data)
+    return _build(data, offset, wire, shape, count, as_torch), address
 
 
 def _build(
-    buffer: Any, offset: int, wire: dtypes.WireDType, shape: tuple[int, ...], as_torch: bool
+    buffer: Any,
+    offset: int,
+    wire: dtypes.WireDType,
+    shape: tuple[int, ...],
+    count: int,
+    as_torch: bool,
 ) -> Any:
     """A tensor of ``shape`` over ``buffer[offset:]``, copied only if misaligned."""
-    count = math.prod(shape)
-    if as_torch:
-        torch = dtypes.torch_module()
-        np_type = np.dtype(wire.numpy) if wire.numpy is not None else np.dtype(wire.carrier)
-    else:
-        np_type = dtypes.numpy_dtype(wire)
+    np_type = _CARRIERS[wire.code] if as_torch else dtypes.numpy_dtype(wire)
     array = np.frombuffer(buffer, dtype=np_type, count=count, offset=offset)
-    if not array.flags.aligned:
+    if not array.flags.aligned:  # torch and numpy kernels assume aligned elements
         array = array.copy()
-    array = array.reshape(shape)
-    if not as_torch:
-        return array
-    tensor = torch.from_numpy(array)
+    if as_torch:
+        return _torch_tensor(array, wire, shape)
+    return array.reshape(shape)
+
+
+def _torch_tensor(flat: np.ndarray, wire: dtypes.WireDType, shape: tuple[int, ...]) -> Any:
+    """``flat`` (the elements through ``_CARRIERS``, aligned) as the wire's torch tensor."""
+    tensor = dtypes.torch_module().from_numpy(flat.reshape(shape))
     if wire.numpy is None:
         tensor = tensor.view(dtypes.torch_dtype(wire))
     return tensor
@@ -248,7 +295,7 @@ def _from_foreign(d: dict, tensors: TensorType) -> Any:
         )  # astype copies: to memory of our own, and to little-endian if sent big-endian
     else:
         raise DecodeError(f"a {FOREIGN_TENSOR_KEY} map has data of type {type(data).__name__}")
-    return _build(array, 0, wire, shape_t, as_torch)
+    return _build(array, 0, wire, shape_t, count, as_torch)
 
 
 def _stored_numpy_dtype(name: str, wire: dtypes.WireDType) -> np.dtype:
@@ -298,10 +345,10 @@ def _from_values(data: list, wire: dtypes.WireDType, count: int, name: str) -> n
     return converted.view(wire.carrier) if wire.numpy is None else converted
 
 
-@contextlib.contextmanager
-def _ignore_readonly_warning() -> Iterator[None]:
-    """Silence torch's "buffer is not writable" warning for read-only input; the
-    ``Decoder`` docstring states the contract instead."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not writable")
-        yield
+def _ignore_readonly_warning() -> warnings.catch_warnings:
+    """A context that silences torch's "buffer is not writable" warning, for tensors
+    viewing read-only input; the ``Decoder`` docstring states the contract instead."""
+    quiet = warnings.catch_warnings()
+    quiet.__enter__()
+    warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not writable")
+    return quiet

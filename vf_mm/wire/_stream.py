@@ -49,6 +49,10 @@ class StreamWriter:
     first unless ``append=True``; then ``checksum`` must match the stream's).
     Appending to a path checks the file first: a torn tail raises ``TornFrameError``
     (truncate it with ``repair_stream``) rather than hiding later frames behind it.
+
+    The default ``encoder`` is an ``Encoder(reuse_buffer=True)``: each frame is encoded
+    into the buffer of the frame before, which was written and dropped, so a long
+    stream faults in its buffer's pages once, not once per frame.
     """
 
     def __init__(
@@ -62,7 +66,7 @@ class StreamWriter:
     ) -> None:
         self.checksum = checksum
         self.max_frame_bytes = max_frame_bytes
-        self.encoder = encoder or Encoder()
+        self.encoder = encoder or Encoder(reuse_buffer=True)
         self.frames_written = 0
         self._owns = isinstance(target, (str, os.PathLike))
         if self._owns:
