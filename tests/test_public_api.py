@@ -237,3 +237,13 @@ def test_embedded_model_is_built_once_into_the_cache(tmp_path, monkeypatch):
     assert embedded_model() == path
     assert (path / "config.json").stat().st_mtime_ns == built  # reused, not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
+
+
+def test_inference_exports_the_managed_servers():
+    import vf_mm.inference
+
+    assert {"VLLMBackend", "VLLMServers", "server_flags", "vllm_command"} <= set(
+        vf_mm.inference.__all__
+    )
+    for name in vf_mm.inference.__all__:
+        assert hasattr(vf_mm.inference, name), name

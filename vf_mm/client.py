@@ -121,7 +121,11 @@ class RendererClient:
         trajectory: Sequence[TrajectoryStep] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
         sampling: SamplingParams | None = None,
+        session_id: str | None = None,
     ) -> ModelTurn:
+        """One model turn. ``session_id`` names the rollout the turn belongs to (the same
+        for all its turns): a backend with several servers sends them all to one server,
+        whose prefix cache holds the earlier turns; end it with ``end_session``."""
         sampling = sampling or self.sampling
         self.stats.turns += 1
         if not self.token_level:
@@ -135,7 +139,11 @@ class RendererClient:
         start = time.perf_counter()
         result = await self.backend.generate(  # type: ignore[union-attr]
             GenerateRequest(
-                rendered.token_ids, sampling, rendered.multi_modal_data, messages=prompt
+                rendered.token_ids,
+                sampling,
+                rendered.multi_modal_data,
+                messages=prompt,
+                session_id=session_id,
             )
         )
         self.stats.backend_s += time.perf_counter() - start
@@ -175,6 +183,13 @@ class RendererClient:
             bridged=bridged,
             tool_call_errors=parsed.tool_call_errors,
         )
+
+    def end_session(self, session_id: str) -> None:
+        """The rollout ``session_id`` named is over: a backend that routes sessions (one
+        with an ``end_session`` of its own) stops counting it; others ignore it."""
+        end = getattr(self.backend, "end_session", None)
+        if end is not None:
+            end(session_id)
 
     def _prompt_tokens(
         self,

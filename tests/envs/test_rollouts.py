@@ -457,3 +457,33 @@ def test_a_tool_returning_a_clip_gives_the_model_a_video_and_a_bare_array_says_h
     state = asyncio.run(env.rollout(client(renderer, _one_call("bare")), rows(1)[0]))
     assert state["error"].type == "MessageError"
     assert "vf_mm.videos.Video(frames, fps)" in state["error"].message
+
+
+def test_each_rollout_is_one_session_ended_when_it_ends(renderer):
+    """Every model turn of a rollout names the rollout's session (a backend with several
+    servers keeps them on one); the session ends with the rollout, failed or not."""
+
+    class Sessions(ScriptedBackend):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.turns, self.ended = [], []
+
+        async def generate(self, request):
+            self.turns.append(request.session_id)
+            return await super().generate(request)
+
+        def end_session(self, session_id):
+            self.ended.append(session_id)
+
+    def third_says_yes(request):  # every rollout takes three turns
+        answered = sum(m["role"] == "assistant" for m in request.messages)
+        return "yes" if answered == 2 else "left"
+
+    backend = Sessions(renderer, third_says_yes)
+    env = Echo(dataset=rows(2), max_turns=5)
+    outs = asyncio.run(env.evaluate(vf.RendererClient(backend, renderer), rollouts_per_example=2))
+    assert len(outs) == 4 and all(o.error is None for o in outs)
+    sessions = set(backend.turns)
+    assert len(sessions) == 4 and None not in sessions  # one per rollout
+    assert all(backend.turns.count(s) == 3 for s in sessions)  # every turn of it
+    assert sorted(backend.ended) == sorted(sessions)  # each ended once

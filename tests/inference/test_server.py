@@ -877,6 +877,16 @@ def test_vf_mm_serve_cli(serve_cli, renderer):
             assert chat.json()["choices"][0]["message"]["role"] == "assistant"
             models = (await http.get("/v1/models")).json()
             assert models["data"][0]["id"] == MODEL
+            metrics = await http.get("/metrics")
+            assert metrics.status_code == 200
+            queries = next(
+                line for line in metrics.text.splitlines()
+                if line.startswith("vllm:prefix_cache_queries_total{")
+            )  # fmt: skip
+            assert queries.startswith(
+                f'vllm:prefix_cache_queries_total{{engine="0",model_name="{MODEL}"}}'
+            )
+            assert float(queries.rsplit(" ", 1)[1]) >= 4 * len(ids)  # the four prompts at least
 
         api = OpenAIChatBackend(MODEL, base_url=f"{base}/v1", api_key="x", max_retries=0)
         try:

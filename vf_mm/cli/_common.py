@@ -9,10 +9,13 @@ The commands stay thin: each parses its own few options, builds the environment 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rich.console import Console
@@ -82,6 +85,23 @@ def add_run_arguments(
     p.add_argument(
         "-b", "--base-url", action="append", help="server URL (repeat for several vLLM servers)"
     )
+    if "vllm" in backends:
+        p.add_argument(
+            "--spawn",
+            type=int,
+            default=None,
+            metavar="N",
+            help="--backend vllm: start N vLLM servers of -m for this run (instead of -b), "
+            "stopped when it ends; arguments after -- go to each server",
+        )
+        p.add_argument(
+            "--gpus-per-server",
+            type=int,
+            default=1,
+            metavar="K",
+            help="with --spawn: GPUs per server, from CUDA_VISIBLE_DEVICES in order (K > 1 adds "
+            "--tensor-parallel-size K; 0: CPU servers)",
+        )
     p.add_argument("-n", "--num-examples", type=int, default=num_examples[0], help=num_examples[1])
     p.add_argument(
         "-r",
@@ -99,6 +119,63 @@ def add_run_arguments(
     )
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
     add_image_backend_argument(p)
+    add_engine_arguments(p)
+
+
+#: --dtype's choices: the local backend's weight dtypes
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype``: where the local backend runs its model, and in what."""
+    p.add_argument(
+        "--device",
+        type=device_argument,
+        default=None,
+        help="local backend: where the model runs: cpu, cuda or cuda:N (default cpu)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="local backend: the weights' dtype (default float32)",
+    )
+
+
+def device_argument(text: str) -> str:
+    """``--device``'s value, checked: ``cpu``, ``cuda`` or ``cuda:N``, and for CUDA a
+    device this machine has (a clear argument error otherwise, never a traceback)."""
+    match = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", text.strip())
+    if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu, cuda or cuda:N")
+    if match.group(1) == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            built = (
+                "without CUDA" if torch.version.cuda is None else f"for CUDA {torch.version.cuda}"
+            )
+            raise argparse.ArgumentTypeError(
+                f"{text}: no CUDA device is available here (torch {torch.__version__}, built "
+                f"{built}); use cpu"
+            )
+        index, count = int(match.group(2) or 0), torch.cuda.device_count()
+        if index >= count:
+            raise argparse.ArgumentTypeError(
+                f"{text}: this machine has {count} CUDA device{'s' if count != 1 else ''} "
+                f"(cuda:0 to cuda:{count - 1})"
+            )
+    return text.strip()
+
+
+def local_backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``LocalBackend``'s ``device`` and ``dtype`` from ``--device`` / ``--dtype``."""
+    import torch
+
+    return {
+        "device": args.device or "cpu",
+        "dtype": getattr(torch, args.dtype) if args.dtype else None,
+    }
 
 
 def add_image_backend_argument(p: argparse.ArgumentParser) -> None:
@@ -113,7 +190,17 @@ def add_image_backend_argument(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_model(args: argparse.Namespace) -> str | None:
-    """``-m`` as given, else the embedded tiny model for the local backend, else None."""
+    """``-m`` as given, else the embedded tiny model for the local backend, else None.
+    ``--device`` / ``--dtype`` with another backend are refused here (exit 2): they would
+    change nothing."""
+    if args.backend != "local" and (args.device is not None or args.dtype is not None):
+        flag = "--device" if args.device is not None else "--dtype"
+        print(
+            f"vf-mm {args.command}: {flag} is for the local backend; --backend "
+            f"{args.backend} runs the model elsewhere",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     if args.model:
         return str(args.model)
     if args.backend != "local":
@@ -121,6 +208,51 @@ def resolve_model(args: argparse.Namespace) -> str | None:
     from vf_mm.models import embedded_model  # built offline on first use, then reused
 
     return str(embedded_model())
+
+
+@contextlib.contextmanager
+def spawned_servers(args: argparse.Namespace) -> Iterator[None]:
+    """``--spawn N``: N vLLM servers of ``-m`` for the length of the block, their URLs in
+    ``args.base_url``; a progress line on stderr while they start. Without it, nothing."""
+    extra = list(getattr(args, "server_args", None) or [])
+    if not getattr(args, "spawn", None):
+        if extra:
+            _refuse(args, f"arguments after -- ({' '.join(extra)}) go to --spawn's servers")
+        yield
+        return
+    if args.backend != "vllm" or not args.model or args.base_url or args.spawn < 1:
+        _refuse(args, "--spawn N needs --backend vllm, -m MODEL, N >= 1 and no -b")
+    from vf_mm.inference import VLLMServers
+
+    err = Console(stderr=True)
+    shown: list[Any] = [None, 0.0]
+
+    def progress(ready: int, total: int, elapsed_s: float) -> None:
+        if not err.is_terminal and (ready, total) == shown[0] and elapsed_s - shown[1] < 30:
+            return  # plain lines: when the count changes, else every 30 s
+        shown[:] = [(ready, total), elapsed_s]
+        line = (
+            f"waiting for {total} vLLM server{'s' if total > 1 else ''}: {ready}/{total} "
+            f"healthy, {elapsed_s:.0f} s (logs: {servers.log_dir})"
+        )
+        err.print(line, end="\r" if err.is_terminal and ready < total else "\n", highlight=False)
+
+    servers = VLLMServers(
+        args.model,
+        args.spawn,
+        gpus_per_server=args.gpus_per_server,
+        extra_args=extra,
+        on_progress=progress,
+    )
+    with servers:
+        args.base_url = servers.base_urls
+        yield
+
+
+def _refuse(args: argparse.Namespace, message: str) -> None:
+    """Arguments that do not go together: say why, exit 2 (as argparse does)."""
+    print(f"vf-mm {args.command}: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
@@ -147,7 +279,7 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
         return vf_mm.RendererClient(VLLMBackend(args.base_url, model=model), pool)
     from vf_mm.inference import LocalBackend
 
-    return vf_mm.RendererClient(LocalBackend(model), pool)
+    return vf_mm.RendererClient(LocalBackend(model, **local_backend_options(args)), pool)
 
 
 #: exit status of a run that ``--max-errors`` stopped

@@ -2,6 +2,7 @@
 
     vf-mm eval ENV [-m MODEL] [--backend local|vllm|openai] [-b BASE_URL] [-n N] [-r R]
                    [-c CONC] [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-o OUTDIR] [--resume]
+                   [--spawn N [--gpus-per-server K] [-- VLLM_ARGS...]]
 
 Exit status: 0 when every rollout ran (failed ones are recorded with their error), 1
 when vf_mm refused the run (an environment that does not load, an OUTDIR in use, a
@@ -34,6 +35,7 @@ from vf_mm.cli._common import (
     progress_bar,
     resolve_model,
     reward_text,
+    spawned_servers,
     summary_table,
 )
 
@@ -88,7 +90,8 @@ def register(sub: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    return asyncio.run(_eval(args))
+    with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
+        return asyncio.run(_eval(args))
 
 
 async def _eval(args: argparse.Namespace) -> int:

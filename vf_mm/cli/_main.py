@@ -33,7 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_args: list[str] = []
+    if "--" in argv:  # what follows goes to the vLLM servers --spawn starts
+        cut = argv.index("--")
+        argv, server_args = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if server_args and not hasattr(args, "spawn"):
+        parser.error(f"vf-mm {args.command} takes no arguments after --")
+    args.server_args = server_args
     try:
         return int(args.run(args) or 0)
     except VfMmError as exc:  # a refusal we can explain: no traceback

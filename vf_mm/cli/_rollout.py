@@ -4,6 +4,7 @@
                   [--backend local|vllm] [-b BASE_URL] [-n N] [-r R] [-c CONC]
                   [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-s SEED]
                   [--hwm N] [--send-timeout S] [--bind]
+                  [--spawn N [--gpus-per-server K] [-- VLLM_ARGS...]]
 
 A terminal over ``vf_mm.training.stream_rollouts``: ``R`` rollouts of each of the first
 ``N`` rows of the environment's *train* split (``-n -1``, the default, is all of it), each
@@ -32,6 +33,7 @@ from vf_mm.cli._common import (
     progress_bar,
     resolve_model,
     reward_text,
+    spawned_servers,
     summary_table,
 )
 
@@ -73,7 +75,8 @@ def register(sub: Any) -> None:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    return asyncio.run(_rollout(args))
+    with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
+        return asyncio.run(_rollout(args))
 
 
 async def _rollout(args: argparse.Namespace) -> int:

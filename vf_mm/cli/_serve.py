@@ -9,22 +9,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vf_mm.cli._common import add_image_backend_argument
+from vf_mm.cli._common import (
+    add_engine_arguments,
+    add_image_backend_argument,
+    local_backend_options,
+)
 
 
 def register(sub: Any) -> None:
     serve = sub.add_parser(
         "serve",
         help="serve a checkpoint over HTTP: vLLM's /inference/v1/generate, "
-        "/v1/chat/completions, /v1/models, /health",
+        "/v1/chat/completions, /v1/models, /health, /metrics",
         description="Serve a checkpoint with the in-process transformers engine. Routes: "
         "POST /inference/v1/generate (vLLM's token-in/token-out schema; images as features "
         "or as content_parts data: URLs), POST /v1/chat/completions (OpenAI-compatible, "
-        "images as data: URLs), GET /v1/models, GET /health. No authentication: keep it "
+        "images as data: URLs), GET /v1/models, GET /health, GET /metrics (prefix-cache "
+        "counters, as vLLM's). No authentication: keep it "
         "on 127.0.0.1 or a trusted network.",
     )
     serve.add_argument("--model", required=True, type=Path, help="checkpoint directory")
     add_image_backend_argument(serve)
+    add_engine_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument(
@@ -93,7 +99,10 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         renderer = load_renderer(args.model, image_backend=args.image_backend)
         backend = LocalBackend(
-            args.model, max_batch=args.max_batch, batch_window_ms=args.batch_window_ms
+            args.model,
+            max_batch=args.max_batch,
+            batch_window_ms=args.batch_window_ms,
+            **local_backend_options(args),
         )
     except (VfMmError, OSError, ValueError) as exc:
         print(f"vf-mm serve: cannot load {args.model}: {exc}", file=sys.stderr)

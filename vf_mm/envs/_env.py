@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import random
 import time
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -57,7 +58,8 @@ class State(dict):
 
     Keys vf_mm sets: ``prompt``, ``completion``, ``answer``, ``info``, ``example_id``,
     ``rollout_index``, ``task``, ``row`` (the whole dataset row), ``turn`` (model turns
-    so far), ``trajectory`` (the ``TrajectoryStep`` list), ``error``, ``timing``.
+    so far), ``trajectory`` (the ``TrajectoryStep`` list), ``error``, ``timing``,
+    ``session_id`` (unique to the rollout: its model turns go to one inference server).
     Environments add their own keys.
     """
 
@@ -281,6 +283,7 @@ class Environment:
             timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
             row=dict(row),
             missing_columns=self.missing_columns(row),
+            session_id=uuid.uuid4().hex,
         )
 
     def missing_columns(self, row: Mapping[str, Any]) -> tuple[str, ...]:
@@ -351,6 +354,9 @@ class MultiTurnEnv(Environment):
             raise
         except Exception as exc:  # a backend, image or env failure fails this rollout only
             state["error"] = RolloutError.from_exception(exc, where=stage.where)
+        finally:
+            if state.get("session_id") is not None:
+                client.end_session(state["session_id"])
         state["timing"]["total_s"] = time.perf_counter() - start
         return state
 
@@ -378,7 +384,11 @@ class MultiTurnEnv(Environment):
                     sampling, zlib.crc32(f"{sampling.seed}:{state['turn']}".encode())
                 )
             turn = await client.generate(
-                messages, trajectory=state["trajectory"], tools=self.tools, sampling=params
+                messages,
+                trajectory=state["trajectory"],
+                tools=self.tools,
+                sampling=params,
+                session_id=state.get("session_id"),
             )
             state["timing"]["generation_s"] += time.perf_counter() - t0
             state["trajectory"].append(turn.step(messages))

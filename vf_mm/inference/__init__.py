@@ -5,7 +5,10 @@
 ``decode_kwargs_item`` are vLLM's ``kwargs_data`` encoding of one image's model inputs
 (what ``features`` mode sends), checked against vLLM's own decoder. ``create_app`` is the
 HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind vLLM's
-token-in/token-out route and an OpenAI-compatible chat route.
+token-in/token-out route and an OpenAI-compatible chat route. ``VLLMServers`` starts N
+vLLM servers of one model as subprocesses (``server_flags``: what each needs for
+``VLLMBackend``; ``vllm_command``: what starts one), stopped with their parent however
+it ends.
 """
 
 from typing import TYPE_CHECKING
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING
 from vf_mm._lazy import lazy_exports
 from vf_mm.inference._mm_kwargs import decode_kwargs_item, encode_kwargs_item
 from vf_mm.inference._scripted import ScriptedBackend
+from vf_mm.inference._spawn import VLLMServers, server_flags, vllm_command
 from vf_mm.inference._types import (
     Backend,
     ChatBackend,
@@ -38,10 +42,13 @@ __all__ = [
     "ScriptedBackend",
     "Usage",
     "VLLMBackend",
+    "VLLMServers",
     "check_prompt_length",
     "create_app",
     "decode_kwargs_item",
     "encode_kwargs_item",
+    "server_flags",
+    "vllm_command",
 ]
 
 if TYPE_CHECKING:

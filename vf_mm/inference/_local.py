@@ -1,26 +1,63 @@
-"""``LocalBackend``: an in-process transformers model that batches concurrent requests.
+"""``LocalBackend``: an in-process transformers model that batches concurrent requests and
+keeps each conversation's history between turns.
 
 The embedded default backend, the CPU development backend, and what ``vf-mm serve``
 exposes. Requests are queued from the event loop to one worker thread (the model
-never runs on the loop); the worker takes the first waiting request, collects
-whatever else arrives within ``batch_window_ms`` (up to ``max_batch``), and generates
-for all of them in one left-padded batch. Each row keeps its own sampling rules,
-seed and stop tokens (``_sampling.RowSampler``), image and vision tokens are never
-sampled, and each row's raw log-probabilities come back with its tokens.
+never runs on the loop). Each row keeps its own sampling rules, seed and stop tokens
+(``_sampling``), image and vision tokens are never sampled, and each row's raw
+log-probabilities come back with its tokens.
+
+**Continuous batching.** When idle, the worker takes the first waiting request and
+whatever else arrives within ``batch_window_ms`` (up to ``max_batch``); while rows are
+decoding, requests that arrive join the running batch (after two decode steps' wait,
+so that requests arriving close together share one prefill forward), and a row that
+finishes leaves it and is answered at once. Each step is one forward over every
+running row. ``clear_cache`` and ``load_weights`` wait for the running rows and hold
+new ones back meanwhile.
+
+**Prefix caching.** A multi-turn rollout sends turn N's prompt as turn N-1's prompt,
+its completion and the new messages (the renderer bridges), so almost all of a prompt
+was computed the turn before. When a request finishes, its KV tensors (prompt and
+completion) go into a ``PrefixCache`` keyed by token ids and image hashes; a new
+request reuses the longest cached prefix and prefills only the rest, running the
+vision tower only on images in that rest (whose outputs are cached by image too). The
+backend never needs to know which rollout a request belongs to. Rows with different
+cached lengths share one forward: each row's KV is padded into one tensor and masked
+(``_kv.BatchKV``); positions are passed per token, for the Qwen-VL families the
+model's own M-RoPE positions over the whole prompt (``get_rope_index`` with every
+image's grid), so a cached prefix and a full re-encode see the same positions.
+Greedy results (ids, and logprobs within float tolerance) are those of a full
+re-encode. ``prefix_cache=False`` re-encodes every prompt whole (for comparison).
+``prefix_cache_queries`` / ``prefix_cache_hits`` count prompt tokens looked up and
+found cached (vLLM's counters of the same names).
+
+**Qwen3.5** (Gated DeltaNet linear-attention layers beside full attention): a linear
+layer keeps a recurrent state per row, not per token, so a cached entry stands for its
+whole length only (a prompt reuses it when it extends all of it, as every bridged turn
+does), rows are prefilled one per forward (a pad fed through the recurrence would
+change the state), and decode together.
+
+Families that run through Hugging Face ``generate`` instead (re-encoding every
+prompt, batched per window, no prefix cache): **Gemma 3** (its attention over an
+image's tokens is bidirectional and built from the token types of one forward's
+input, and half its layers use a sliding window, which a padded batch of rows with
+different lengths would misplace), and any model with sliding-window layers.
 
 ``load_weights`` swaps weights in place between batches (a trainer pushing a new
-policy): a batch never mixes two versions, and ``weights_version`` counts swaps.
+policy): no request ever sees two versions, no cache outlives the weights it was
+computed with, and ``weights_version`` counts swaps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +65,22 @@ import numpy as np
 import torch
 
 from vf_mm.errors import BackendError
-from vf_mm.inference._sampling import RowSampler, RowStopper
+from vf_mm.inference._kv import LINEAR_STATES, BatchKV
+from vf_mm.inference._prefix_cache import ByteLRU, Match, MediaSpan, PrefixCache
+from vf_mm.inference._sampling import RowSampler, RowStopper, sample_rows
 from vf_mm.inference._types import (
     GenerateRequest,
     GenerateResult,
+    SamplingParams,
     Usage,
     check_prompt_length,
 )
+
+_GIB = 1 << 30
+# most tokens (pads included) one prefill forward takes: bounds a prefill's activations
+_PREFILL_TOKENS = 8192
+# families whose image attention is not causal: their cache is never reused
+_NOT_RESUMABLE = ("gemma3",)
 
 
 @dataclass(slots=True)
@@ -44,12 +90,52 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
 
 
+@dataclass(slots=True, eq=False)
+class _Row:
+    """One request while it runs (``pending`` None once it is answered)."""
+
+    pending: _Pending | None
+    prompt: list[int]
+    spans: tuple[MediaSpan, ...]
+    media: list[tuple[MediaSpan, str, Mapping[str, Any]]]  # (span, modality, inputs)
+    match: Match
+    positions: torch.Tensor  # the new tokens' positions: (n,) or (3, n) for M-RoPE
+    delta: int  # a text token at index t sits at position t + delta
+    sampling: SamplingParams
+    generator: torch.Generator
+    stop_ids: set[int]
+    completion: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = "length"
+    stop_reason: int | None = None
+    done: bool = False
+
+    @property
+    def cached(self) -> int:
+        return self.match.length
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.prompt[self.cached :]
+
+    @property
+    def next_position(self) -> int:
+        """Where the last sampled token goes (it is fed at the next step)."""
+        return len(self.prompt) + len(self.completion) - 1 + self.delta
+
+
 class LocalBackend:
     """Serve a transformers model in-process. ``model`` is a checkpoint directory (any
     ``build_tiny_vlm`` / ``build_tiny_lm`` output, or a real Qwen-VL / causal LM).
 
     Prompts arrive as token ids with their images' ``pixel_values`` / ``image_grid_thw``
     in ``multi_modal_data`` (as a ``vf_mm`` renderer produces them).
+
+    ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; ``dtype``: the weights' dtype
+    (default float32). ``prefix_cache``: keep history between requests (module
+    docstring); ``prefix_cache_bytes`` bounds the KV entries kept (default: a quarter
+    of the GPU memory free after loading, or 2 GiB on CPU) and ``vision_cache_bytes``
+    the vision tower's outputs kept (default: an eighth of that).
     """
 
     def __init__(
@@ -62,6 +148,9 @@ class LocalBackend:
         max_batch: int = 32,
         max_model_len: int | None = None,
         seed: int = 0,
+        prefix_cache: bool = True,
+        prefix_cache_bytes: int | None = None,
+        vision_cache_bytes: int | None = None,
     ) -> None:
         from vf_mm.models import VISION_FAMILIES, family_info, model_class, model_type
 
@@ -82,9 +171,9 @@ class LocalBackend:
                 self.path, dtype=dtype or torch.float32
             )
         self.model.to(device).eval()
-        self.device = device
+        self.device = torch.device(device)
         config = self.model.config
-        text_config = getattr(config, "text_config", config)
+        text_config = config.get_text_config(decoder=True)
         self.max_model_len = max_model_len or getattr(text_config, "max_position_embeddings", None)
         self.is_multimodal = family in VISION_FAMILIES
         self.family = family
@@ -105,6 +194,7 @@ class LocalBackend:
             )
             if i is not None
         ]
+        self._suppress = torch.tensor(sorted(set(self.suppress_token_ids)), dtype=torch.long)
         from transformers import GenerationConfig
 
         eos = self.model.generation_config.eos_token_id
@@ -120,11 +210,46 @@ class LocalBackend:
         self.batch_window_s = batch_window_ms / 1000
         self.max_batch = max_batch
         self.weights_version = 0
-        self.batches_run = 0
+        self.batches_run = 0  # admissions: groups of requests started together
         self.busy_s = 0.0  # wall time the worker spent generating (model time)
+        self.running_rows = 0  # requests being generated right now
+        self.prefills_run = 0  # prefill forwards (a group of rows' new tokens each)
+        self.steps_run = 0  # decode forwards (one token for every running row each)
+
+        self._num_layers = int(text_config.num_hidden_layers)
+        layer_types = getattr(text_config, "layer_types", None) or ["full_attention"]
+        # rows of different lengths share forwards: every layer must be full attention, or
+        # linear attention (a state per row, prefilled one row per forward)
+        self._linear = frozenset(i for i, t in enumerate(layer_types) if t == "linear_attention")
+        self.resumable = (
+            family not in _NOT_RESUMABLE
+            and all(t in ("full_attention", "linear_attention") for t in layer_types)
+            and (LINEAR_STATES or not self._linear)
+        )
+        self._mrope = self.is_multimodal and hasattr(
+            getattr(self.model, "model", None), "get_rope_index"
+        )
+        forward = getattr(self.model, "model", self.model).forward
+        self._encoder_outputs = self.is_multimodal and (
+            "mm_encoder_outputs" in inspect.signature(forward).parameters
+        )
+        self.prefix_cache_enabled = prefix_cache
+        if prefix_cache_bytes is None:
+            prefix_cache_bytes = _default_cache_bytes(self.device)
+        if vision_cache_bytes is None:
+            vision_cache_bytes = prefix_cache_bytes // 8
+        self._prefix = PrefixCache(prefix_cache_bytes)
+        self._vision = ByteLRU(vision_cache_bytes)
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens found cached (not computed again)
+        self.vision_cache_queries = 0  # images whose tower output was looked up
+        self.vision_cache_hits = 0  # of those, found (the tower did not run)
+
         self._seeds = np.random.default_rng(seed)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._weights_lock = threading.Lock()
+        self._swap = threading.Condition()
+        self._swaps_waiting = 0
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="vf_mm-local-backend", daemon=True)
         self._worker.start()
@@ -149,10 +274,39 @@ class LocalBackend:
         return await future
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Replace the model's weights in place, between batches."""
-        with self._weights_lock, torch.no_grad():
+        """Replace the model's weights in place, between batches: running rows finish on
+        the old weights, waiting ones start on the new; every cache is dropped."""
+        with self._between_batches(), torch.no_grad():
             self.model.load_state_dict(dict(state_dict), strict=strict)
             self.weights_version += 1
+            self._prefix.clear()
+            self._vision.clear()
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix and vision-tower output, between batches (the next
+        requests are encoded whole)."""
+        with self._between_batches():
+            self._prefix.clear()
+            self._vision.clear()
+
+    @contextlib.contextmanager
+    def _between_batches(self) -> Iterator[None]:
+        """Hold the worker between batches: it takes in no new request and, once its
+        running rows are done, waits until this block ends."""
+        with self._swap:
+            self._swaps_waiting += 1
+        try:
+            with self._weights_lock:
+                yield
+        finally:
+            with self._swap:
+                self._swaps_waiting -= 1
+                self._swap.notify_all()
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        """Bytes of KV tensors the prefix cache holds now."""
+        return self._prefix.nbytes
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -167,37 +321,409 @@ class LocalBackend:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            deadline = time.monotonic() + self.batch_window_s
-            while len(batch) < self.max_batch:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
-                try:
-                    item = self._queue.get(timeout=timeout)
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)  # finish this batch, then stop
-                    break
-                batch.append(item)
-            batch = [p for p in batch if not p.future.cancelled()]
-            if not batch:
-                continue
-            started = time.perf_counter()
+            batch, stop = self._collect([first], self.max_batch, wait=True)
+            with self._swap:
+                while self._swaps_waiting:
+                    self._swap.wait()
+            # no autograd anywhere in here: a graph would chain every step through the KV
+            # tensors written in place, and cached entries would keep it all alive
+            with self._weights_lock, torch.inference_mode():
+                if self.resumable:
+                    stop = self._episode(batch) or stop
+                else:
+                    self._generate_batch(batch)
+            if stop:
+                return
+
+    def _collect(
+        self, batch: list[_Pending], room: int, *, wait: bool
+    ) -> tuple[list[_Pending], bool]:
+        """More requests for ``batch``, up to ``room`` in all: those arriving within the
+        batch window (``wait``) or those already queued. Returns them and whether the
+        backend is closing."""
+        deadline = time.monotonic() + (self.batch_window_s if wait else 0.0)
+        while len(batch) < room:
+            timeout = deadline - time.monotonic()
             try:
-                with self._weights_lock:
-                    results: list[Any] = self._generate([p.request for p in batch])
-            except Exception as exc:  # a bad batch fails its requests, never the worker
-                results = [
-                    BackendError(f"local generation failed: {exc!r}", backend=self.name)
-                ] * len(batch)
-            self.batches_run += 1
+                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _generate_batch(self, batch: list[_Pending]) -> None:
+        """The ``generate`` path: one batch, re-encoded whole."""
+        batch = [p for p in batch if not p.future.cancelled()]
+        if not batch:
+            return
+        started = time.perf_counter()
+        self.batches_run += 1
+        try:
+            results: list[Any] = self._generate([p.request for p in batch])
+        except Exception as exc:  # a bad batch fails its requests, never the worker
+            results = [self._failure(exc)] * len(batch)
+        self.busy_s += time.perf_counter() - started
+        for pending, result in zip(batch, results, strict=True):
+            _answer(pending, result)
+
+    def _episode(self, admit: list[_Pending]) -> bool:
+        """Run rows until none is left, taking in new requests as they come (unless a
+        weight swap waits). Returns whether the backend is closing.
+
+        A request that arrives while rows decode is held until it has waited two decode
+        steps (or nothing else runs), so that requests arriving close together join in
+        one prefill: a prefill is one forward, whatever its number of rows."""
+        rows: list[_Row] = []
+        kv: BatchKV | None = None
+        closing = False
+        held: list[_Pending] = []
+        held_since = 0.0
+        step_s = 0.0  # a recent decode step's duration
+        while True:
+            started = time.perf_counter()
+            new: list[_Row] = []
+            try:
+                if admit:
+                    self.batches_run += 1
+                    new = [r for r in map(self._row, admit) if r is not None]
+                    admit = []
+                    if new:
+                        new_kv = self._prefill(new)
+                        kv = new_kv if kv is None else kv.merge(new_kv, reserve=_reserve(new))
+                        rows, new = rows + new, []
+                if rows and kv is not None:
+                    rows, kv = self._retire(rows, kv)
+                if rows and kv is not None:
+                    step = time.perf_counter()
+                    self._decode(rows, kv)
+                    step_s = time.perf_counter() - step
+                    rows, kv = self._retire(rows, kv)
+            except Exception as exc:  # a failed forward fails the rows in it, never the worker
+                error = self._failure(exc)
+                for row in [*rows, *new]:
+                    if row.pending is not None:  # not answered yet
+                        _answer(row.pending, error)
+                rows, kv = [], None
             self.busy_s += time.perf_counter() - started
-            for pending, result in zip(batch, results, strict=True):
-                # a RuntimeError means the caller's event loop is gone: nobody waits for it
-                with contextlib.suppress(RuntimeError):
-                    pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
+            self.running_rows = sum(not r.done for r in rows)
+            if not closing and not self._swaps_waiting:
+                room = self.max_batch - len(rows) - len(held)
+                more, closing = self._collect([], room, wait=False)
+                if more and not held:
+                    held_since = time.monotonic()
+                held += more
+            if not rows and not held:
+                return closing
+            waited = time.monotonic() - held_since
+            if held and (not self.running_rows or waited >= max(self.batch_window_s, 2 * step_s)):
+                admit, held = held, []
+
+    def _failure(self, exc: Exception) -> BackendError:
+        return BackendError(f"local generation failed: {exc!r}", backend=self.name)
+
+    # -- rows -----------------------------------------------------------------------------
+
+    def _row(self, pending: _Pending) -> _Row | None:
+        """A request made ready to run: its images, its cached prefix, its positions. A
+        request that cannot run is answered here, alone."""
+        if pending.future.cancelled():
+            return None
+        request = pending.request
+        try:
+            media = _media(request)
+            spans = tuple(span for span, _, _ in media)
+            prompt = list(request.prompt_ids)
+            match = Match(None, 0)
+            if self.prefix_cache_enabled:
+                match = self._prefix.lookup(prompt, spans, limit=len(prompt) - 1)
+                self.prefix_cache_queries += len(prompt)
+                self.prefix_cache_hits += match.length
+            positions, delta = self._positions(prompt, media, match.length)
+            params = request.sampling
+            seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+            return _Row(
+                pending=pending,
+                prompt=prompt,
+                spans=spans,
+                media=media,
+                match=match,
+                positions=positions,
+                delta=delta,
+                sampling=params,
+                generator=torch.Generator(self.device).manual_seed(seed),
+                stop_ids=self.eos_token_ids | set(params.stop_token_ids),
+            )
+        except Exception as exc:
+            _answer(pending, self._failure(exc))
+            return None
+
+    def _positions(
+        self,
+        prompt: list[int],
+        media: list[tuple[MediaSpan, str, Mapping[str, Any]]],
+        start: int,
+    ) -> tuple[torch.Tensor, int]:
+        """The positions of ``prompt[start:]`` and the offset of text positions after it.
+        Qwen-VL families (M-RoPE): the model's own ``get_rope_index`` over the whole
+        prompt with every image's grid, so a prefix computed earlier and the new tokens
+        line up exactly as in one forward over all of it."""
+        n = len(prompt)
+        if not (self._mrope and media):
+            positions = torch.arange(start, n)
+            return (positions.expand(3, -1) if self._mrope else positions), 0
+        ids = torch.tensor([prompt])
+        types = torch.zeros_like(ids)
+        grids: dict[str, list[np.ndarray]] = {}
+        for _, modality, inputs in media:
+            token = self.image_token_id if modality == "image" else self.video_token_id
+            types[ids == token] = 1 if modality == "image" else 2
+            for name in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts"):
+                if name in inputs:
+                    value = np.asarray(inputs[name])
+                    shaped = (
+                        value.reshape(-1) if name == "second_per_grid_ts" else value.reshape(-1, 3)
+                    )
+                    grids.setdefault(name, []).append(shaped)
+        kwargs = {name: torch.from_numpy(np.concatenate(parts)) for name, parts in grids.items()}
+        for name in ("image_grid_thw", "video_grid_thw"):
+            if name in kwargs:
+                kwargs[name] = kwargs[name].long()
+        positions, deltas = self.model.model.get_rope_index(ids, mm_token_type_ids=types, **kwargs)
+        return positions[:, 0, start:], int(deltas.reshape(-1)[0])
+
+    # -- forwards -------------------------------------------------------------------------
+
+    def _prefill(self, rows: list[_Row]) -> BatchKV:
+        """Compute the uncached part of every row's prompt and sample each row's first
+        token. Rows go in groups of similar length (a group is one forward)."""
+        order = sorted(rows, key=lambda r: len(r.new_ids), reverse=True)
+        groups: list[list[_Row]] = []
+        for row in order:
+            group = groups[-1] if groups else None
+            if group is not None and not self._linear:  # a recurrent state takes no pads
+                width = len(group[0].new_ids)  # the group's longest
+                real = sum(len(r.new_ids) for r in group) + len(row.new_ids)
+                padded = width * (len(group) + 1)
+                if padded <= _PREFILL_TOKENS and padded <= 2 * real:
+                    group.append(row)
+                    continue
+            groups.append([row])
+        kv: BatchKV | None = None
+        for group in groups:
+            part = self._prefill_group(group)
+            kv = part if kv is None else kv.merge(part, reserve=_reserve(rows))
+        rows[:] = [r for g in groups for r in g]  # the batch's row order
+        assert kv is not None
+        return kv
+
+    def _prefill_group(self, rows: list[_Row]) -> BatchKV:
+        prefixes = [
+            r.match.entry.state.prefix(r.cached) if r.match.entry is not None else None
+            for r in rows
+        ]
+        width = max(len(r.new_ids) for r in rows)
+        kv = BatchKV.start(
+            prefixes,
+            num_layers=self._num_layers,
+            device=self.device,
+            new=width,
+            reserve=_reserve(rows),
+            linear=self._linear,
+        )
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        shape = (3, len(rows), width) if self._mrope else (len(rows), width)
+        positions = torch.zeros(shape, dtype=torch.long)
+        for i, row in enumerate(rows):
+            new = row.new_ids
+            ids[i, width - len(new) :] = torch.tensor(new)
+            mask[i, width - len(new) :] = 1
+            positions[..., i, width - len(new) :] = row.positions
+        kv.extend_mask(mask.to(self.device))
+        self.prefills_run += 1
+        inputs: dict[str, Any] = {}
+        if self.is_multimodal:
+            inputs = self._vision_inputs(rows, ids)
+        logits = self._forward(ids, positions, kv, inputs)
+        self._sample(rows, logits)
+        return kv
+
+    def _decode(self, rows: list[_Row], kv: BatchKV) -> None:
+        """One step: feed every running row its last sampled token, sample the next."""
+        ids = torch.tensor([[r.completion[-1] if not r.done else self.pad_token_id] for r in rows])
+        at = torch.tensor([[r.next_position] for r in rows])
+        positions = at[None].expand(3, -1, -1) if self._mrope else at
+        alive = torch.tensor([[0 if r.done else 1] for r in rows])
+        kv.extend_mask(alive.to(self.device))
+        self.steps_run += 1
+        logits = self._forward(ids, positions, kv, {})
+        self._sample(rows, logits)
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, kv: BatchKV, inputs: dict[str, Any]
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=kv.mask,
+            position_ids=positions.to(self.device),
+            past_key_values=kv.cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **inputs,
+        )
+        return out.logits[:, -1]
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        live = [i for i, r in enumerate(rows) if not r.done]
+        if not live:
+            return
+        scores = logits if len(live) == len(rows) else logits[torch.tensor(live)]
+        _, tokens, logprobs = sample_rows(
+            scores,
+            [rows[i].sampling for i in live],
+            [rows[i].generator for i in live],
+            self._suppress,
+        )
+        for i, token, logprob in zip(live, tokens, logprobs, strict=True):
+            row = rows[i]
+            row.completion.append(token)
+            row.logprobs.append(logprob)
+            if token in row.stop_ids:
+                row.finish = "stop"
+                row.stop_reason = None if token in self.eos_token_ids else token
+                row.done = True
+            elif len(row.completion) >= row.sampling.max_tokens:
+                row.done = True
+
+    def _retire(self, rows: list[_Row], kv: BatchKV) -> tuple[list[_Row], BatchKV | None]:
+        """Answer the rows that just finished, keep their state, and drop finished rows
+        from the batch once they are half of it."""
+        for i, row in enumerate(rows):
+            if row.pending is None:
+                continue
+            if row.done:
+                if self.prefix_cache_enabled and not row.pending.future.cancelled():
+                    state = kv.row(i)  # prompt + completion[:-1]: the last token was not fed
+                    tokens = row.prompt + row.completion[:-1]
+                    self._prefix.insert(
+                        tokens,
+                        row.spans,
+                        state,
+                        state.nbytes,
+                        exact=state.exact,
+                        replaces=row.match.entry,
+                    )
+                _answer(row.pending, _result(row))
+                row.pending = None
+            elif row.pending.future.cancelled():  # nobody waits for it: stop it here
+                row.done = True
+                row.pending = None
+        keep = [i for i, r in enumerate(rows) if not r.done]
+        if not keep:
+            return [], None
+        if 2 * len(keep) <= len(rows):
+            kept = [rows[i] for i in keep]
+            return kept, kv.select(keep, reserve=_reserve(kept))
+        return rows, kv
+
+    # -- images ---------------------------------------------------------------------------
+
+    def _vision_inputs(self, rows: Sequence[_Row], ids: torch.Tensor) -> dict[str, Any]:
+        """The forward's image inputs for the new part of ``rows`` (``ids``): the vision
+        tower's outputs, cached per image, where the model takes them; else the images'
+        processed inputs."""
+        new = [(span, modality, inputs)
+               for r in rows for span, modality, inputs in r.media if span.offset >= r.cached]  # fmt: skip
+        if not new:
+            return {}
+        if (
+            self.prefix_cache_enabled
+            and self._encoder_outputs
+            and all(modality == "image" for _, modality, _ in new)
+        ):
+            return {"mm_encoder_outputs": {"image": self._image_features(new)}}
+        from vf_mm.models import model_inputs
+
+        try:
+            raw = model_inputs(
+                self.family,
+                ids,
+                [inputs for _, m, inputs in new if m == "image"],
+                image_token_ids=[self.image_token_id],
+                dtype=self.model.dtype,
+                videos=[inputs for _, m, inputs in new if m == "video"],
+                video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
+                order=[m for _, m, _ in new],
+            )
+        except (KeyError, ValueError) as exc:
+            raise BackendError(
+                f"the images' and videos' inputs do not make one batch: {exc}", backend=self.name
+            ) from None
+        return {name: value.to(self.device) for name, value in raw.items()}
+
+    def _image_features(self, new: list[tuple[MediaSpan, str, Mapping[str, Any]]]) -> Any:
+        """The vision tower's output for ``new`` images, in order, as the model's
+        ``mm_encoder_outputs`` takes it: from the cache, the tower run once on the rest."""
+        found: dict[str, tuple[Any, ...]] = {}
+        missing: dict[str, Mapping[str, Any]] = {}
+        for span, _, inputs in new:
+            self.vision_cache_queries += 1
+            hit = self._vision.get(span.key)
+            if hit is not None:
+                self.vision_cache_hits += 1
+                found[span.key] = hit
+            else:
+                missing.setdefault(span.key, inputs)
+        if missing:
+            found.update(self._encode_images(missing))
+        features = [found[span.key] for span, _, _ in new]
+        output_class = features[0][0]
+        out: dict[str, Any] = {"pooler_output": tuple(f[1] for f in features)}
+        if features[0][2] is not None:
+            layers = len(features[0][2])
+            out["deepstack_features"] = [tuple(f[2][i] for f in features) for i in range(layers)]
+        return output_class(**out)
+
+    def _encode_images(self, images: dict[str, Mapping[str, Any]]) -> dict[str, tuple[Any, ...]]:
+        """Run the vision tower on ``images`` (by key): all in one call where the model
+        returns one output per image, else one call per image."""
+        from vf_mm.models import family_info, model_inputs
+
+        info = family_info(self.family)
+        keys = list(images)
+        chunks = [keys] if info.image_axis == 0 else [[k] for k in keys]
+        encoded: dict[str, tuple[Any, ...]] = {}
+        dummy = torch.zeros((1, 1), dtype=torch.long)
+        for chunk in chunks:
+            inputs = model_inputs(
+                self.family,
+                dummy,
+                [images[k] for k in chunk],
+                image_token_ids=[self.image_token_id],
+                dtype=self.model.dtype,
+            )
+            args = {k: v.to(self.device) for k, v in inputs.items() if k in info.image_inputs}
+            output = self.model.model.get_image_features(**args, return_dict=True)
+            pooled = list(output.pooler_output)
+            if len(pooled) != len(chunk):
+                raise BackendError(
+                    f"the vision tower returned {len(pooled)} outputs for {len(chunk)} images",
+                    backend=self.name,
+                )
+            deep = getattr(output, "deepstack_features", None)
+            for i, key in enumerate(chunk):
+                layers = tuple(layer[i] for layer in deep) if deep is not None else None
+                value = (type(output), pooled[i], layers)
+                size = pooled[i].numel() * pooled[i].element_size() + sum(
+                    t.numel() * t.element_size() for t in (layers or ())
+                )
+                self._vision.put(key, value, size)
+                encoded[key] = value
+        return encoded
+
+    # -- the generate path ----------------------------------------------------------------
 
     @torch.no_grad()
     def _generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
@@ -209,10 +735,10 @@ class LocalBackend:
             attention[row, width - len(r.prompt_ids) :] = 1
         inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention}
         if self.is_multimodal:
-            inputs.update(self._vision_inputs(requests, input_ids))
+            inputs.update(self._batch_vision_inputs(requests, input_ids))
         sampling = [r.sampling for r in requests]
         generators = [
-            torch.Generator().manual_seed(
+            torch.Generator(self.device).manual_seed(
                 s.seed if s.seed is not None else int(self._seeds.integers(2**63))
             )
             for s in sampling
@@ -294,7 +820,7 @@ class LocalBackend:
                         backend=self.name,
                     )
 
-    def _vision_inputs(
+    def _batch_vision_inputs(
         self, requests: Sequence[GenerateRequest], input_ids: torch.Tensor
     ) -> dict[str, Any]:
         from vf_mm.models import model_inputs
@@ -313,7 +839,7 @@ class LocalBackend:
                 input_ids,
                 items("image"),
                 image_token_ids=[self.image_token_id],
-                dtype=next(self.model.parameters()).dtype,
+                dtype=self.model.dtype,
                 videos=items("video"),
                 video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
                 order=[
@@ -329,6 +855,49 @@ class LocalBackend:
             ) from None
 
 
+def _media(request: GenerateRequest) -> list[tuple[MediaSpan, str, Mapping[str, Any]]]:
+    """Every image and clip of a request in token order: its span (keyed by modality,
+    content hash and the shapes of its inputs) and its model inputs."""
+    data = request.multi_modal_data
+    if data is None or data.is_empty:
+        return []
+    out = []
+    for modality, i, where in data.all_placeholders():
+        inputs = data.mm_items[modality][i]
+        shapes = ",".join(
+            f"{name}{tuple(np.shape(value))}" for name, value in sorted(inputs.items())
+        )
+        if "image_grid_thw" in inputs or "video_grid_thw" in inputs:
+            grid = inputs.get("image_grid_thw", inputs.get("video_grid_thw"))
+            shapes += f"|{np.asarray(grid).reshape(-1).tolist()}"
+        key = f"{modality}:{data.mm_hashes[modality][i]}:{shapes}"
+        out.append((MediaSpan(where.offset, where.end, key), modality, inputs))
+    return out
+
+
+def _reserve(rows: Sequence[_Row]) -> int:
+    """Columns to keep free for decoding ``rows``: the most tokens any still may sample."""
+    return max((r.sampling.max_tokens - len(r.completion) for r in rows), default=0)
+
+
+def _result(row: _Row) -> GenerateResult:
+    return GenerateResult(
+        completion_ids=list(row.completion),
+        logprobs=list(row.logprobs) if row.sampling.logprobs else None,
+        finish_reason=row.finish,  # type: ignore[arg-type]
+        stop_reason=row.stop_reason,
+        usage=Usage(prompt_tokens=len(row.prompt), completion_tokens=len(row.completion)),
+    )
+
+
+def _default_cache_bytes(device: torch.device) -> int:
+    """A quarter of the GPU memory free once the model is loaded; 2 GiB on CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 4
+    return 2 * _GIB
+
+
 def _config_id(config: Any, name: str) -> int | None:
     """A special token's id from a model config (``<name>_id``, or Gemma's
     ``<name>_index``), None when the config has none."""
@@ -337,6 +906,12 @@ def _config_id(config: Any, name: str) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+def _answer(pending: _Pending, result: Any) -> None:
+    # a RuntimeError means the caller's event loop is gone: nobody waits for it
+    with contextlib.suppress(RuntimeError):
+        pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
 
 
 def _resolve(future: asyncio.Future[GenerateResult], result: Any) -> None:

