@@ -58,6 +58,7 @@ import numpy as np
 import PIL
 import torch
 import transformers
+from _machine import cpu_name
 from PIL import Image
 
 import vf_mm
@@ -188,12 +189,7 @@ def best(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     return (
         f"{cpu}, {os.cpu_count()} cores | Python {platform.python_version()}, vf_mm "
         f"{vf_mm.__version__}, transformers {transformers.__version__}, torch "

@@ -53,6 +53,7 @@ import msgpack
 import msgspec
 import numpy as np
 import torch
+from _machine import cpu_name
 
 import vf_mm
 from vf_mm.wire import Encoder, packb, unpackb
@@ -389,12 +390,7 @@ def decode_scaling(rollouts: int, repeat: int) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     return (
         f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()} | "
         f"Python {platform.python_version()}, vf_mm {vf_mm.__version__} "

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from _machine import cpu_name
 from PIL import Image
 
 import vf_mm
@@ -174,12 +175,7 @@ def main() -> None:
     args.torch_dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     print(
         f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()} | Python "
         f"{platform.python_version()}, vf_mm {vf_mm.__version__}, torch {torch.__version__}, "

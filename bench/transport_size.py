@@ -49,6 +49,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from _machine import cpu_name
 
 import vf_mm
 from vf_mm.training import pack_group, unpack_group
@@ -328,12 +329,7 @@ def checker(outputs: list[RolloutOutput], *, memo: bool) -> Check:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     return (
         f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()} | "
         f"Python {platform.python_version()}, vf_mm {vf_mm.__version__}, "
