@@ -15,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.inference.test_spawn import alive
 from vf_mm.cli import main
 from vf_mm.results import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "inference" / "_fake_vllm.py"
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")

@@ -179,8 +179,13 @@ class LocalBackend:
         self.family = family
         self.image_token_id = _config_id(config, "image_token")
         self.video_token_id = _config_id(config, "video_token")
-        if self.is_multimodal and family_info(family).frames_as_images:
-            self.video_token_id = self.image_token_id  # SmolVLM: a clip's frames are images
+        # the input holding each item's pixels (SmolVLM: a clip's frames are images)
+        self._pixels = {"image": "pixel_values", "video": "pixel_values_videos"}
+        if self.is_multimodal:
+            info = family_info(family)
+            self._pixels["video"] = (info.video_inputs or ("pixel_values_videos",))[0]
+            if info.frames_as_images:
+                self.video_token_id = self.image_token_id
         # the model must never sample an image's own tokens: they need image inputs
         self.suppress_token_ids = [
             i
@@ -420,6 +425,11 @@ class LocalBackend:
             if held and (not self.running_rows or waited >= max(self.batch_window_s, 2 * step_s)):
                 admit, held = held, []
 
+    def _generator(self, params: SamplingParams) -> torch.Generator:
+        """The request's own random stream: its seed, else one drawn from the backend's."""
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+        return torch.Generator(self.device).manual_seed(seed)
+
     def _failure(self, exc: Exception) -> BackendError:
         return BackendError(f"local generation failed: {exc!r}", backend=self.name)
 
@@ -442,7 +452,6 @@ class LocalBackend:
                 self.prefix_cache_hits += match.length
             positions, delta = self._positions(prompt, media, match.length)
             params = request.sampling
-            seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
             return _Row(
                 pending=pending,
                 prompt=prompt,
@@ -452,7 +461,7 @@ class LocalBackend:
                 positions=positions,
                 delta=delta,
                 sampling=params,
-                generator=torch.Generator(self.device).manual_seed(seed),
+                generator=self._generator(params),
                 stop_ids=self.eos_token_ids | set(params.stop_token_ids),
             )
         except Exception as exc:
@@ -644,24 +653,31 @@ class LocalBackend:
             and all(modality == "image" for _, modality, _ in new)
         ):
             return {"mm_encoder_outputs": {"image": self._image_features(new)}}
+        raw = self._media_inputs(ids, new)
+        return {name: value.to(self.device) for name, value in raw.items()}
+
+    def _media_inputs(
+        self, ids: torch.Tensor, media: Sequence[tuple[MediaSpan, str, Mapping[str, Any]]]
+    ) -> dict[str, Any]:
+        """The forward's image and video inputs for ``ids``, whose images and clips are
+        ``media`` in token order (``_media``)."""
         from vf_mm.models import model_inputs
 
         try:
-            raw = model_inputs(
+            return model_inputs(
                 self.family,
                 ids,
-                [inputs for _, m, inputs in new if m == "image"],
+                [inputs for _, m, inputs in media if m == "image"],
                 image_token_ids=[self.image_token_id],
                 dtype=self.model.dtype,
-                videos=[inputs for _, m, inputs in new if m == "video"],
+                videos=[inputs for _, m, inputs in media if m == "video"],
                 video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
-                order=[m for _, m, _ in new],
+                order=[m for _, m, _ in media],
             )
         except (KeyError, ValueError) as exc:
             raise BackendError(
                 f"the images' and videos' inputs do not make one batch: {exc}", backend=self.name
             ) from None
-        return {name: value.to(self.device) for name, value in raw.items()}
 
     def _image_features(self, new: list[tuple[MediaSpan, str, Mapping[str, Any]]]) -> Any:
         """The vision tower's output for ``new`` images, in order, as the model's
@@ -735,14 +751,10 @@ class LocalBackend:
             attention[row, width - len(r.prompt_ids) :] = 1
         inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention}
         if self.is_multimodal:
-            inputs.update(self._batch_vision_inputs(requests, input_ids))
+            media = [item for r in requests for item in _media(r)]
+            inputs.update(self._media_inputs(input_ids, media))
         sampling = [r.sampling for r in requests]
-        generators = [
-            torch.Generator(self.device).manual_seed(
-                s.seed if s.seed is not None else int(self._seeds.integers(2**63))
-            )
-            for s in sampling
-        ]
+        generators = [self._generator(s) for s in sampling]
         sampler = RowSampler(sampling, generators, self.suppress_token_ids)
         stop_ids = [self.eos_token_ids | set(s.stop_token_ids) for s in sampling]
         stopper = RowStopper(stop_ids, [s.max_tokens for s in sampling], width)
@@ -791,27 +803,15 @@ class LocalBackend:
                     f"{self.path.name} is a text model: it takes no images", backend=self.name
                 )
             return
-        from vf_mm.models import family_info
+        tokens = {"image": self.image_token_id, "video": self.video_token_id}
 
-        video_pixels = (family_info(self.family).video_inputs or ("pixel_values_videos",))[0]
-        kinds = (("image", self.image_token_id, "pixel_values"),
-                 ("video", self.video_token_id, video_pixels))  # fmt: skip
-        for modality, token, pixels in kinds:
-            ranges = data.mm_placeholders.get(modality, []) if data else []
-            if ranges and token is None:
+        def ranges(modality: str) -> list[Any]:
+            return data.mm_placeholders.get(modality, []) if data else []
+
+        for modality, token in tokens.items():
+            if ranges(modality) and token is None:
                 raise BackendError(f"{self.path.name} takes no {modality}", backend=self.name)
-            expected = sum(p.num_embeds for p in ranges)
-            if self.video_token_id == self.image_token_id and data is not None:
-                # SmolVLM: a clip's frames take the image token, so both kinds count
-                expected = sum(p.num_embeds for m in ("image", "video")
-                               for p in data.mm_placeholders.get(m, []))  # fmt: skip
-            pads = request.prompt_ids.count(token) if token is not None else 0
-            if pads != expected:
-                raise BackendError(
-                    f"prompt has {pads} {modality} pad tokens but its multi-modal data covers "
-                    f"{expected}",
-                    backend=self.name,
-                )
+            pixels = self._pixels[modality]
             for i, item in enumerate(data.mm_items.get(modality, []) if data else []):
                 if not item or item.get(pixels) is None:
                     raise BackendError(
@@ -819,40 +819,17 @@ class LocalBackend:
                         "inputs, not only hashes)",
                         backend=self.name,
                     )
-
-    def _batch_vision_inputs(
-        self, requests: Sequence[GenerateRequest], input_ids: torch.Tensor
-    ) -> dict[str, Any]:
-        from vf_mm.models import model_inputs
-
-        def items(modality: str) -> list[Any]:
-            return [
-                item
-                for r in requests
-                if r.multi_modal_data is not None
-                for item in r.multi_modal_data.mm_items.get(modality, [])
-            ]
-
-        try:
-            return model_inputs(
-                self.family,
-                input_ids,
-                items("image"),
-                image_token_ids=[self.image_token_id],
-                dtype=self.model.dtype,
-                videos=items("video"),
-                video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
-                order=[
-                    modality
-                    for r in requests
-                    if r.multi_modal_data is not None
-                    for modality, _, _ in r.multi_modal_data.all_placeholders()
-                ],
-            )
-        except (KeyError, ValueError) as exc:
-            raise BackendError(
-                f"the images' and videos' inputs do not make one batch: {exc}", backend=self.name
-            ) from None
+        # per token: modalities that share one (SmolVLM's frames are images) count together
+        for token in {t for t in tokens.values() if t is not None}:
+            sharing = [m for m, t in tokens.items() if t == token]
+            expected = sum(p.num_embeds for m in sharing for p in ranges(m))
+            pads = request.prompt_ids.count(token)
+            if pads != expected:
+                raise BackendError(
+                    f"prompt has {pads} {' and '.join(sharing)} pad tokens but its multi-modal "
+                    f"data covers {expected}",
+                    backend=self.name,
+                )
 
 
 def _media(request: GenerateRequest) -> list[tuple[MediaSpan, str, Mapping[str, Any]]]:

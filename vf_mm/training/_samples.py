@@ -159,12 +159,11 @@ class Sample:
                     f"{self.source}: video placeholder ({p.offset}, {p.length}) is not marked "
                     "2 in mm_token_type_ids (M-RoPE would place the clip as text)"
                 )
+        if video_token_id == image_token_id:
+            return  # SmolVLM: validate() counted images' and clips' shared token together
         pads = int(np.count_nonzero(self.input_ids == video_token_id))
-        shared = video_token_id == image_token_id
-        if shared or any("video_grid_thw" not in v for v in self.videos):
+        if any("video_grid_thw" not in v for v in self.videos):  # LLaVA-OneVision's frames
             expected = sum(p.num_embeds for p in self.video_placeholders)
-            if shared:  # SmolVLM: the images' tokens count too
-                expected += sum(p.num_embeds for p in self.placeholders)
             if pads != expected:
                 raise TrajectoryError(
                     f"{self.source}: {pads} video tokens but the placeholders need {expected}"
