@@ -184,3 +184,19 @@ def test_smolvlm_frames_are_images_in_token_order(tiny):
                      video_token_ids=[7])  # fmt: skip
     only = model_inputs("smolvlm", ids, [], image_token_ids=[7], videos=[clip], video_token_ids=[7])
     assert only["pixel_values"].shape == (1, 3, 3, 4, 4)
+
+
+def test_the_text_of_a_smolvlm_clip_is_its_processors(tiny):
+    """The words SmolVLMProcessor writes for a clip (checked against it in the vllm tier):
+    the frame count in words, the duration, and each kept frame's mm:ss before its image
+    tokens; 30 frames at 10 fps keep frames 0, 14 and 29 at the checkpoint's 1 fps."""
+    smol = load_video_settings(tiny["smolvlm"], "smolvlm")
+    tokens = {"video_token": "<video>", "image_token": "<image>",
+              "fake_image_token": "<fake_token_around_image>", "global_image_token": "<global-img>"}  # fmt: skip
+    out = expand_video(smol, frames(30), fps=10.0, tokens=tokens)
+    frame = "<fake_token_around_image><global-img>" + "<image>" * 4 + "<fake_token_around_image>"
+    assert out.sampled.indices == (0, 14, 29)
+    assert out.replacement == (
+        "You are provided the following series of three frames from a 0:00:03 [H:MM:SS] "
+        "video.\n" + "".join(f"\nFrame from 00:0{s}:{frame}" for s in (0, 1, 2)) + "\n\n"
+    )
