@@ -71,3 +71,27 @@ def test_spawn_arguments_that_do_not_go_together_are_refused(argv, capsys):
         main(argv)
     assert info.value.code == 2
     assert "--" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--spawn", "2", "--dtype", "bfloat16"], "--dtype is for the local backend"),
+        (["--spawn", "2", "--device", "cpu"], "--device is for the local backend"),
+        (["--spawn", "2", "--", "--port", "9000"], "--port is set for each spawned server"),
+        (["--spawn", "2", "--", "--host=0.0.0.0", "--model", "y"], "--host, --model are set"),
+        (["--spawn", "0"], "N >= 1"),
+        (["-b", "http://h:1", "--gpus-per-server", "2"], "--gpus-per-server is for --spawn"),
+    ],
+)
+def test_a_spawn_flag_that_would_change_nothing_is_refused_before_anything_starts(
+    extra, message, capsys, monkeypatch
+):
+    """A user's flag is never dropped without a word: the local backend's --dtype beside
+    --spawn, a reserved server flag after --, --gpus-per-server without --spawn."""
+    monkeypatch.setenv("VF_MM_VLLM_COMMAND", "false")  # anything started would fail loudly
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "shapes", "--backend", "vllm", "-m", "x", *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

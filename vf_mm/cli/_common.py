@@ -97,10 +97,10 @@ def add_run_arguments(
         p.add_argument(
             "--gpus-per-server",
             type=int,
-            default=1,
+            default=None,
             metavar="K",
             help="with --spawn: GPUs per server, from CUDA_VISIBLE_DEVICES in order (K > 1 adds "
-            "--tensor-parallel-size K; 0: CPU servers)",
+            "--tensor-parallel-size K; 0: CPU servers; default 1)",
         )
     p.add_argument("-n", "--num-examples", type=int, default=num_examples[0], help=num_examples[1])
     p.add_argument(
@@ -193,14 +193,7 @@ def resolve_model(args: argparse.Namespace) -> str | None:
     """``-m`` as given, else the embedded tiny model for the local backend, else None.
     ``--device`` / ``--dtype`` with another backend are refused here (exit 2): they would
     change nothing."""
-    if args.backend != "local" and (args.device is not None or args.dtype is not None):
-        flag = "--device" if args.device is not None else "--dtype"
-        print(
-            f"vf-mm {args.command}: {flag} is for the local backend; --backend "
-            f"{args.backend} runs the model elsewhere",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
+    check_engine_flags(args)
     if args.model:
         return str(args.model)
     if args.backend != "local":
@@ -210,14 +203,30 @@ def resolve_model(args: argparse.Namespace) -> str | None:
     return str(embedded_model())
 
 
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """``--device`` / ``--dtype`` only with the local backend (exit 2 otherwise: with
+    another backend, ``--spawn``'s servers included, they would silently change nothing)."""
+    if args.backend != "local" and (args.device is not None or args.dtype is not None):
+        flag = "--device" if args.device is not None else "--dtype"
+        _refuse(
+            args,
+            f"{flag} is for the local backend; --backend {args.backend} runs the model "
+            "elsewhere (give a vLLM server's own flags after --)",
+        )
+
+
 @contextlib.contextmanager
 def spawned_servers(args: argparse.Namespace) -> Iterator[None]:
     """``--spawn N``: N vLLM servers of ``-m`` for the length of the block, their URLs in
-    ``args.base_url``; a progress line on stderr while they start. Without it, nothing."""
+    ``args.base_url``; a progress line on stderr while they start. Without it, nothing.
+    Arguments that do not go with it are refused (exit 2) before anything starts."""
     extra = list(getattr(args, "server_args", None) or [])
-    if not getattr(args, "spawn", None):
+    check_engine_flags(args)
+    if getattr(args, "spawn", None) is None:
         if extra:
             _refuse(args, f"arguments after -- ({' '.join(extra)}) go to --spawn's servers")
+        if getattr(args, "gpus_per_server", None) is not None:
+            _refuse(args, "--gpus-per-server is for --spawn's servers")
         yield
         return
     if args.backend != "vllm" or not args.model or args.base_url or args.spawn < 1:
@@ -237,13 +246,16 @@ def spawned_servers(args: argparse.Namespace) -> Iterator[None]:
         )
         err.print(line, end="\r" if err.is_terminal and ready < total else "\n", highlight=False)
 
-    servers = VLLMServers(
-        args.model,
-        args.spawn,
-        gpus_per_server=args.gpus_per_server,
-        extra_args=extra,
-        on_progress=progress,
-    )
+    try:
+        servers = VLLMServers(
+            args.model,
+            args.spawn,
+            gpus_per_server=1 if args.gpus_per_server is None else args.gpus_per_server,
+            extra_args=extra,
+            on_progress=progress,
+        )
+    except ValueError as exc:  # the arguments themselves (a reserved flag after --, ...)
+        _refuse(args, str(exc))
     with servers:
         args.base_url = servers.base_urls
         yield

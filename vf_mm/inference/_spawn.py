@@ -100,8 +100,8 @@ def server_flags(
     taken = sorted(given & set(_RESERVED))
     if taken:
         raise ValueError(
-            f"{', '.join(taken)} are set for each spawned server; leave them out of the extra "
-            "vLLM arguments"
+            f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set for each spawned "
+            "server; leave them out of the extra vLLM arguments"
         )
     flags: list[str] = []
     if not given & {"--enable-scale-out", "--tokens-only"}:
