@@ -109,6 +109,23 @@ def test_a_run_written_before_image_backend_existed_still_resumes(tmp_path, monk
     assert code == (0 if resolve_image_backend("auto") == "pil" else 1)  # other pixels: refused
 
 
+def test_a_resume_with_another_local_dtype_is_refused(tmp_path, capsys, monkeypatch):
+    """bfloat16 and float32 weights sample different tokens and logprobs: one run never
+    mixes them (a run written before the key existed was float32)."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    args = ["eval", "shapes", "-n", "1", "-r", "1", "-o", str(out), "-S", '{"max_tokens": 4}']
+    assert main([*args, "--dtype", "bfloat16"]) == 0
+    assert read_metadata(out)["config"]["dtype"] == "bfloat16"
+    assert main([*args, "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "dtype" in err and "num_examples" not in err
+    meta = json.loads((out / "metadata.json").read_text())
+    del meta["config"]["dtype"]  # as an older vf_mm wrote it: float32
+    (out / "metadata.json").write_text(json.dumps(meta))
+    assert main([*args, "--resume"]) == 0
+
+
 def test_unknown_environment_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "no-such-env", "-o", str(tmp_path / "x")]) == 1

@@ -121,6 +121,8 @@ async def _eval(args: argparse.Namespace) -> int:
             "image_backend": (
                 resolve_image_backend(args.image_backend) if args.backend != "openai" else None
             ),
+            # so do the local model's logprobs and samples by weight dtype
+            "dtype": (args.dtype or "float32") if args.backend == "local" else None,
         },
         "server": {"backend": args.backend, "base_url": args.base_url},
         "vf_mm_version": vf_mm.__version__,
@@ -159,8 +161,11 @@ async def _eval(args: argparse.Namespace) -> int:
                 retry_errors=not args.keep_errors,
                 max_errors=args.max_errors,
                 on_progress=show,
-                # runs written before the key existed were rendered with the PIL backend
-                config_defaults={"image_backend": "pil"},
+                # runs written before these keys existed: PIL pixels, float32 local weights
+                config_defaults={
+                    "image_backend": "pil",
+                    "dtype": "float32" if args.backend == "local" else None,
+                },
             )
     finally:
         await client.backend.aclose()
