@@ -363,3 +363,74 @@ def test_with_the_real_history_a_cut_off_or_edited_turn_takes_the_probe_path(
     out = bridge_or_reason(renderer, prompt.token_ids, cut, new, previous_multi_modal_data=prompt.multi_modal_data,
                            previous_messages=[*history, edited])  # fmt: skip
     assert isinstance(out, str)
+
+
+# -- the previous prompt's embedding tokens are counted once ---------------------------
+
+
+def test_a_chain_of_bridges_counts_only_each_turns_new_tokens(renderer_and_processor, monkeypatch):
+    """Bridging onto a list the renderer returned does not scan the whole history again
+    (the cost of a turn does not grow with the turns before it): every count covers at
+    most the new turn's own tokens, and the chain still equals the full render."""
+    renderer, _ = renderer_and_processor
+    messages = [data_url_turn(10, "start")]
+    rendered = renderer.render(messages)
+    counted: list[int] = []
+    count = renderer._count
+    monkeypatch.setattr(renderer, "_count", lambda ids: counted.append(len(ids)) or count(ids))
+    for turn in range(4):
+        reply = {"role": "assistant", "content": f"move {turn}"}
+        new = [data_url_turn(turn + 11, f"state {turn}")]
+        before = len(rendered.token_ids)
+        out = renderer.bridge_to_next_turn(
+            rendered.token_ids, sample(renderer, reply["content"]), new,
+            previous_multi_modal_data=rendered.multi_modal_data,
+            previous_messages=[*messages, reply],
+        )  # fmt: skip
+        if out is None:
+            pytest.skip(f"not bridged: {dict(renderer.bridge_refusals)}")
+        assert counted and max(counted) <= len(out.token_ids) - before
+        counted.clear()
+        messages += [reply, *new]
+        assert out.token_ids == renderer.render(messages).token_ids
+        counted.clear()  # the full render above counts its own tokens
+        rendered = out
+
+
+def test_a_returned_list_changed_afterwards_is_counted_again(renderer_and_processor):
+    """The counts kept for a returned list hold only while it has the length it had: image
+    tokens appended to it are found, and the bridge refuses what its data does not cover.
+    A copy of the list (not the object the renderer returned) is counted from scratch."""
+    renderer, _ = renderer_and_processor
+    first = renderer.render([data_url_turn(20, "look")])
+    pad = next(iter(renderer.vision.embed_token_ids))
+    edited = first.token_ids
+    edited += [pad, pad]
+    out = bridge_or_reason(
+        renderer, edited, sample(renderer, "ok"), [{"role": "user", "content": "next"}],
+        previous_multi_modal_data=first.multi_modal_data,
+    )  # fmt: skip
+    assert isinstance(out, str) and "image" in out and "covers" in out
+    copied = renderer.render([data_url_turn(21, "look")])
+    out = bridge_or_reason(
+        renderer, list(copied.token_ids), sample(renderer, "ok"),
+        [{"role": "user", "content": "next"}], previous_multi_modal_data=None,
+    )  # fmt: skip
+    assert isinstance(out, str) and "covers 0" in out
+
+
+def test_a_tokenizer_left_truncating_still_renders_every_token(renderer_and_processor):
+    """The renderer calls a fast tokenizer's backend directly, except when a caller left
+    it set to truncate or pad (state on a shared tokenizer): then the tokenizer's own call
+    applies its settings, and the render is the same as ever."""
+    renderer, _ = renderer_and_processor
+    backend = getattr(renderer.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        pytest.skip("not a fast tokenizer")
+    messages = [data_url_turn(30, "a few words of text that are longer than four tokens")]
+    expected = renderer.render(messages).token_ids
+    backend.enable_truncation(4)
+    try:
+        assert renderer.render(messages).token_ids == expected
+    finally:
+        backend.no_truncation()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +40,9 @@ _REASONING = "\ue000vf_mm reasoning probe\ue000"
 _IMAGE_TYPES = ("image", "image_url")
 _VIDEO_TYPES = ("video", "video_url")
 _PART_TYPES = ("text", "image", "image_url", "video", "video_url")
+# the token lists this renderer returned whose embedding tokens it counted, by their total
+# length: a bridge onto one of them skips a scan of the whole previous prompt
+COUNTED_TOKENS = 1 << 20
 
 
 class ChatTemplateRenderer:
@@ -83,6 +86,15 @@ class ChatTemplateRenderer:
         self.bridge_refusals: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._probe_cache: dict[str, str] = {}
+        # id(list) -> (the list, its length then, its embedding tokens per token group)
+        self._counted: OrderedDict[int, tuple[list[int], int, dict[tuple[int, ...], int]]] = (
+            OrderedDict()
+        )
+        self._counted_tokens = 0
+        # modalities that share embedding tokens (SmolVLM's frames are images) count together
+        self._embed_groups: dict[tuple[int, ...], list[str]] = {}
+        for modality in vision.placeholders if vision is not None else ():
+            self._embed_groups.setdefault(vision.embed_ids(modality), []).append(modality)  # type: ignore[union-attr]
         self._think_end = tokenizer.convert_tokens_to_ids("</think>")
         # the template for a conversation holding a clip, where the processor switches to
         # another (SmolVLM); None: the tokenizer's own, for every conversation
@@ -158,7 +170,9 @@ class ChatTemplateRenderer:
         template_messages, parts = self._prepare(messages)
         template = self._template_for(any(m == "video" for _, _, m in parts))
         text = self._template(template_messages, tools, add_generation_prompt, template)
-        return self._tokenize(text, parts, base=0)
+        rendered = self._tokenize(text, parts, base=0)
+        self._remember(rendered.token_ids, self._count(rendered.token_ids))
+        return rendered
 
     def _template_for(self, video: bool) -> str | None:
         """The template a conversation is rendered with: SmolVLM's processor renders one
@@ -212,7 +226,7 @@ class ChatTemplateRenderer:
         previous_multi_modal_data: MultiModalData | None,
         previous_messages: Sequence[Mapping[str, Any]] | None,
     ) -> RenderedTokens | _Refusal:
-        reason = self._bridge_refusal(
+        reason, counts = self._bridge_refusal(
             previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
         )
         first = len(previous_messages) if previous_messages is not None else 0
@@ -281,6 +295,9 @@ class ChatTemplateRenderer:
         token_ids += rendered.token_ids
         if merged is not None:
             merged.validate(len(token_ids))
+        if counts is not None:  # the completion holds no embedding tokens (checked)
+            new = self._count(rendered.token_ids)
+            self._remember(token_ids, {group: n + new[group] for group, n in counts.items()})
         return RenderedTokens(token_ids=token_ids, multi_modal_data=merged)
 
     def _bridge_refusal(
@@ -289,38 +306,70 @@ class ChatTemplateRenderer:
         completion_ids: Sequence[int],
         new_messages: Sequence[Mapping[str, Any]],
         previous: MultiModalData | None,
-    ) -> str | None:
+    ) -> tuple[str | None, dict[tuple[int, ...], int] | None]:
+        """Why the bridge cannot be built from these tokens (None: it can), and the
+        previous prompt's embedding tokens per token group (None for a text model)."""
         if not new_messages:
-            return "no new messages"
+            return "no new messages", None
         stops = [i for i, t in enumerate(completion_ids) if t in self.stop_token_ids]
         if stops and stops[0] != len(completion_ids) - 1:
-            return "the completion has a stop token before its end"
+            return "the completion has a stop token before its end", None
         if any(m.get("role") == "assistant" for m in new_messages):
-            return "an assistant message in the new messages"
+            return "an assistant message in the new messages", None
         if self.template_kwargs.get("add_vision_id"):
-            return "add_vision_id numbers images across the whole conversation"
+            return "add_vision_id numbers images across the whole conversation", None
         if self.vision is None:
-            return None
+            return None, None
         if not self.vision.marker_token_ids.isdisjoint(completion_ids):
-            return "the completion contains image tokens"
-        ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
-        # modalities that share embedding tokens (SmolVLM's frames are images) count together
-        by_tokens: dict[tuple[int, ...], list[str]] = {}
-        for modality in self.vision.placeholders:
-            by_tokens.setdefault(self.vision.embed_ids(modality), []).append(modality)
-        for tokens, modalities in by_tokens.items():
-            found = sum(ids.count(t) for t in tokens)
+            return "the completion contains image tokens", None
+        counts = self._counted_in(prompt_ids)
+        for tokens, modalities in self._embed_groups.items():
             covered = sum(
                 r.num_embeds
                 for m in modalities
                 for r in (previous.mm_placeholders.get(m, ()) if previous else ())
             )
-            if found != covered:
+            if counts[tokens] != covered:
                 return (
-                    f"the previous prompt has {found} {' and '.join(modalities)} tokens but its "
-                    f"multi-modal data covers {covered}"
-                )
-        return None
+                    f"the previous prompt has {counts[tokens]} {' and '.join(modalities)} "
+                    f"tokens but its multi-modal data covers {covered}"
+                ), None
+        return None, counts
+
+    # -- embedding-token counts ---------------------------------------------------------
+
+    def _count(self, ids: list[int]) -> dict[tuple[int, ...], int]:
+        return {tokens: sum(ids.count(t) for t in tokens) for tokens in self._embed_groups}
+
+    def _counted_in(self, ids: Sequence[int]) -> dict[tuple[int, ...], int]:
+        """The embedding tokens in ``ids`` per token group. A list this renderer returned
+        (a render's or bridge's ``token_ids``) and that still has the length it had then
+        was counted when it was made (its new part only, for a bridge), so bridging onto
+        it does not scan the whole history again: the count costs nothing at turn 200.
+        Any other sequence is scanned."""
+        if isinstance(ids, list):
+            with self._lock:
+                entry = self._counted.get(id(ids))
+                if entry is not None and entry[0] is ids and entry[1] == len(ids):
+                    self._counted.move_to_end(id(ids))
+                    return entry[2]
+        return self._count(ids if isinstance(ids, list) else list(ids))
+
+    def _remember(self, ids: list[int], counts: dict[tuple[int, ...], int]) -> None:
+        """Keep ``ids``'s counts (and the list itself, so its id names no other list while
+        the entry lives), the least recently used dropped past ``COUNTED_TOKENS`` tokens in
+        all: a dropped list is scanned again when bridged onto, nothing else changes."""
+        if not self._embed_groups or len(ids) > COUNTED_TOKENS:
+            return
+        with self._lock:
+            old = self._counted.pop(id(ids), None)
+            if old is not None:
+                self._counted_tokens -= old[1]
+            self._counted[id(ids)] = (ids, len(ids), counts)
+            self._counted_tokens += len(ids)
+            while self._counted_tokens > COUNTED_TOKENS:
+                _, (_, length, _) = self._counted.popitem(last=False)
+                self._counted_tokens -= length
 
     def _replay_refusal(
         self,
@@ -556,12 +605,32 @@ class ChatTemplateRenderer:
             out.append(message)
         return out, parts
 
+    def _encode(self, pieces: list[str]) -> list[list[int]]:
+        """Each piece's ids, without special tokens: what ``tokenizer(pieces,
+        add_special_tokens=False)`` gives. A fast tokenizer's Rust backend is called
+        directly, one piece at a time (a bridge's pieces are short: the Python wrapper
+        around them cost more than the tokenizing), unless the backend is set to truncate,
+        pad or split special tokens (state a caller may have left on a shared tokenizer),
+        in which case the tokenizer's own call applies its settings as it always does."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if (
+            backend is None
+            or backend.truncation is not None
+            or backend.padding is not None
+            or backend.encode_special_tokens
+            or getattr(self.tokenizer, "split_special_tokens", False)
+        ):
+            return [
+                list(ids) for ids in self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
+            ]
+        return [backend.encode(piece, add_special_tokens=False).ids for piece in pieces]
+
     def _tokenize(
         self, text: str, parts: list[tuple[str, Any, str]], *, base: int
     ) -> RenderedTokens:
         if self.vision is None:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            return RenderedTokens(token_ids=list(ids), multi_modal_data=None)
+            (ids,) = self._encode([text])
+            return RenderedTokens(token_ids=ids, multi_modal_data=None)
         placeholders = self.vision.placeholders
         found = _split_placeholders(text, placeholders)
         pieces = found[0::2]
@@ -590,7 +659,7 @@ class ChatTemplateRenderer:
         for k, item in enumerate(items):
             pieces[k] += item.text_before
             pieces[k + 1] = item.text_after + pieces[k + 1]
-        encoded = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
+        encoded = self._encode(pieces)
         reserved = self.vision.reserved_token_ids
         for piece in encoded:
             if not reserved.isdisjoint(piece):
