@@ -6,6 +6,7 @@
     python3 dev.py bench    # the benchmarks in bench/
     python3 dev.py slow     # the slow tier (pytest -m slow)
     python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
+    python3 dev.py ray      # the ray tier: rollout workers as Ray actors (sets up .venv-ray)
     python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
     python3 dev.py browser  # install the headless chromium the report tests use (test does)
 
@@ -30,6 +31,8 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".vf-mm-installed"
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+RAY_VENV = ROOT / ".venv-ray"
+RAY_PY = RAY_VENV / "bin" / "python"
 INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
 
 
@@ -51,6 +54,22 @@ def setup() -> None:
     STAMP.write_text(digest)
 
 
+def setup_ray() -> None:
+    """.venv-ray: the pinned lock plus requirements/ray.txt (Ray is an optional extra, kept
+    out of .venv so the default tier also runs where Ray is absent)."""
+    inputs = [*INPUTS, ROOT / "requirements" / "ray.txt"]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs)).hexdigest()
+    stamp = RAY_VENV / ".vf-mm-installed"
+    if stamp.exists() and stamp.read_text() == digest and RAY_PY.exists():
+        return
+    venv.EnvBuilder(with_pip=True, clear=True).create(RAY_VENV)
+    pip = (RAY_PY, "-m", "pip", "--disable-pip-version-check")
+    run(*pip, "install", "--quiet", "-r", ROOT / "requirements" / "lock.txt",
+        "-r", ROOT / "requirements" / "ray.txt")  # fmt: skip
+    run(*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", ROOT)
+    stamp.write_text(digest)
+
+
 JOBS = {
     "demo": [
         [
@@ -69,7 +88,7 @@ JOBS = {
     "test": [
         [PY, ROOT / "dev.py", "browser"],
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
-        [PY, "-m", "pytest", "-q", "-m", "not slow and not vllm"],
+        [PY, "-m", "pytest", "-q", "-m", "not slow and not vllm and not ray"],
     ],
     "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"], [PY, "bench/client_overhead.py"]],
     "slow": [[PY, "-m", "pytest", "-q", "-m", "slow"]],
@@ -78,6 +97,8 @@ JOBS = {
         ["bash", ROOT / "scripts" / "setup_vllm.sh"],
         [VLLM_PY, "-m", "pytest", "-q", "-m", "vllm", "tests/vllm"],
     ],
+    # rollout workers as Ray actors on a local Ray cluster (Ray in its own venv .venv-ray)
+    "ray": [[RAY_PY, "-m", "pytest", "-q", "-m", "ray", "tests/workers"]],
 }
 
 
@@ -128,7 +149,7 @@ def mutate(extra: list[str]) -> int:
             caught = False
             for where in (first, "tests"):
                 cmd = [PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
-                       "not slow and not vllm", where, *extra]  # fmt: skip
+                       "not slow and not vllm and not ray", where, *extra]  # fmt: skip
                 if subprocess.run([str(c) for c in cmd], cwd=ROOT).returncode not in (0, 5):
                     caught = True
                     break
@@ -174,6 +195,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     setup()
+    if argv[0] == "ray":
+        setup_ray()
     job, extra = JOBS[argv[0]], argv[1:]
     try:
         for i, cmd in enumerate(job):

@@ -127,6 +127,35 @@ def test_video_errors_are_value_errors_in_their_own_branch():
         assert issubclass(leaf, VideoError) and not issubclass(leaf, ImageError)
 
 
+def test_results_exports():
+    import vf_mm.results
+
+    assert set(vf_mm.results.__all__) == {
+        "ASSETS_DIR",
+        "METADATA_FILE",
+        "RESULTS_FILE",
+        "RESULTS_FORMAT",
+        "ROW_KEYS",
+        "AssetStore",
+        "BadLine",
+        "EvalProgress",
+        "MergeResult",
+        "ResultsScan",
+        "ResultsWriter",
+        "evaluate_to_dir",
+        "merge_runs",
+        "pass_at_k",
+        "read_metadata",
+        "read_results",
+        "scan_results",
+        "summarize",
+        "to_json_value",
+    }
+    for name in vf_mm.results.__all__:
+        assert hasattr(vf_mm.results, name), name
+    assert issubclass(vf_mm.errors.MergeError, vf_mm.errors.ResultsError)
+
+
 def test_every_error_descends_from_vfmmerror():
     for name in vf_mm.errors.__all__:
         cls = getattr(vf_mm.errors, name)
@@ -247,3 +276,23 @@ def test_inference_exports_the_managed_servers():
     )
     for name in vf_mm.inference.__all__:
         assert hasattr(vf_mm.inference, name), name
+
+
+def test_workers_exports():
+    import vf_mm.workers
+
+    assert set(vf_mm.workers.__all__) == {
+        "TRANSPORTS",
+        "GroupResult",
+        "GroupTask",
+        "ProcessWorker",
+        "Shard",
+        "WorkerPool",
+        "WorkerSpec",
+        "parse_shard",
+        "shard_of",
+    }
+    for name in vf_mm.workers.__all__:
+        assert hasattr(vf_mm.workers, name), name
+    for leaf in (vf_mm.errors.WorkerStartError, vf_mm.errors.WorkerLostError):
+        assert issubclass(leaf, vf_mm.errors.WorkerError)

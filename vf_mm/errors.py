@@ -32,16 +32,24 @@ against the standard exceptions keeps working.
     │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
     ├── ResultsError (ValueError)              an evaluation results store (vf_mm.results) refused:
     │   │                                      a non-JSON value, an outdir in use, a corrupt line
-    │   └── ResumeMismatchError                resume=True with a different run configuration
+    │   ├── ResumeMismatchError                resume=True with a different run configuration
+    │   └── MergeError                         merge_runs refused: sources that are not shards of one
+    │                                          run (configs, shard numbers, overlapping rows), a
+    │                                          missing shard, a bad asset, an outdir in use
     ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
     ├── TransportError                         the trainer hop (vf_mm.training): a target or socket unusable
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
+    │   ├── LedgerError                        a receiver's ledger of committed group ids: held by another
+    │   │                                      receiver, not a ledger, or a corrupt line before the last
     │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
     ├── VideoError (ValueError)                a video that vf_mm.videos cannot load
     │   ├── UnsafeVideoSourceError             the ImagePolicy's guard refused where it comes from
     │   ├── VideoFetchError                    reading it failed (network, HTTP status, timeout, no file)
     │   ├── VideoDecodeError                   not a whole video we decode, or frames/arrays we refuse
     │   └── VideoTooLargeError                 over a VideoLimits limit (bytes, frames, pixels, duration)
+    ├── WorkerError                            rollout workers (vf_mm.workers, --workers / --ray)
+    │   ├── WorkerStartError                   a worker could not build its environment or client
+    │   └── WorkerLostError                    a worker died (or its Ray actor) with groups in flight
     └── WireError                              the msgpack tensor codec and framed streams
         ├── EncodeError (TypeError)            a value the codec cannot put on the wire
         ├── DecodeError (ValueError)           bytes that are not a valid vf_mm message
@@ -76,6 +84,8 @@ __all__ = [
     "ImageError",
     "ImageFetchError",
     "ImageTooLargeError",
+    "LedgerError",
+    "MergeError",
     "MessageError",
     "MissingColumnError",
     "MissingDependencyError",
@@ -99,6 +109,9 @@ __all__ = [
     "VideoFetchError",
     "VideoTooLargeError",
     "WireError",
+    "WorkerError",
+    "WorkerLostError",
+    "WorkerStartError",
 ]
 
 
@@ -314,6 +327,22 @@ class ResumeMismatchError(ResultsError):
         self.differences = differences
 
 
+class MergeError(ResultsError):
+    """``vf_mm.results.merge_runs`` (``vf-mm merge``) refused to combine run directories:
+    a source that is missing or not a run directory, configs that differ in more than
+    ``"shard"``, two sources holding the same shard, different shard counts, one
+    (example, rollout) in two sources, a shard missing (without ``allow_partial``), an
+    asset that is missing or does not match its content hash, or an outdir that is not
+    empty. ``sources`` names the directories involved (``path``: the outdir, when it is
+    the problem). Nothing has been written when it is raised."""
+
+    def __init__(
+        self, message: str, *, path: str | None = None, sources: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, path=path)
+        self.sources = tuple(sources)
+
+
 class GroupFrameError(VfMmError, ValueError):
     """A group of rollouts that ``vf_mm.training.pack_group`` will not pack or
     ``unpack_group`` will not rebuild: two different tensors under one image hash, a step
@@ -371,8 +400,37 @@ class BackPressureTimeout(TransportError, TimeoutError):
         self.sent = sent
 
 
+class LedgerError(TransportError):
+    """A ``GroupReceiver``'s ledger (the file of group ids the trainer has committed)
+    cannot be used: another receiver holds it (one receiver per ledger: it is locked
+    while open), the file is not a ledger, or a line before the last is corrupt (a torn
+    *last* line is an interrupted commit and is dropped, never an error). ``path`` names
+    the file and ``line`` (1-based) the bad line, when there is one."""
+
+    def __init__(self, message: str, *, path: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
 class ReceiveTimeout(TransportError, TimeoutError):
     """No message reached the receiver within its ``timeout_s``."""
+
+
+class WorkerError(VfMmError):
+    """Base of the rollout workers' errors (``vf_mm.workers``)."""
+
+
+class WorkerStartError(WorkerError):
+    """A worker could not start: its environment or client failed to build (the message
+    is the worker's own error), or it did not come up in time. Every worker would fail
+    the same way, so the run stops."""
+
+
+class WorkerLostError(WorkerError):
+    """A worker process (or Ray actor) died with groups in flight: those groups run again
+    on another worker; a group that two workers died on is recorded as failed with this
+    error (it may be what kills them)."""
 
 
 class WireError(VfMmError):

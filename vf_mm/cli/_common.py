@@ -120,6 +120,77 @@ def add_run_arguments(
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
     add_image_backend_argument(p)
     add_engine_arguments(p)
+    add_scale_arguments(p)
+
+
+def add_scale_arguments(p: argparse.ArgumentParser) -> None:
+    """``--workers``, ``--ray`` and ``--shard``: where the rollouts run."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="W",
+        help="run the rollouts in W worker processes, each with its own client (its own "
+        "local model, or its own connection to the vLLM servers), so rendering is not "
+        "bound to one process; results still land here, once each (default: in this process)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="place the workers (--workers W, default 1) on a Ray cluster: ADDRESS as "
+        "ray.init takes it; alone, the cluster $RAY_ADDRESS names, else a local one "
+        "(needs pip install 'vf-mm[ray]')",
+    )
+    p.add_argument(
+        "--shard",
+        type=shard_argument,
+        default=None,
+        metavar="i/N",
+        help="run only the examples in shard i of N, split by example id (the same split "
+        "on every machine); vf-mm merge joins the shards' output directories",
+    )
+
+
+def shard_argument(text: str) -> Any:
+    from vf_mm.workers import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@contextlib.asynccontextmanager
+async def worker_pool(args: argparse.Namespace, model: str) -> Any:
+    """``--workers W`` / ``--ray``: a started ``WorkerPool`` whose workers build their
+    client as this process would (``make_client``) and load the environment as it did;
+    None without them. Stopped when the block ends."""
+    if args.workers is None and args.ray is None:
+        yield None
+        return
+    if args.workers is not None and args.workers < 1:
+        _refuse(args, f"--workers must be >= 1, not {args.workers}")
+    import functools
+
+    from vf_mm.workers import WorkerPool, WorkerSpec
+
+    spec = WorkerSpec(
+        args.env,
+        functools.partial(make_client, args, model),
+        env_args=dict(args.env_args),
+        env_dirs=[str(d) for d in args.env_dir],
+    )
+    pool = WorkerPool(
+        spec,
+        args.workers or 1,
+        transport="ray" if args.ray is not None else "process",
+        ray_address=args.ray or None,
+    )
+    async with pool:
+        yield pool
 
 
 #: --dtype's choices: the local backend's weight dtypes

@@ -37,7 +37,9 @@ from vf_mm.cli._common import (
     reward_text,
     spawned_servers,
     summary_table,
+    worker_pool,
 )
+from vf_mm.errors import MissingDependencyError, WorkerError
 
 
 def register(sub: Any) -> None:
@@ -123,52 +125,63 @@ async def _eval(args: argparse.Namespace) -> int:
             ),
             # so do the local model's logprobs and samples by weight dtype
             "dtype": (args.dtype or "float32") if args.backend == "local" else None,
+            **({"shard": str(args.shard)} if args.shard is not None else {}),
         },
         "server": {"backend": args.backend, "base_url": args.base_url},
         "vf_mm_version": vf_mm.__version__,
     }
-    client = make_client(args, model)
-    problem = _media_refused(env, client, model)
+    scaled = args.workers is not None or args.ray is not None
+    # with workers, each builds its own client; this process only checks the renderer
+    client = None if scaled else make_client(args, model)
+    problem = _media_refused(env, client, args, model)
     if problem is not None:  # every rollout would fail the same way: say it once, up front
-        await client.backend.aclose()
+        if client is not None:
+            await client.backend.aclose()
         console.print(f"[red]{escape(problem)}[/]")
         return 1
     try:
-        with progress_bar(console, "") as bar:
-            task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0)
+        async with worker_pool(args, model) as workers:
+            with progress_bar(console, "") as bar:
+                task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0)
 
-            def show(p: EvalProgress) -> None:
-                bar.update(
-                    task,
-                    total=p.total,
-                    completed=p.done_before + p.done,
-                    rate=p.rate,
-                    reward=reward_text(p.mean_reward),
-                    errors=p.errors,
+                def show(p: EvalProgress) -> None:
+                    bar.update(
+                        task,
+                        total=p.total,
+                        completed=p.done_before + p.done,
+                        rate=p.rate,
+                        reward=reward_text(p.mean_reward),
+                        errors=p.errors,
+                    )
+
+                aggregates = await evaluate_to_dir(
+                    env,
+                    client,
+                    outdir,
+                    workers=workers,
+                    shard=args.shard,
+                    metadata=metadata,
+                    num_examples=args.num_examples,
+                    rollouts_per_example=args.rollouts_per_example,
+                    concurrency=args.max_concurrent,
+                    sampling_args=args.sampling_args,
+                    seed=args.seed,
+                    resume=args.resume,
+                    retry_errors=not args.keep_errors,
+                    max_errors=args.max_errors,
+                    on_progress=show,
+                    # runs written before these keys existed: PIL pixels, float32 local weights
+                    config_defaults={
+                        "image_backend": "pil",
+                        "dtype": "float32" if args.backend == "local" else None,
+                    },
                 )
-
-            aggregates = await evaluate_to_dir(
-                env,
-                client,
-                outdir,
-                metadata=metadata,
-                num_examples=args.num_examples,
-                rollouts_per_example=args.rollouts_per_example,
-                concurrency=args.max_concurrent,
-                sampling_args=args.sampling_args,
-                seed=args.seed,
-                resume=args.resume,
-                retry_errors=not args.keep_errors,
-                max_errors=args.max_errors,
-                on_progress=show,
-                # runs written before these keys existed: PIL pixels, float32 local weights
-                config_defaults={
-                    "image_backend": "pil",
-                    "dtype": "float32" if args.backend == "local" else None,
-                },
-            )
+    except (WorkerError, MissingDependencyError) as exc:  # workers that cannot start
+        console.print(f"[red]{escape(str(exc))}[/]")
+        return 1
     finally:
-        await client.backend.aclose()
+        if client is not None:
+            await client.backend.aclose()
     console.print(_summary(env.env_id, model, aggregates))
     console.print(f"results: {outdir}/results.jsonl  (view: vf-mm view {outdir})")
     if aggregates.get("stopped"):
@@ -177,12 +190,13 @@ async def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _media_refused(env: Any, client: Any, model: str) -> str | None:
+def _media_refused(env: Any, client: Any, args: argparse.Namespace, model: str) -> str | None:
     """Why the model cannot take the environment's first eval prompt (images for a text
-    model, clips for a model without video), or None."""
+    model, clips for a model without video), or None. ``client`` None (workers build
+    their own): the renderer is loaded here to check."""
     from vf_mm.types import image_parts, video_parts
 
-    if not client.token_level:
+    if args.backend == "openai":
         return None  # a chat API: the server decides
     rows = env.get_eval_dataset(1)
     if not rows:
@@ -191,7 +205,12 @@ def _media_refused(env: Any, client: Any, model: str) -> str | None:
         prompt = env.format_prompt(rows[0])
     except Exception:  # a bad row fails its own rollouts, with its own error
         return None
-    vision = client.vision
+    if client is not None:
+        vision = client.vision
+    else:
+        from vf_mm.renderers import load_renderer
+
+        vision = getattr(load_renderer(model, image_backend=args.image_backend), "vision", None)
     if image_parts(prompt) and vision is None:
         return f"{model} is a text model, but {env.env_id}'s prompts hold images"
     if video_parts(prompt) and getattr(vision, "video", None) is None:

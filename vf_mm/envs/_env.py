@@ -192,6 +192,7 @@ class Environment:
         skip: set[tuple[Any, int]] | None = None,
         on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
         rows: Sequence[Mapping[str, Any]] | None = None,
+        example_ids: Sequence[Any] | None = None,
     ) -> list[RolloutOutput]:
         """Run ``rollouts_per_example`` rollouts of the first ``num_examples`` eval rows.
 
@@ -199,9 +200,15 @@ class Environment:
         scored rollout is passed to ``on_result(output, rollout_index)`` as soon as its
         group finishes. ``skip`` holds ``(example_id, rollout_index)`` pairs already done
         (a resumed run). ``seed`` seeds sampling per rollout (example, index). ``rows``
-        replaces the eval dataset (a trainer passes a batch of training rows).
+        replaces the eval dataset (a trainer passes a batch of training rows);
+        ``example_ids`` names its rows (default: a row's ``example_id`` column, else its
+        position), so a slice of a dataset run elsewhere keeps the ids it has in the whole.
         """
         rows = list(rows) if rows is not None else self.get_eval_dataset(num_examples)
+        if example_ids is None:
+            example_ids = [row.get("example_id", i) for i, row in enumerate(rows)]
+        elif len(example_ids) != len(rows):
+            raise ValueError(f"{len(example_ids)} example_ids for {len(rows)} rows")
         sampling = self.sampling(sampling_args)
         limit = asyncio.Semaphore(concurrency)
         skip = skip or set()
@@ -229,7 +236,7 @@ class Environment:
                     if inspect.isawaitable(result):
                         await result
 
-        await asyncio.gather(*(group(row, row.get("example_id", i)) for i, row in enumerate(rows)))
+        await asyncio.gather(*(group(row, eid) for row, eid in zip(rows, example_ids, strict=True)))
         return outputs
 
     async def score(self, states: Sequence[State]) -> list[RolloutOutput]:

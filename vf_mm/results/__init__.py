@@ -17,6 +17,10 @@ Everything that writes, reads or sums up a run directory lives here, and everyth
   ``read_metadata(outdir)`` reads ``metadata.json``.
 - ``summarize(rows)`` computes the aggregates stored in metadata.json and shown by the
   CLI and the report; ``pass_at_k`` is its unbiased estimator.
+- ``merge_runs(outdir, sources, allow_partial=False)`` combines the run directories of
+  one sharded evaluation (``vf-mm eval --shard i/N``) into one run directory, refusing
+  (``vf_mm.errors.MergeError``) sources that are not the shards of one run; it returns
+  a ``MergeResult``.
 - ``evaluate_to_dir(env, client, outdir, ...)`` runs an environment's evaluation into a
   run directory (what ``vf-mm eval`` does, without the terminal), reporting
   ``EvalProgress``.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 from vf_mm.results._assets import ASSETS_DIR, AssetStore, to_json_value
 from vf_mm.results._format import METADATA_FILE, RESULTS_FILE, RESULTS_FORMAT, ROW_KEYS
+from vf_mm.results._merge import MergeResult, merge_runs
 from vf_mm.results._reader import BadLine, ResultsScan, read_metadata, read_results, scan_results
 from vf_mm.results._runner import EvalProgress, evaluate_to_dir
 from vf_mm.results._summary import pass_at_k, summarize
@@ -42,9 +47,11 @@ __all__ = [
     "AssetStore",
     "BadLine",
     "EvalProgress",
+    "MergeResult",
     "ResultsScan",
     "ResultsWriter",
     "evaluate_to_dir",
+    "merge_runs",
     "pass_at_k",
     "read_metadata",
     "read_results",

@@ -60,6 +60,8 @@ async def evaluate_to_dir(
     on_progress: Callable[[EvalProgress], None] | None = None,
     config_defaults: Mapping[str, Any] | None = None,
     video_limits: VideoLimits | None = None,
+    workers: Any = None,
+    shard: Any = None,
 ) -> dict[str, Any]:
     """Evaluate ``env`` with ``client`` into ``outdir``; returns the aggregates written to
     metadata.json (``summarize`` of every row, this run's and earlier ones).
@@ -73,13 +75,20 @@ async def evaluate_to_dir(
     ``video_limits`` (what a stored clip may cost to load; default: the client's
     renderer's): see ``ResultsWriter``. Stored media are read under the client's
     renderer's image policy (``RendererClient.media_rules``).
+
+    ``workers``: a started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
+    workers (``client`` may then be None: the pool's media rules and summed client
+    counts stand in for the client's); every rollout is still written here, once.
+    ``shard``: a ``vf_mm.workers.Shard``; only the examples whose id falls in it run
+    (``vf-mm merge`` joins the shards' directories).
     """
     if max_errors is not None and max_errors < 1:
         raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     outdir = Path(outdir)
     earlier = _earlier_client_stats(outdir) if resume else {}
+    runner = workers if workers is not None else client
     # stored media are read under the renderer's rules unless told otherwise
-    policy, renderer_limits = getattr(client, "media_rules", (None, None))
+    policy, renderer_limits = getattr(runner, "media_rules", (None, None))
     with ResultsWriter(
         outdir,
         resume=resume,
@@ -90,6 +99,10 @@ async def evaluate_to_dir(
         video_limits=video_limits if video_limits is not None else renderer_limits,
     ) as writer:
         rows = env.get_eval_dataset(num_examples)
+        example_ids = [row.get("example_id", i) for i, row in enumerate(rows)]
+        if shard is not None:
+            kept = [k for k, example_id in enumerate(example_ids) if shard.holds(example_id)]
+            rows, example_ids = [rows[k] for k in kept], [example_ids[k] for k in kept]
         progress = EvalProgress(
             total=len(rows) * rollouts_per_example, done_before=len(writer.done)
         )
@@ -117,17 +130,20 @@ async def evaluate_to_dir(
                 )
                 run.cancel()
 
+        options: dict[str, Any] = {
+            "rows": rows,
+            "example_ids": example_ids,
+            "rollouts_per_example": rollouts_per_example,
+            "concurrency": concurrency,
+            "sampling_args": sampling_args,
+            "seed": seed,
+            "skip": set(writer.done),
+            "on_result": store,
+        }
         run = asyncio.ensure_future(
-            env.evaluate(
-                client,
-                num_examples=num_examples,
-                rollouts_per_example=rollouts_per_example,
-                concurrency=concurrency,
-                sampling_args=sampling_args,
-                seed=seed,
-                skip=set(writer.done),
-                on_result=store,
-            )
+            workers.evaluate(env, **options)
+            if workers is not None
+            else env.evaluate(client, **options)
         )
         try:
             await run
@@ -137,7 +153,7 @@ async def evaluate_to_dir(
         aggregates = summarize(read_results(outdir))
         aggregates["stopped"] = stopped[0] if stopped else None
         aggregates["time_s"] = time.perf_counter() - progress.started
-        stats = getattr(client, "stats", None)
+        stats = getattr(runner, "stats", None)
         if stats is not None:  # the whole run's: earlier sessions' counts plus this one's
             fallbacks = Counter(earlier.get("fallbacks") or {})
             fallbacks.update(dict(stats.fallbacks))

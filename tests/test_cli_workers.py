@@ -1,0 +1,69 @@
+"""`vf-mm eval --workers W` and `--shard i/N`: the same rollouts as one process, split
+by example id across runs, and clear refusals of what does not go together."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from vf_mm.cli import main
+from vf_mm.results import read_metadata, read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["eval", "shapes", "-n", "6", "-r", "2", "-S", '{"max_tokens": 12}']
+
+
+def rows(outdir):
+    return {(r["example_id"], r["rollout_index"]): r for r in read_results(outdir)}
+
+
+def test_two_worker_processes_write_what_one_process_writes(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main([*RUN, "-o", str(tmp_path / "one")]) == 0
+    assert main([*RUN, "--workers", "2", "-o", str(tmp_path / "two")]) == 0
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert sorted(one) == sorted(two) and len(two) == 12
+    for key, row in one.items():
+        assert two[key]["completion"] == row["completion"]
+        assert two[key]["reward"] == row["reward"] and two[key]["error"] is None
+    client = read_metadata(tmp_path / "two")["results"]["client"]
+    assert client["turns"] == 12  # the workers' counts, summed
+
+
+def test_shards_split_the_examples_by_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for i in range(2):
+        assert main([*RUN, "--shard", f"{i}/2", "-o", str(tmp_path / f"s{i}")]) == 0
+    s0, s1 = rows(tmp_path / "s0"), rows(tmp_path / "s1")
+    assert sorted(s0) == [(e, i) for e in (0, 2, 4) for i in range(2)]
+    assert sorted(s1) == [(e, i) for e in (1, 3, 5) for i in range(2)]
+    assert read_metadata(tmp_path / "s1")["config"]["shard"] == "1/2"
+    # a resume must stay in its shard
+    assert main([*RUN, "--shard", "0/2", "--resume", "-o", str(tmp_path / "s1")]) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--workers", "0"], "--workers must be >= 1"),
+        (["--shard", "2/2"], "0 <= i < N"),
+        (["--shard", "half"], "write i/N"),
+    ],
+)
+def test_bad_scale_arguments_exit_2_naming_the_mistake(extra, message, tmp_path, capsys, monkeypatch):  # fmt: skip
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*RUN, *extra, "-o", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed here")
+def test_ray_without_ray_installed_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main([*RUN, "--ray", "-o", str(tmp_path / "run")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "needs Ray: pip install 'vf-mm[ray]'" in out

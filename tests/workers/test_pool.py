@@ -1,0 +1,138 @@
+"""``WorkerPool``: an environment's groups run in worker processes, and every
+(example, rollout) comes back to the parent exactly once: equal to an in-process run,
+through a worker killed mid-run, a group that kills every worker that runs it, a result
+that does not pickle, and a worker that cannot start."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+
+import pytest
+
+import vf_mm as vf
+from tests.workers import _clients
+from vf_mm.errors import WorkerStartError
+from vf_mm.models import build_tiny_vlm
+from vf_mm.workers import WorkerPool, WorkerSpec
+
+ENV = str(Path(__file__).with_name("_env.py"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    return str(build_tiny_vlm(tmp_path_factory.mktemp("workers") / "qwen", "qwen2_5_vl"))
+
+
+def run(spec: WorkerSpec, workers: int, *, env_args=None, r: int = 2, skip=None):
+    """The pool's results as {(example_id, index): output}, a list of every hand-over
+    (to see repeats), and the pool (for its counts)."""
+    env = vf.load_environment(ENV, **(env_args or {}))
+    rows = env.get_eval_dataset()
+    handed: list[tuple] = []
+
+    async def main():
+        async with WorkerPool(spec, workers, threads=1) as pool:
+            await pool.evaluate(
+                env, rows=rows, rollouts_per_example=r, concurrency=4, seed=3, skip=skip,
+                on_result=lambda output, index: handed.append((output.example_id, index, output)),
+            )  # fmt: skip
+            return pool
+
+    pool = asyncio.run(main())
+    return {(e, i): o for e, i, o in handed}, handed, pool
+
+
+def spec(checkpoint, *, env_args=None, **options) -> WorkerSpec:
+    return WorkerSpec(ENV, functools.partial(_clients.scripted, checkpoint, **options),
+                      env_args=env_args or {})  # fmt: skip
+
+
+def test_two_workers_give_what_one_process_gives(checkpoint):
+    results, handed, pool = run(spec(checkpoint), 2)
+    assert len(handed) == len(results) == 16  # 8 examples x 2, each once
+    env = vf.load_environment(ENV)
+    local = asyncio.run(env.evaluate(_clients.scripted(checkpoint), rollouts_per_example=2, seed=3))
+    assert len(local) == 16
+    for output in local:
+        index = next(i for i in range(2) if (output.example_id, i) in results)
+        theirs = results[(output.example_id, index)]
+        assert theirs.error is None and theirs.reward == output.reward == 1.0
+        assert theirs.completion == output.completion
+        # the tokens, and the images' model inputs, came through the pipe whole
+        mine_steps, their_steps = output.trajectory, theirs.trajectory
+        assert [s.tokens.prompt_ids for s in their_steps] == [
+            s.tokens.prompt_ids for s in mine_steps
+        ]
+        a = their_steps[-1].tokens.multi_modal_data.mm_items["image"][-1]
+        b = mine_steps[-1].tokens.multi_modal_data.mm_items["image"][-1]
+        assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    assert pool.stats.turns == 32 and pool.stats.bridges == 16  # summed over the workers
+
+
+def test_a_worker_killed_mid_run_loses_nothing_and_repeats_nothing(checkpoint, tmp_path):
+    marker = tmp_path / "died"
+    results, handed, pool = run(spec(checkpoint, die_once_on="3", marker=str(marker)), 2)
+    assert marker.exists()  # a worker did die, on example 3
+    # its group ran again elsewhere (the slot's new worker may still be starting when the
+    # run ends: the other worker can take every group that is left)
+    assert pool.lost_groups >= 1 and pool.restarts <= 1
+    assert len(handed) == len(results) == 16
+    assert all(o.error is None and o.reward == 1.0 for o in results.values())
+
+
+def test_a_group_that_kills_every_worker_fails_alone(checkpoint):
+    results, handed, pool = run(spec(checkpoint, always_die_on="5"), 2)
+    assert len(handed) == len(results) == 16
+    failed = {k: o for k, o in results.items() if o.error is not None}
+    assert set(failed) == {(5, 0), (5, 1)}
+    for output in failed.values():
+        assert output.error.type == "WorkerLostError"
+        assert "two workers died running this group" in output.error.message
+        assert output.answer == "yes" and output.reward is None
+    assert pool.lost_groups == 2  # it ran on two workers, and on no third
+
+
+def test_a_result_that_does_not_pickle_fails_its_group_with_the_reason(checkpoint):
+    options = {"env_args": {"unpicklable": (2,)}}
+    results, handed, _ = run(spec(checkpoint, **options), 2, env_args=options["env_args"])
+    assert len(handed) == 16
+    failed = {k: o for k, o in results.items() if o.error is not None}
+    assert set(failed) == {(2, 0), (2, 1)}
+    assert "sending the group to the parent" in failed[(2, 0)].error.where
+    assert "generator" in failed[(2, 0)].error.message
+
+
+def test_skipped_rollouts_are_not_run(checkpoint):
+    skip = {(e, 0) for e in range(8)} | {(7, 1)}
+    results, handed, _ = run(spec(checkpoint), 2, skip=skip)
+    assert sorted(results) == [(e, 1) for e in range(7)] and len(handed) == 7
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_its_own_error(checkpoint):
+    with pytest.raises(WorkerStartError, match="this worker's client cannot be built"):
+        run(spec(checkpoint, fail_start=True), 2)
+
+
+def test_bad_pool_arguments_are_refused_at_once(checkpoint):
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        WorkerPool(spec(checkpoint), 0)
+    with pytest.raises(ValueError, match="transport must be one of"):
+        WorkerPool(spec(checkpoint), 1, transport="threads")
+
+
+def test_when_no_worker_is_left_the_rest_fail_and_the_run_ends(checkpoint):
+    env = vf.load_environment(ENV, num_examples=4)
+    handed = []
+
+    async def main():
+        pool = WorkerPool(spec(checkpoint, always_die_on="0"), 1, threads=1, max_restarts=0)
+        async with pool:
+            await pool.evaluate(env, rows=env.get_eval_dataset(), rollouts_per_example=1,
+                                on_result=lambda o, i: handed.append(o))  # fmt: skip
+
+    asyncio.run(main())
+    assert len(handed) == 4 and all(o.error is not None for o in handed)
+    assert {o.error.type for o in handed} == {"WorkerLostError"}
+    assert any("no worker is left" in o.error.message for o in handed)

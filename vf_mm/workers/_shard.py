@@ -1,0 +1,47 @@
+"""Shards: one run split across independent processes or machines by example id.
+
+``--shard i/N`` runs the examples whose id falls in shard ``i`` of ``N``. The split
+depends on the example id alone (not on the order rows are read, nor on the machine), so
+every shard of a run agrees on it, a shard run again takes the same examples, and
+``vf-mm merge`` can put the shards back together. An integer id goes to shard
+``id mod N`` (consecutive examples spread evenly); any other id by the CRC-32 of its
+text.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any, NamedTuple
+
+
+class Shard(NamedTuple):
+    """Shard ``index`` of ``count`` (``0 <= index < count``)."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def holds(self, example_id: Any) -> bool:
+        """Whether the example with this id belongs to this shard."""
+        return shard_of(example_id, self.count) == self.index
+
+
+def parse_shard(text: str) -> Shard:
+    """``"i/N"`` as a ``Shard``; ``ValueError`` naming the mistake otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if match is None:
+        raise ValueError(f"{text!r} is not a shard: write i/N, e.g. 0/4")
+    index, count = int(match.group(1)), int(match.group(2))
+    if count < 1 or index >= count:
+        raise ValueError(f"shard {text!r}: i/N needs N >= 1 and 0 <= i < N")
+    return Shard(index, count)
+
+
+def shard_of(example_id: Any, count: int) -> int:
+    """The shard (of ``count``) an example id falls in."""
+    if isinstance(example_id, bool) or not isinstance(example_id, int):
+        return zlib.crc32(str(example_id).encode("utf-8")) % count
+    return example_id % count

@@ -1,0 +1,55 @@
+"""``GroupRunner``: the inside of a worker, whatever carries it (a process, a Ray actor).
+
+It loads the environment and builds the client once, then runs one example's group at
+a time through ``Environment.evaluate`` (so rollouts, seeds and scoring are exactly what
+an in-process run does), several groups at once on its own event loop. The transports
+(``_process.py``, ``_ray.py``) only move tasks in and results out.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from vf_mm.envs import load_environment
+from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec
+
+
+class GroupRunner:
+    """A worker's environment and client; ``run`` one group, ``close`` at the end."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.env = load_environment(
+            spec.env_id, search_paths=list(spec.env_dirs), **dict(spec.env_args)
+        )
+        self.client = spec.make_client()
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the parent learns once the worker is up: the rules its renderer reads
+        media under (the parent stores and packs the rollouts under the same ones)."""
+        rules = getattr(self.client, "media_rules", (None, None))
+        return {"media_rules": rules}
+
+    async def run(self, task: GroupTask) -> GroupResult:
+        outputs: list[tuple[int, Any]] = []
+        skip = {
+            (task.example_id, i) for i in range(task.rollouts_per_example) if i not in task.indices
+        }
+        await self.env.evaluate(
+            self.client,
+            rows=[task.row],
+            example_ids=[task.example_id],
+            rollouts_per_example=task.rollouts_per_example,
+            concurrency=max(1, len(task.indices)),
+            sampling_args=task.sampling_args,
+            seed=task.seed,
+            skip=skip,
+            on_result=lambda output, index: outputs.append((index, output)),
+        )
+        return GroupResult(task.task_id, outputs, copy.deepcopy(self.client.stats))
+
+    async def close(self) -> None:
+        backend = getattr(self.client, "backend", None)
+        if backend is not None:
+            await backend.aclose()
