@@ -136,3 +136,53 @@ def test_when_no_worker_is_left_the_rest_fail_and_the_run_ends(checkpoint):
     assert len(handed) == 4 and all(o.error is not None for o in handed)
     assert {o.error.type for o in handed} == {"WorkerLostError"}
     assert any("no worker is left" in o.error.message for o in handed)
+
+
+PARENT = """
+import asyncio, functools, sys, time
+from tests.workers import _clients
+from vf_mm.workers import WorkerPool, WorkerSpec
+
+async def main():
+    spec = WorkerSpec(sys.argv[1], functools.partial(_clients.scripted, sys.argv[2]))
+    async with WorkerPool(spec, 2, threads=1) as pool:
+        print(" ".join(str(w.pid) for w in pool.workers), flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_workers_end_when_their_parent_is_killed(checkpoint):
+    """kill -9 of the run's process (no cleanup runs there) ends its workers: each sees
+    its pipe close and exits, so no worker outlives its run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, ENV, checkpoint], cwd=root,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2, "the parent did not start its workers"
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # a zombie (exited, not yet reaped by init) is not running
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:  # gone between the two looks
+            return False
+
+    deadline = time.monotonic() + 120  # a generous bound on the wait, not a timing claim
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids), "a worker outlived its killed parent"

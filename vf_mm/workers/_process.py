@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import signal
 import threading
 from typing import Any
 
@@ -165,7 +166,9 @@ class ProcessWorker:
 
 
 def _child_main(conn: Any, spec: WorkerSpec, threads: int | None) -> None:
-    """The worker process's entry point."""
+    """The worker process's entry point. Ctrl-C in a terminal reaches the whole process
+    group: the child ignores it and lets the parent stop it (or the pipe's end does)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads is not None:
         import torch
 
