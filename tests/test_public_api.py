@@ -296,3 +296,16 @@ def test_workers_exports():
         assert hasattr(vf_mm.workers, name), name
     for leaf in (vf_mm.errors.WorkerStartError, vf_mm.errors.WorkerLostError):
         assert issubclass(leaf, vf_mm.errors.WorkerError)
+
+
+def test_recording_exports():
+    import vf_mm.recording
+
+    assert set(vf_mm.recording.__all__) == {
+        "RECORDING_BASE_URL",
+        "RecordedSession",
+        "Recorder",
+        "openai_client",
+    }
+    for name in vf_mm.recording.__all__:
+        assert hasattr(vf_mm.recording, name), name

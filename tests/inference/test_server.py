@@ -10,6 +10,7 @@ import asyncio
 import base64
 import copy
 import io
+import json
 import os
 import shutil
 import socket
@@ -688,7 +689,6 @@ def test_chat_bad_input_is_400_never_500(client):
             ]
         },
         {"messages": [{"role": "tool", "content": "x"}]},
-        {"messages": ok, "stream": True},
         {"messages": ok, "n": 2},
         {"messages": ok, "max_tokens": 0},
         {"messages": ok, "temperature": -1},
@@ -1126,3 +1126,28 @@ def test_content_parts_results_say_which_positions_are_embeddings(tmp_path):
         assert plain.multi_modal_data.mm_placeholders["video"][0].is_embed is None
     finally:
         asyncio.run(backend.aclose())
+
+
+def test_chat_stream_is_the_same_reply_as_server_sent_events(client):
+    """stream=true: the reply generated whole, then sent in OpenAI's chunk format (role,
+    content, finish reason, usage when asked, [DONE]); it holds what stream=false gives."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "seed": 3,
+            "max_tokens": 6}  # fmt: skip
+    whole = client.post("/v1/chat/completions", json=body).json()
+    r = client.post("/v1/chat/completions",
+                    json={**body, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in r.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(
+        c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks
+    )
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0]["role"] == "assistant"
+    assert (
+        "".join(d.get("content") or "" for d in deltas) == whole["choices"][0]["message"]["content"]
+    )
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] == whole["choices"][0]["finish_reason"] and set(finishes[:-1]) == {None}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]

@@ -1,10 +1,20 @@
-"""``vf-mm serve``: the local engine over HTTP (vLLM's token-in/token-out route + chat)."""
+"""``vf-mm serve``: the local engine over HTTP (vLLM's token-in/token-out route + chat).
+
+With ``--record DIR`` it is a recording endpoint: each chat call is a turn of its session
+(``X-Session-ID``, else ``user``), run through a ``RendererClient`` over the local engine
+or vLLM servers (``--backend vllm -b URL``) and recorded; a session that ends (``POST
+/v1/sessions/ID/end``), goes idle (``--session-idle-s``) or is open when the server stops
+lands in DIR: a row of DIR/results.jsonl (with its images in DIR/assets/, ``vf-mm view
+DIR`` shows it) and a group frame in DIR/groups.vfmm (a trainer stream file).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,10 +35,34 @@ def register(sub: Any) -> None:
         "POST /inference/v1/generate (vLLM's token-in/token-out schema; images as features "
         "or as content_parts data: URLs), POST /v1/chat/completions (OpenAI-compatible, "
         "images as data: URLs), GET /v1/models, GET /health, GET /metrics (prefix-cache "
-        "counters, as vLLM's). No authentication: keep it "
-        "on 127.0.0.1 or a trusted network.",
+        "counters, as vLLM's). With --record DIR, chat calls are recorded per session "
+        "(X-Session-ID header, else the request's user) as exact trajectories, written to DIR "
+        "when a session ends (POST /v1/sessions/ID/end), goes idle or the server stops. "
+        "No authentication: keep it on 127.0.0.1 or a trusted network.",
     )
     serve.add_argument("--model", required=True, type=Path, help="checkpoint directory")
+    serve.add_argument(
+        "--backend",
+        choices=["local", "vllm"],
+        default="local",
+        help="local: the in-process engine; vllm: vLLM servers (-b), this server renders",
+    )
+    serve.add_argument(
+        "-b", "--base-url", action="append", default=[], help="--backend vllm: a server URL"
+    )
+    serve.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record chat sessions into DIR (results.jsonl, assets/, groups.vfmm)",
+    )
+    serve.add_argument(
+        "--session-idle-s",
+        type=float,
+        default=600.0,
+        help="with --record: a session with no call for this long ends (default 600)",
+    )
     add_image_backend_argument(serve)
     add_engine_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -96,21 +130,130 @@ def run_serve(args: argparse.Namespace) -> int:
             "anyone who can reach it can run the model",
             file=sys.stderr,
         )
+    if args.backend == "vllm" and (not args.base_url or args.record is None):
+        print("vf-mm serve: --backend vllm needs -b URL and --record DIR", file=sys.stderr)
+        return 2
+    if args.backend == "local" and args.base_url:
+        print("vf-mm serve: -b is for --backend vllm", file=sys.stderr)
+        return 2
     try:
-        renderer = load_renderer(args.model, image_backend=args.image_backend)
-        backend = LocalBackend(
+        # a recording reads chat images through its renderer: under the server's policy
+        renderer = load_renderer(
             args.model,
-            max_batch=args.max_batch,
-            batch_window_ms=args.batch_window_ms,
-            **local_backend_options(args),
+            image_backend=args.image_backend,
+            image_policy=recording_policy() if args.record is not None else None,
         )
+        if args.backend == "vllm":
+            from vf_mm.inference import VLLMBackend
+
+            backend: Any = VLLMBackend(args.base_url, model=str(args.model))
+        else:
+            backend = LocalBackend(
+                args.model,
+                max_batch=args.max_batch,
+                batch_window_ms=args.batch_window_ms,
+                **local_backend_options(args),
+            )
     except (VfMmError, OSError, ValueError) as exc:
         print(f"vf-mm serve: cannot load {args.model}: {exc}", file=sys.stderr)
         return 1
     name = args.served_model_name or str(args.model)
-    app = create_app(backend, renderer=renderer, model_name=name)
+    if args.record is None:
+        app = create_app(backend, renderer=renderer, model_name=name)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        finally:
+            asyncio.run(backend.aclose())
+        return 0
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
-        asyncio.run(backend.aclose())
+        asyncio.run(_serve_recording(args, backend, renderer, name))
+    except VfMmError as exc:  # DIR in use by another recording, a different model
+        print(f"vf-mm serve: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def recording_policy() -> Any:
+    """What a recording reads: ``data:`` URLs only (the images come inside the requests),
+    as vf-mm serve's chat route."""
+    from vf_mm.images import ImagePolicy
+
+    return ImagePolicy.dataset(roots=())
+
+
+async def _serve_recording(
+    args: argparse.Namespace, backend: Any, renderer: Any, name: str
+) -> None:
+    """Serve with a recorder until stopped; every session lands in ``args.record``."""
+    import uvicorn
+
+    import vf_mm
+    from vf_mm.inference import create_app
+    from vf_mm.recording import Recorder
+    from vf_mm.results import ResultsWriter, read_results, summarize
+    from vf_mm.training import GroupSender, pack_group
+
+    client = vf_mm.RendererClient(backend, renderer)
+    metadata = {
+        "config": {"recording": True, "model": str(args.model), "backend": args.backend},
+        "server": {"base_url": args.base_url or None},
+        "vf_mm_version": vf_mm.__version__,
+    }
+    with (
+        ResultsWriter(
+            args.record, resume=True, metadata=metadata, policy=recording_policy()
+        ) as writer,
+        GroupSender(args.record / "groups.vfmm") as groups,
+    ):
+
+        async def land(session: Any) -> None:
+            output = session.as_rollout()
+            await writer.awrite(output, rollout_index=session.index)
+            group = await asyncio.to_thread(
+                pack_group, [output], rollout_indices=[session.index], example_id=output.example_id
+            )
+            await groups.asend(group)
+
+        recorded: dict[str, int] = {}
+        for example_id, index in writer.done:  # a resumed recording: ids go on counting
+            recorded[str(example_id)] = max(recorded.get(str(example_id), 0), index + 1)
+        recorder = Recorder(client, idle_s=args.session_idle_s, on_end=land, recorded=recorded)
+        app = create_app(backend, renderer=renderer, model_name=name, recorder=recorder)
+        server = _stoppable_server_class()(
+            uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+        )
+
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(min(args.session_idle_s, 30.0) / 2 or 0.5)
+                await recorder.sweep()
+
+        sweeper = asyncio.create_task(sweep())
+        try:
+            await server.serve()
+        finally:
+            sweeper.cancel()
+            await recorder.aclose()  # the sessions still open land too
+            await backend.aclose()
+            writer.finalize(summarize(read_results(args.record)))
+
+
+def _stoppable_server_class() -> Any:
+    import uvicorn
+
+    class StoppableServer(uvicorn.Server):
+        """uvicorn's server, stopped by SIGINT / SIGTERM without re-raising the signal
+        afterwards (uvicorn does, which would cancel the recording's last writes)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return StoppableServer

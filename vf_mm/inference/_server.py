@@ -21,7 +21,17 @@
   under ``"video"`` (``pixel_values_videos``, ``video_grid_thw``, ...), or raw.
 - ``POST /v1/chat/completions``: OpenAI-compatible, messages in / message out; images
   (``image_url``) and clips (``video_url``, with per-clip ``fps`` / ``num_frames`` / ...)
-  only as ``data:`` URLs unless an explicit ``image_policy`` allows more.
+  only as ``data:`` URLs unless an explicit ``image_policy`` allows more. With
+  ``stream=true`` the whole reply is generated, then sent as server-sent events in
+  OpenAI's chunk format (role, content, tool calls, finish reason; usage with
+  ``stream_options.include_usage``), ending with ``data: [DONE]``.
+- **Recording** (``create_app(..., recorder=...)``, ``vf-mm serve --record DIR``): each
+  chat call is a turn of the session its ``X-Session-ID`` header names (else its
+  ``user`` field; neither is a 400), run through the recorder's ``RendererClient``
+  (bridged onto the session's previous turn) and recorded as a ``TrajectoryStep``.
+  Images are then read by the client's renderer, under its image policy alone.
+  ``POST /v1/sessions/{id}/end`` ends a session (its recording goes to the recorder's
+  ``on_end``); ``GET /v1/sessions`` lists the open ones.
 - ``GET /v1/models`` and ``GET /health``.
 - ``GET /metrics``: the backend's prefix-cache counters in Prometheus' text format, as
   vLLM 0.32 publishes them (``vllm:prefix_cache_queries_total`` and
@@ -39,7 +49,7 @@ unknown model is 404 ``"NotFoundError"``; a backend failure is 500
 ``"InternalServerError"`` with its message.
 
 What the local engine cannot do is refused by name with a 400, never silently dropped:
-streaming, ``n > 1``, stop strings, penalties, ``output_mode="text"``, video.
+``n > 1``, stop strings, penalties, ``output_mode="text"``, video.
 Logprobs are the sampled tokens' only: with ``sampling_params.logprobs = k > 0`` each
 entry's ``top_logprobs`` holds just the sampled token (``rank`` is None).
 
@@ -77,6 +87,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from vf_mm.errors import (
+    BackendError,
     ImageError,
     PromptTooLongError,
     RenderError,
@@ -168,7 +179,9 @@ class _Server:
         image_policy: ImagePolicy | None,
         mm_cache_items: int,
         mm_cache_bytes: int,
+        recorder: Any = None,
     ) -> None:
+        self.recorder = recorder
         family = getattr(backend, "family", None)
         if family not in VISION_FAMILIES and _inner(renderer, "vision") is not None:
             family = _inner(renderer, "name")  # a vision renderer is named for its family
@@ -636,26 +649,12 @@ class _Server:
             if m["role"] == "developer":
                 m["role"] = "system"
         tools = [t.model_dump(exclude_unset=True) for t in req.tools] if req.tools else None
-        rendered = await run_in_threadpool(self._render_chat, messages, tools)
         self._check_tokens(req.stop_token_ids or [], "stop_token_ids")
+        if self.recorder is not None:
+            return await self._recorded_chat(request, req, messages, tools)
+        rendered = await run_in_threadpool(self._render_chat, messages, tools)
         prompt_len = len(rendered.token_ids)
-        try:
-            sampling = SamplingParams(
-                max_tokens=self._max_tokens(
-                    req.max_completion_tokens or req.max_tokens, prompt_len
-                ),
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=max(req.top_k or 0, 0),
-                min_p=req.min_p or 0.0,
-                seed=req.seed,
-                stop_token_ids=tuple(
-                    dict.fromkeys([*self.stop_token_ids, *(req.stop_token_ids or [])])
-                ),
-                logprobs=bool(req.logprobs),
-            )
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        sampling = self._chat_sampling(req, prompt_len=prompt_len)
         result = await self._generate(
             GenerateRequest(
                 rendered.token_ids, sampling, rendered.multi_modal_data, messages=messages
@@ -688,36 +687,165 @@ class _Server:
                     for t, lp in zip(result.completion_ids, result.logprobs, strict=True)
                 ]
             }
-        completion_tokens = len(result.completion_ids)
+        return self._chat_response(
+            req, message, logprobs, finish, result.stop_reason, prompt_len,
+            len(result.completion_ids),
+        )  # fmt: skip
+
+    async def _recorded_chat(
+        self,
+        request: Request,
+        req: ChatCompletionRequestModel,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> Response:
+        """A chat call as a recorded turn of its session (see the module docstring)."""
+        session = request.headers.get("x-session-id") or req.user
+        if not session:
+            raise RequestError(
+                "a recording server needs the session a call belongs to: send the "
+                "X-Session-ID header (or the request's user field)",
+                param="user",
+            )
+        if req.tool_choice == "none":
+            raise RequestError(
+                "tool_choice='none' is not recorded (the reply would not be what the model "
+                "wrote): leave tools out of the request instead",
+                param="tool_choice",
+            )
+        sampling = self._chat_sampling(req, prompt_len=None)
+        try:
+            turn = await self.recorder.turn(session, messages, tools=tools, sampling=sampling)
+        except PromptTooLongError as exc:
+            raise RequestError(str(exc), param="messages") from None
+        except BackendError as exc:  # the engine behind the recorder failed
+            raise RequestError(
+                f"generation failed: {type(exc).__name__}: {exc}",
+                status=HTTPStatus.INTERNAL_SERVER_ERROR,
+            ) from None
+        except (VfMmError, ValueError, TypeError, KeyError) as exc:  # what was sent
+            raise RequestError(f"cannot run the turn: {exc}", param="messages") from None
+        except Exception as exc:  # the engine failed: 500 with its message
+            raise RequestError(
+                f"generation failed: {type(exc).__name__}: {exc}",
+                status=HTTPStatus.INTERNAL_SERVER_ERROR,
+            ) from None
+        tokens = turn.tokens
+        message = dict(turn.message)
+        logprobs = None
+        if req.logprobs and tokens is not None:
+            tokenizer = _inner(self.renderer, "tokenizer")
+            logprobs = {
+                "content": [
+                    _chat_logprob(tokenizer, t, lp)
+                    for t, lp in zip(tokens.completion_ids, tokens.completion_logprobs, strict=True)
+                ]
+            }
+        finish = "tool_calls" if message.get("tool_calls") else tokens.finish_reason
+        return self._chat_response(
+            req, message, logprobs, finish, None, len(tokens.prompt_ids),
+            len(tokens.completion_ids),
+        )  # fmt: skip
+
+    def _chat_response(
+        self,
+        req: ChatCompletionRequestModel,
+        message: dict[str, Any],
+        logprobs: dict[str, Any] | None,
+        finish: str | None,
+        stop_reason: Any,
+        prompt_len: int,
+        completion_tokens: int,
+    ) -> Response:
+        """The reply as one JSON body, or (``stream=true``) as server-sent events."""
+        body = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": stop_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_len,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_len + completion_tokens,
+            },
+        }
+        if not req.stream:
+            return JSONResponse(body)
+        usage = bool((req.stream_options or {}).get("include_usage"))
+        return Response(_sse_chunks(body, include_usage=usage), media_type="text/event-stream")
+
+    def _chat_sampling(
+        self, req: ChatCompletionRequestModel, *, prompt_len: int | None
+    ) -> SamplingParams:
+        """The request's sampling. ``prompt_len`` None (a recorded turn, rendered by the
+        recorder's client): an unset ``max_tokens`` is ``SamplingParams``' default, not
+        the context's room."""
+        requested = req.max_completion_tokens or req.max_tokens
+        if prompt_len is None:
+            max_tokens = requested if requested is not None else SamplingParams().max_tokens
+        else:
+            max_tokens = self._max_tokens(requested, prompt_len)
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=max(req.top_k or 0, 0),
+                min_p=req.min_p or 0.0,
+                seed=req.seed,
+                stop_token_ids=tuple(
+                    dict.fromkeys([*self.stop_token_ids, *(req.stop_token_ids or [])])
+                ),
+                logprobs=bool(req.logprobs),
+            )
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+
+    async def sessions(self, request: Request) -> Response:
+        """GET /v1/sessions: the recording's open sessions and their turns so far."""
+        recorder = self._require_recorder()
         return JSONResponse(
             {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.model_name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": logprobs,
-                        "finish_reason": finish,
-                        "stop_reason": result.stop_reason,
-                    }
+                "object": "list",
+                "data": [
+                    {"id": s.session_id, "turns": len(s.steps), "index": s.index}
+                    for s in recorder.sessions.values()
                 ],
-                "usage": {
-                    "prompt_tokens": prompt_len,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_len + completion_tokens,
-                },
             }
         )
+
+    async def end_session(self, request: Request) -> Response:
+        """POST /v1/sessions/{id}/end: end a recorded session (404 if none is open)."""
+        recorder = self._require_recorder()
+        session_id = request.path_params["session_id"]
+        ended = await recorder.end(session_id)
+        if ended is None:
+            raise RequestError(
+                f"no open session {session_id!r}", status=HTTPStatus.NOT_FOUND, param="session"
+            )
+        return JSONResponse({"id": session_id, "turns": len(ended.steps), "ended": True})
+
+    def _require_recorder(self) -> Any:
+        if self.recorder is None:
+            raise RequestError(
+                "this server does not record sessions (start it with --record DIR)",
+                status=HTTPStatus.NOT_FOUND,
+            )
+        return self.recorder
 
     def _check_chat_supported(self, req: ChatCompletionRequestModel) -> None:
         def refuse(what: str, param: str) -> None:
             raise RequestError(f"{what} is not supported by vf-mm serve", param=param)
 
-        if req.stream:
-            refuse("stream=true (streaming)", "stream")
         if req.n not in (None, 1):
             refuse(f"n={req.n} (only 1)", "n")
         if req.stop not in (None, "", []):
@@ -845,6 +973,34 @@ class _Server:
 # -- helpers ----------------------------------------------------------------------------
 
 
+def _sse_chunks(body: dict[str, Any], *, include_usage: bool) -> bytes:
+    """A finished chat completion as OpenAI's stream of ``chat.completion.chunk`` events:
+    the role, the content, the tool calls (each whole, with its index), the finish
+    reason, the usage when asked for, then ``[DONE]``."""
+    choice = body["choices"][0]
+    message = choice["message"]
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        data = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": extra.get("logprobs"),
+                                     "finish_reason": finish}]}  # fmt: skip
+        return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+    parts = [chunk({"role": "assistant", "content": ""})]
+    if message.get("reasoning_content"):
+        parts.append(chunk({"reasoning_content": message["reasoning_content"]}))
+    if message.get("content"):
+        parts.append(chunk({"content": message["content"]}, logprobs=choice["logprobs"]))
+    for i, call in enumerate(message.get("tool_calls") or []):
+        parts.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    parts.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        usage = {**base, "choices": [], "usage": body["usage"]}
+        parts.append(b"data: " + json.dumps(usage).encode() + b"\n\n")
+    parts.append(b"data: [DONE]\n\n")
+    return b"".join(parts)
+
+
 def _inner(renderer: Any, attribute: str) -> Any:
     """``renderer.<attribute>``, through a ``RendererPool`` too."""
     if renderer is None:
@@ -952,6 +1108,7 @@ def create_app(
     image_policy: ImagePolicy | None = None,
     mm_cache_items: int = 512,
     mm_cache_bytes: int = 4 << 30,
+    recorder: Any = None,
 ) -> Starlette:
     """The HTTP app of ``vf-mm serve`` over ``backend`` (a token-level ``Backend``).
 
@@ -959,15 +1116,21 @@ def create_app(
     image pad); ``model_name``: the served name (``model`` fields must match it);
     ``image_policy``: what chat images may be read (default: ``data:`` URLs only);
     ``mm_cache_items`` / ``mm_cache_bytes`` bound the cache of decoded image items that
-    hash-only requests resolve against. The caller owns ``backend`` (and closes it).
+    hash-only requests resolve against. ``recorder`` (a ``vf_mm.recording.Recorder``):
+    chat calls become recorded turns of their sessions, and the session routes are
+    served. The caller owns ``backend`` and ``recorder`` (and closes them).
     """
-    server = _Server(backend, renderer, model_name, image_policy, mm_cache_items, mm_cache_bytes)
+    server = _Server(
+        backend, renderer, model_name, image_policy, mm_cache_items, mm_cache_bytes, recorder
+    )
     routes = [
         Route("/inference/v1/generate", _route(server.generate), methods=["POST"]),
         Route("/v1/chat/completions", _route(server.chat_completions), methods=["POST"]),
         Route("/v1/models", _route(server.models), methods=["GET"]),
         Route("/health", _route(server.health), methods=["GET"]),
         Route("/metrics", _route(server.metrics), methods=["GET"]),
+        Route("/v1/sessions", _route(server.sessions), methods=["GET"]),
+        Route("/v1/sessions/{session_id}/end", _route(server.end_session), methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
     app.state.server = server

@@ -321,3 +321,5 @@ class ChatCompletionRequestModel(BaseModel):
     frequency_penalty: float | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    user: str | None = None
+    stream_options: dict[str, Any] | None = None

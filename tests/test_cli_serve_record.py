@@ -1,0 +1,121 @@
+"""`vf-mm serve --record DIR`: a real server process, the OpenAI SDK over HTTP, and what
+lands in DIR when a session ends and when the server stops."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from vf_mm.images import png_data_url
+from vf_mm.results import read_results
+from vf_mm.training import read_groups, unpack_group
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from vf_mm.testing import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("serve-record") / "qwen", "qwen2_5_vl")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def user(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    url = png_data_url(Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)))
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": f"step {seed}"}]}  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_a_recorded_session_lands_in_dir_as_a_row_and_a_group(checkpoint, tmp_path):
+    import openai
+
+    port, record = free_port(), tmp_path / "rec"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vf_mm.cli._main", "serve", "--model", str(checkpoint),
+         "--port", str(port), "--record", str(record), "--log-level", "warning"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240  # a bound on the wait for the model to load
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        oai = openai.OpenAI(base_url=f"{base}/v1", api_key="x",
+                            default_headers={"X-Session-ID": "agent-1"})  # fmt: skip
+        messages = []
+        for turn in range(3):
+            messages.append(user(turn))
+            reply = oai.chat.completions.create(model=str(checkpoint), messages=messages,
+                                                max_tokens=6, seed=turn)  # fmt: skip
+            messages.append(reply.choices[0].message)
+        assert httpx.get(f"{base}/v1/sessions").json()["data"] == [
+            {"id": "agent-1", "turns": 3, "index": 0}
+        ]
+        assert httpx.post(f"{base}/v1/sessions/agent-1/end").json()["turns"] == 3
+        assert httpx.post(f"{base}/v1/sessions/agent-1/end").status_code == 404
+        # a second session, still open when the server stops: it lands too
+        oai.chat.completions.create(model=str(checkpoint), messages=[user(9)], max_tokens=4,
+                                    extra_headers={"X-Session-ID": "agent-2"})  # fmt: skip
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(60)
+    assert server.returncode == 0, server.stderr.read()
+    rows = {r["example_id"]: r for r in read_results(record)}
+    assert set(rows) == {"agent-1", "agent-2"}
+    assert rows["agent-1"]["num_turns"] == 3 and rows["agent-1"]["error"] is None
+    rollouts = [r for g in read_groups(record / "groups.vfmm") for r in unpack_group(g)]
+    assert sorted(r.example_id for r in rollouts) == ["agent-1", "agent-2"]
+    (agent_1,) = [r for r in rollouts if r.example_id == "agent-1"]
+    steps = agent_1.trajectory
+    assert len(steps) == 3
+    for before, after in itertools.pairwise(steps):
+        previous = [*before.tokens.prompt_ids, *before.tokens.completion_ids]
+        assert after.tokens.prompt_ids[: len(previous)] == previous
+    assert len(steps[-1].tokens.multi_modal_data.mm_hashes["image"]) == 3
+    from vf_mm.cli import main
+
+    assert main(["view", str(record), "-o", str(tmp_path / "view.html")]) == 0
+    assert "agent-1" in (tmp_path / "view.html").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--backend", "vllm", "--record", "rec"], "--backend vllm needs -b URL and --record DIR"),
+        (
+            ["--backend", "vllm", "-b", "http://127.0.0.1:9"],
+            "--backend vllm needs -b URL and --record DIR",
+        ),
+        (["-b", "http://127.0.0.1:9"], "-b is for --backend vllm"),
+    ],
+)
+def test_serve_arguments_that_do_not_go_together_exit_2(extra, message, checkpoint, capsys):
+    from vf_mm.cli import main
+
+    assert main(["serve", "--model", str(checkpoint), *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,191 @@
+"""``Recorder``: OpenAI-style chat calls, grouped into sessions, each recorded as a trajectory.
+
+Agent code written against the OpenAI SDK calls ``/v1/chat/completions`` with the whole
+conversation every time. The recorder turns each call of a session into one model turn
+through a ``RendererClient``: the call's messages are the prompt, the session's earlier
+steps are the trajectory, so the client bridges onto the previous turn's exact tokens
+(images carried forward) whenever the new prompt extends it, and renders whole when it
+does not (a branch, an edited history). Each turn is appended to the session as a
+``TrajectoryStep`` holding the exact prompt and completion ids, logprobs and images.
+
+What a client sends back is not byte for byte what it received: the OpenAI SDK adds
+keys set to None (``refusal``, ``audio``, ...) to an assistant message it echoes. Before
+the turn, each message of the prompt that matches the session's recorded message at the
+same place (equal once None-valued keys are set aside) is replaced by the recorded one,
+so the client sees its own history and bridges; a message that differs in anything
+else is kept as sent, and the turn is rendered whole.
+
+Sessions are isolated: a turn sees only its own session's steps. A session ends when
+``end`` is called, or after ``idle_s`` without a call (``sweep``); ``on_end`` then gets
+the ``RecordedSession`` (results directory, trainer stream: the caller decides). Calls
+of one session run one at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vf_mm.types import Messages, RolloutOutput, TrajectoryStep
+
+
+@dataclass(slots=True)
+class RecordedSession:
+    """One session's recording: its steps in call order, and what it was called."""
+
+    session_id: str
+    steps: list[TrajectoryStep] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    last_call: float = field(default_factory=time.monotonic)
+    index: int = 0  # how many earlier sessions of this id ended before it
+
+    @property
+    def messages(self) -> Messages:
+        """The last call's prompt and the reply it got: the conversation so far."""
+        if not self.steps:
+            return []
+        last = self.steps[-1]
+        return [*last.prompt, *last.completion]
+
+    def as_rollout(self) -> RolloutOutput:
+        """The session as a rollout (``example_id`` its id): the first call's prompt, and
+        everything after it as the completion; no reward (a recording scores nothing)."""
+        if not self.steps:
+            return RolloutOutput(example_id=self.session_id, prompt=[], completion=[])
+        prompt = self.steps[0].prompt
+        return RolloutOutput(
+            example_id=self.session_id,
+            prompt=list(prompt),
+            completion=self.messages[len(prompt) :],
+            trajectory=list(self.steps),
+            timing={"total_s": time.time() - self.started},
+        )
+
+
+class Recorder:
+    """Sessions of chat calls through ``client`` (a token-level ``RendererClient``).
+
+    ``idle_s``: a session without a call for this long ends at the next ``sweep``.
+    ``on_end(session)``: called (awaited if async) with each session that ends.
+    ``recorded``: how many sessions of each id were recorded before (a recording that
+    resumes into the same directory), so a reused id's next session gets the next index.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        idle_s: float = 600.0,
+        on_end: Callable[[RecordedSession], Awaitable[None] | None] | None = None,
+        recorded: Mapping[str, int] | None = None,
+    ) -> None:
+        if not getattr(client, "token_level", False):
+            raise ValueError(
+                "a Recorder needs a token-level RendererClient (a Backend that returns token "
+                "ids, with a renderer): a chat API gives no tokens to record"
+            )
+        self.client = client
+        self.idle_s = idle_s
+        self.on_end = on_end
+        self._sessions: dict[str, RecordedSession] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # session id -> sessions of that id ended so far
+        self._ended: dict[str, int] = dict(recorded or {})
+
+    @property
+    def sessions(self) -> dict[str, RecordedSession]:
+        """The open sessions, by id (a copy of the mapping)."""
+        return dict(self._sessions)
+
+    async def turn(
+        self,
+        session_id: str,
+        messages: Messages,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        sampling: Any = None,
+    ) -> Any:
+        """One model turn of ``session_id`` on ``messages``: the ``ModelTurn`` (its
+        ``message`` is the reply to return), recorded as the session's next step."""
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError("a session id is a non-empty string")
+        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                session = RecordedSession(session_id, index=self._ended.get(session_id, 0))
+                self._sessions[session_id] = session
+            prompt = _with_recorded_history(messages, session.messages)
+            turn = await self.client.generate(
+                prompt, trajectory=session.steps, tools=tools, sampling=sampling,
+                session_id=session_id,
+            )  # fmt: skip
+            session.steps.append(turn.step(prompt))
+            session.last_call = time.monotonic()
+            return turn
+
+    async def end(self, session_id: str) -> RecordedSession | None:
+        """End ``session_id`` (None if no such session is open) and hand it to ``on_end``.
+        A later call with the same id starts a new session (its ``index`` one more)."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            return None
+        async with lock:
+            session = self._sessions.pop(session_id, None)
+            self._locks.pop(session_id, None)
+            if session is None:
+                return None
+            self._ended[session_id] = session.index + 1
+        end_session = getattr(self.client, "end_session", None)
+        if end_session is not None:
+            end_session(session_id)
+        if self.on_end is not None:
+            result = self.on_end(session)
+            if inspect.isawaitable(result):
+                await result
+        return session
+
+    async def sweep(self) -> list[RecordedSession]:
+        """End every session idle for ``idle_s`` or more; returns them."""
+        now = time.monotonic()
+        idle = [
+            s for s, session in self._sessions.items() if now - session.last_call >= self.idle_s
+        ]
+        ended = [await self.end(s) for s in idle]
+        return [s for s in ended if s is not None]
+
+    async def aclose(self) -> list[RecordedSession]:
+        """End every open session (a server shutting down records what it holds)."""
+        ended = [await self.end(s) for s in list(self._sessions)]
+        return [s for s in ended if s is not None]
+
+
+def _with_recorded_history(messages: Messages, recorded: Messages) -> Messages:
+    """``messages`` with each leading message that matches ``recorded`` at its place
+    replaced by the recorded one (so the client recognises its own history)."""
+    out = list(messages)
+    for i, (sent, kept) in enumerate(zip(messages, recorded, strict=False)):
+        if not _equivalent(sent, kept):
+            break
+        out[i] = kept
+    return out
+
+
+def _equivalent(a: Any, b: Any) -> bool:
+    """Equal once keys whose value is None are set aside (recursively): the OpenAI SDK
+    echoes an assistant message with ``refusal: None`` and friends added."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        keys_a = {k for k, v in a.items() if v is not None}
+        keys_b = {k for k, v in b.items() if v is not None}
+        return keys_a == keys_b and all(_equivalent(a[k], b[k]) for k in keys_a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equivalent(x, y) for x, y in zip(a, b, strict=True))
+    if a is b:
+        return True
+    if isinstance(a, (str, int, float, bool, bytes)) and isinstance(b, type(a)):
+        return a == b
+    return False
