@@ -7,6 +7,7 @@
     python3 dev.py slow     # the slow tier (pytest -m slow)
     python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
     python3 dev.py ray      # the ray tier: rollout workers as Ray actors (sets up .venv-ray)
+    python3 dev.py verifiers  # the verifiers tier: verifiers environments (sets up .venv-verifiers)
     python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
     python3 dev.py browser  # install the headless chromium the report tests use (test does)
 
@@ -33,6 +34,10 @@ STAMP = VENV / ".vf-mm-installed"
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 RAY_VENV = ROOT / ".venv-ray"
 RAY_PY = RAY_VENV / "bin" / "python"
+VERIFIERS_VENV = ROOT / ".venv-verifiers"
+VERIFIERS_PY = VERIFIERS_VENV / "bin" / "python"
+#: the tiers the default run leaves out (each has its own job and venv)
+OTHER_TIERS = "not slow and not vllm and not ray and not verifiers"
 INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
 
 
@@ -70,6 +75,24 @@ def setup_ray() -> None:
     stamp.write_text(digest)
 
 
+def setup_verifiers() -> None:
+    """.venv-verifiers: the pinned lock plus requirements/verifiers.txt (verifiers 0.3.1, an
+    optional extra, kept out of .venv so the default tier never imports it). The lock is
+    also a constraint, so nothing verifiers pulls in moves a pinned version."""
+    lock = ROOT / "requirements" / "lock.txt"
+    inputs = [*INPUTS, ROOT / "requirements" / "verifiers.txt"]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs)).hexdigest()
+    stamp = VERIFIERS_VENV / ".vf-mm-installed"
+    if stamp.exists() and stamp.read_text() == digest and VERIFIERS_PY.exists():
+        return
+    venv.EnvBuilder(with_pip=True, clear=True).create(VERIFIERS_VENV)
+    pip = (VERIFIERS_PY, "-m", "pip", "--disable-pip-version-check")
+    run(*pip, "install", "--quiet", "-r", lock, "-c", lock,
+        "-r", ROOT / "requirements" / "verifiers.txt")  # fmt: skip
+    run(*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", ROOT)
+    stamp.write_text(digest)
+
+
 JOBS = {
     "demo": [
         [
@@ -88,7 +111,7 @@ JOBS = {
     "test": [
         [PY, ROOT / "dev.py", "browser"],
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
-        [PY, "-m", "pytest", "-q", "-m", "not slow and not vllm and not ray"],
+        [PY, "-m", "pytest", "-q", "-m", OTHER_TIERS],
     ],
     "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"], [PY, "bench/client_overhead.py"]],
     "slow": [[PY, "-m", "pytest", "-q", "-m", "slow"]],
@@ -99,6 +122,8 @@ JOBS = {
     ],
     # rollout workers as Ray actors on a local Ray cluster (Ray in its own venv .venv-ray)
     "ray": [[RAY_PY, "-m", "pytest", "-q", "-m", "ray", "tests/workers"]],
+    # verifiers classic environments run through vf_mm (verifiers in its own venv .venv-verifiers)
+    "verifiers": [[VERIFIERS_PY, "-m", "pytest", "-q", "-m", "verifiers", "tests/adapters"]],
 }
 
 
@@ -149,7 +174,7 @@ def mutate(extra: list[str]) -> int:
             caught = False
             for where in (first, "tests"):
                 cmd = [PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
-                       "not slow and not vllm and not ray", where, *extra]  # fmt: skip
+                       OTHER_TIERS, where, *extra]  # fmt: skip
                 if subprocess.run([str(c) for c in cmd], cwd=ROOT).returncode not in (0, 5):
                     caught = True
                     break
@@ -194,7 +219,10 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in JOBS:
         print(__doc__)
         return 2
-    setup()
+    if argv[0] == "verifiers":  # its own venv only: .venv is not needed, so not touched
+        setup_verifiers()
+    else:
+        setup()
     if argv[0] == "ray":
         setup_ray()
     job, extra = JOBS[argv[0]], argv[1:]

@@ -3,14 +3,16 @@
 Each step:
   1. the local backend samples a group of rollouts for each of a few training rows of
      the single-turn ``shapes`` environment (easy setting: "How many circles?", 1-3);
-  2. each scored group is packed (each distinct image's tensors once) and streamed over
-     ZeroMQ (ipc) to the trainer side, which reads it back;
+  2. each scored group is packed (each distinct image's tensors once, and an id) and
+     streamed over ZeroMQ (ipc) to the trainer side, which reads it back;
   3. the trainer turns rollouts into samples (loss mask on sampled tokens, the sampler's
      logprobs, group-normalised advantages, pixel_values / image_grid_thw) and packs them
      into micro-batches;
   4. the policy (a separate copy of the model) takes a GRPO step (importance ratio
      against the sampler's logprobs, clipping);
-  5. the new weights go back into the local backend in place.
+  5. the new weights go back into the local backend in place, and the trainer commits
+     the step's groups: only now may their senders forget them (a trainer that died
+     before this point would get them again, and skip any it had committed).
 
 The model starts from random weights, so the example's reward is shaped: how close the
 answer is to the expected ``<answer>N</answer>`` (difflib's similarity ratio), so that a
@@ -101,10 +103,15 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
     policy = model_class("qwen2_5_vl").from_pretrained(model_dir).to(args.device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
     address = f"ipc://{tmp}/rollouts.sock"
-    receiver = GroupReceiver(address, bind=True, senders=None, timeout_s=600)  # the trainer binds
-    # rollout workers connect; at most one step's groups in flight (the trainer reads them
-    # after the step's sampling ends, so a smaller bound would stall the sampler here)
+    # the trainer binds; it commits a step's groups after the step (autocommit=False). A
+    # trainer in its own process would also pass ledger=PATH, so that after a restart it
+    # skips the groups it had committed (docs/deployment.md, "Many workers, one trainer")
+    receiver = GroupReceiver(address, bind=True, senders=None, timeout_s=600, autocommit=False)
+    # rollout workers connect; at most one step's groups unacknowledged (the trainer reads
+    # them after the step's sampling ends and commits them after its update, so a smaller
+    # bound would stall the sampler here)
     sender = GroupSender(address, hwm=args.rows)
+    run_id = f"grpo-tiny-seed{args.seed}"  # group ids: f"{run_id}/{step}/{example_id}"
     rows = env.get_dataset()
     curve = []
     print(f"{'step':>4} {'reward':>7} {'exact':>6} {'loss':>8} {'kl':>8} {'s':>5}")
@@ -114,12 +121,13 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
             batch_rows = [rows[(step * args.rows + i) % len(rows)] for i in range(args.rows)]
             groups: dict[int, list] = {}
 
-            async def ship(output, index, groups=groups):
+            async def ship(output, index, groups=groups, step=step):
                 groups.setdefault(output.example_id, []).append(output)
                 if len(groups[output.example_id]) == args.group_size:
                     outs = groups.pop(output.example_id)
                     advantages = group_advantages([o.reward for o in outs])
-                    await sender.asend(pack_group(outs, advantages=advantages))
+                    group_id = f"{run_id}/{step}/{output.example_id}"
+                    await sender.asend(pack_group(outs, advantages=advantages, group_id=group_id))
 
             await env.evaluate(client, rows=batch_rows, rollouts_per_example=args.group_size,
                                concurrency=args.rows * args.group_size, on_result=ship)  # fmt: skip
@@ -150,6 +158,7 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
                 backend.load_weights(
                     {k: v.detach().to("cpu") for k, v in policy.state_dict().items()}
                 )
+            receiver.commit()  # the step is done with its groups: acknowledge them
             point = {
                 "step": step,
                 "reward": statistics.mean(rewards),

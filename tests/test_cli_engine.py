@@ -84,7 +84,18 @@ def test_eval_runs_the_local_backend_on_the_device_and_dtype_given(tmp_path, rec
     argv = ["eval", "shapes", "-n", "1", "-r", "1", "-S", '{"max_tokens": 4}',
             "--device", "cpu", "--dtype", "bfloat16", "-o", str(tmp_path / "run")]  # fmt: skip
     assert main(argv) == 0
-    assert recorded == [{"device": "cpu", "dtype": torch.bfloat16}]
+    # on CPU the KV cache is in RAM: bounded like the image cache (--kv-cache-mb)
+    assert recorded == [{"device": "cpu", "dtype": torch.bfloat16, "prefix_cache_bytes": 128 << 20}]
+
+
+def test_the_caches_that_live_for_the_whole_run_take_their_bounds_from_the_flags(
+    tmp_path, recorded, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    argv = ["eval", "shapes", "-n", "1", "-r", "1", "-S", '{"max_tokens": 4}',
+            "--kv-cache-mb", "64", "-o", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 0
+    assert recorded[0]["prefix_cache_bytes"] == 64 << 20
 
 
 def test_rollout_defaults_to_cpu_and_float32(tmp_path, recorded, monkeypatch):
@@ -92,7 +103,7 @@ def test_rollout_defaults_to_cpu_and_float32(tmp_path, recorded, monkeypatch):
     argv = ["rollout", "shapes", "-n", "1", "-r", "1", "-S", '{"max_tokens": 4}',
             "--stream", str(tmp_path / "s.vfmm")]  # fmt: skip
     assert main(argv) == 0
-    assert recorded == [{"device": "cpu", "dtype": None}]
+    assert recorded == [{"device": "cpu", "dtype": None, "prefix_cache_bytes": 128 << 20}]
 
 
 def test_serve_loads_the_model_on_the_device_and_dtype_given(

@@ -133,3 +133,46 @@ def test_a_stripped_group_keeps_an_error_the_environment_set_as_text(tmp_path, p
     for r in g["rollouts"]:
         assert (r["error"]["type"], r["error"]["message"]) == ("Error", "the board broke")
         assert "packing the group" in r["error"]["where"]
+
+
+def test_rollout_with_encoded_images_rebuilds_on_the_trainer(tmp_path, capsys):
+    from vf_mm.models import embedded_model
+    from vf_mm.training import ImageProcessing, ImageRebuilder
+
+    path = tmp_path / "groups.vfs"
+    args = ["rollout", "shapes", "-n", "2", "-r", "2", "--stream", str(path), "-S", SAMPLING]
+    assert main([*args, "--images", "encoded"]) == 0
+    groups = list(read_groups(path))
+    assert [g["image_mode"] for g in groups] == ["encoded", "encoded"]
+    assert count_key(groups, "pixel_values") == 0  # bytes, not tensors
+    trainer = ImageProcessing.from_checkpoint(embedded_model(), image_backend="auto")
+    with ImageRebuilder(trainer) as rebuilder:
+        for g in groups:
+            a, _ = unpack_group(g, images=rebuilder)
+            item = a.trajectory[0].tokens.multi_modal_data.mm_items["image"][0]
+            assert item["pixel_values"].ndim == 2
+        assert rebuilder.rebuilt == 2
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "encoded x1" in out
+
+
+def test_rollout_with_image_references_into_a_shared_store(tmp_path, capsys):
+    path, store = tmp_path / "groups.vfs", tmp_path / "store"
+    args = ["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]
+    assert main([*args, "--images", "ref", "--image-store", str(store)]) == 0
+    (group,) = read_groups(path)
+    (entry,) = group["sources"].values()
+    assert entry["uri"].startswith("file://" + str(store.resolve()))
+    assert main(["inspect", str(path)]) == 0
+    assert "ref x1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--images", "ref"], ["--image-store", "x"], ["--images", "encoded", "--image-store", "x"]],
+)
+def test_image_mode_flags_that_do_not_go_together_exit_2(tmp_path, flags, capsys):
+    path = tmp_path / "groups.vfs"
+    assert main(["rollout", "shapes", "-n", "1", "--stream", str(path), *flags]) == 2
+    assert "--image-store" in capsys.readouterr().out

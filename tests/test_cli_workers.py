@@ -67,3 +67,28 @@ def test_ray_without_ray_installed_says_how_to_get_it(tmp_path, capsys, monkeypa
     assert main([*RUN, "--ray", "-o", str(tmp_path / "run")]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "needs Ray: pip install 'vf-mm[ray]'" in out
+
+
+def test_rollout_with_workers_streams_the_groups_one_process_streams(tmp_path, monkeypatch):
+    from vf_mm.training import read_groups, unpack_group
+
+    monkeypatch.chdir(ROOT)
+    run = ["rollout", "shapes", "-n", "4", "-r", "2", "-S", '{"max_tokens": 8}']
+    assert main([*run, "--stream", str(tmp_path / "one.vfmm")]) == 0
+    assert main([*run, "--workers", "2", "--stream", str(tmp_path / "two.vfmm")]) == 0
+
+    def rollouts(path):
+        return {
+            (r.group_id, r.rollout_index): r for g in read_groups(path) for r in unpack_group(g)
+        }
+
+    one, two = rollouts(tmp_path / "one.vfmm"), rollouts(tmp_path / "two.vfmm")
+    assert sorted(one) == sorted(two) and len(two) == 8  # the same group ids: the same run
+    for key, rollout in one.items():
+        mine = [s.tokens.prompt_ids + s.tokens.completion_ids for s in rollout.trajectory]
+        theirs = [s.tokens.prompt_ids + s.tokens.completion_ids for s in two[key].trajectory]
+        assert mine == theirs
+    # a shard of the same run keeps the run's id, so its groups are the same groups
+    assert main([*run, "--shard", "1/2", "--stream", str(tmp_path / "half.vfmm")]) == 0
+    half = rollouts(tmp_path / "half.vfmm")
+    assert set(half) == {k for k in one if one[k].example_id in (1, 3)}

@@ -146,14 +146,17 @@ def test_results_exports():
         "merge_runs",
         "pass_at_k",
         "read_metadata",
+        "iter_results",
         "read_results",
         "scan_results",
         "summarize",
+        "to_dataset",
         "to_json_value",
     }
     for name in vf_mm.results.__all__:
         assert hasattr(vf_mm.results, name), name
     assert issubclass(vf_mm.errors.MergeError, vf_mm.errors.ResultsError)
+    assert issubclass(vf_mm.errors.AssetError, vf_mm.errors.ResultsError)
 
 
 def test_every_error_descends_from_vfmmerror():
@@ -271,7 +274,7 @@ def test_embedded_model_is_built_once_into_the_cache(tmp_path, monkeypatch):
 def test_inference_exports_the_managed_servers():
     import vf_mm.inference
 
-    assert {"VLLMBackend", "VLLMServers", "server_flags", "vllm_command"} <= set(
+    assert {"VLLMBackend", "VLLMServers", "ServerLimits", "server_flags", "vllm_command"} <= set(
         vf_mm.inference.__all__
     )
     for name in vf_mm.inference.__all__:
@@ -298,6 +301,45 @@ def test_workers_exports():
         assert issubclass(leaf, vf_mm.errors.WorkerError)
 
 
+def test_training_exports():
+    import vf_mm.training
+
+    assert set(vf_mm.training.__all__) == {
+        "GROUP_FORMAT",
+        "GROUP_FORMAT_BY_SOURCE",
+        "IMAGE_MODES",
+        "MAX_GROUP_ID_BYTES",
+        "GroupReceiver",
+        "GroupSender",
+        "ImageProcessing",
+        "ImageRebuilder",
+        "ImageStore",
+        "RebuildFailure",
+        "MicroBatch",
+        "RolloutProgress",
+        "Sample",
+        "TensorList",
+        "TrainingRollout",
+        "build_samples",
+        "group_advantages",
+        "grpo_loss",
+        "inputs_hash",
+        "is_endpoint",
+        "make_batches",
+        "pack_group",
+        "read_groups",
+        "read_ledger",
+        "run_id_for",
+        "stream_rollouts",
+        "token_logprobs",
+        "unpack_group",
+        "write_key_pair",
+    }
+    for name in vf_mm.training.__all__:
+        assert hasattr(vf_mm.training, name), name
+    assert issubclass(vf_mm.errors.LedgerError, vf_mm.errors.TransportError)
+
+
 def test_recording_exports():
     import vf_mm.recording
 
@@ -309,3 +351,19 @@ def test_recording_exports():
     }
     for name in vf_mm.recording.__all__:
         assert hasattr(vf_mm.recording, name), name
+
+
+def test_adapters_exports():
+    import vf_mm.adapters
+
+    assert set(vf_mm.adapters.__all__) == {
+        "ADAPTERS",
+        "VerifiersEnv",
+        "adapt_verifiers",
+        "is_verifiers_environment",
+        "load_environment",
+    }
+    for name in vf_mm.adapters.__all__:
+        assert hasattr(vf_mm.adapters, name), name
+    assert vf_mm.load_environment is vf_mm.adapters.load_environment
+    assert issubclass(vf_mm.errors.UnsupportedEnvironmentError, vf_mm.errors.EnvironmentLoadError)

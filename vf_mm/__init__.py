@@ -3,14 +3,18 @@
 ``import vf_mm as vf``: environments (``vf.Environment``, ``vf.SingleTurnEnv``,
 ``vf.MultiTurnEnv``, ``vf.ToolEnv``, ``vf.Rubric``, ``vf.Parser``,
 ``vf.load_environment``), and ``vf.RendererClient``, which turns messages into model
-turns (exact token ids, images carried across turns). ``vf_mm.wire`` is the tensor
-codec, ``vf_mm.renderers`` the renderers, ``vf_mm.inference`` the backends.
+turns (exact token ids, images carried across turns). ``vf.load_environment`` also
+loads a verifiers classic environment, wrapped as a ``vf_mm.adapters.VerifiersEnv``.
+``vf_mm.wire`` is the tensor codec, ``vf_mm.renderers`` the renderers,
+``vf_mm.inference`` the backends.
 """
 
 from vf_mm import errors
+from vf_mm.adapters import load_environment  # vf_mm's environments, and verifiers'
 from vf_mm.client import ClientStats, ModelTurn, RendererClient
 from vf_mm.envs import (
     Environment,
+    LazyRows,
     MultiTurnEnv,
     Parser,
     Rubric,
@@ -20,7 +24,6 @@ from vf_mm.envs import (
     ToolEnv,
     XMLParser,
     check_environment,
-    load_environment,
     stop,
 )
 
@@ -29,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ClientStats",
     "Environment",
+    "LazyRows",
     "ModelTurn",
     "MultiTurnEnv",
     "Parser",

@@ -223,6 +223,8 @@ class RendererClient:
             reason = refusals[0] if refusals else "the renderer declined to bridge"
             break
         self.stats.renders += 1
+        if reason not in self.stats.fallbacks and len(self.stats.fallbacks) >= _MAX_REASONS:
+            reason = "(other reasons)"  # a reason may quote the conversation: keep few
         self.stats.fallbacks[reason] += 1
         return self.renderer.render(prompt, tools=tools), False  # type: ignore[union-attr]
 
@@ -235,6 +237,11 @@ class RendererClient:
         self.stats.prompt_tokens += result.usage.prompt_tokens
         self.stats.completion_tokens += result.usage.completion_tokens
         return ModelTurn(message=result.message, tokens=None, usage=result.usage)
+
+
+#: distinct fallback reasons counted apart in ``ClientStats.fallbacks`` (the rest together),
+#: so that the client's state stays the same size over a run of any length
+_MAX_REASONS = 64
 
 
 def _with_call_ids(message: dict[str, Any], tokens: ResponseTokens) -> dict[str, Any]:

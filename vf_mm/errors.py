@@ -16,11 +16,18 @@ against the standard exceptions keeps working.
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
     │   ├── EnvironmentLoadError               its module fails to import, or load_environment raises
+    │   │   └── UnsupportedEnvironmentError    another framework's environment vf_mm cannot run (a
+    │   │                                      verifiers env on the completions API, verifiers v1)
     │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
     │   ├── MessageError (ValueError)          a message from environment code that is not a message
     │   └── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
     ├── GroupFrameError (ValueError)           a training group frame (pack_group / unpack_group) refused:
-    │                                          one hash for two tensors, a missing image, bad placeholders
+    │   │                                      one hash for two tensors, a missing image, bad placeholders
+    │   └── ImageRebuildError                  the trainer could not rebuild an image of an encoded/ref group
+    │       ├── ImageRefError                  a reference missing, unreadable, outside the roots, or whose
+    │       │                                  bytes do not match its sha256 (or an encoded image corrupt)
+    │       └── ProcessingMismatchError        rebuilt inputs differ from the sampler's: names which of
+    │                                          config, backend or versions differ
     ├── ImageError (ValueError)                an image that vf_mm.images cannot load
     │   ├── UnsafeImageSourceError             the ImagePolicy refused where it comes from
     │   ├── ImageFetchError                    reading it failed (network, HTTP status, timeout)
@@ -33,6 +40,8 @@ against the standard exceptions keeps working.
     ├── ResultsError (ValueError)              an evaluation results store (vf_mm.results) refused:
     │   │                                      a non-JSON value, an outdir in use, a corrupt line
     │   ├── ResumeMismatchError                resume=True with a different run configuration
+    │   ├── AssetError                         an asset a row refers to is missing, unreadable, or does
+    │   │                                      not match its content hash (to_dataset, vf-mm export)
     │   └── MergeError                         merge_runs refused: sources that are not shards of one
     │                                          run (configs, shard numbers, overlapping rows), a
     │                                          missing shard, a bad asset, an outdir in use
@@ -66,6 +75,7 @@ so a failed item can be reported and skipped without losing the rest of a run.
 from __future__ import annotations
 
 __all__ = [
+    "AssetError",
     "BackPressureTimeout",
     "BackendError",
     "BackendHTTPError",
@@ -83,6 +93,8 @@ __all__ = [
     "ImageDecodeError",
     "ImageError",
     "ImageFetchError",
+    "ImageRebuildError",
+    "ImageRefError",
     "ImageTooLargeError",
     "LedgerError",
     "MergeError",
@@ -90,6 +102,7 @@ __all__ = [
     "MissingColumnError",
     "MissingDependencyError",
     "MultiModalDataError",
+    "ProcessingMismatchError",
     "PromptTooLongError",
     "ReceiveTimeout",
     "RenderError",
@@ -102,6 +115,7 @@ __all__ = [
     "TransportError",
     "UnsafeImageSourceError",
     "UnsafeVideoSourceError",
+    "UnsupportedEnvironmentError",
     "UnsupportedModelError",
     "VfMmError",
     "VideoDecodeError",
@@ -262,6 +276,14 @@ class EnvironmentLoadError(EnvError):
     arguments and where the original exception (chained as ``__cause__``) was raised."""
 
 
+class UnsupportedEnvironmentError(EnvironmentLoadError):
+    """An environment of another framework that vf_mm cannot run as it is: a verifiers
+    environment asking for the completions API (vf_mm records chat calls, whose messages
+    its renderers turn into exact tokens), or a verifiers v1 environment (its harness
+    calls an endpoint itself: record it with ``vf-mm serve --record``). The message says
+    which, and what to do instead."""
+
+
 class MessageError(EnvError, ValueError):
     """A message that entered a rollout (a dataset prompt, an ``env_response`` return, a
     tool result) and is not one: ``where`` names the method, turn and field, ``hint``
@@ -327,6 +349,31 @@ class ResumeMismatchError(ResultsError):
         self.differences = differences
 
 
+class AssetError(ResultsError):
+    """An asset that a results row refers to (``assets/<hash>.<ext>`` in its messages)
+    cannot be used: the file is missing or unreadable, it does not decode, or its content
+    does not hash to the name it is stored under (changed after it was written). ``asset``
+    is the URL as the row holds it; ``example_id`` and ``rollout_index`` name the row;
+    ``where`` the place in it (``"prompt, message 0, part 1"``); ``path`` the run's
+    ``results.jsonl``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        asset: str,
+        example_id: int | str,
+        rollout_index: int,
+        where: str = "",
+        path: str | None = None,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.asset = asset
+        self.example_id = example_id
+        self.rollout_index = rollout_index
+        self.where = where
+
+
 class MergeError(ResultsError):
     """``vf_mm.results.merge_runs`` (``vf-mm merge``) refused to combine run directories:
     a source that is missing or not a run directory, configs that differ in more than
@@ -349,6 +396,36 @@ class GroupFrameError(VfMmError, ValueError):
     that refers to an image the group does not carry, placeholders that break the sidecar
     rules (overlapping, unsorted, past the prompt), or a frame that is not a group. The
     message names the rollout and step."""
+
+
+class ImageRebuildError(GroupFrameError):
+    """An image of a group sent ``encoded`` or ``ref`` (``vf_mm.training``) that the trainer
+    could not turn back into the sampler's exact model inputs. ``image_hash`` names the
+    image (its ``mm_hash``); the group fails, never trains on other pixels."""
+
+    def __init__(self, message: str, *, image_hash: str | None = None) -> None:
+        super().__init__(message)
+        self.image_hash = image_hash
+
+
+class ImageRefError(ImageRebuildError):
+    """An image's bytes the trainer cannot use: a reference whose file is gone, unreadable,
+    outside the receiver's roots, or whose sha256 does not match; encoded bytes that do
+    not decode, or decode to other pixels than the sampler's. The receiver's
+    ``on_missing`` policy decides: fail the group, or skip the rollouts that show it."""
+
+
+class ProcessingMismatchError(ImageRebuildError):
+    """The trainer's image processing differs from the sampler's: the rebuilt model inputs
+    do not hash to what the group recorded, or the recorded processor config or backend
+    is not the trainer's. ``differs`` names which of ``"config"``, ``"backend"`` and
+    ``"versions"`` differ (empty when none of them does and the inputs still differ)."""
+
+    def __init__(
+        self, message: str, *, differs: tuple[str, ...] = (), image_hash: str | None = None
+    ) -> None:
+        super().__init__(message, image_hash=image_hash)
+        self.differs = tuple(differs)
 
 
 class BackendError(VfMmError):

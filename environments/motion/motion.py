@@ -28,13 +28,13 @@ the shape or both name the shape). Metrics: ``tool_calls`` (tool calls made) and
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import datasets
 import numpy as np
 from PIL import Image, ImageDraw
 
@@ -368,42 +368,12 @@ def make_rubric(parser: vf.Parser) -> vf.Rubric:
 
 # -- data -----------------------------------------------------------------------------------
 
-_INT_LIST = datasets.List(datasets.Value("int64"))
-FEATURES = datasets.Features(
-    {
-        "question": datasets.Value("string"),
-        "answer": datasets.Value("string"),
-        "info": {
-            "kind": datasets.Value("string"),
-            "objects": datasets.List(
-                {
-                    "shape": datasets.Value("string"),
-                    "colour": datasets.Value("string"),
-                    "size": datasets.Value("int64"),
-                    "start": _INT_LIST,
-                    "end": _INT_LIST,
-                    "schedule": _INT_LIST,
-                }
-            ),
-            "background": _INT_LIST,
-            "clutter": datasets.Value("int64"),
-            "clutter_seed": datasets.Value("int64"),
-            "width": datasets.Value("int64"),
-            "height": datasets.Value("int64"),
-            "num_frames": datasets.Value("int64"),
-            "fps": datasets.Value("float64"),
-            "split": datasets.Value("string"),
-            "index": datasets.Value("int64"),
-        },
-    }
-)
 
-
-def build_dataset(n: int, *, seed: int, split: str, config: Mapping[str, Any]) -> datasets.Dataset:
+def build_dataset(n: int, *, seed: int, split: str, config: Mapping[str, Any]) -> vf.LazyRows:
     """``n`` rows (``question``, ``answer``, ``info``), deterministic in (seed, split); the
-    kinds take turns. The frames are not stored: ``render_clip(row["info"])`` draws them."""
-    rows = [make_example(seed, split, i, config) for i in range(n)]
-    return datasets.Dataset.from_list(rows, features=FEATURES)
+    kinds take turns. The frames are not stored: ``render_clip(row["info"])`` draws them.
+    Row ``i`` is ``make_example(seed, split, i, config)``, made when it is read."""
+    return vf.LazyRows(n, functools.partial(make_example, seed, split, config=config))
 
 
 def make_example(seed: int, split: str, index: int, config: Mapping[str, Any]) -> dict[str, Any]:

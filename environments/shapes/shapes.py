@@ -15,12 +15,12 @@ format and distribution alone, which a tiny model learns in minutes.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Sequence
 from typing import Any
 
-import datasets
 from PIL import Image, ImageDraw
 
 import vf_mm as vf
@@ -171,31 +171,11 @@ def make_config(
     return config
 
 
-def build_dataset(n: int, *, seed: int, split: str, config: dict[str, Any]) -> datasets.Dataset:
-    """``n`` rows (``question``, ``answer``, ``image``, ``info``), deterministic in (seed, split)."""
-    rows = [make_example(seed, split, i, config) for i in range(n)]
-    features = datasets.Features(
-        {
-            "question": datasets.Value("string"),
-            "answer": datasets.Value("string"),
-            "image": datasets.Image(),
-            "info": {
-                "question_type": datasets.Value("string"),
-                "split": datasets.Value("string"),
-                "index": datasets.Value("int64"),
-                "shapes": datasets.List(
-                    {
-                        "shape": datasets.Value("string"),
-                        "colour": datasets.Value("string"),
-                        "x": datasets.Value("int64"),
-                        "y": datasets.Value("int64"),
-                        "r": datasets.Value("int64"),
-                    }
-                ),
-            },
-        }
-    )
-    return datasets.Dataset.from_list(rows, features=features)
+def build_dataset(n: int, *, seed: int, split: str, config: dict[str, Any]) -> vf.LazyRows:
+    """``n`` rows (``question``, ``answer``, ``image``, ``info``), deterministic in (seed, split):
+    row ``i`` is ``make_example(seed, split, i, config)``, drawn when it is read (a run
+    reads rows as it goes, so a million examples cost nothing until they are used)."""
+    return vf.LazyRows(n, functools.partial(make_example, seed, split, config=config))
 
 
 def make_example(seed: int, split: str, index: int, config: dict[str, Any]) -> dict[str, Any]:

@@ -15,13 +15,13 @@ showed the whole target box) and ``answer_format`` (the final message has one an
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import datasets
 from PIL import Image, ImageDraw, ImageFont
 
 import vf_mm as vf
@@ -288,34 +288,11 @@ def make_rubric(parser: vf.Parser) -> vf.Rubric:
 # -- data -----------------------------------------------------------------------------------
 
 
-def build_dataset(n: int, *, seed: int, split: str, config: Mapping[str, Any]) -> datasets.Dataset:
-    """``n`` rows (``question``, ``answer``, ``image``, ``info``), deterministic in (seed, split)."""
-    rows = [make_example(seed, split, i, config) for i in range(n)]
-    box = datasets.List(datasets.Value("int64"))
-    features = datasets.Features(
-        {
-            "question": datasets.Value("string"),
-            "answer": datasets.Value("string"),
-            "image": datasets.Image(),
-            "info": {
-                "kind": datasets.Value("string"),
-                "target_colour": datasets.Value("string"),
-                "target_box": box,
-                "boxes": datasets.List(
-                    {
-                        "colour": datasets.Value("string"),
-                        "box": box,
-                        "content": datasets.Value("string"),
-                    }
-                ),
-                "width": datasets.Value("int64"),
-                "height": datasets.Value("int64"),
-                "split": datasets.Value("string"),
-                "index": datasets.Value("int64"),
-            },
-        }
-    )
-    return datasets.Dataset.from_list(rows, features=features)
+def build_dataset(n: int, *, seed: int, split: str, config: Mapping[str, Any]) -> vf.LazyRows:
+    """``n`` rows (``question``, ``answer``, ``image``, ``info``), deterministic in (seed, split):
+    row ``i`` is ``make_example(seed, split, i, config)``, drawn when it is read (a run
+    reads rows as it goes)."""
+    return vf.LazyRows(n, functools.partial(make_example, seed, split, config=config))
 
 
 def make_example(seed: int, split: str, index: int, config: Mapping[str, Any], *,

@@ -128,3 +128,20 @@ def test_an_importable_module_that_fails_to_import_is_a_load_error_not_not_found
         vf.load_environment("brokenmod", search_paths=[])
     with pytest.raises(EnvironmentNotFoundError):  # no such module at all: not found
         vf.load_environment("no_such_env_module_xyz", search_paths=[])
+
+
+def test_load_environment_with_adapters_wraps_what_one_knows(tmp_path):
+    module = tmp_path / "other.py"
+    module.write_text("def load_environment(n):\n    return ['row'] * n\n")
+    wrapped = vf.SingleTurnEnv(dataset=[{"question": "q"}])
+    seen = []
+
+    def adapt(obj, env_id):  # given the object and the id the run names it by
+        seen.append((obj, env_id))
+        return wrapped if obj == ["row", "row"] else None
+
+    load = vf.envs.load_environment_with
+    assert load(str(module), adapters=[adapt], env_args={"n": 2}) is wrapped
+    assert seen == [(["row", "row"], "other")]
+    with pytest.raises(EnvironmentNotFoundError, match="returned a list, not a vf_mm Environment"):
+        load(str(module), adapters=[adapt], env_args={"n": 1})

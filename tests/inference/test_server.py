@@ -1151,3 +1151,51 @@ def test_chat_stream_is_the_same_reply_as_server_sent_events(client):
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert finishes[-1] == whole["choices"][0]["finish_reason"] and set(finishes[:-1]) == {None}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+
+
+# -- keys and limits on the real app ----------------------------------------------------
+
+
+def test_the_app_with_keys_refuses_without_one_and_serves_with_one(backend, renderer):
+    app = create_app(backend, renderer=renderer, model_name=MODEL, api_keys=["s3cret"])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with TestClient(app) as c:
+        assert c.get("/health").status_code == 200
+        for path, method in (("/v1/models", "get"), ("/metrics", "get")):
+            assert getattr(c, method)(path).status_code == 401
+        assert c.post("/v1/chat/completions", json=body).status_code == 401
+        ok = c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_images_and_prompt_tokens_per_request_are_limited(backend, renderer):
+    from vf_mm.inference import ServerLimits
+
+    limits = ServerLimits(max_images=2, max_request_tokens=40)
+    app = create_app(backend, renderer=renderer, model_name=MODEL, limits=limits)
+    url = _data_url(Image.fromarray(np.zeros((28, 28, 3), np.uint8)))
+    part = {"type": "image_url", "image_url": {"url": url}}
+    with TestClient(app) as c:
+        many = {"model": MODEL, "messages": [{"role": "user", "content": [part, part, part]}]}
+        r = c.post("/v1/chat/completions", json=many)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "RequestTooLargeError"
+        assert "at most 2" in r.json()["error"]["message"]
+        long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 200}]}
+        r = c.post("/v1/chat/completions", json=long)
+        assert r.status_code == 400 and "at most 40" in r.json()["error"]["message"]
+        r = c.post("/inference/v1/generate", json={"model": MODEL, "token_ids": [1] * 41,
+                                                   "sampling_params": {"max_tokens": 1}})  # fmt: skip
+        assert r.status_code == 400 and "at most 40" in r.json()["error"]["message"]
+        short = {"model": MODEL, "messages": [{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}],
+                 "max_tokens": 2}  # fmt: skip
+        assert c.post("/v1/chat/completions", json=short).status_code == 200
+
+
+def test_an_assistant_turn_echoed_with_null_content_renders_as_empty(client, renderer):
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+               {"role": "user", "content": "again"}]  # fmt: skip
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": history,
+                                                  "max_tokens": 2, "seed": 1})  # fmt: skip
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == len(renderer.render(
+        [history[0], {"role": "assistant", "content": ""}, history[2]]).token_ids)  # fmt: skip

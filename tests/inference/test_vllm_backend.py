@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -1058,3 +1059,33 @@ def test_constructor_checks() -> None:
     with pytest.raises(ValueError, match="session_idle_s"):
         VLLMBackend("http://h", session_idle_s=0)
     assert VLLMBackend(["http://h:1/v1/", "http://g:2"]).base_urls == ["http://h:1", "http://g:2"]
+
+
+def test_each_server_gets_its_own_api_key():
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers.get("authorization")))
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 4096}]})
+        return httpx.Response(200, json={"choices": [{"index": 0, "token_ids": [5], "logprobs": None,
+                                                      "finish_reason": "stop"}]})  # fmt: skip
+
+    backend = VLLMBackend(["http://a:8000", "http://b:8000", "http://c:8000"], model="m",
+                          api_key=["key-a", None, "key-c"], routing="round_robin",
+                          transport=httpx.MockTransport(handler))  # fmt: skip
+
+    async def main():
+        try:
+            for _ in range(3):
+                await backend.generate(
+                    GenerateRequest([1, 2, 3], SamplingParams(max_tokens=1, logprobs=False))
+                )
+        finally:
+            await backend.aclose()
+
+    asyncio.run(main())
+    keys = {host: auth for host, auth in seen}
+    assert keys == {"a": "Bearer key-a", "b": None, "c": "Bearer key-c"}
+    with pytest.raises(ValueError, match="2 API keys for 3 base URLs"):
+        VLLMBackend(["http://a:1", "http://b:1", "http://c:1"], api_key=["x", "y"])

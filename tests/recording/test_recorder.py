@@ -243,3 +243,51 @@ def test_a_chat_only_client_cannot_record(renderer):
 
     with pytest.raises(ValueError, match="token-level"):
         Recorder(vf.RendererClient(ScriptedChatBackend(["hi"])))
+
+
+def test_one_api_key_cannot_see_or_end_another_keys_sessions(renderer):
+    from vf_mm.inference import create_app
+
+    recorder = recorder_for(renderer)
+    client = recorder.client
+    app = create_app(client.backend, renderer=client.renderer, model_name="m",
+                     recorder=recorder, api_keys=["alice-key", "bob-key"])  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=RECORDING_BASE_URL) as http:
+            alice = {"Authorization": "Bearer alice-key", "X-Session-ID": "s"}
+            bob = {"Authorization": "Bearer bob-key", "X-Session-ID": "s"}
+            assert (
+                await http.post("/chat/completions", json=body, headers=alice)
+            ).status_code == 200
+            listed = (await http.get("/sessions", headers=bob)).json()["data"]
+            ended = await http.post("/sessions/s/end", headers=bob)  # bob has no session "s"
+            assert (await http.post("/chat/completions", json=body, headers=bob)).status_code == 200
+            mine = (await http.get("/sessions", headers=alice)).json()["data"]
+            nobody = await http.get("/sessions")
+            return listed, ended.status_code, mine, nobody.status_code
+
+    listed, ended, mine, nobody = asyncio.run(main())
+    assert listed == [] and ended == 404 and nobody == 401
+    assert mine == [{"id": "s", "turns": 1, "index": 0}]  # alice's, untouched by bob's call
+    names = sorted(s.name for s in recorder._sessions.values())
+    assert len(names) == 2 and all(name.endswith("/s") for name in names)
+    assert "alice-key" not in " ".join(names)  # a tag, never the key
+
+
+def test_an_empty_reply_echoed_as_none_and_null_part_keys_still_bridge(renderer):
+    """Clients normalise what they echo: an empty reply's content comes back as None, and
+    Arrow-backed prompts carry ``image_url: null`` on text parts. Neither is a new
+    conversation: the turn still bridges, and the null key is no image."""
+    recorder = recorder_for(renderer, replies=["", "fine."])
+    text = {"type": "text", "text": "hello", "image_url": None}
+    first = [{"role": "user", "content": [text]}]
+    status, reply = call(recorder, {"model": "m", "messages": first}, {"X-Session-ID": "s"})
+    assert status == 200 and reply["choices"][0]["message"]["content"] == ""
+    echoed = {"role": "assistant", "content": None, "refusal": None}
+    second = [*first, echoed, {"role": "user", "content": "and?"}]
+    status, reply = call(recorder, {"model": "m", "messages": second}, {"X-Session-ID": "s"})
+    assert status == 200 and reply["choices"][0]["message"]["content"] == "fine."
+    assert recorder.client.stats.bridges == 1

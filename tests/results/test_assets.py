@@ -283,3 +283,11 @@ def test_to_json_value_converts_numpy_scalars_and_tuples():
     assert to_json_value(value, "x") == {"a": [1, 2], "b": 0.5, "c": None, "d": True}
     with pytest.raises(ResultsError, match=r"x, field 'a\[1\]'.*inf"):
         to_json_value({"a": [0, math.inf]}, "x")
+
+
+def test_what_the_store_remembers_is_bounded_and_a_forgotten_asset_is_found_on_disk(tmp_path):
+    small = AssetStore(tmp_path, known_bytes=3 * 160)  # one remembered hash per kind
+    urls = [small.add(gradient(shift=i)) for i in range(3)]
+    assert len(small._known) == 1  # the run's length does not grow it
+    assert small.add(gradient(shift=0)) == urls[0] and small.written == 3  # never written twice
+    assert urls[0].removeprefix("assets/").removesuffix(".png") in small

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from vf_mm.errors import ResultsError
-from vf_mm.results import RESULTS_FILE, BadLine, read_results, scan_results
+from vf_mm.results import RESULTS_FILE, BadLine, iter_results, read_results, scan_results
 
 
 def row(example_id, rollout_index=0, **extra):
@@ -157,3 +157,20 @@ def test_a_retry_of_a_rollout_that_did_not_fail_is_refused(tmp_path):
     write(tmp_path, row(0, error="E: x"), row(0), row(0))
     with pytest.raises(ResultsError, match="line 3 repeats example 0 rollout 0 of line 2"):
         read_results(tmp_path)
+
+
+def test_iter_results_streams_the_rows_read_results_reads(tmp_path, caplog):
+    write(
+        tmp_path,
+        row(0, error="ImageFetchError: gone"),
+        row(1),
+        row(0, reward=1.0),  # the retry: read in the place of its line
+        row(2),
+        b'{"example_id": 3, "rollo',  # torn tail: left out, with the same warning
+    )
+    streamed = iter_results(tmp_path)
+    assert not isinstance(streamed, list)  # one row at a time, never the whole file
+    assert list(streamed) == read_results(tmp_path)
+    assert "torn" in caplog.text
+    with pytest.raises(ResultsError, match="line 5 is torn"):
+        iter_results(tmp_path, bad_lines="raise")

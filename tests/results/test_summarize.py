@@ -141,3 +141,7 @@ def test_a_failed_rollouts_metrics_are_kept_in_its_row_but_not_averaged():
         ),
     ]
     assert summarize(rows)["metrics"] == {"correct": {"mean": 1.0, "std": 0.0, "count": 1}}
+
+
+def test_rows_may_be_a_stream_read_once():
+    assert summarize(row for row in ROWS) == summarize(ROWS)  # a generator: one pass, none kept

@@ -374,9 +374,12 @@ def test_evaluate_to_dir_stores_clips_within_the_limits_it_is_given(tmp_path):
 
     from vf_mm.results import evaluate_to_dir
 
-    class Env:  # the two calls evaluate_to_dir makes of an environment
-        def get_eval_dataset(self, n):
-            return [{"id": 0}]
+    class Env:  # the three calls evaluate_to_dir makes of an environment
+        def iter_eval_dataset(self, n):
+            return iter([{"id": 0}])
+
+        def eval_dataset_size(self, n, *, holds=None):
+            return 1
 
         async def evaluate(self, client, *, on_result, skip, **_):
             prompt = [user({"type": "video", "video": frames(21), "frame_rate": 4.0})]

@@ -186,3 +186,30 @@ def test_workers_end_when_their_parent_is_killed(checkpoint):
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids), "a worker outlived its killed parent"
+
+
+def test_rows_are_read_as_workers_free_up_not_queued_up_front(checkpoint):
+    env = vf.load_environment(ENV)
+    source = env.get_eval_dataset()
+    pulled: list[int] = []
+    delivered: list[int] = []
+    ahead: list[int] = []  # groups read and not yet handed back, at each hand-over
+
+    def rows():  # a generator: the pool never needs its length
+        for i, row in enumerate(source):
+            pulled.append(i)
+            yield row
+
+    def handed(output, index):
+        ahead.append(len(pulled) - len(delivered))
+        if index == 1:
+            delivered.append(output.example_id)
+
+    async def main():
+        async with WorkerPool(spec(checkpoint), 1, threads=1) as pool:
+            await pool.evaluate(env, rows=rows(), rollouts_per_example=2, concurrency=2,
+                                on_result=handed)  # fmt: skip
+
+    asyncio.run(main())
+    assert len(pulled) == 8 and sorted(delivered) == list(range(8))
+    assert max(ahead) <= 1  # one driver (2 rollouts of 1 worker): one group at a time

@@ -85,6 +85,14 @@ def add_run_arguments(
     p.add_argument(
         "-b", "--base-url", action="append", help="server URL (repeat for several vLLM servers)"
     )
+    p.add_argument(
+        "-k",
+        "--api-key",
+        action="append",
+        default=None,
+        help="the servers' API key, sent as Authorization: Bearer (vllm: once for every "
+        "server, or once per -b in order; openai: default $OPENAI_API_KEY). Never logged",
+    )
     if "vllm" in backends:
         p.add_argument(
             "--spawn",
@@ -120,7 +128,48 @@ def add_run_arguments(
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
     add_image_backend_argument(p)
     add_engine_arguments(p)
+    add_memory_arguments(p)
     add_scale_arguments(p)
+
+
+#: --kv-cache-mb's default on CPU, where the KV cache is in RAM (on a GPU the local
+#: backend's own default: a quarter of the free GPU memory)
+KV_CACHE_MB_CPU = 128
+#: --image-cache-mb's default: processed images kept by the renderer (a run pulls rows as
+#: it goes, so only what is in flight and repeated images need it)
+IMAGE_CACHE_MB = 256
+
+
+def add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    """``--image-cache-mb`` and ``--kv-cache-mb``: the bounds, in bytes, of the caches that
+    live for the whole run, so a run of any length reaches a steady state."""
+    p.add_argument(
+        "--image-cache-mb",
+        type=_megabytes,
+        default=IMAGE_CACHE_MB,
+        metavar="MB",
+        help="bound of the renderer's cache of processed images and clips (pixel values, "
+        f"by content and source; least recently used go first; default {IMAGE_CACHE_MB})",
+    )
+    p.add_argument(
+        "--kv-cache-mb",
+        type=_megabytes,
+        default=None,
+        metavar="MB",
+        help="local backend: bound of its prefix cache of KV tensors (the vision tower's "
+        "outputs get an eighth more); default a quarter of the free GPU memory, "
+        f"{KV_CACHE_MB_CPU} on CPU",
+    )
+
+
+def _megabytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MB") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 MB, got {value}")
+    return value
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:
@@ -243,9 +292,13 @@ def local_backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """``LocalBackend``'s ``device`` and ``dtype`` from ``--device`` / ``--dtype``."""
     import torch
 
+    kv_mb = getattr(args, "kv_cache_mb", None)
+    if kv_mb is None and (args.device or "cpu") == "cpu" and hasattr(args, "kv_cache_mb"):
+        kv_mb = KV_CACHE_MB_CPU  # in RAM: bounded like the image cache (GPU: the backend's)
     return {
         "device": args.device or "cpu",
         "dtype": getattr(torch, args.dtype) if args.dtype else None,
+        **({"prefix_cache_bytes": kv_mb << 20} if kv_mb is not None else {}),
     }
 
 
@@ -277,6 +330,12 @@ def resolve_model(args: argparse.Namespace) -> str | None:
 def check_engine_flags(args: argparse.Namespace) -> None:
     """``--device`` / ``--dtype`` only with the local backend (exit 2 otherwise: with
     another backend, ``--spawn``'s servers included, they would silently change nothing)."""
+    keys = getattr(args, "api_key", None) or []
+    servers = len(args.base_url or []) or (getattr(args, "spawn", None) or 0)
+    if len(keys) > 1 and args.backend == "openai":
+        _refuse(args, "--backend openai takes one -k")
+    if len(keys) > 1 and len(keys) != servers:
+        _refuse(args, f"{len(keys)} -k for {servers} -b: give one key, or one per -b")
     if args.backend != "local" and (args.device is not None or args.dtype is not None):
         flag = "--device" if args.device is not None else "--dtype"
         _refuse(
@@ -346,12 +405,14 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
         from vf_mm.inference import OpenAIChatBackend
 
         base = args.base_url[0] if args.base_url else None
+        keys = args.api_key or []
         return vf_mm.RendererClient(
-            OpenAIChatBackend(model, base_url=base, api_key=getattr(args, "api_key", None)), None
+            OpenAIChatBackend(model, base_url=base, api_key=keys[0] if keys else None), None
         )
     backend = args.image_backend
+    cache_bytes = getattr(args, "image_cache_mb", IMAGE_CACHE_MB) << 20  # shared by the pool
     pool = RendererPool(
-        lambda: load_renderer(model, image_backend=backend),
+        lambda: load_renderer(model, image_backend=backend, cache_bytes=cache_bytes),
         size=max(2, min(8, os.cpu_count() or 2)),
     )
     if args.backend == "vllm":
@@ -359,7 +420,9 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
 
         if not args.base_url:
             raise SystemExit("--backend vllm needs -b BASE_URL")
-        return vf_mm.RendererClient(VLLMBackend(args.base_url, model=model), pool)
+        keys = args.api_key or []  # their count was checked with the other flags
+        api_key = keys if len(keys) > 1 else (keys[0] if keys else None)
+        return vf_mm.RendererClient(VLLMBackend(args.base_url, model=model, api_key=api_key), pool)
     from vf_mm.inference import LocalBackend
 
     return vf_mm.RendererClient(LocalBackend(model, **local_backend_options(args)), pool)

@@ -2,6 +2,7 @@
 
     vf-mm eval ENV [-m MODEL] [--backend local|vllm|openai] [-b BASE_URL] [-n N] [-r R]
                    [-c CONC] [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-o OUTDIR] [--resume]
+                   [-k KEY] [--workers W] [--ray [ADDRESS]] [--shard i/N]
                    [--spawn N [--gpus-per-server K] [-- VLLM_ARGS...]]
 
 Exit status: 0 when every rollout ran (failed ones are recorded with their error), 1
@@ -52,7 +53,11 @@ def register(sub: Any) -> None:
         "Exit status: 0 done, 1 refused (an environment that cannot be found or loaded, an "
         "OUTDIR in use, a resume with other settings, a model that cannot take the "
         "environment's images or clips), 2 arguments that do not parse, 3 stopped "
-        "by --max-errors.",
+        "by --max-errors. Memory does not grow with the run's length: rows are read as "
+        "rollout slots free up (-c), each rollout is written and released, the summary is "
+        "read back from results.jsonl, and every cache that lives for the whole run is "
+        "bounded in bytes: --image-cache-mb, --kv-cache-mb, and 8 MiB of asset hashes "
+        "remembered (docs/long-runs.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_run_arguments(
@@ -60,9 +65,6 @@ def register(sub: Any) -> None:
         backends=("local", "vllm", "openai"),
         num_examples=(5, "eval rows (-1: all)"),
         rollouts_per_example=(2, "rollouts per row"),
-    )
-    p.add_argument(
-        "-k", "--api-key", default=None, help="API key (openai; default $OPENAI_API_KEY)"
     )
     p.add_argument(
         "-o",

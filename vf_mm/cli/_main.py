@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vf-mm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from vf_mm.cli import _eval, _init, _merge, _rollout, _serve, _stream, _view
+    from vf_mm.cli import _eval, _export, _init, _keys, _merge, _rollout, _serve, _stream, _view
 
     _init.register(sub)
     _eval.register(sub)
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     _serve.register(sub)
     _view.register(sub)
     _merge.register(sub)
+    _export.register(sub)
+    _keys.register(sub)
     return parser
 
 

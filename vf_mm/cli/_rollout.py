@@ -3,7 +3,10 @@
     vf-mm rollout ENV --stream PATH|tcp://HOST:PORT|ipc://PATH [-m MODEL]
                   [--backend local|vllm] [-b BASE_URL] [-n N] [-r R] [-c CONC]
                   [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-s SEED]
-                  [--hwm N] [--send-timeout S] [--bind]
+                  [--hwm N] [--send-timeout S] [--bind] [--run-id ID] [-k KEY]
+                  [--secret-key PATH --trainer-key PATH | --insecure]
+                  [--workers W] [--ray [ADDRESS]] [--shard i/N]
+                  [--images tensors|encoded|ref [--image-store DIR]]
                   [--spawn N [--gpus-per-server K] [-- VLLM_ARGS...]]
 
 A terminal over ``vf_mm.training.stream_rollouts``: ``R`` rollouts of each of the first
@@ -12,6 +15,11 @@ scored group packed as one ``vf_mm.group/1`` message and sent through a
 ``vf_mm.training.GroupSender``: to a stream file, or to a ZeroMQ endpoint where the
 trainer's ``GroupReceiver`` listens (the trainer binds, workers connect; ``--bind`` turns
 that round). When the trainer is slow the send blocks (``--hwm`` groups queued at most).
+``--images`` picks how a group carries its images: ``tensors`` (the renderer's model
+inputs), ``encoded`` (each image's encoded bytes; the trainer rebuilds the inputs with a
+``vf_mm.training.ImageRebuilder`` and checks them bit for bit) or ``ref`` (the bytes
+written once to ``--image-store``, a directory the trainer shares, and a ``file://``
+reference with their sha256 in the group).
 
 With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does).
 """
@@ -20,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import TextColumn
 
 import vf_mm
@@ -35,7 +46,9 @@ from vf_mm.cli._common import (
     reward_text,
     spawned_servers,
     summary_table,
+    worker_pool,
 )
+from vf_mm.errors import MissingDependencyError, WorkerError
 
 _ABORT_LINGER_S = 5.0
 
@@ -71,6 +84,48 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--bind", action="store_true", help="bind the ZeroMQ endpoint (the trainer connects)"
     )
+    p.add_argument(
+        "--secret-key",
+        type=Path,
+        default=None,
+        help="this worker's CURVE secret key file (vf-mm keys NAME): with --trainer-key, the "
+        "stream is authenticated and encrypted, and goes only to that trainer",
+    )
+    p.add_argument(
+        "--trainer-key",
+        type=Path,
+        default=None,
+        help="the trainer's CURVE public key file (its NAME.key)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="send over plain TCP to an address other than 127.0.0.1 (anyone on the path can "
+        "read the groups, and anyone who reaches the trainer can send some)",
+    )
+    p.add_argument(
+        "--run-id",
+        default=None,
+        help="names the run in every group's id (RUN_ID/EXAMPLE_ID): a trainer with a ledger "
+        "takes each id once, so a worker restarted with the same arguments resends nothing "
+        "twice; default: a hash of this command's whole configuration (model, environment "
+        "and its arguments, rows, group size, sampling, seed, image backend, dtype)",
+    )
+    p.add_argument(
+        "--images",
+        choices=("tensors", "encoded", "ref"),
+        default="tensors",
+        help="how each group carries its images: tensors (model inputs), encoded (each "
+        "image's encoded bytes, rebuilt and checked on the trainer: ~20-100x fewer bytes "
+        "for photos) or ref (a file:// reference under --image-store and its sha256)",
+    )
+    p.add_argument(
+        "--image-store",
+        type=Path,
+        default=None,
+        help="--images ref: the shared directory image bytes are written to (the trainer "
+        "reads it: ImageRebuilder(..., roots=[DIR]))",
+    )
     p.set_defaults(run=run_rollout)
 
 
@@ -80,7 +135,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 async def _rollout(args: argparse.Namespace) -> int:
-    from vf_mm.training import GroupSender, RolloutProgress, is_endpoint, stream_rollouts
+    from vf_mm.training import GroupSender, is_endpoint
 
     console = Console()
     is_endpoint(args.stream)  # an unsupported target fails before anything loads
@@ -93,55 +148,54 @@ async def _rollout(args: argparse.Namespace) -> int:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")
         return 2
     # a finished run waits for the trainer to take its last groups (--send-timeout bounds it)
+    if (args.secret_key is None) != (args.trainer_key is None):
+        console.print("[red]--secret-key and --trainer-key go together[/]")
+        return 2
+    image_modes = _image_modes(args, model, console)
+    if image_modes is None:
+        return 2
     sender = GroupSender(
         args.stream,
         hwm=args.hwm,
         timeout_s=args.send_timeout,
         linger_s=args.send_timeout,
         bind=args.bind,
+        secret_key=args.secret_key,
+        trainer_key=args.trainer_key,
+        insecure=args.insecure,
     )
-    client = make_client(args, model)
+    scaled = args.workers is not None or args.ray is not None
+    client = None if scaled else make_client(args, model)
+    run_id = args.run_id or _run_id(args, env, model)
     try:
-        with progress_bar(console, "groups", [TextColumn("{task.fields[mb]:.1f} MB sent")]) as bar:
-            task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0, mb=0.0)
-
-            def show(p: RolloutProgress) -> None:
-                bar.update(
-                    task,
-                    total=p.total_groups,
-                    completed=p.groups,
-                    rate=p.rate,
-                    reward=reward_text(p.mean_reward),
-                    errors=p.errors,
-                    mb=p.bytes_sent / 1e6,
-                )
-
-            progress = await stream_rollouts(
-                env,
-                client,
-                sender,
-                num_examples=args.num_examples,
-                rollouts_per_example=args.rollouts_per_example,
-                concurrency=args.max_concurrent,
-                sampling_args=args.sampling_args,
-                seed=args.seed,
-                on_progress=show,
+        async with worker_pool(args, model) as workers:
+            progress = await _stream(
+                args, env, client, sender, console, run_id, workers, image_modes
             )
     except BaseException as exc:  # tell the trainer why the stream ends early; wait briefly
         sender.linger_s = min(sender.linger_s or _ABORT_LINGER_S, _ABORT_LINGER_S)
         await sender.aclose(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, (WorkerError, MissingDependencyError)):
+            console.print(f"[red]{escape(str(exc))}[/]")
+            return 1
         raise
     finally:
-        await client.backend.aclose()
+        if client is not None:
+            await client.backend.aclose()
     if sender.pending:
         console.print(f"waiting for the trainer to take the last {sender.pending} groups...")
     await sender.aclose()
     rows: list[tuple[str, Any]] = [
         ("model", Path(model).name),
         ("sent to", str(args.stream)),
-        ("groups sent", f"{progress.groups} / {progress.total_groups}"),
+        ("run id", progress.run_id),
+        (
+            "groups sent",
+            f"{progress.groups} / {'?' if progress.total_groups is None else progress.total_groups}",
+        ),
         ("rollouts", progress.rollouts),
         ("errors", progress.errors),
+        ("images", args.images),
     ]
     if progress.repacked:
         rows.append(("groups sent stripped", progress.repacked))
@@ -156,3 +210,97 @@ async def _rollout(args: argparse.Namespace) -> int:
         rows.append(("trainer took all", took))
     console.print(summary_table(f"vf-mm rollout {env.env_id}", rows))
     return 0
+
+
+def _image_modes(args: argparse.Namespace, model: str, console: Console) -> dict[str, Any] | None:
+    """``stream_rollouts``' image-mode arguments from ``--images`` / ``--image-store``
+    (the processing loaded as the renderer loads it: same checkpoint, same
+    ``--image-backend``); None after printing why they do not go together."""
+    if args.images == "tensors":
+        if args.image_store is not None:
+            console.print("[red]--image-store goes with --images ref[/]")
+            return None
+        return {}
+    if args.images == "ref" and args.image_store is None:
+        console.print(
+            "[red]--images ref needs --image-store DIR (a directory the trainer shares)[/]"
+        )
+        return None
+    if args.images == "encoded" and args.image_store is not None:
+        console.print("[red]--image-store goes with --images ref[/]")
+        return None
+    from vf_mm.errors import UnsupportedModelError
+    from vf_mm.training import ImageProcessing, ImageStore
+
+    try:
+        processing = ImageProcessing.from_checkpoint(model, image_backend=args.image_backend)
+    except UnsupportedModelError as exc:
+        console.print(
+            f"[red]--images {args.images} needs a vision checkpoint: {escape(str(exc))}[/]"
+        )
+        return None
+    store = ImageStore(args.image_store) if args.images == "ref" else None
+    return {"images": args.images, "image_processing": processing, "image_store": store}
+
+
+def _run_id(args: argparse.Namespace, env: Any, model: str) -> str:
+    """The run's id from this command's whole configuration (what decides its groups),
+    so the same command run again, on any machine, names its groups the same."""
+    from vf_mm.models import resolve_image_backend
+
+    config = {
+        "env": args.env,
+        "env_args": args.env_args,
+        "model": model,
+        "num_examples": args.num_examples,
+        "rollouts_per_example": args.rollouts_per_example,
+        "sampling_args": {**env.sampling_args, **args.sampling_args},
+        "seed": args.seed,
+        "image_backend": resolve_image_backend(args.image_backend),
+        "dtype": args.dtype if args.backend == "local" else None,
+    }
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    return f"{env.env_id}-{digest[:12]}"
+
+
+async def _stream(
+    args: argparse.Namespace,
+    env: Any,
+    client: Any,
+    sender: Any,
+    console: Console,
+    run_id: str,
+    workers: Any,
+    image_modes: dict[str, Any],
+) -> Any:
+    from vf_mm.training import RolloutProgress, stream_rollouts
+
+    with progress_bar(console, "groups", [TextColumn("{task.fields[mb]:.1f} MB sent")]) as bar:
+        task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0, mb=0.0)
+
+        def show(p: RolloutProgress) -> None:
+            bar.update(
+                task,
+                total=p.total_groups,
+                completed=p.groups,
+                rate=p.rate,
+                reward=reward_text(p.mean_reward),
+                errors=p.errors,
+                mb=p.bytes_sent / 1e6,
+            )
+
+        return await stream_rollouts(
+            env,
+            client,
+            sender,
+            num_examples=args.num_examples,
+            rollouts_per_example=args.rollouts_per_example,
+            concurrency=args.max_concurrent,
+            sampling_args=args.sampling_args,
+            seed=args.seed,
+            on_progress=show,
+            run_id=run_id,
+            workers=workers,
+            shard=args.shard,
+            **image_modes,
+        )

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import os
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from vf_mm.cli._common import (
     add_image_backend_argument,
     local_backend_options,
 )
+from vf_mm.inference import ServerLimits
 
 
 def register(sub: Any) -> None:
@@ -38,7 +40,8 @@ def register(sub: Any) -> None:
         "counters, as vLLM's). With --record DIR, chat calls are recorded per session "
         "(X-Session-ID header, else the request's user) as exact trajectories, written to DIR "
         "when a session ends (POST /v1/sessions/ID/end), goes idle or the server stops. "
-        "No authentication: keep it on 127.0.0.1 or a trusted network.",
+        "Give --api-key (or $VF_MM_API_KEY) before serving beyond 127.0.0.1: every route but "
+        "/health then needs Authorization: Bearer KEY. docs/security.md has the threat model.",
     )
     serve.add_argument("--model", required=True, type=Path, help="checkpoint directory")
     serve.add_argument(
@@ -85,6 +88,51 @@ def register(sub: Any) -> None:
         help="the name clients send as `model` (default: --model as given)",
     )
     serve.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="a key clients must send as Authorization: Bearer KEY on every route but /health "
+        "(repeat for several; default $VF_MM_API_KEY); with --record, each key's sessions "
+        "are its own. Never logged",
+    )
+    limits = ServerLimits()
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=limits.max_body_bytes / 2**20,
+        help="largest request body, MiB; refused (413) before it is read whole",
+    )
+    serve.add_argument(
+        "--max-images",
+        type=int,
+        default=limits.max_images,
+        help="most images and clips in one request",
+    )
+    serve.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=None,
+        help="most prompt tokens in one request (default: the model's context)",
+    )
+    serve.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=limits.body_timeout_s,
+        help="longest wait for the next part of a request body (408 after it)",
+    )
+    serve.add_argument(
+        "--max-requests-per-client",
+        type=int,
+        default=limits.max_requests_per_client,
+        help="requests in flight from one client address (429 past it)",
+    )
+    serve.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=5.0,
+        help="seconds an idle connection is kept open",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -124,12 +172,30 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.batch_window_ms < 0:
         print("vf-mm serve: --batch-window-ms must be >= 0", file=sys.stderr)
         return 2
-    if not _is_loopback(args.host):
+    keys = args.api_key or (
+        [os.environ["VF_MM_API_KEY"]] if os.environ.get("VF_MM_API_KEY") else []
+    )
+    if any(not k for k in keys):
+        print("vf-mm serve: an --api-key must not be empty", file=sys.stderr)
+        return 2
+    try:
+        limits = ServerLimits(
+            max_body_bytes=max(1, int(args.max_body_mb * 2**20)),
+            max_images=args.max_images,
+            max_request_tokens=args.max_request_tokens,
+            body_timeout_s=args.body_timeout_s,
+            max_requests_per_client=args.max_requests_per_client,
+        )
+    except ValueError as exc:
+        print(f"vf-mm serve: {exc}", file=sys.stderr)
+        return 2
+    if not _is_loopback(args.host) and not keys:
         print(
-            f"vf-mm serve: warning: listening on {args.host} with no authentication; "
-            "anyone who can reach it can run the model",
+            f"vf-mm serve: warning: listening on {args.host} with no API key; anyone who can "
+            "reach it can run the model (give --api-key)",
             file=sys.stderr,
         )
+    guard = {"api_keys": keys, "limits": limits}
     if args.backend == "vllm" and (not args.base_url or args.record is None):
         print("vf-mm serve: --backend vllm needs -b URL and --record DIR", file=sys.stderr)
         return 2
@@ -159,14 +225,20 @@ def run_serve(args: argparse.Namespace) -> int:
         return 1
     name = args.served_model_name or str(args.model)
     if args.record is None:
-        app = create_app(backend, renderer=renderer, model_name=name)
+        app = create_app(backend, renderer=renderer, model_name=name, **guard)
         try:
-            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+            uvicorn.run(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_keep_alive=args.timeout_keep_alive,
+            )
         finally:
             asyncio.run(backend.aclose())
         return 0
     try:
-        asyncio.run(_serve_recording(args, backend, renderer, name))
+        asyncio.run(_serve_recording(args, backend, renderer, name, guard))
     except VfMmError as exc:  # DIR in use by another recording, a different model
         print(f"vf-mm serve: {exc}", file=sys.stderr)
         return 1
@@ -182,7 +254,7 @@ def recording_policy() -> Any:
 
 
 async def _serve_recording(
-    args: argparse.Namespace, backend: Any, renderer: Any, name: str
+    args: argparse.Namespace, backend: Any, renderer: Any, name: str, guard: dict[str, Any]
 ) -> None:
     """Serve with a recorder until stopped; every session lands in ``args.record``."""
     import uvicorn
@@ -218,9 +290,15 @@ async def _serve_recording(
         for example_id, index in writer.done:  # a resumed recording: ids go on counting
             recorded[str(example_id)] = max(recorded.get(str(example_id), 0), index + 1)
         recorder = Recorder(client, idle_s=args.session_idle_s, on_end=land, recorded=recorded)
-        app = create_app(backend, renderer=renderer, model_name=name, recorder=recorder)
+        app = create_app(backend, renderer=renderer, model_name=name, recorder=recorder, **guard)
         server = _stoppable_server_class()(
-            uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+            uvicorn.Config(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_keep_alive=args.timeout_keep_alive,
+            )
         )
 
         async def sweep() -> None:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from vf_mm._text import shorten
 from vf_mm.errors import StreamError
-from vf_mm.wire import StreamReader, write_stream
+from vf_mm.wire import StreamReader, packb, write_stream
 
 
 def register(sub: Any) -> None:
@@ -57,11 +57,23 @@ def _nbytes(t: Any) -> int:
     )
 
 
+def _image_summary(item: Any) -> tuple[str, int, int] | None:
+    """A group frame's image mode (``tensors``, ``encoded``, ``ref``), its distinct items
+    (images and videos) and their bytes on the wire (each item's entry as packed); None
+    for a frame that is no group."""
+    if not isinstance(item, dict) or not str(item.get("format", "")).startswith("vf_mm.group/"):
+        return None
+    tables = [item.get("images"), item.get("sources")]
+    entries = [e for table in tables if isinstance(table, dict) for e in table.values()]
+    return str(item.get("image_mode", "tensors")), len(entries), sum(len(packb(e)) for e in entries)
+
+
 def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
     table = Table(title=str(args.path))
-    for col in ("frame", "offset", "keys", "tensors", "tensor bytes"):
-        table.add_column(col, justify="right" if col != "keys" else "left")
+    columns = ("frame", "offset", "keys", "tensors", "tensor bytes", "images", "bytes/image")
+    for col in columns:
+        table.add_column(col, justify="right" if col not in ("keys", "images") else "left")
     frames = tensor_count = tensor_bytes = 0
     status = 0
     try:
@@ -82,6 +94,7 @@ def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int
                         keys,
                         str(len(tensors)),
                         f"{size:,}",
+                        *_image_columns(_image_summary(item)),
                     )
                 frames += 1
                 tensor_count += len(tensors)
@@ -95,13 +108,22 @@ def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int
         console.print(f"[red]{type(exc).__name__}:[/] {exc}")
         return 1
     if frames > args.frames:
-        table.add_row("…", "", f"{frames - args.frames} more frames", "", "")
+        table.add_row("…", "", f"{frames - args.frames} more frames", "", "", "", "")
     console.print(table)
     console.print(
         f"{frames} frames, {tensor_count} tensors, {tensor_bytes / 1e6:.1f} MB of tensor data, "
         f"{end:,} bytes read"
     )
     return status
+
+
+def _image_columns(summary: tuple[str, int, int] | None) -> tuple[str, str]:
+    """The "images" and "bytes/image" cells: ``encoded x3`` and the mean bytes a distinct
+    image costs on the wire; blank for a frame that is no group, or holds no image."""
+    if summary is None:
+        return "", ""
+    mode, count, nbytes = summary
+    return f"{mode} x{count}", f"{nbytes // count:,}" if count else "-"
 
 
 def _synthetic_rollout(rng: np.random.Generator, index: int, images: int) -> dict[str, Any]:

@@ -1,19 +1,28 @@
 """Environments: the contract (``Environment``, ``MultiTurnEnv``, ``SingleTurnEnv``,
 ``ToolEnv``, ``State``, ``@stop``), scoring (``Rubric``, ``Parser``, ``XMLParser``,
-``ThinkParser``), loading (``load_environment``), ``check_environment`` and ``scaffold_environment``
+``ThinkParser``), datasets of any size (``LazyRows``: rows built when read), loading (``load_environment``), ``check_environment`` and ``scaffold_environment``
 (what ``vf-mm init`` writes)."""
 
 from vf_mm.envs._check import check_environment
 from vf_mm.envs._env import Environment, MultiTurnEnv, SingleTurnEnv, State, stop
-from vf_mm.envs._loading import ENTRY_POINT_GROUP, list_environments, load_environment
+from vf_mm.envs._loading import (
+    ENTRY_POINT_GROUP,
+    Adapter,
+    list_environments,
+    load_environment,
+    load_environment_with,
+)
 from vf_mm.envs._parser import Parser, ThinkParser, XMLParser
+from vf_mm.envs._rows import LazyRows
 from vf_mm.envs._rubric import Rubric
 from vf_mm.envs._scaffold import scaffold_environment
 from vf_mm.envs._tools import ToolEnv, tool_schema
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "Adapter",
     "Environment",
+    "LazyRows",
     "MultiTurnEnv",
     "Parser",
     "Rubric",
@@ -25,6 +34,7 @@ __all__ = [
     "check_environment",
     "list_environments",
     "load_environment",
+    "load_environment_with",
     "scaffold_environment",
     "stop",
     "tool_schema",

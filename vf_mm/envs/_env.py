@@ -7,7 +7,8 @@ model turn goes through a ``RendererClient`` (so later turns bridge onto earlier
 tokens, images carried forward) and lands in ``state["trajectory"]``.
 ``SingleTurnEnv`` is one model turn. ``evaluate`` runs many rollouts concurrently,
 scores each example's group with the rubric, and hands every finished rollout to a
-callback as it completes.
+callback as it completes; it pulls rows as rollout slots free up and keeps no output it
+has handed over, so a run's memory does not grow with its length.
 
 A rollout that fails (an image that does not load, a backend error, a timeout, an
 exception in environment code) is returned with ``error`` set and reward None: the run
@@ -18,16 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import random
+import itertools
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from vf_mm.client import RendererClient
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._parser import Parser
+from vf_mm.envs._rows import count_rows, iter_rows
 from vf_mm.envs._rubric import Rubric
 from vf_mm.inference import SamplingParams
 from vf_mm.types import (
@@ -76,7 +78,9 @@ class Environment:
     """The base: a dataset, how a row becomes a prompt, a rubric, sampling defaults.
 
     ``dataset`` / ``eval_dataset``: Hugging Face ``datasets.Dataset`` (or a list of
-    dicts) with a ``question`` column (or ``prompt``: a message list), optional
+    dicts; or, for a dataset of any size, a ``vf.LazyRows``, a streaming
+    ``datasets.IterableDataset``, a generator function: rows are read one at a time as a
+    run needs them, see ``vf_mm.envs._rows``) with a ``question`` column (or ``prompt``: a message list), optional
     ``answer``, ``info`` (a dict), ``task``, image columns (``image``: one image,
     ``images``: a list; PIL images, bytes or paths) and video columns (``video``: one clip,
     a frames list or ``(T, H, W, 3)`` array or path or a video part; ``videos``: a list of
@@ -127,10 +131,47 @@ class Environment:
     # -- data ---------------------------------------------------------------------------
 
     def get_dataset(self, n: int = -1, *, seed: int | None = None) -> list[dict[str, Any]]:
-        return _rows(self.dataset if self.dataset is not None else self.eval_dataset, n, seed)
+        """The first ``n`` train rows as a list (all of them held: ``iter_dataset`` for a
+        run of any length)."""
+        return list(self.iter_dataset(n, seed=seed))
 
     def get_eval_dataset(self, n: int = -1, *, seed: int | None = None) -> list[dict[str, Any]]:
-        return _rows(self.eval_dataset if self.eval_dataset is not None else self.dataset, n, seed)
+        """The first ``n`` eval rows as a list (all of them held: ``iter_eval_dataset`` for
+        a run of any length)."""
+        return list(self.iter_eval_dataset(n, seed=seed))
+
+    def iter_dataset(self, n: int = -1, *, seed: int | None = None) -> Iterator[dict[str, Any]]:
+        """The first ``n`` train rows (the eval rows when there is no train split), read
+        one at a time as the iterator advances (``vf_mm.envs`` rows: any size, streamed
+        sources included; ``seed`` shuffles a sized dataset)."""
+        source = self.dataset if self.dataset is not None else self.eval_dataset
+        return iter_rows(source, n, seed=seed, name=f"{self.env_id}: dataset")
+
+    def iter_eval_dataset(
+        self, n: int = -1, *, seed: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The first ``n`` eval rows (the train rows when there is no eval split), read one
+        at a time as the iterator advances; what ``evaluate`` runs when given no rows."""
+        source = self.eval_dataset if self.eval_dataset is not None else self.dataset
+        return iter_rows(source, n, seed=seed, name=f"{self.env_id}: eval_dataset")
+
+    def dataset_size(
+        self, n: int = -1, *, holds: Callable[[Any], bool] | None = None
+    ) -> int | None:
+        """How many rows ``iter_dataset(n)`` gives (``holds``: only those whose example id
+        it holds, a shard), or None when the dataset is streamed (no length: the count is
+        known only at its end)."""
+        source = self.dataset if self.dataset is not None else self.eval_dataset
+        return count_rows(source, n, holds=holds)
+
+    def eval_dataset_size(
+        self, n: int = -1, *, holds: Callable[[Any], bool] | None = None
+    ) -> int | None:
+        """How many rows ``iter_eval_dataset(n)`` gives (``holds``: only those whose example
+        id it holds, a shard), or None when that is not known without reading the rows (a
+        streamed dataset)."""
+        source = self.eval_dataset if self.eval_dataset is not None else self.dataset
+        return count_rows(source, n, holds=holds)
 
     def format_prompt(self, row: Mapping[str, Any]) -> Messages:
         """The prompt messages of one dataset row (never mutates the row)."""
@@ -189,10 +230,11 @@ class Environment:
         concurrency: int = 32,
         sampling_args: Mapping[str, Any] | None = None,
         seed: int | None = None,
-        skip: set[tuple[Any, int]] | None = None,
+        skip: set[tuple[Any, int]] | frozenset[tuple[Any, int]] | None = None,
         on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
-        rows: Sequence[Mapping[str, Any]] | None = None,
-        example_ids: Sequence[Any] | None = None,
+        rows: Iterable[Mapping[str, Any]] | None = None,
+        example_ids: Iterable[Any] | None = None,
+        keep_outputs: bool | None = None,
     ) -> list[RolloutOutput]:
         """Run ``rollouts_per_example`` rollouts of the first ``num_examples`` eval rows.
 
@@ -200,43 +242,71 @@ class Environment:
         scored rollout is passed to ``on_result(output, rollout_index)`` as soon as its
         group finishes. ``skip`` holds ``(example_id, rollout_index)`` pairs already done
         (a resumed run). ``seed`` seeds sampling per rollout (example, index). ``rows``
-        replaces the eval dataset (a trainer passes a batch of training rows);
-        ``example_ids`` names its rows (default: a row's ``example_id`` column, else its
-        position), so a slice of a dataset run elsewhere keeps the ids it has in the whole.
+        replaces the eval dataset (a trainer passes a batch of training rows): any
+        iterable of rows, a generator included; ``example_ids`` names its rows, in step
+        with them (default: a row's ``example_id`` column, else its position), so a slice
+        of a dataset run elsewhere keeps the ids it has in the whole.
+
+        Memory is flat in the number of rows: at most ``concurrency`` rollouts run at once,
+        and a row is pulled from ``rows`` (or the eval dataset) only when a rollout slot
+        frees up, never scheduled up front; a group's finished rollouts wait for its last
+        one, then are scored and handed over. The slot a group's last rollout held is
+        released only after ``on_result`` returns, so a slow consumer (a writer, a
+        trainer stream) slows the run instead of piling up scored groups.
+
+        ``keep_outputs``: whether the outputs are also kept and returned, in the order
+        they were handed over. They hold every step's tokens and images' model inputs, so
+        a run of any length must not keep them: by default (None) they are kept only when
+        there is no ``on_result`` (the returned list is then the only way to see them);
+        with ``on_result`` the list returned is empty unless ``keep_outputs=True``.
         """
-        rows = list(rows) if rows is not None else self.get_eval_dataset(num_examples)
-        if example_ids is None:
-            example_ids = [row.get("example_id", i) for i, row in enumerate(rows)]
-        elif len(example_ids) != len(rows):
-            raise ValueError(f"{len(example_ids)} example_ids for {len(rows)} rows")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if rows is None:
+            rows = self.iter_eval_dataset(num_examples)
+        sized = hasattr(rows, "__len__") and hasattr(example_ids, "__len__")
+        if example_ids is not None and sized and len(example_ids) != len(rows):  # type: ignore[arg-type]
+            raise ValueError(f"{len(example_ids)} example_ids for {len(rows)} rows")  # type: ignore[arg-type]
+        keep = on_result is None if keep_outputs is None else keep_outputs
         sampling = self.sampling(sampling_args)
-        limit = asyncio.Semaphore(concurrency)
-        skip = skip or set()
+        skip = skip or frozenset()
         outputs: list[RolloutOutput] = []
+        jobs = _jobs(rows, example_ids, rollouts_per_example, skip)
 
-        async def one(row: Mapping[str, Any], example_id: Any, index: int) -> State:
-            async with limit:
-                params = sampling
-                if seed is not None:
-                    key = f"{seed}:{example_id}:{index}".encode()
-                    params = _with_seed(sampling, zlib.crc32(key))  # stable across processes
-                return await self.rollout(
-                    client, row, example_id=example_id, rollout_index=index, sampling=params
-                )
+        async def one(group: _Group, index: int) -> State:
+            params = sampling
+            if seed is not None:
+                key = f"{seed}:{group.example_id}:{index}".encode()
+                params = _with_seed(sampling, zlib.crc32(key))  # stable across processes
+            return await self.rollout(
+                client, group.row, example_id=group.example_id, rollout_index=index,
+                sampling=params,
+            )  # fmt: skip
 
-        async def group(row: Mapping[str, Any], example_id: Any) -> None:
-            todo = [i for i in range(rollouts_per_example) if (example_id, i) not in skip]
-            if not todo:
-                return
-            states = await asyncio.gather(*(one(row, example_id, i) for i in todo))
-            for index, output in zip(todo, await self.score(states), strict=True):
-                outputs.append(output)
-                if on_result is not None:
-                    result = on_result(output, index)
-                    if inspect.isawaitable(result):
-                        await result
+        async def lane() -> None:
+            # one rollout slot: pulls the next (group, index), runs it, and when it was the
+            # group's last, scores the group and hands it over before pulling again
+            for group, index in jobs:
+                group.states[index] = await one(group, index)
+                if len(group.states) < len(group.todo):
+                    continue
+                states = [group.states.pop(i) for i in group.todo]
+                for i, output in zip(group.todo, await self.score(states), strict=True):
+                    if keep:
+                        outputs.append(output)
+                    if on_result is not None:
+                        result = on_result(output, i)
+                        if inspect.isawaitable(result):
+                            await result
 
-        await asyncio.gather(*(group(row, eid) for row, eid in zip(rows, example_ids, strict=True)))
+        lanes = [asyncio.ensure_future(lane()) for _ in range(concurrency)]
+        try:
+            await asyncio.gather(*lanes)
+        except BaseException:  # one lane failed, or the run was cancelled: stop them all
+            for task in lanes:
+                task.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
+            raise
         return outputs
 
     async def score(self, states: Sequence[State]) -> list[RolloutOutput]:
@@ -444,8 +514,11 @@ class _Stage:
 
 
 def _check_dataset(name: str, value: Any) -> None:
-    """A dataset is a ``datasets.Dataset`` or a sequence of row dicts; refuse the forms a
-    user might pass by mistake with what to do instead."""
+    """A dataset is a ``datasets.Dataset`` (map-style or streaming), a list of row dicts,
+    any other sequence or iterable of rows, or a function returning one (``vf_mm.envs``
+    rows); refuse the forms a user might pass by mistake with what to do instead. Only a
+    list or tuple, already in memory, is checked row by row here: a lazy or streamed
+    source is checked as its rows are read, since reading it all would defeat it."""
     if value is None or hasattr(value, "column_names"):  # a datasets.Dataset
         return
     if isinstance(value, (str, bytes)):
@@ -458,22 +531,61 @@ def _check_dataset(name: str, value: Any) -> None:
             f"{name} is a dict (of columns?): pass a list of row dicts, or "
             "datasets.Dataset.from_dict(columns)"
         )
-    if not isinstance(value, Sequence) or not all(isinstance(row, Mapping) for row in value):
-        raise TypeError(
-            f"{name} must be a list of row dicts or a datasets.Dataset, not a "
-            f"{type(value).__name__}"
-            + (" holding other values" if isinstance(value, Sequence) else "")
-        )
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(row, Mapping) for row in value):
+            raise TypeError(
+                f"{name} must be a list of row dicts or a datasets.Dataset, not a "
+                f"{type(value).__name__} holding other values"
+            )
+        return
+    if isinstance(value, Iterable) or callable(value):
+        return
+    raise TypeError(
+        f"{name} must be a list of row dicts, a datasets.Dataset, an iterable of rows or a "
+        f"function returning one, not a {type(value).__name__}"
+    )
 
 
-def _rows(dataset: Any, n: int, seed: int | None) -> list[dict[str, Any]]:
-    """The first ``n`` rows (after a seeded shuffle); only those rows are decoded."""
-    order = list(range(len(dataset)))
-    if seed is not None:
-        random.Random(seed).shuffle(order)
-    if n is not None and n >= 0:
-        order = order[:n]
-    return [dict(dataset[i]) for i in order]
+class _Group:
+    """One example's rollouts while they run: its row, the indices to run, and the states
+    of those that finished (released once the group is scored)."""
+
+    __slots__ = ("example_id", "row", "states", "todo")
+
+    def __init__(self, row: Mapping[str, Any], example_id: Any, todo: list[int]) -> None:
+        self.row = row
+        self.example_id = example_id
+        self.todo = todo
+        self.states: dict[int, State] = {}
+
+
+def _jobs(
+    rows: Iterable[Mapping[str, Any]],
+    example_ids: Iterable[Any] | None,
+    rollouts_per_example: int,
+    skip: set[tuple[Any, int]] | frozenset[tuple[Any, int]],
+) -> Iterator[tuple[_Group, int]]:
+    """Every ``(group, rollout_index)`` to run, pulling a row only when the previous
+    row's rollouts have all been taken (lanes advance it one job at a time)."""
+    ids: Iterator[Any] = iter(example_ids) if example_ids is not None else itertools.count()
+    for position, row in enumerate(rows):
+        try:
+            example_id = next(ids)
+        except StopIteration:
+            raise ValueError(f"fewer example_ids than rows (row {position} has none)") from None
+        if example_ids is None:
+            example_id = row.get("example_id", example_id)
+        todo = [i for i in range(rollouts_per_example) if (example_id, i) not in skip]
+        if not todo:
+            continue
+        group = _Group(row, example_id, todo)
+        for index in todo:
+            yield group, index
+    if example_ids is not None and next(ids, _END) is not _END:
+        raise ValueError("more example_ids than rows")
+
+
+_END = object()
 
 
 def _image_part(image: Any) -> dict[str, Any]:

@@ -15,7 +15,9 @@ An id is looked for, in order:
 3. an importable module named ``env_id`` with a ``load_environment`` function.
 
 When nothing matches, the error lists every place it looked and the environments it
-found there.
+found there. ``load_environment_with(env_id, adapters=...)`` also accepts what another
+framework's ``load_environment`` returns (a verifiers environment), wrapped by the first
+adapter that knows it: ``vf_mm.load_environment`` passes ``vf_mm.adapters``' own.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +41,40 @@ ENTRY_POINT_GROUP = "vf_mm.environments"
 ENV_PATH_VAR = "VF_MM_ENV_PATH"
 
 
+#: turns what another framework's ``load_environment`` returned into a vf_mm Environment:
+#: ``adapter(obj, env_id)`` (``env_id`` as a run names it) gives the Environment, or None
+#: when ``obj`` is not of the framework it knows
+Adapter = Callable[[Any, str], "Environment | None"]
+
+
 def load_environment(
     env_id: str, *, search_paths: Sequence[str | Path] | None = None, **env_args: Any
 ) -> Environment:
+    return load_environment_with(env_id, adapters=(), search_paths=search_paths, env_args=env_args)
+
+
+def load_environment_with(
+    env_id: str,
+    *,
+    adapters: Sequence[Adapter],
+    search_paths: Sequence[str | Path] | None = None,
+    env_args: dict[str, Any] | None = None,
+) -> Environment:
+    """``load_environment``, where what the found function returns may also be another
+    framework's environment: the first of ``adapters`` that knows it wraps it (the
+    adapters live above this package, ``vf_mm.adapters``, and are passed in, so loading
+    never imports upward). Anything no adapter knows is refused as before."""
+    env_args = dict(env_args or {})
     factory = _find(env_id, search_paths)
     try:
         env = factory(**env_args)
     except Exception as exc:
         raise _load_error(env_id, f"load_environment({_args_text(env_args)}) raised", exc) from exc
     if not isinstance(env, Environment):
+        for adapter in adapters:
+            adapted = adapter(env, _display_id(env_id))
+            if adapted is not None:
+                return adapted
         raise EnvironmentNotFoundError(
             f"{env_id}: load_environment returned a {type(env).__name__}, not a vf_mm Environment"
         )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from vf_mm._lazy import lazy_exports
 from vf_mm.inference._mm_kwargs import decode_kwargs_item, encode_kwargs_item
 from vf_mm.inference._scripted import ScriptedBackend
+from vf_mm.inference._server_guard import ServerLimits
 from vf_mm.inference._spawn import VLLMServers, server_flags, vllm_command
 from vf_mm.inference._types import (
     Backend,
@@ -40,6 +41,7 @@ __all__ = [
     "OpenAIChatBackend",
     "SamplingParams",
     "ScriptedBackend",
+    "ServerLimits",
     "Usage",
     "VLLMBackend",
     "VLLMServers",

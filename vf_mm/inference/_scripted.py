@@ -26,20 +26,25 @@ class ScriptedBackend:
     ``GenerateRequest`` returning the text: it sees the prompt's token ids
     (``request.prompt_ids``) and, from a ``RendererClient``, the conversation they were
     rendered from (``request.messages``), so a scripted policy can answer what it was shown. Every sampled token gets logprob ``-0.5``.
-    ``requests`` keeps what was asked, for assertions.
+    ``requests`` keeps what was asked, for assertions; ``record=False`` keeps nothing (each
+    request holds its images' model inputs: a long run, a soak test or a benchmark of
+    memory must not keep them).
     """
 
     def __init__(self, renderer: Any, replies: Sequence[str] | Callable[[GenerateRequest], str], *,
-                 name: str = "scripted", max_model_len: int | None = None) -> None:  # fmt: skip
+                 name: str = "scripted", max_model_len: int | None = None,
+                 record: bool = True) -> None:  # fmt: skip
         self.name = name
         self.max_model_len = max_model_len
         self._tokenizer = renderer.tokenizer if hasattr(renderer, "tokenizer") else renderer
         self._stop = renderer.stop_token_ids[0]
         self._replies = replies if callable(replies) else itertools.cycle(list(replies))
         self.requests: list[GenerateRequest] = []
+        self.record = record
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        self.requests.append(request)
+        if self.record:
+            self.requests.append(request)
         text = self._replies(request) if callable(self._replies) else next(self._replies)
         ids = [*self._tokenizer(text, add_special_tokens=False)["input_ids"], self._stop]
         finish = "stop"

@@ -82,6 +82,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -102,6 +103,7 @@ from vf_mm.inference._server_errors import (
     json_error,
     validation_error,
 )
+from vf_mm.inference._server_guard import ServerGuard, ServerLimits
 from vf_mm.inference._server_models import (
     UNSUPPORTED_SAMPLING,
     ChatCompletionRequestModel,
@@ -180,8 +182,10 @@ class _Server:
         mm_cache_items: int,
         mm_cache_bytes: int,
         recorder: Any = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.recorder = recorder
+        self.limits = limits or ServerLimits()
         family = getattr(backend, "family", None)
         if family not in VISION_FAMILIES and _inner(renderer, "vision") is not None:
             family = _inner(renderer, "name")  # a vision renderer is named for its family
@@ -276,6 +280,10 @@ class _Server:
         self._check_model(req.model)
         self._check_supported(req)
         self._check_tokens(req.token_ids)
+        items = len(req.content_parts or []) + sum(
+            len(h) for h in (req.features.mm_hashes.values() if req.features else ())
+        )
+        self._check_limits(prompt_tokens=len(req.token_ids), items=items, param="token_ids")
         sp = req.sampling_params
         self._check_tokens(sp.stop_token_ids or [], "sampling_params.stop_token_ids")
         token_ids = req.token_ids
@@ -648,12 +656,30 @@ class _Server:
         for m in messages:
             if m["role"] == "developer":
                 m["role"] = "system"
+            if m["role"] == "assistant" and m.get("content") is None and not m.get("tool_calls"):
+                m["content"] = ""  # an empty reply echoed as null (a template would print None)
+            if isinstance(m.get("content"), list):
+                # a key sent as null is no key (Arrow-backed datasets add ``image_url: null``
+                # to text parts, which a template would take for an image), as vLLM's typed
+                # parsing drops it
+                m["content"] = [
+                    {k: v for k, v in part.items() if v is not None} for part in m["content"]
+                ]
         tools = [t.model_dump(exclude_unset=True) for t in req.tools] if req.tools else None
         self._check_tokens(req.stop_token_ids or [], "stop_token_ids")
+        items = sum(
+            1
+            for m in messages
+            if isinstance(m.get("content"), list)
+            for part in m["content"]
+            if part.get("type") in ("image_url", "video_url")
+        )
+        self._check_limits(items=items, param="messages")
         if self.recorder is not None:
             return await self._recorded_chat(request, req, messages, tools)
         rendered = await run_in_threadpool(self._render_chat, messages, tools)
         prompt_len = len(rendered.token_ids)
+        self._check_limits(prompt_tokens=prompt_len, param="messages")
         sampling = self._chat_sampling(req, prompt_len=prompt_len)
         result = await self._generate(
             GenerateRequest(
@@ -714,8 +740,11 @@ class _Server:
                 param="tool_choice",
             )
         sampling = self._chat_sampling(req, prompt_len=None)
+        owner = _owner(request)
         try:
-            turn = await self.recorder.turn(session, messages, tools=tools, sampling=sampling)
+            turn = await self.recorder.turn(
+                session, messages, tools=tools, sampling=sampling, owner=owner
+            )
         except PromptTooLongError as exc:
             raise RequestError(str(exc), param="messages") from None
         except BackendError as exc:  # the engine behind the recorder failed
@@ -818,7 +847,7 @@ class _Server:
                 "object": "list",
                 "data": [
                     {"id": s.session_id, "turns": len(s.steps), "index": s.index}
-                    for s in recorder.sessions.values()
+                    for s in recorder.sessions_of(_owner(request)).values()
                 ],
             }
         )
@@ -827,7 +856,7 @@ class _Server:
         """POST /v1/sessions/{id}/end: end a recorded session (404 if none is open)."""
         recorder = self._require_recorder()
         session_id = request.path_params["session_id"]
-        ended = await recorder.end(session_id)
+        ended = await recorder.end(session_id, owner=_owner(request))
         if ended is None:
             raise RequestError(
                 f"no open session {session_id!r}", status=HTTPStatus.NOT_FOUND, param="session"
@@ -939,6 +968,27 @@ class _Server:
                 status=HTTPStatus.INTERNAL_SERVER_ERROR,
             ) from None
 
+    def _check_limits(
+        self, *, prompt_tokens: int | None = None, items: int = 0, param: str
+    ) -> None:
+        """The request's images/clips and prompt tokens against ``ServerLimits``."""
+        limits = self.limits
+        if items > limits.max_images:
+            raise RequestError(
+                f"the request holds {items} images and clips; this server takes at most "
+                f"{limits.max_images} (--max-images)",
+                err_type="RequestTooLargeError",
+                param=param,
+            )
+        cap = limits.max_request_tokens
+        if cap is not None and prompt_tokens is not None and prompt_tokens > cap:
+            raise RequestError(
+                f"the prompt is {prompt_tokens} tokens; this server takes at most {cap} "
+                "(--max-request-tokens)",
+                err_type="RequestTooLargeError",
+                param=param,
+            )
+
     def _check_tokens(self, token_ids: Sequence[int], what: str = "token_ids") -> None:
         if self.vocab_size is not None and token_ids:
             top = max(token_ids)
@@ -971,6 +1021,12 @@ class _Server:
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+
+def _owner(request: Request) -> str | None:
+    """The API key's tag the request was let in with (``ServerGuard``), None without keys:
+    a recording keeps each key's sessions apart by it."""
+    return request.scope.get("state", {}).get("api_key_tag")
 
 
 def _sse_chunks(body: dict[str, Any], *, include_usage: bool) -> bytes:
@@ -1109,6 +1165,8 @@ def create_app(
     mm_cache_items: int = 512,
     mm_cache_bytes: int = 4 << 30,
     recorder: Any = None,
+    api_keys: Sequence[str] = (),
+    limits: ServerLimits | None = None,
 ) -> Starlette:
     """The HTTP app of ``vf-mm serve`` over ``backend`` (a token-level ``Backend``).
 
@@ -1119,10 +1177,16 @@ def create_app(
     hash-only requests resolve against. ``recorder`` (a ``vf_mm.recording.Recorder``):
     chat calls become recorded turns of their sessions, and the session routes are
     served. The caller owns ``backend`` and ``recorder`` (and closes them).
+    ``api_keys``: with any, every route but ``/health`` needs ``Authorization: Bearer``
+    one of them (``ServerGuard``); a recording keeps each key's sessions apart.
+    ``limits``: what one request may cost (``ServerLimits``: body size, images, prompt
+    tokens, a slow body, requests in flight per client).
     """
+    limits = limits or ServerLimits()
     server = _Server(
-        backend, renderer, model_name, image_policy, mm_cache_items, mm_cache_bytes, recorder
-    )
+        backend, renderer, model_name, image_policy, mm_cache_items, mm_cache_bytes, recorder,
+        limits,
+    )  # fmt: skip
     routes = [
         Route("/inference/v1/generate", _route(server.generate), methods=["POST"]),
         Route("/v1/chat/completions", _route(server.chat_completions), methods=["POST"]),
@@ -1132,6 +1196,10 @@ def create_app(
         Route("/v1/sessions", _route(server.sessions), methods=["GET"]),
         Route("/v1/sessions/{session_id}/end", _route(server.end_session), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_exception},
+        middleware=[Middleware(ServerGuard, api_keys=list(api_keys), limits=limits)],
+    )
     app.state.server = server
     return app

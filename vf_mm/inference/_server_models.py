@@ -278,7 +278,9 @@ class _Message(BaseModel):
 
     @model_validator(mode="after")
     def _content_present(self) -> _Message:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+        # an assistant turn in the history may have no content (an empty reply, echoed
+        # back as null by clients that normalise "" away): it renders as empty content
+        if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a tool message needs tool_call_id")

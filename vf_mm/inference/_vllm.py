@@ -67,7 +67,7 @@ import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -116,6 +116,7 @@ class _Server:
     """One base URL and its counters (what ``stats`` reports and ``_pick`` weighs)."""
 
     url: str
+    headers: dict[str, str] = field(default_factory=dict)  # its Authorization, if any
     outstanding: int = 0
     requests: int = 0
     retries: int = 0
@@ -158,7 +159,8 @@ class VLLMBackend:
     generate: the wait for the whole answer), ``connect_timeout_s`` each connect.
     ``send_kwargs_data=False`` sends ``kwargs_data: null``: the server looks every item
     up by hash in its cache. ``transport`` replaces httpx's (tests, a Unix socket);
-    ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's ``--api-key``). Proxy
+    ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's ``--api-key``): one key for
+    every server, or a sequence of one key (or None) per base URL, in order. Proxy
     environment variables are ignored: inference servers are reached directly.
     ``embed_token_ids`` (content_parts mode): per modality, the token ids that take
     embeddings (``renderer.vision.embed_ids("video")``), so the returned placeholders say
@@ -188,7 +190,7 @@ class VLLMBackend:
         image_policy: ImagePolicy | None = None,
         send_kwargs_data: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
-        api_key: str | None = None,
+        api_key: str | Sequence[str | None] | None = None,
         embed_token_ids: Mapping[str, Sequence[int]] | None = None,
         routing: Routing = "sticky",
         shed_margin: int | None = 4,
@@ -202,7 +204,15 @@ class VLLMBackend:
             if embed_token_ids
             else None
         )
-        self._servers = [_Server(_normalise_base_url(u)) for u in urls]
+        keys = (
+            [api_key] * len(urls) if api_key is None or isinstance(api_key, str) else list(api_key)
+        )
+        if len(keys) != len(urls):
+            raise ValueError(f"{len(keys)} API keys for {len(urls)} base URLs: give one per URL")
+        self._servers = [
+            _Server(_normalise_base_url(u), {"Authorization": f"Bearer {k}"} if k else {})
+            for u, k in zip(urls, keys, strict=True)
+        ]
         if len({s.url for s in self._servers}) != len(self._servers):
             raise ValueError(f"duplicate base URLs: {[s.url for s in self._servers]}")
         if mode not in ("features", "content_parts"):
@@ -249,8 +259,6 @@ class VLLMBackend:
         self.send_kwargs_data = send_kwargs_data
         self._transport = transport
         self._headers = {"Accept": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
         self._client: httpx.AsyncClient | None = None
         self._closed = False
         self._rr = 0
@@ -538,7 +546,9 @@ class VLLMBackend:
         try:
             try:
                 response = await client.post(
-                    url, content=body, headers={"Content-Type": "application/json"}
+                    url,
+                    content=body,
+                    headers={"Content-Type": "application/json", **server.headers},
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self._mark_down(server)
@@ -637,6 +647,7 @@ class VLLMBackend:
                 try:
                     response = await client.get(
                         server.url + MODELS_PATH,
+                        headers=server.headers,
                         timeout=httpx.Timeout(self.connect_timeout_s),
                     )
                 except httpx.HTTPError as exc:

@@ -15,7 +15,9 @@ same place (equal once None-valued keys are set aside) is replaced by the record
 so the client sees its own history and bridges; a message that differs in anything
 else is kept as sent, and the turn is rendered whole.
 
-Sessions are isolated: a turn sees only its own session's steps. A session ends when
+Sessions are isolated: a turn sees only its own session's steps, and a session has an
+``owner`` (on a server with API keys, the key's tag): the same id under two owners is two
+sessions, and one owner can neither list, end nor extend another's. A session ends when
 ``end`` is called, or after ``idle_s`` without a call (``sweep``); ``on_end`` then gets
 the ``RecordedSession`` (results directory, trainer stream: the caller decides). Calls
 of one session run one at a time, in arrival order.
@@ -38,10 +40,16 @@ class RecordedSession:
     """One session's recording: its steps in call order, and what it was called."""
 
     session_id: str
+    owner: str | None = None  # who may see it: an API key's tag on a server with keys
     steps: list[TrajectoryStep] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     last_call: float = field(default_factory=time.monotonic)
     index: int = 0  # how many earlier sessions of this id ended before it
+
+    @property
+    def name(self) -> str:
+        """The session's name in results: its id, prefixed by its owner's tag if any."""
+        return self.session_id if self.owner is None else f"{self.owner}/{self.session_id}"
 
     @property
     def messages(self) -> Messages:
@@ -55,10 +63,10 @@ class RecordedSession:
         """The session as a rollout (``example_id`` its id): the first call's prompt, and
         everything after it as the completion; no reward (a recording scores nothing)."""
         if not self.steps:
-            return RolloutOutput(example_id=self.session_id, prompt=[], completion=[])
+            return RolloutOutput(example_id=self.name, prompt=[], completion=[])
         prompt = self.steps[0].prompt
         return RolloutOutput(
-            example_id=self.session_id,
+            example_id=self.name,
             prompt=list(prompt),
             completion=self.messages[len(prompt) :],
             trajectory=list(self.steps),
@@ -71,8 +79,9 @@ class Recorder:
 
     ``idle_s``: a session without a call for this long ends at the next ``sweep``.
     ``on_end(session)``: called (awaited if async) with each session that ends.
-    ``recorded``: how many sessions of each id were recorded before (a recording that
-    resumes into the same directory), so a reused id's next session gets the next index.
+    ``recorded``: how many sessions of each name (``RecordedSession.name``) were recorded
+    before (a recording that resumes into the same directory), so a reused id's next
+    session gets the next index.
     """
 
     def __init__(
@@ -91,15 +100,19 @@ class Recorder:
         self.client = client
         self.idle_s = idle_s
         self.on_end = on_end
-        self._sessions: dict[str, RecordedSession] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._sessions: dict[tuple[str | None, str], RecordedSession] = {}
+        self._locks: dict[tuple[str | None, str], asyncio.Lock] = {}
         # session id -> sessions of that id ended so far
         self._ended: dict[str, int] = dict(recorded or {})
 
     @property
     def sessions(self) -> dict[str, RecordedSession]:
-        """The open sessions, by id (a copy of the mapping)."""
-        return dict(self._sessions)
+        """The open sessions without an owner, by id (a new mapping)."""
+        return self.sessions_of(None)
+
+    def sessions_of(self, owner: str | None) -> dict[str, RecordedSession]:
+        """``owner``'s open sessions, by id (a new mapping)."""
+        return {sid: s for (who, sid), s in self._sessions.items() if who == owner}
 
     async def turn(
         self,
@@ -108,17 +121,21 @@ class Recorder:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sampling: Any = None,
+        owner: str | None = None,
     ) -> Any:
-        """One model turn of ``session_id`` on ``messages``: the ``ModelTurn`` (its
-        ``message`` is the reply to return), recorded as the session's next step."""
+        """One model turn of ``session_id`` (``owner``'s) on ``messages``: the
+        ``ModelTurn`` (its ``message`` is the reply to return), recorded as the
+        session's next step."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("a session id is a non-empty string")
-        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        key = (owner, session_id)
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            session = self._sessions.get(session_id)
+            session = self._sessions.get(key)
             if session is None:
-                session = RecordedSession(session_id, index=self._ended.get(session_id, 0))
-                self._sessions[session_id] = session
+                session = RecordedSession(session_id, owner=owner)
+                session.index = self._ended.get(session.name, 0)
+                self._sessions[key] = session
             prompt = _with_recorded_history(messages, session.messages)
             turn = await self.client.generate(
                 prompt, trajectory=session.steps, tools=tools, sampling=sampling,
@@ -128,18 +145,19 @@ class Recorder:
             session.last_call = time.monotonic()
             return turn
 
-    async def end(self, session_id: str) -> RecordedSession | None:
-        """End ``session_id`` (None if no such session is open) and hand it to ``on_end``.
-        A later call with the same id starts a new session (its ``index`` one more)."""
-        lock = self._locks.get(session_id)
+    async def end(self, session_id: str, *, owner: str | None = None) -> RecordedSession | None:
+        """End ``owner``'s ``session_id`` (None if no such session is open) and hand it to
+        ``on_end``. A later call with the same id starts a new session (``index`` + 1)."""
+        key = (owner, session_id)
+        lock = self._locks.get(key)
         if lock is None:
             return None
         async with lock:
-            session = self._sessions.pop(session_id, None)
-            self._locks.pop(session_id, None)
+            session = self._sessions.pop(key, None)
+            self._locks.pop(key, None)
             if session is None:
                 return None
-            self._ended[session_id] = session.index + 1
+            self._ended[session.name] = session.index + 1
         end_session = getattr(self.client, "end_session", None)
         if end_session is not None:
             end_session(session_id)
@@ -152,16 +170,18 @@ class Recorder:
     async def sweep(self) -> list[RecordedSession]:
         """End every session idle for ``idle_s`` or more; returns them."""
         now = time.monotonic()
-        idle = [
-            s for s, session in self._sessions.items() if now - session.last_call >= self.idle_s
-        ]
-        ended = [await self.end(s) for s in idle]
+        idle = [key for key, s in self._sessions.items() if now - s.last_call >= self.idle_s]
+        ended = [await self.end(sid, owner=owner) for owner, sid in idle]
         return [s for s in ended if s is not None]
 
     async def aclose(self) -> list[RecordedSession]:
         """End every open session (a server shutting down records what it holds)."""
-        ended = [await self.end(s) for s in list(self._sessions)]
+        ended = [await self.end(sid, owner=owner) for owner, sid in list(self._sessions)]
         return [s for s in ended if s is not None]
+
+
+def _present(message: Mapping[str, Any]) -> set[Any]:
+    return {k for k, v in message.items() if v is not None and not (k == "content" and v == "")}
 
 
 def _with_recorded_history(messages: Messages, recorded: Messages) -> Messages:
@@ -176,11 +196,12 @@ def _with_recorded_history(messages: Messages, recorded: Messages) -> Messages:
 
 
 def _equivalent(a: Any, b: Any) -> bool:
-    """Equal once keys whose value is None are set aside (recursively): the OpenAI SDK
-    echoes an assistant message with ``refusal: None`` and friends added."""
+    """Equal once keys whose value is None are set aside (recursively), and an empty
+    ``content`` counts as none: the OpenAI SDK echoes an assistant message with
+    ``refusal: None`` and friends added, and clients turn an empty reply's ``""`` into
+    None (verifiers does)."""
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        keys_a = {k for k, v in a.items() if v is not None}
-        keys_b = {k for k, v in b.items() if v is not None}
+        keys_a, keys_b = _present(a), _present(b)
         return keys_a == keys_b and all(_equivalent(a[k], b[k]) for k in keys_a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_equivalent(x, y) for x, y in zip(a, b, strict=True))

@@ -211,7 +211,7 @@ class ChatTemplateRenderer:
         )
         if isinstance(out, _Refusal):
             with self._lock:
-                self.bridge_refusals[out.reason] += 1
+                _count(self.bridge_refusals, out.reason)
             if on_refusal is not None:
                 on_refusal(out.reason)
             return None
@@ -478,6 +478,8 @@ class ChatTemplateRenderer:
         if cached is None:
             cached = self._template([user], tools, True, template)
             with self._lock:
+                if len(self._probe_cache) >= _MAX_PROBES:  # tools that vary by rollout
+                    self._probe_cache.pop(next(iter(self._probe_cache)))
                 self._probe_cache[key] = cached
         return cached
 
@@ -724,3 +726,18 @@ class _Refusal:
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+#: distinct refusal reasons counted apart (a reason may quote the conversation: a run of any
+#: length must not keep one per rollout); the rest are counted under ``OTHER_REASONS``
+MAX_REASONS = 64
+OTHER_REASONS = "(other reasons)"
+#: prefix probes kept, one per (template, tools): a few, unless tools vary by rollout
+_MAX_PROBES = 64
+
+
+def _count(counter: Counter[str], reason: str) -> None:
+    """Count ``reason``, keeping at most ``MAX_REASONS`` distinct ones."""
+    if reason not in counter and len(counter) >= MAX_REASONS:
+        reason = OTHER_REASONS
+    counter[reason] += 1

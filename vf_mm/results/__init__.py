@@ -13,7 +13,8 @@ Everything that writes, reads or sums up a run directory lives here, and everyth
   clip the model saw. A run killed at any moment resumes with ``resume=True``.
 - ``read_results(outdir, bad_lines=...)`` is **the** reader: it says what to do with a bad
   line (``"raise"``, ``"torn-tail"`` — the default: only a torn last line is left out —
-  or ``"skip"``) and ``scan_results`` returns the rows together with what was wrong.
+  or ``"skip"``) and ``scan_results`` returns the rows together with what was wrong;
+  ``iter_results`` yields the same rows one at a time (a run of any length).
   ``read_metadata(outdir)`` reads ``metadata.json``.
 - ``summarize(rows)`` computes the aggregates stored in metadata.json and shown by the
   CLI and the report; ``pass_at_k`` is its unbiased estimator.
@@ -21,6 +22,12 @@ Everything that writes, reads or sums up a run directory lives here, and everyth
   one sharded evaluation (``vf-mm eval --shard i/N``) into one run directory, refusing
   (``vf_mm.errors.MergeError``) sources that are not the shards of one run; it returns
   a ``MergeResult``.
+- ``to_dataset(outdir, tokens=False, ...)`` returns the run as a ``datasets.Dataset``
+  (one row per rollout; messages and other free-form values as JSON text that gives
+  them back exactly, images as ``datasets.Image`` lined up with their references by
+  ``image_urls``, clips as their files' bytes); a missing or changed asset raises
+  ``vf_mm.errors.AssetError``. ``vf-mm export`` writes it as Parquet or with
+  ``save_to_disk``.
 - ``evaluate_to_dir(env, client, outdir, ...)`` runs an environment's evaluation into a
   run directory (what ``vf-mm eval`` does, without the terminal), reporting
   ``EvalProgress``.
@@ -31,9 +38,17 @@ The file formats are documented in ``vf_mm/results/_format.py`` (module docstrin
 from __future__ import annotations
 
 from vf_mm.results._assets import ASSETS_DIR, AssetStore, to_json_value
+from vf_mm.results._dataset import to_dataset
 from vf_mm.results._format import METADATA_FILE, RESULTS_FILE, RESULTS_FORMAT, ROW_KEYS
 from vf_mm.results._merge import MergeResult, merge_runs
-from vf_mm.results._reader import BadLine, ResultsScan, read_metadata, read_results, scan_results
+from vf_mm.results._reader import (
+    BadLine,
+    ResultsScan,
+    iter_results,
+    read_metadata,
+    read_results,
+    scan_results,
+)
 from vf_mm.results._runner import EvalProgress, evaluate_to_dir
 from vf_mm.results._summary import pass_at_k, summarize
 from vf_mm.results._writer import ResultsWriter
@@ -51,11 +66,13 @@ __all__ = [
     "ResultsScan",
     "ResultsWriter",
     "evaluate_to_dir",
+    "iter_results",
     "merge_runs",
     "pass_at_k",
     "read_metadata",
     "read_results",
     "scan_results",
     "summarize",
+    "to_dataset",
     "to_json_value",
 ]

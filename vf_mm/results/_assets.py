@@ -34,12 +34,14 @@ import os
 import re
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from PIL import Image
 
+from vf_mm._files import fsync_dir
 from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
 from vf_mm.images import ImagePolicy, describe_source, encode_png, image_hash, load_image
@@ -58,6 +60,7 @@ from vf_mm.videos import (
 
 __all__ = [
     "ASSETS_DIR",
+    "KNOWN_ASSETS_BYTES",
     "AssetStore",
     "atomic_write_bytes",
     "fsync_dir",
@@ -78,21 +81,6 @@ _VIDEO_SOURCE_KEYS = frozenset({"type", "video", "video_url", "url", "path"})
 
 
 # -- files -------------------------------------------------------------------------
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a rename or a new file in ``path`` durable (best effort where a folder
-    cannot be opened, as on Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _process_umask() -> int:
@@ -163,6 +151,44 @@ def _well_formed(part: Mapping[str, Any]) -> bool:
 
 # -- the store ---------------------------------------------------------------------
 
+#: what an ``AssetStore`` remembers of the assets it has seen (their hashes, so a repeated
+#: image skips a stat of its file): 8 MiB, about 50k assets; older ones are looked up on disk
+KNOWN_ASSETS_BYTES = 8 << 20
+_KNOWN_ENTRY_COST = 160  # bytes of a remembered key and value with their dict slot, about
+
+
+class _Recent:
+    """A dict that forgets its least recently used entries past ``max_bytes`` (counted at
+    about ``_KNOWN_ENTRY_COST`` an entry): what a store remembers is a shortcut, the
+    files on disk are the truth, so forgetting costs a ``stat`` and never correctness.
+    Not thread safe by itself (the store holds its lock)."""
+
+    __slots__ = ("_entries", "max_entries")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_entries = max(1, max_bytes // _KNOWN_ENTRY_COST)
+        self._entries: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, key: Any, value: Any = True) -> Any:
+        """Remember ``key`` (first value wins, as ``dict.setdefault``); return its value."""
+        held = self._entries.setdefault(key, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return held
+
 
 class AssetStore:
     """Image and video files by content hash under ``root/assets/`` (``root`` is the OUTDIR).
@@ -173,7 +199,9 @@ class AssetStore:
     ``to_jsonable(messages)`` does it for every image and video part of a conversation.
     Thread safe. ``written`` counts the files this object wrote. ``video_limits`` bound
     what a video may cost to load (``VideoLimits()`` when None: pass the renderer's, so
-    the store takes every clip the run took).
+    the store takes every clip the run took). ``known_bytes`` bounds what it remembers
+    of the assets it has seen (``KNOWN_ASSETS_BYTES``), so a run of any length stores
+    assets in constant memory; an asset it has forgotten is found on disk.
     """
 
     def __init__(
@@ -183,6 +211,7 @@ class AssetStore:
         policy: ImagePolicy | None = None,
         compress_level: int = 6,
         video_limits: VideoLimits | None = None,
+        known_bytes: int = KNOWN_ASSETS_BYTES,
     ) -> None:
         self.root = Path(root)
         self.dir = self.root / ASSETS_DIR
@@ -190,11 +219,12 @@ class AssetStore:
         self.compress_level = compress_level
         self.video_limits = video_limits
         self.written = 0
-        self._known: set[str] = set()
-        self._videos: dict[str, str] = {}  # video hash -> its asset URL
-        # (sha256 of encoded bytes, frame_rate) -> (video hash, URL, fps): a clip read
-        # again (every rollout of an example shows it) is not decoded again
-        self._encoded: dict[tuple[str, float | None], tuple[str, str, float | None]] = {}
+        # a third each: image hashes stored, video hash -> its URL, and (sha256 of encoded
+        # bytes, frame_rate) -> (video hash, URL, fps), so that a clip read again (every
+        # rollout of an example shows it) is not decoded again
+        self._known = _Recent(known_bytes // 3)
+        self._videos = _Recent(known_bytes // 3)
+        self._encoded = _Recent(known_bytes // 3)
         self._lock = threading.Lock()
         self._dir_dirty = False
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +241,12 @@ class AssetStore:
         return f"{ASSETS_DIR}/{digest}.png"
 
     def __contains__(self, digest: object) -> bool:
-        return isinstance(digest, str) and (digest in self._known or self.path(digest).is_file())
+        if not isinstance(digest, str):
+            return False
+        with self._lock:
+            if self._known.get(digest) is not None:
+                return True
+        return self.path(digest).is_file()
 
     def add(
         self, source: Any, *, policy: ImagePolicy | None = None, where: str | None = None
@@ -224,11 +259,13 @@ class AssetStore:
     def add_rgb(self, image: Image.Image) -> str:
         """Store an RGB image (a ``load_image`` result); return its URL."""
         digest = image_hash(image)
-        if digest in self._known:
-            return self.url(digest)
+        with self._lock:
+            if self._known.get(digest) is not None:
+                return self.url(digest)
         final = self.path(digest)
         if final.is_file():
-            self._known.add(digest)
+            with self._lock:
+                self._known.put(digest)
             return self.url(digest)
 
         def write(f: IO[bytes]) -> None:
@@ -236,7 +273,7 @@ class AssetStore:
 
         self._write_new(final, write)
         with self._lock:
-            self._known.add(digest)
+            self._known.put(digest)
         return self.url(digest)
 
     def _write_new(self, final: Path, write: Callable[[IO[bytes]], None]) -> bool:
@@ -265,14 +302,14 @@ class AssetStore:
 
     def video_url(self, digest: str) -> str | None:
         """The URL of the stored video with this hash (whatever its container), or None."""
-        url = self._videos.get(digest)
+        with self._lock:
+            url = self._videos.get(digest)
         if url is not None:
             return url
         for ext in VIDEO_EXTENSIONS:
             if (self.dir / f"{digest}.{ext}").is_file():
                 with self._lock:
-                    self._videos[digest] = f"{ASSETS_DIR}/{digest}.{ext}"
-                return self._videos[digest]
+                    return self._videos.put(digest, f"{ASSETS_DIR}/{digest}.{ext}")
         return None
 
     def add_video(
@@ -309,7 +346,8 @@ class AssetStore:
             exc.where = exc.where or where
             raise
         key = (hashlib.sha256(data).hexdigest(), rate if isinstance(rate, (int, float)) else None)
-        known = self._encoded.get(key)
+        with self._lock:
+            known = self._encoded.get(key)
         if known is not None and self.video_url(known[0]) is not None:
             return known[1], known[2]
         inner: dict[str, Any] = {"type": "video", "video": data}
@@ -326,10 +364,9 @@ class AssetStore:
             url = f"{ASSETS_DIR}/{digest}.{video_extension(data)}"
             self._write_new(self.root / url, lambda f: f.write(data))
             with self._lock:
-                self._videos.setdefault(digest, url)
-            url = self._videos[digest]
+                url = self._videos.put(digest, url)
         with self._lock:
-            self._encoded[key] = (digest, url, video.fps)
+            self._encoded.put(key, (digest, url, video.fps))
         return url, video.fps
 
     def _store_raw(self, video: Video) -> str:
@@ -341,8 +378,7 @@ class AssetStore:
         url = f"{ASSETS_DIR}/{digest}.mkv"
         self._write_new(self.root / url, lambda f: f.write(data))
         with self._lock:
-            self._videos.setdefault(digest, url)
-        return self._videos[digest]
+            return self._videos.put(digest, url)
 
     def sync(self) -> None:
         """Make the renames of new assets durable (fsync the folder) if there were any."""

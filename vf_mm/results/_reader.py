@@ -1,7 +1,8 @@
 """The one reader of a run directory: ``scan_results`` / ``read_results`` and ``read_metadata``.
 
 Every consumer of ``results.jsonl`` goes through ``scan_results``: resuming writers,
-``summarize`` at the end of a run, ``vf-mm view`` and users. What happens to a bad line
+``summarize`` at the end of a run (``iter_results``: the same rows, one at a time, for
+a run of any length), ``vf-mm view`` and users. What happens to a bad line
 (not UTF-8, not JSON, not an object, no valid ``example_id`` / ``rollout_index``, a key
 seen before, or a last line without its newline) is the caller's explicit choice:
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -195,6 +197,46 @@ def read_results(
             scan.size - scan.end,
         )
     return scan.rows
+
+
+def iter_results(
+    path: str | os.PathLike[str], *, bad_lines: BadLinePolicy = "torn-tail"
+) -> Iterator[dict[str, Any]]:
+    """``read_results``, one row at a time: the same rows in the same order (the last
+    record of each key, in the place of its line), holding one row at a time instead of
+    the whole file. For what sums up a run of any length (``summarize`` at the end of
+    ``evaluate_to_dir``).
+
+    Two passes: ``scan_results(keep_rows=False)`` first (it applies ``bad_lines`` and
+    learns which line holds each key's last record, keeping only the keys), then the
+    file again up to where that scan ended, yielding those lines. The file must not be
+    rewritten in between (a ``ResultsWriter`` only appends, and what it appends after the
+    first pass is not read).
+    """
+    scan = scan_results(path, bad_lines=bad_lines, keep_rows=False)
+    torn = scan.torn_tail
+    if torn is not None:
+        logger.warning(
+            "%s: the last line (%d) is torn (%s); %d bytes left out (resume the run to "
+            "truncate it)",
+            scan.path,
+            torn.line,
+            torn.reason,
+            scan.size - scan.end,
+        )
+    return _final_records(scan)
+
+
+def _final_records(scan: ResultsScan) -> Iterator[dict[str, Any]]:
+    offset = 0
+    with open(scan.path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            offset += len(raw)
+            if offset > scan.end:
+                return
+            row, _ = _read_line(raw, lenient=False)
+            if row is not None and scan.keys.get(_key(row)) == number:
+                yield row
 
 
 def read_metadata(outdir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vf_mm.results._reader import read_metadata, read_results
+from vf_mm.results._reader import iter_results, read_metadata
 from vf_mm.results._summary import summarize
 from vf_mm.results._writer import ResultsWriter
 from vf_mm.videos import VideoLimits
@@ -24,18 +24,20 @@ from vf_mm.videos import VideoLimits
 
 @dataclass(slots=True)
 class EvalProgress:
-    """Counts so far, handed to the progress callback after each stored rollout."""
+    """Counts so far, handed to the progress callback after each stored rollout. Running
+    sums only, so it costs the same after a million rollouts as after one."""
 
-    total: int
+    total: int | None  # rollouts in the whole run; None when the dataset is streamed
     done_before: int  # already in the directory when a resumed run started
     done: int = 0  # stored by this run
     errors: int = 0
-    rewards: list[float] = field(default_factory=list)
+    reward_sum: float = 0.0  # over this run's rollouts with a reward
+    rewarded: int = 0
     started: float = field(default_factory=time.perf_counter)
 
     @property
     def mean_reward(self) -> float | None:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+        return self.reward_sum / self.rewarded if self.rewarded else None
 
     @property
     def rate(self) -> float:
@@ -98,13 +100,16 @@ async def evaluate_to_dir(
         policy=policy,
         video_limits=video_limits if video_limits is not None else renderer_limits,
     ) as writer:
-        rows = env.get_eval_dataset(num_examples)
-        example_ids = [row.get("example_id", i) for i, row in enumerate(rows)]
+        # rows are read as the run has room for them, never listed: a dataset of any size
+        rows: Iterable[Any] = env.iter_eval_dataset(num_examples)
+        example_ids: Iterable[Any] | None = None
+        holds = shard.holds if shard is not None else None
         if shard is not None:
-            kept = [k for k, example_id in enumerate(example_ids) if shard.holds(example_id)]
-            rows, example_ids = [rows[k] for k in kept], [example_ids[k] for k in kept]
+            rows, example_ids = shard.select(rows)
+        examples = env.eval_dataset_size(num_examples, holds=holds)
         progress = EvalProgress(
-            total=len(rows) * rollouts_per_example, done_before=len(writer.done)
+            total=examples * rollouts_per_example if examples is not None else None,
+            done_before=len(writer.done),
         )
         if on_progress is not None:
             on_progress(progress)
@@ -118,15 +123,20 @@ async def evaluate_to_dir(
             progress.done += 1
             if row["error"]:
                 progress.errors += 1
-            else:
-                progress.rewards.append(row["reward"])
+            elif row["reward"] is not None:
+                progress.reward_sum += row["reward"]
+                progress.rewarded += 1
             if on_progress is not None:
                 on_progress(progress)
             if max_errors is not None and progress.errors >= max_errors and not stopped:
+                planned = (
+                    f" of {progress.total - progress.done_before}"
+                    if progress.total is not None
+                    else ""
+                )
                 stopped.append(
                     f"stopped after {progress.errors} failed rollouts (--max-errors "
-                    f"{max_errors}); {progress.done} of {progress.total - progress.done_before} "
-                    "done"
+                    f"{max_errors}); {progress.done}{planned} done"
                 )
                 run.cancel()
 
@@ -137,8 +147,9 @@ async def evaluate_to_dir(
             "concurrency": concurrency,
             "sampling_args": sampling_args,
             "seed": seed,
-            "skip": set(writer.done),
+            "skip": writer.done,
             "on_result": store,
+            "keep_outputs": False,  # each is written, then released
         }
         run = asyncio.ensure_future(
             workers.evaluate(env, **options)
@@ -150,7 +161,8 @@ async def evaluate_to_dir(
         except asyncio.CancelledError:
             if not stopped:
                 raise
-        aggregates = summarize(read_results(outdir))
+        # the one reader, streamed: the rows are summed as they are read, never held
+        aggregates = summarize(iter_results(outdir))
         aggregates["stopped"] = stopped[0] if stopped else None
         aggregates["time_s"] = time.perf_counter() - progress.started
         stats = getattr(runner, "stats", None)

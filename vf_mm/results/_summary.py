@@ -6,6 +6,7 @@ The file format is documented in ``_format.py`` (module docstring).
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,20 +59,24 @@ def summarize(
          "tokens": {"prompt": total, "completion": total, "rows_without_tokens": n},
          "mean_turns": float | null}
 
-    ``std`` is the population standard deviation (0.0 for one value). pass@k is the
+    ``rows`` may be any iterable (``iter_results`` streams a run's file): it is read
+    once and no row is kept. ``std`` is the population standard deviation (0.0 for one value). pass@k is the
     unbiased estimator per example (success = reward >= ``threshold``; a null reward, as
     an errored rollout has, is a failure), averaged over the examples with at least k
     rollouts (null when none has). ``k_values`` defaults to 1, 2, 4, ... up to the
     fewest rollouts any example has.
     """
-    rows = list(rows)
-    rewards: list[float] = []
-    metrics: dict[str, list[float]] = {}
-    outcomes: dict[Any, list[bool]] = {}
-    turns: list[float] = []
+    # one pass, holding per row only 8 bytes per number (the exact two-pass mean and std
+    # need them) and per example two counts: rows may be a stream of any length
+    count = 0
+    rewards = array("d")
+    metrics: dict[str, array[float]] = {}
+    outcomes: dict[Any, list[int]] = {}  # example id -> [rollouts, successes]
+    turns = array("d")
     prompt_tokens = completion_tokens = without_tokens = errors = 0
     error_kinds: dict[str, dict[str, Any]] = {}
     for row in rows:
+        count += 1
         reward = row.get("reward")
         if reward is not None:
             rewards.append(float(reward))
@@ -83,10 +88,10 @@ def summarize(
         # a failed rollout's metrics (kept in its row) are not averaged, like its reward
         for name, value in (row.get("metrics") or {}).items() if row.get("error") is None else ():
             if value is not None:
-                metrics.setdefault(name, []).append(float(value))
-        outcomes.setdefault(row.get("example_id"), []).append(
-            reward is not None and float(reward) >= threshold
-        )
+                metrics.setdefault(name, array("d")).append(float(value))
+        outcome = outcomes.setdefault(row.get("example_id"), [0, 0])
+        outcome[0] += 1
+        outcome[1] += reward is not None and float(reward) >= threshold
         if row.get("num_turns") is not None:
             turns.append(float(row["num_turns"]))
         if row.get("prompt_tokens") is None or row.get("completion_tokens") is None:
@@ -95,7 +100,7 @@ def summarize(
             prompt_tokens += int(row["prompt_tokens"])
             completion_tokens += int(row["completion_tokens"])
 
-    fewest = min((len(v) for v in outcomes.values()), default=1)
+    fewest = min((n for n, _ in outcomes.values()), default=1)
     if k_values is None:
         ks = [1]
         while ks[-1] * 2 <= fewest:
@@ -107,11 +112,11 @@ def summarize(
                 raise ValueError(f"k_values must be ints >= 1, got {k!r}")
     pass_k: dict[str, float | None] = {}
     for k in ks:
-        estimates = [pass_at_k(len(v), sum(v), k) for v in outcomes.values() if len(v) >= k]
+        estimates = [pass_at_k(n, c, k) for n, c in outcomes.values() if n >= k]
         pass_k[str(k)] = math.fsum(estimates) / len(estimates) if estimates else None
 
     return {
-        "count": len(rows),
+        "count": count,
         "examples": len(outcomes),
         "errors": errors,
         "error_kinds": dict(sorted(error_kinds.items(), key=lambda kv: -kv[1]["count"])),

@@ -38,7 +38,7 @@ from vf_mm.results._format import (
     _number,
     _rollout_index,
 )
-from vf_mm.results._reader import read_metadata, read_results, scan_results
+from vf_mm.results._reader import iter_results, read_metadata, scan_results
 from vf_mm.results._summary import summarize
 from vf_mm.types import RolloutError, RolloutOutput
 from vf_mm.videos import VideoLimits
@@ -487,7 +487,7 @@ class ResultsWriter:
             with self._lock:
                 self._check_writable()
                 self._sync_locked()
-            aggregates = summarize(read_results(self.results_path, bad_lines="raise"))
+            aggregates = summarize(iter_results(self.results_path, bad_lines="raise"))
         checked = to_json_value(aggregates, "aggregates")
         with self._lock:
             self._check_writable()

@@ -22,6 +22,7 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
 
     {"format": "vf_mm.group/1",
      "example_id": int | str,
+     "group_id": str,   # only when pack_group got one: the group's id, unique in a run
      "images": {mm_hash: {"pixel_values": array, "image_grid_thw": array, ...}},
                         # every item, once per hash, as the renderer made it (any keys):
                         # images and videos ({"pixel_values_videos", "video_grid_thw",
@@ -50,6 +51,35 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
                         # item's embeddings: mask = np.packbits(is_embed) bytes
             # a step without tokens (a message-level backend such as an OpenAI API):
             {"tokens": None, "reward": float | None}]}]}
+
+**Image modes.** ``pack_group(..., images="encoded" | "ref")`` writes a
+``"vf_mm.group/2"`` frame instead: images travel as their encoded bytes (or a shared-store
+reference to them) and the trainer rebuilds their model inputs itself, bit for bit,
+checked by hash (``vf_mm/training/_images.py`` says how, and why it is exact)::
+
+    {"format": "vf_mm.group/2", "example_id", "group_id",   # as in vf_mm.group/1
+     "image_mode": "encoded" | "ref",
+     "processing": {"classes", "config", "backend", "versions"},  # the sampler's
+     "images": {mm_hash: item},   # what still travels as tensors: videos, and images
+                                  # without bytes to send (an http(s) URL, a results-store
+                                  # asset, an image no message shows)
+     "sources": {mm_hash: {"format": "PNG" | "JPEG" | ..., "size": int,
+                           "inputs": inputs_hash of the sampler's model inputs,
+                           "data": bytes                    # encoded
+                           | "uri": "file://...", "sha256": hex}},   # ref
+     "rollouts": [...]}           # as in vf_mm.group/1
+
+A ``vf_mm.group/1`` reader refuses a ``/2`` frame by its format (it never takes bytes for
+tensors); ``unpack_group`` reads both, a ``/2`` frame with ``images=ImageRebuilder(...)``.
+In these modes a ``data:`` URL image part whose image is in ``sources`` becomes an
+``image_ref`` too (its bytes are there already: the URL would send them once per rollout).
+
+``group_id`` names the group for exactly-once delivery to a trainer (``GroupSender``
+sends it beside the frame, the trainer's ``GroupReceiver`` acknowledges and deduplicates
+by it): ``stream_rollouts`` makes it ``f"{run_id}/{example_id}"``. It is a non-empty
+string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes (it travels in every acknowledgement
+and is stored in the trainer's ledger). A frame without it (packed without one, or
+written before the field existed) is still a ``vf_mm.group/1`` frame: its id is None.
 
 Token lists travel as numpy arrays (4 bytes a token instead of msgpack's 5 for ids over
 65535, and no per-element work to encode or decode); ``unpack_group`` gives lists back.
@@ -84,6 +114,7 @@ names is in the item table, under one modality in the whole group.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -93,7 +124,19 @@ import numpy as np
 
 from vf_mm._text import shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
-from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.images import (
+    ImagePolicy,
+    SourceKind,
+    check_local_path,
+    classify_source,
+    decode_data_url,
+    encode_png,
+    file_url_to_path,
+    image_hash,
+    load_image,
+    read_local_file,
+)
+from vf_mm.training._images import IMAGE_MODES, ImageProcessing, ImageStore, inputs_hash
 from vf_mm.types import (
     IMAGE_PART_TYPES,
     VIDEO_PART_TYPES,
@@ -108,10 +151,15 @@ from vf_mm.types import (
 )
 from vf_mm.videos import VIDEO_EXTENSIONS, VideoLimits, load_video, video_hash, video_mm_hash
 
-__all__ = ["GROUP_FORMAT", "TrainingRollout", "pack_group", "unpack_group"]
+__all__ = ["GROUP_FORMAT", "MAX_GROUP_ID_BYTES", "TrainingRollout", "pack_group", "unpack_group"]
 
 #: The ``format`` value of a group frame; a reader refuses any other.
 GROUP_FORMAT = "vf_mm.group/1"
+#: The ``format`` of a frame whose images travel encoded or by reference.
+GROUP_FORMAT_BY_SOURCE = "vf_mm.group/2"
+_DEFAULT_POLICY = ImagePolicy()
+#: The longest group id, in UTF-8 bytes: ids travel in every acknowledgement and ledger line.
+MAX_GROUP_ID_BYTES = 1024
 
 _INT32 = np.iinfo(np.int32)
 _KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
@@ -124,10 +172,12 @@ _VIDEO_ASSET_URL = re.compile(rf"^assets/([0-9a-f]{{32}})\.({'|'.join(VIDEO_EXTE
 class TrainingRollout(RolloutOutput):
     """A rollout as ``unpack_group`` rebuilds it: a ``RolloutOutput`` (``trajectory``
     steps hold the tokens and multi-modal data; their ``prompt``/``completion`` messages
-    are not carried and are empty) plus its place in the group and its advantage."""
+    are not carried and are empty) plus its place in the group, its advantage and the
+    group's id (None for a frame packed without one)."""
 
     rollout_index: int = 0
     advantage: float | None = None
+    group_id: str | None = None
 
     @property
     def trainable(self) -> bool:
@@ -146,19 +196,52 @@ def pack_group(
     advantages: Sequence[float] | None = None,
     policy: ImagePolicy | None = None,
     video_limits: VideoLimits | None = None,
+    group_id: str | None = None,
+    images: str = "tensors",
+    processing: ImageProcessing | Mapping[str, Any] | None = None,
+    store: ImageStore | str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """One frame for one example's rollouts (see the module docstring for the schema).
 
     ``rollout_indices`` default to ``0..n-1``; ``example_id`` defaults to the rollouts'
     (they must all agree, and agree with it when given); ``advantages``, if given, one per
-    rollout. ``policy`` is the ``ImagePolicy`` used to read in-memory images and videos
-    and local paths in messages in order to hash them (default: any local path, no
-    network); ``video_limits`` bound a video read for its hash (``VideoLimits()`` when
-    None; pass the renderer's).
+    rollout; ``group_id``, if given, goes in the frame's ``group_id`` field (a non-empty
+    string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes, else ``ValueError`` /
+    ``TypeError``): what a trainer deduplicates by. ``policy`` is the ``ImagePolicy``
+    used to read in-memory images and videos and local paths in messages in order to
+    hash them (default: any local path, no network); ``video_limits`` bound a video read
+    for its hash (``VideoLimits()`` when None; pass the renderer's).
+
+    ``images``: the image mode (``"tensors"``, ``"encoded"`` or ``"ref"``:
+    ``vf_mm/training/_images.py``). The last two need ``processing``, the renderer's
+    ``ImageProcessing`` (or its ``description``), recorded in the frame for the trainer
+    to check against; ``"ref"`` needs ``store``, the ``ImageStore`` (or its directory)
+    the bytes are written to. An image's bytes are read from its message part (the
+    bytes as given, a data URL's payload, a file read under ``policy``; a PNG of the
+    decoded pixels for a PIL image or an array) and must decode to the pixels the
+    renderer hashed: an image whose bytes cannot be had travels as tensors.
 
     The frame holds references to the rollouts' own arrays (nothing is copied here);
     ``packb`` copies each distinct image's and video's tensors once.
     """
+    if group_id is not None:
+        group_id = check_group_id(group_id)
+    if images not in IMAGE_MODES:
+        raise ValueError(f"images must be one of {list(IMAGE_MODES)}, not {images!r}")
+    description: Mapping[str, Any] | None = None
+    if images != "tensors":
+        if processing is None:
+            raise ValueError(
+                f'images="{images}" needs processing= (the renderer\'s ImageProcessing: '
+                "the trainer rebuilds the images with it and checks it)"
+            )
+        description = (
+            processing.description if isinstance(processing, ImageProcessing) else processing
+        )
+        if images == "ref":
+            if store is None:
+                raise ValueError('images="ref" needs store= (an ImageStore or its directory)')
+            store = store if isinstance(store, ImageStore) else ImageStore(store)
     outputs = list(outputs)
     n = len(outputs)
     ids = {o.example_id for o in outputs}
@@ -182,7 +265,7 @@ def pack_group(
         if len(advantages) != n:
             raise GroupFrameError(f"{len(advantages)} advantages for {n} rollouts")
 
-    packer = _Packer(policy, video_limits)
+    packer = _Packer(policy, video_limits, by_source=images != "tensors")
     rollouts = []
     for r, output in enumerate(outputs):
         where = f"example {example_id!r}, rollout {indices[r]}"
@@ -202,20 +285,51 @@ def pack_group(
             packer.step(step, f"{where}, step {s}") for s, step in enumerate(output.trajectory)
         ]
         rollouts.append(entry)
-    return {
-        "format": GROUP_FORMAT,
-        "example_id": example_id,
-        "images": packer.images,
-        "rollouts": rollouts,
-    }
+    if images != "tensors":
+        assert description is not None
+        return packer.by_source_frame(
+            example_id, group_id, rollouts, images, dict(description), store
+        )
+    frame: dict[str, Any] = {"format": GROUP_FORMAT, "example_id": example_id}
+    if group_id is not None:  # absent otherwise: frames without an id are as they were
+        frame["group_id"] = group_id
+    frame["images"] = packer.images
+    frame["rollouts"] = rollouts
+    return frame
+
+
+def check_group_id(group_id: Any) -> str:
+    """``group_id`` if it is a valid group id (a non-empty ``str`` of at most
+    ``MAX_GROUP_ID_BYTES`` UTF-8 bytes); ``TypeError`` / ``ValueError`` otherwise."""
+    if not isinstance(group_id, str):
+        raise TypeError(f"a group id must be a str, not {type(group_id).__name__}")
+    try:
+        size = len(group_id.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates: no UTF-8 form to send or store
+        raise ValueError(f"a group id must be valid Unicode text: {group_id!r:.80}") from None
+    if not 0 < size <= MAX_GROUP_ID_BYTES:
+        raise ValueError(
+            f"a group id must be 1 to {MAX_GROUP_ID_BYTES} UTF-8 bytes, got {size}: "
+            f"{shorten(repr(group_id), 80)}"
+        )
+    return group_id
 
 
 class _Packer:
     """Per-group state: the item table (every modality) and what has been checked against it."""
 
-    def __init__(self, policy: ImagePolicy | None, video_limits: VideoLimits | None) -> None:
+    def __init__(
+        self,
+        policy: ImagePolicy | None,
+        video_limits: VideoLimits | None,
+        *,
+        by_source: bool = False,
+    ) -> None:
         self.policy = policy
         self.video_limits = video_limits
+        self.by_source = by_source  # encoded / ref: keep each image's encoded bytes
+        self._encoded: dict[str, bytes] = {}  # image hash -> its encoded bytes
+        self._data_urls: dict[str, str] = {}  # data: URL -> its image's hash
         self.images: dict[str, Any] = {}  # mm_hash -> item, images and videos alike
         self._modality: dict[str, str] = {}  # mm_hash -> the modality that uses it
         self._checked: set[tuple[str, int]] = set()  # (hash, id(item)) found equal
@@ -295,6 +409,8 @@ class _Packer:
 
     def _image_part(self, part: Mapping[str, Any], where: str) -> Any:
         source = image_part_source(part)
+        if self.by_source:
+            return self._image_part_by_source(part, source, where)
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
@@ -314,6 +430,119 @@ class _Packer:
             self._hashes[key] = digest
             self._keep.append(source)
         return {"type": "image_ref", "hash": digest}
+
+    def _image_part_by_source(self, part: Mapping[str, Any], source: Any, where: str) -> Any:
+        """As ``_image_part``, keeping the image's encoded bytes too: read once, and the
+        hash taken from those very bytes (a file that changes between two reads cannot
+        pair one image's hash with another's bytes). ``data:`` URLs are hashed here as
+        well (they become ``image_ref`` s once their bytes are in the frame)."""
+        if isinstance(source, str):
+            if re.match(r"^https?:", source, re.IGNORECASE):
+                return part  # never fetched here: such an image travels as tensors
+            asset = _ASSET_URL.match(source)
+            if asset:
+                return {"type": "image_ref", "hash": asset.group(1)}
+            key: Any = ("image", source)
+        else:
+            key = ("image", id(source))
+        digest = self._hashes.get(key)
+        if digest is None:
+            try:
+                data, image = self._read_encoded(part)
+                digest = image_hash(image)
+            except Exception as exc:
+                exc.add_note(f"while packing {where} (reading its image's bytes)")
+                raise
+            self._hashes[key] = digest
+            self._keep.append(source)
+            self._encoded.setdefault(digest, data)
+        if isinstance(source, str) and source[:5].lower() == "data:":
+            self._data_urls[source] = digest
+            return part  # becomes an image_ref once its bytes are known to be in the frame
+        return {"type": "image_ref", "hash": digest}
+
+    def _read_encoded(self, part: Mapping[str, Any]) -> tuple[bytes, Any]:
+        """An image part's encoded bytes, and the image they decode to (the renderer's
+        decode rules: ``load_image``). Encoded sources give their bytes as they are; a
+        PIL image or an array gives a lossless PNG of its decoded RGB pixels."""
+        policy = self.policy or _DEFAULT_POLICY
+        found = classify_source(dict(part))
+        if found.kind is SourceKind.BYTES:
+            data = bytes(found.value)
+        elif found.kind is SourceKind.DATA_URL:
+            data = decode_data_url(found.value, max_bytes=policy.max_bytes)
+        elif found.kind in (SourceKind.PATH, SourceKind.FILE_URL):
+            path = (
+                file_url_to_path(found.value) if found.kind is SourceKind.FILE_URL else found.value
+            )
+            data = read_local_file(
+                check_local_path(path, policy),
+                max_bytes=policy.max_bytes,
+                confined=policy.local_roots is not None,
+            )
+        else:  # a PIL image or an array: its decoded pixels, losslessly
+            image = load_image(dict(part), policy=policy)
+            return encode_png(image), image
+        return data, load_image(data, policy=policy)
+
+    def by_source_frame(
+        self,
+        example_id: Any,
+        group_id: str | None,
+        rollouts: list[dict[str, Any]],
+        mode: str,
+        description: dict[str, Any],
+        store: Any,
+    ) -> dict[str, Any]:
+        """The ``vf_mm.group/2`` frame: every image with bytes moves from the item table to
+        ``sources`` (with its inputs' hash); the rest stays as tensors."""
+        tensors: dict[str, Any] = {}
+        sources: dict[str, Any] = {}
+        for h, item in self.images.items():
+            data = self._encoded.get(h) if self._modality.get(h) == "image" else None
+            if data is None:
+                tensors[h] = item
+                continue
+            entry: dict[str, Any] = {
+                "format": _sniff(data),
+                "size": len(data),
+                "inputs": inputs_hash(item),
+            }
+            if mode == "encoded":
+                entry["data"] = data
+            else:
+                entry["uri"], entry["sha256"] = store.put(data)
+            sources[h] = entry
+        if self._data_urls:
+            for rollout in rollouts:
+                for field in ("prompt", "completion"):
+                    rollout[field] = self._refer_data_urls(rollout[field], sources)
+        frame: dict[str, Any] = {"format": GROUP_FORMAT_BY_SOURCE, "example_id": example_id}
+        if group_id is not None:
+            frame["group_id"] = group_id
+        frame["image_mode"] = mode
+        frame["processing"] = description
+        frame["images"] = tensors
+        frame["sources"] = sources
+        frame["rollouts"] = rollouts
+        return frame
+
+    def _refer_data_urls(self, messages: list[Any], sources: Mapping[str, Any]) -> list[Any]:
+        out = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    kind = part.get("type") if isinstance(part, Mapping) else None
+                    source = image_part_source(part) if kind in IMAGE_PART_TYPES else None
+                    digest = self._data_urls.get(source) if isinstance(source, str) else None
+                    if digest is not None and digest in sources:
+                        part = {"type": "image_ref", "hash": digest}
+                    parts.append(part)
+                message = {**message, "content": parts}
+            out.append(message)
+        return out
 
     def _video_part(self, part: Mapping[str, Any], where: str) -> Any:
         """``{"type": "video_ref", "hash": mm_hash}`` for a video in memory or on disk;
@@ -342,6 +571,24 @@ class _Packer:
             self._hashes[key] = digest
             self._keep.append(source)
         return {"type": "video_ref", "hash": video_mm_hash(digest, part)}
+
+
+_SNIFF = (
+    (b"\x89PNG", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF8", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def _sniff(data: bytes) -> str:
+    """The encoded format's name, from its first bytes (for reports; decoding sniffs
+    again under the policy)."""
+    if data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in _SNIFF if data.startswith(magic)), "other")
 
 
 def _check_modality(seen: dict[str, str], h: str, modality: str, where: str) -> None:
@@ -419,20 +666,36 @@ def _raw_torch(tensor: Any) -> Any:
 # -- unpacking -----------------------------------------------------------------------
 
 
-def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
+def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[TrainingRollout]:
     """The rollouts of a decoded group frame (``unpackb`` / ``read_stream`` output).
 
     Each step's ``MultiModalData`` has the hashes and placeholders that were packed, and
     items that are the group's decoded item dicts: one dict per distinct image or video,
     shared by every step and rollout that shows it, its numpy arrays made read-only (as
     the renderer's cached arrays are) so that a write through one step cannot change
-    another. Raises ``GroupFrameError`` on a frame that breaks the rules (module
+    another. Every rollout carries the frame's ``group_id`` (None when the frame has
+    none). Raises ``GroupFrameError`` on a frame that breaks the rules (module
     docstring).
+
+    A ``vf_mm.group/2`` frame (images ``encoded`` or by ``ref``) needs ``images``, the
+    trainer's ``ImageRebuilder``: it rebuilds each image's model inputs and checks them
+    against the sampler's hashes (``ProcessingMismatchError`` / ``ImageRefError`` for
+    the group, both ``GroupFrameError`` s). Under its ``on_missing="skip"`` the rollouts
+    that show an unusable image come back with ``error`` set and no steps.
     """
-    if not isinstance(data, Mapping) or data.get("format") != GROUP_FORMAT:
-        found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-        raise GroupFrameError(f"not a {GROUP_FORMAT} frame (format {found!r})")
+    rebuilder = images  # the name "images" is the frame's item table below
+    fmt = data.get("format") if isinstance(data, Mapping) else None
+    if fmt not in (GROUP_FORMAT, GROUP_FORMAT_BY_SOURCE):
+        found = fmt if isinstance(data, Mapping) else type(data).__name__
+        raise GroupFrameError(
+            f"not a {GROUP_FORMAT} frame, nor a {GROUP_FORMAT_BY_SOURCE} one (format {found!r})"
+        )
     example_id = _get(data, "example_id", "the group")
+    group_id = data.get("group_id")  # absent from frames packed without one
+    if group_id is not None and not isinstance(group_id, str):
+        raise GroupFrameError(
+            f"the group's 'group_id' must be a string, not {type(group_id).__name__}"
+        )
     images = _get(data, "images", "the group")
     if not isinstance(images, Mapping):
         raise GroupFrameError(
@@ -446,6 +709,10 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
         items[h] = item
+    failed: dict[str, Exception] = {}
+    if fmt == GROUP_FORMAT_BY_SOURCE:
+        rebuilt, failed = _rebuild(data, rebuilder, f"example {example_id!r}")
+        items.update(rebuilt)
     modalities: dict[str, str] = {}  # hash -> the modality the group's steps use it as
     out = []
     for r, entry in enumerate(_get(data, "rollouts", "the group")):
@@ -454,6 +721,29 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
             raise GroupFrameError(f"{where}: must be a map, not {type(entry).__name__}")
         index = _get(entry, "rollout_index", where)
         where = f"example {example_id!r}, rollout {index}"
+        lost = _failed_hashes(entry, failed) if failed else []
+        if lost:  # on_missing="skip": the rollout comes back without its steps
+            for h in lost:
+                rebuilder.record_failure(group_id, h, failed[h], 1)
+            out.append(
+                TrainingRollout(
+                    example_id=example_id,
+                    prompt=_get(entry, "prompt", where),
+                    completion=_get(entry, "completion", where),
+                    answer=entry.get("answer"),
+                    info=entry.get("info") or {},
+                    trajectory=[],
+                    reward=entry.get("reward"),
+                    metrics=entry.get("metrics") or {},
+                    error=RolloutError.from_exception(
+                        failed[lost[0]], where=f"rebuilding {where}'s images"
+                    ),
+                    rollout_index=index,
+                    advantage=entry.get("advantage"),
+                    group_id=group_id,
+                )
+            )
+            continue
         trajectory = [
             _unpack_step(step, items, modalities, f"{where}, step {s}")
             for s, step in enumerate(_get(entry, "steps", where))
@@ -471,9 +761,45 @@ def unpack_group(data: Mapping[str, Any]) -> list[TrainingRollout]:
                 error=_error_from_frame(entry.get("error"), where),
                 rollout_index=index,
                 advantage=entry.get("advantage"),
+                group_id=group_id,
             )
         )
     return out
+
+
+def _rebuild(
+    data: Mapping[str, Any], rebuilder: Any, where: str
+) -> tuple[dict[str, Any], dict[str, Exception]]:
+    """The model inputs of a ``vf_mm.group/2`` frame's images, rebuilt by ``rebuilder``,
+    and the images it could not use (``on_missing="skip"``)."""
+    mode = data.get("image_mode")
+    if mode not in ("encoded", "ref"):
+        raise GroupFrameError(f"{where}: unknown image_mode {mode!r} (encoded or ref)")
+    if rebuilder is None:
+        raise GroupFrameError(
+            f"{where}: the group's images travel {mode} ({GROUP_FORMAT_BY_SOURCE}): pass "
+            "unpack_group(frame, images=ImageRebuilder(ImageProcessing.from_checkpoint(...)))"
+        )
+    sources = _get(data, "sources", where)
+    processing = _get(data, "processing", where)
+    if not isinstance(sources, Mapping) or not isinstance(processing, Mapping):
+        raise GroupFrameError(f"{where}: 'sources' and 'processing' must be maps")
+    both = set(sources) & set(data.get("images") or {})
+    if both:
+        raise GroupFrameError(f"{where}: image {sorted(both)[0]} is both a tensor and a source")
+    return rebuilder.rebuild(mode, processing, sources, where)
+
+
+def _failed_hashes(entry: Mapping[str, Any], failed: Mapping[str, Any]) -> list[str]:
+    """The unusable images a rollout's steps show, in order."""
+    lost: list[str] = []
+    for step in entry.get("steps") or ():
+        mm = step.get("mm") if isinstance(step, Mapping) else None
+        for wire in (mm or {}).values() if isinstance(mm, Mapping) else ():
+            for h in wire.get("hashes", ()) if isinstance(wire, Mapping) else ():
+                if h in failed and h not in lost:
+                    lost.append(h)
+    return lost
 
 
 def _dict_or_none(error: RolloutError | None) -> dict[str, str] | None:

@@ -7,18 +7,28 @@ trainer is slow, the send blocks, which holds back the rollouts behind it: memor
 bounded. A rollout that failed is sent too, with its ``error`` set; a group that cannot be
 packed is sent stripped to its scores, with the reason as each rollout's error. Nothing
 is dropped.
+
+Every group carries an id, ``f"{run_id}/{example_id}"``, so that a trainer takes it
+exactly once: the sender holds it until the trainer has committed it and sends it again
+to a trainer that restarted, and the trainer skips an id it has committed (a worker
+restarted with the same arguments sends its groups again, with the same ids). ``run_id``
+names the run; when none is given it is derived from what defines the run's groups, so
+that the same arguments give the same ids (``run_id_for``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from vf_mm.errors import TransportError
 from vf_mm.training._groups import pack_group
+from vf_mm.training._images import IMAGE_MODES, ImageProcessing, ImageStore
 from vf_mm.types import RolloutError
 
 
@@ -26,18 +36,20 @@ from vf_mm.types import RolloutError
 class RolloutProgress:
     """Counts so far, handed to the progress callback after each sent group."""
 
-    total_groups: int
+    total_groups: int | None  # None: a streamed dataset, whose size is known at its end
     groups: int = 0
     rollouts: int = 0
     errors: int = 0  # rollouts sent with an error
     repacked: int = 0  # groups sent stripped because packing or encoding them failed
     bytes_sent: int = 0
-    rewards: list[float] = dataclasses.field(default_factory=list)
+    reward_sum: float = 0.0  # over the rollouts with a reward (a running sum: no list kept)
+    rewarded: int = 0
     started: float = dataclasses.field(default_factory=time.perf_counter)
+    run_id: str | None = None  # the run's groups are f"{run_id}/{example_id}"
 
     @property
     def mean_reward(self) -> float | None:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+        return self.reward_sum / self.rewarded if self.rewarded else None
 
     @property
     def elapsed(self) -> float:
@@ -60,12 +72,68 @@ async def stream_rollouts(
     sampling_args: Mapping[str, Any] | None = None,
     seed: int | None = None,
     on_progress: Callable[[RolloutProgress], None] | None = None,
+    run_id: str | None = None,
+    workers: Any = None,
+    shard: Any = None,
+    images: str = "tensors",
+    image_processing: Any = None,
+    image_store: Any = None,
 ) -> RolloutProgress:
-    """Run the train split's groups and send each through ``sender`` once it is scored."""
-    rows = env.get_dataset(num_examples)
-    progress = RolloutProgress(total_groups=len(rows))
+    """Run the train split's groups and send each through ``sender`` once it is scored.
+
+    Each group's id is ``f"{run_id}/{example_id}"`` (its frame's ``group_id``, which
+    ``GroupSender`` sends it under). ``run_id`` names the run; ``None`` derives one from
+    the environment, its rows, the group size, the sampling arguments and the seed
+    (``run_id_for``), so a worker restarted with the same arguments sends the same ids
+    and the trainer skips those it already has. Two passes over the same examples that
+    a trainer should both train on (epochs, a new policy) need different run ids: pass
+    one (or a different seed).
+
+    ``workers``: a started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
+    workers (``client`` may then be None; the pool's media rules stand in for the
+    client's); every group is still packed and sent here, once. ``shard``: a
+    ``vf_mm.workers.Shard``; only the examples whose id falls in it run (the run id is
+    the whole run's, so shards of one run share it and their group ids never collide).
+
+    ``images``: how each group carries its images (``pack_group``'s image modes:
+    ``"tensors"``, ``"encoded"``, ``"ref"``). The last two record ``image_processing``
+    (an ``ImageProcessing``; by default the client's renderer's, which ``workers`` do
+    not expose: pass it with them) and ``"ref"`` writes to ``image_store``.
+    """
+    if images not in IMAGE_MODES:
+        raise ValueError(f"images must be one of {list(IMAGE_MODES)}, not {images!r}")
+    if images != "tensors" and image_processing is None:
+        vision = getattr(client, "vision", None) if workers is None else None
+        if vision is None:
+            raise ValueError(
+                f'images="{images}" needs image_processing= (an ImageProcessing built as '
+                "the renderer was) when the client has no renderer of its own here"
+            )
+        image_processing = ImageProcessing.from_vision(vision)
+    if images == "ref" and image_store is None:
+        raise ValueError('images="ref" needs image_store= (an ImageStore or its directory)')
+    if images == "ref" and not isinstance(image_store, ImageStore):
+        image_store = ImageStore(image_store)  # made once: the directory is created here
+    modes: dict[str, Any] = {}
+    if images != "tensors":
+        modes = {"images": images, "processing": image_processing, "store": image_store}
+    if run_id is None:  # one pass over the rows to name the run, then the run's own pass
+        run_id = run_id_for(
+            env, env.iter_dataset(num_examples), rollouts_per_example=rollouts_per_example,
+            sampling_args=sampling_args, seed=seed,
+        )  # fmt: skip
+    elif not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
+    # rows are read as the run has room for them, never listed: a dataset of any size
+    rows: Iterable[Any] = env.iter_dataset(num_examples)
+    example_ids: Iterable[Any] | None = None
+    if shard is not None:
+        rows, example_ids = shard.select(rows)
+    total = env.dataset_size(num_examples, holds=shard.holds if shard is not None else None)
+    progress = RolloutProgress(total_groups=total, run_id=run_id)
     # media are read again to hash them into group frames: under the renderer's rules
-    policy, video_limits = getattr(client, "media_rules", (None, None))
+    runner = workers if workers is not None else client
+    policy, video_limits = getattr(runner, "media_rules", (None, None))
     pending: dict[Any, list[tuple[int, Any]]] = {}
     if on_progress is not None:
         on_progress(progress)
@@ -74,10 +142,11 @@ async def stream_rollouts(
         done.sort(key=lambda pair: pair[0])
         indices = [index for index, _ in done]
         outputs = [output for _, output in done]
+        group_id = f"{run_id}/{example_id}"
         try:
             group = await asyncio.to_thread(
                 pack_group, outputs, rollout_indices=indices, example_id=example_id,
-                policy=policy, video_limits=video_limits,
+                policy=policy, video_limits=video_limits, group_id=group_id, **modes,
             )  # fmt: skip
             nbytes = await sender.asend(group)
         except TransportError:
@@ -96,7 +165,9 @@ async def stream_rollouts(
                 )
                 for o in outputs
             ]
-            group = pack_group(outputs, rollout_indices=indices, example_id=example_id)
+            group = pack_group(
+                outputs, rollout_indices=indices, example_id=example_id, group_id=group_id
+            )
             nbytes = await sender.asend(group)
             progress.repacked += 1
         progress.groups += 1
@@ -106,7 +177,8 @@ async def stream_rollouts(
             if output.error:
                 progress.errors += 1
             elif output.reward is not None:
-                progress.rewards.append(output.reward)
+                progress.reward_sum += output.reward
+                progress.rewarded += 1
         if on_progress is not None:
             on_progress(progress)
 
@@ -118,15 +190,19 @@ async def stream_rollouts(
             del pending[output.example_id]
             await deliver(output.example_id, done)
 
-    await env.evaluate(
-        client,
-        rows=rows,
-        rollouts_per_example=rollouts_per_example,
-        concurrency=concurrency,
-        sampling_args=sampling_args,
-        seed=seed,
-        on_result=collect,
-    )
+    options: dict[str, Any] = {
+        "rows": rows,
+        "example_ids": example_ids,
+        "rollouts_per_example": rollouts_per_example,
+        "concurrency": concurrency,
+        "sampling_args": sampling_args,
+        "seed": seed,
+        "on_result": collect,
+    }
+    if workers is not None:
+        await workers.evaluate(env, **options)
+    else:
+        await env.evaluate(client, **options)
     for example_id, done in list(pending.items()):  # never expected; never dropped either
         del pending[example_id]
         await deliver(example_id, done)
@@ -140,3 +216,62 @@ def _with_packing(error: Any, packing: RolloutError) -> RolloutError:
     if own is None:
         return packing
     return RolloutError(own.type, own.message, f"{own.where}; {packing}".lstrip("; "))
+
+
+def run_id_for(
+    env: Any,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    rollouts_per_example: int = 1,
+    sampling_args: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+) -> str:
+    """The run id ``stream_rollouts`` derives when given none: ``"<env_id>-<12 hex>"``,
+    the hex a sha256 over what decides the run's groups: the environment's ``env_id``,
+    its ``sampling_args`` merged with ``sampling_args``, ``rollouts_per_example``,
+    ``seed``, and the rows (each row's values as JSON; a value JSON cannot hold, such as
+    an image, by its type and size only; a string over 4096 characters, such as a
+    ``data:`` URL, by its length and its first and last 256).
+
+    The same arguments give the same id, in any process. What it cannot see it leaves
+    out: the model, the environment's arguments beyond what shows in its rows, and
+    anything that differs between two runs that share all of the above; a caller that
+    knows more (a CLI with its whole configuration) should pass its own ``run_id``.
+    """
+    sampling = {**getattr(env, "sampling_args", {}), **dict(sampling_args or {})}
+    spec = {
+        "env": getattr(env, "env_id", type(env).__name__),
+        "rollouts_per_example": rollouts_per_example,
+        "sampling": sampling,
+        "seed": seed,
+    }
+    digest = hashlib.sha256(_canonical(spec).encode())
+    for row in rows:
+        digest.update(b"\n")
+        digest.update(_canonical(row).encode())
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in str(spec["env"]))[:64]
+    return f"{name or 'run'}-{digest.hexdigest()[:12]}"
+
+
+_LONG = 4096  # characters: a longer string counts by its length and its ends
+
+
+def _canonical(value: Any) -> str:
+    """``value`` as JSON with sorted keys; what JSON cannot hold counts by its type."""
+    return json.dumps(_plain(value), sort_keys=True, ensure_ascii=False)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON can hold it, at a bounded cost: a long string (a ``data:`` URL)
+    by its length and ends, an object JSON cannot hold by its type (and shape, if any)."""
+    if isinstance(value, str) and len(value) > _LONG:
+        return f"<str {len(value)} {value[:256]}...{value[-256:]}>"
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    shape = getattr(value, "shape", getattr(value, "size", None))
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return f"<{kind} {shape!r}>" if isinstance(shape, tuple) else f"<{kind}>"

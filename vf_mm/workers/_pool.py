@@ -20,7 +20,9 @@ Guarantees:
 - Each worker runs up to ``ceil(concurrency / (workers * rollouts_per_example))``
   groups at once, so about ``concurrency`` rollouts run in all.
 
-Ray and multiprocessing do the distributing; the pool only keeps the queue of groups.
+Ray and multiprocessing do the distributing; the pool only keeps the groups in flight:
+rows are read one at a time as a driver frees up, so a run of any length holds only
+what is running (and the groups waiting to run again after a worker died).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import inspect
 import itertools
 import math
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from vf_mm.client import ClientStats
@@ -40,6 +42,7 @@ from vf_mm.workers._process import ProcessWorker
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec, add_stats, failed_group
 
 TRANSPORTS = ("process", "ray")
+_NO_ID = object()
 
 
 class WorkerPool:
@@ -156,38 +159,69 @@ class WorkerPool:
         self,
         env: Any,
         *,
-        rows: Sequence[Mapping[str, Any]],
-        example_ids: Sequence[Any] | None = None,
+        rows: Iterable[Mapping[str, Any]],
+        example_ids: Iterable[Any] | None = None,
         rollouts_per_example: int = 1,
         concurrency: int = 32,
         sampling_args: Mapping[str, Any] | None = None,
         seed: int | None = None,
-        skip: set[tuple[Any, int]] | None = None,
+        skip: set[tuple[Any, int]] | frozenset[tuple[Any, int]] | None = None,
         on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
+        keep_outputs: bool | None = None,
     ) -> None:
         """``Environment.evaluate``'s contract, run in the workers: each example's group
         is scored together, and each scored rollout goes to ``on_result(output, index)``
         as its group finishes. ``env`` is the parent's copy of the environment (the
-        workers load their own from the spec); only its rows travel."""
+        workers load their own from the spec); only its rows travel.
+
+        ``rows`` (any iterable, a generator included) is read as workers free up: a row
+        becomes a group only when a driver has room for it, so the groups held here are
+        those in flight and those waiting to run again after a worker died, never the
+        whole run. Outputs are never kept (``keep_outputs`` is accepted for the shared
+        signature; ``True`` is refused: use ``on_result``)."""
         if not self._workers:
             raise RuntimeError("start() the pool first")
-        ids = list(example_ids) if example_ids is not None else [
-            row.get("example_id", i) for i, row in enumerate(rows)
-        ]  # fmt: skip
-        skip = skip or set()
-        queue: asyncio.Queue[GroupTask] = asyncio.Queue()
-        for row, example_id in zip(rows, ids, strict=True):
-            indices = tuple(i for i in range(rollouts_per_example) if (example_id, i) not in skip)
-            if indices:
-                queue.put_nowait(
-                    GroupTask(next(self._task_ids), dict(row), example_id, indices,
-                              rollouts_per_example, sampling_args, seed)
-                )  # fmt: skip
-        remaining = queue.qsize()
-        if remaining == 0:
-            return
-        delivered: set[tuple[Any, int]] = set()
+        if keep_outputs:
+            raise ValueError("WorkerPool.evaluate keeps no outputs: collect them in on_result")
+        skip = skip or frozenset()
+        ids: Iterator[Any] = iter(example_ids) if example_ids is not None else itertools.count()
+        source = enumerate(rows)
+        retry: asyncio.Queue[GroupTask] = asyncio.Queue()  # groups whose worker died
+        remaining = 0  # groups pulled and not yet delivered
+        exhausted = False
         finished = asyncio.Event()
+
+        def pull() -> GroupTask | None:
+            """The next row's group to run (rows whose rollouts are all done are passed
+            over), or None at the end of the rows."""
+            nonlocal remaining, exhausted
+            for position, row in source:
+                example_id = next(ids, _NO_ID)
+                if example_id is _NO_ID:
+                    raise ValueError(f"fewer example_ids than rows (row {position} has none)")
+                if example_ids is None:
+                    example_id = row.get("example_id", example_id)
+                indices = tuple(
+                    i for i in range(rollouts_per_example) if (example_id, i) not in skip
+                )
+                if indices:
+                    remaining += 1
+                    return GroupTask(next(self._task_ids), dict(row), example_id, indices,
+                                     rollouts_per_example, sampling_args, seed)  # fmt: skip
+            exhausted = True
+            if remaining == 0:
+                finished.set()
+            return None
+
+        async def take() -> GroupTask:
+            if not retry.empty():
+                return retry.get_nowait()
+            task = None if exhausted else pull()
+            if task is not None:
+                return task
+            return await retry.get()  # the rows are done: only a lost group can come
+
+        delivered: set[tuple[Any, int]] = set()
         per_worker = max(1, math.ceil(concurrency / (self.size * rollouts_per_example)))
 
         async def deliver(task: GroupTask, outputs: list[tuple[int, RolloutOutput]]) -> None:
@@ -200,7 +234,7 @@ class WorkerPool:
                 if inspect.isawaitable(result):
                     await result
             remaining -= 1
-            if remaining == 0:
+            if remaining == 0 and exhausted:
                 finished.set()
 
         async def drive(slot: int) -> None:
@@ -208,11 +242,11 @@ class WorkerPool:
                 await self._ready[slot].wait()
                 if slot in self._dead:
                     return
-                task = await queue.get()
+                task = await take()
                 worker = self._workers[slot]
                 generation = self._generation[slot]
                 if worker.lost is not None:  # it died before this task reached it
-                    queue.put_nowait(task)
+                    retry.put_nowait(task)
                     if not await self._replace(slot, generation):
                         return
                     continue
@@ -230,7 +264,7 @@ class WorkerPool:
                         )
                         await deliver(task, failed_group(task, error))
                     else:
-                        queue.put_nowait(task)  # another worker takes it
+                        retry.put_nowait(task)  # another worker takes it
                     if not await self._replace(slot, generation):
                         return  # this slot is done; the others go on
                     continue
@@ -248,12 +282,13 @@ class WorkerPool:
             while not finished.is_set():
                 alive = [d for d in drivers if not d.done()]
                 if not alive:  # every worker is gone for good: fail what is left
-                    while not queue.empty():
-                        task = queue.get_nowait()
-                        error = RolloutError(
-                            "WorkerLostError", "no worker is left to run this group", "worker"
-                        )
-                        await deliver(task, failed_group(task, error))
+                    error = RolloutError(
+                        "WorkerLostError", "no worker is left to run this group", "worker"
+                    )
+                    while not retry.empty() or not exhausted:
+                        left = retry.get_nowait() if not retry.empty() else pull()
+                        if left is not None:
+                            await deliver(left, failed_group(left, error))
                     break
                 await asyncio.wait([waiter, *alive], return_when=asyncio.FIRST_COMPLETED)
                 for d in drivers:  # an error in the pool's own code: raise it

@@ -121,16 +121,16 @@ class ProcessWorker:
             except (EOFError, OSError):
                 break
             if message[0] == "done":
-                loop.call_soon_threadsafe(self._resolve, message[1].task_id, message[1])
+                _notify(loop, self._resolve, message[1].task_id, message[1])
             elif message[0] == "failed":
-                loop.call_soon_threadsafe(self._resolve, message[1], message[2])
+                _notify(loop, self._resolve, message[1], message[2])
         self._process.join(5)
         code = self._process.exitcode
         lost = WorkerLostError(
             f"{self.name} (pid {self._process.pid}) "
             + ("stopped" if code is None else f"exited with code {code}")
         )
-        loop.call_soon_threadsafe(self._fail_all, lost)
+        _notify(loop, self._fail_all, lost)
 
     def _resolve(self, task_id: int, value: Any) -> None:
         future = self._pending.get(task_id)
@@ -160,6 +160,13 @@ class ProcessWorker:
             self._process.kill()
             await asyncio.to_thread(self._process.join, 5)
         self._conn.close()
+
+
+def _notify(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """Run ``callback`` on ``loop`` from the reader thread; nothing when the loop has closed
+    (the pool's run is over: no one waits for the answer any more)."""
+    with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+        loop.call_soon_threadsafe(callback, *args)
 
 
 # -- the child ------------------------------------------------------------------------------

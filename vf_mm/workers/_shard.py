@@ -10,8 +10,10 @@ text.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 
@@ -27,6 +29,19 @@ class Shard(NamedTuple):
     def holds(self, example_id: Any) -> bool:
         """Whether the example with this id belongs to this shard."""
         return shard_of(example_id, self.count) == self.index
+
+    def select(self, rows: Iterable[Any]) -> tuple[Iterator[Any], Iterator[Any]]:
+        """The rows (dataset rows: their ``example_id``, else their position) that this
+        shard holds, and their ids: two iterators over one pass of ``rows``, read in step
+        (``evaluate`` takes a row and its id together), so a streamed dataset is read once
+        and never listed."""
+        pairs = (
+            (row.get("example_id", position), row)
+            for position, row in enumerate(rows)
+            if self.holds(row.get("example_id", position))
+        )
+        by_row, by_id = itertools.tee(pairs)
+        return (row for _, row in by_row), (example_id for example_id, _ in by_id)
 
 
 def parse_shard(text: str) -> Shard:

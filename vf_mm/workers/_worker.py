@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from vf_mm.envs import load_environment
+from vf_mm.adapters import load_environment  # as vf_mm.load_environment: verifiers' too
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec
 
 

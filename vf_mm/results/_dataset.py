@@ -1,0 +1,427 @@
+"""``to_dataset``: a run directory as a ``datasets.Dataset``, one row per stored rollout.
+
+The invariant: every value of every row the reader gives (``scan_results``) is in the
+dataset and comes back exactly after ``Dataset.to_parquet`` / ``Dataset.from_parquet`` or
+``save_to_disk`` / ``load_from_disk``, and every image or clip a row's messages refer to
+is in the dataset as the bytes of its asset file, so an exported dataset needs neither
+the run directory nor vf_mm to be read. The columns, in order:
+
+=====================  ==========================  ==========================================
+column                 feature                     holds
+=====================  ==========================  ==========================================
+``example_id``         int64 or string             the row's id (see below)
+``rollout_index``      int64
+``prompt``             string (JSON text)          the prompt messages, as results.jsonl holds
+``completion``         string (JSON text)          them (asset URLs kept)
+``answer``             string (JSON text) or null  any JSON value
+``info``               string (JSON text) or null
+``reward``             float64 or null             null: the rollout failed
+``metrics``            string (JSON text) or null  ``{name: float | null}``
+``error``              string (JSON text) or null  ``{"type", "message", "where"}``; null: none
+``num_turns``          int64 or null
+``prompt_tokens``      int64 or null               token counts (sums over the turns); null
+``completion_tokens``  int64 or null               when the backend gave no tokens
+``timing``             string (JSON text) or null
+``extra``              string (JSON text) or null  the row's keys beyond ``ROW_KEYS``, as one
+                                                   object; null when it has none
+``images``             list of ``datasets.Image``  the row's image assets, in reference order
+``image_urls``         list of string              their URLs, in the same order
+``videos``             list of {url, frame_rate,   the row's video assets, in reference order,
+                       bytes}                      each file's bytes
+=====================  ==========================  ==========================================
+
+**Messages (and every other free-form value) are JSON text.** A message's ``content`` is
+a string or a list of parts of different shapes (text, image, video, ``unavailable``
+records), messages carry tool calls and keys of their own, and ``answer`` / ``info`` may
+be any JSON. An Arrow struct schema would have to unify all of that into one type per
+column: a key one part lacks would come back as null (a key that was not there), a
+string-or-list ``content`` has no Arrow type, and an int answer in one row and a string
+in the next cannot share a column. JSON text keeps every value as it was written (key
+order included): ``json.loads(row["prompt"]) == stored_row["prompt"]``. A JSON null is an
+Arrow null (so ``row["error"] is None`` selects the rollouts that did not fail), and a key
+missing from a row (a file another tool wrote) reads as null.
+
+**Images.** ``images[k]`` is the k-th image part of the row that refers to an asset
+(``{"type": "image_url", "image_url": {"url": "assets/<hash>.png"}}``), counting the
+prompt's messages and then the completion's, each message's parts in order, and
+``image_urls[k]`` is that part's URL: ``zip(row["image_urls"], row["images"])`` maps each
+reference in the messages to its picture. An image shown twice is listed twice (the
+positions stay aligned with the references). Each is a ``datasets.Image`` holding the
+asset file's PNG bytes (and its URL as ``path``), which decodes to the pixels
+``vf_mm.images.load_image`` gives of the asset. Image parts with http(s) URLs are kept in
+the messages as they are but never fetched, so they are not in ``images``.
+
+**Videos** are a list of ``{"url", "frame_rate", "bytes"}`` in the same reference order
+(``video_url`` parts): the asset file's own bytes (an encoded clip as it was, raw frames
+as the lossless ``.mkv``), so the export stands alone; ``load_video({"type": "video",
+"video": v["bytes"], "frame_rate": v["frame_rate"]})`` gives the clip the model saw.
+Bytes rather than ``datasets.Video``: decoding that feature needs torchcodec, and bytes
+keep the exact file.
+
+**example_id** is an int64 column when every id is an int, a string column when every id
+is a str, and for a run that mixes them, a string column of each id's JSON text (``3``,
+``"a"``), so that no id changes type silently.
+
+**Tokens.** ``results.jsonl`` stores token *counts* per rollout (``prompt_tokens``,
+``completion_tokens``, columns of every export), never token ids, logprobs or masks:
+those travel to a trainer in group frames (``vf-mm rollout --stream``,
+``vf_mm.training.read_groups``). ``tokens=True`` therefore refuses with a
+``ResultsError`` saying so, rather than handing back a dataset without what was asked.
+
+**What can go wrong.** Bad lines are the reader's business: ``bad_lines`` is passed to
+``scan_results`` (the default leaves out only a torn last line, with a warning). A
+failed rollout is a row like any other (its ``error`` set, ``reward`` null). An asset a
+row refers to that is missing, unreadable, undecodable or not what its name's content
+hash says raises ``vf_mm.errors.AssetError`` naming the asset and the row; with
+``bad_assets="skip"`` that entry is null instead (its URL stays in ``image_urls`` /
+``videos``, so the positions hold) and a warning names it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from vf_mm.errors import AssetError, ImageError, ResultsError, VideoError
+from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.results._assets import _ASSET_URL, _VIDEO_ASSET_URL
+from vf_mm.results._format import RESULTS_FILE, ROW_KEYS
+from vf_mm.results._reader import BadLinePolicy, scan_results
+from vf_mm.types import image_part_source, video_part_source
+from vf_mm.videos import VideoLimits, load_video, video_hash
+
+if TYPE_CHECKING:
+    import datasets
+
+__all__ = ["to_dataset"]
+
+logger = logging.getLogger("vf_mm.results")
+
+BadAssetPolicy = Literal["raise", "skip"]
+_BAD_ASSETS = ("raise", "skip")
+#: the dataset's columns, in order
+_COLUMNS = (
+    *ROW_KEYS,
+    "extra",
+    "images",
+    "image_urls",
+    "videos",
+)
+#: row keys stored as JSON text (JSON null: an Arrow null)
+_JSON_COLUMNS = ("prompt", "completion", "answer", "info", "metrics", "error", "timing")
+#: row keys stored as int64 or null
+_INT_COLUMNS = ("num_turns", "prompt_tokens", "completion_tokens")
+_NO_TOKENS = (
+    "{path} holds no token ids, logprobs or masks: results.jsonl stores only each "
+    "rollout's token counts (prompt_tokens, completion_tokens), which every export "
+    "includes. For exact tokens, stream the rollouts to a trainer (vf-mm rollout --stream "
+    "PATH; vf_mm.training.read_groups reads them)"
+)
+
+
+def to_dataset(
+    outdir: str | os.PathLike[str],
+    *,
+    tokens: bool = False,
+    bad_lines: BadLinePolicy = "torn-tail",
+    bad_assets: BadAssetPolicy = "raise",
+    check_assets: bool = True,
+    policy: ImagePolicy | None = None,
+    video_limits: VideoLimits | None = None,
+) -> datasets.Dataset:
+    """The run directory ``outdir`` as a ``datasets.Dataset``: one row per rollout the
+    reader gives, in file order, with its images and clips embedded (the module docstring
+    lists the columns and why they are what they are).
+
+    The invariant: decoding a record by the documented rules gives back the reader's row
+    exactly, before and after a save and reload, and its ``images`` are the pixels of the
+    assets its messages name, in their order. Why: an export that rounds a value, drops a
+    key or shifts an image against its reference would train or score on something the
+    run never produced, and nobody would notice.
+
+    Why JSON text for messages: it is the one representation that both Arrow stores and
+    that gives back every message exactly (``json.loads(row["prompt"])`` equals the row
+    that ``read_results`` returns); the images beside them are real ``datasets.Image``
+    values, lined up with the references by ``image_urls``.
+
+    ``tokens=True`` refuses (``ResultsError``): a run directory stores token counts, not
+    ids (module docstring). ``bad_lines`` goes to ``scan_results``. ``bad_assets``:
+    ``"raise"`` (``vf_mm.errors.AssetError`` naming the asset and the row) or ``"skip"``
+    (a null entry and a warning). ``check_assets``: load each image and clip and compare
+    its content hash with its name (what ``AssetStore`` computed), so a changed file is
+    found here rather than by whoever trains on it; False only reads the files.
+    ``policy`` / ``video_limits``: what loading an asset may cost (``ImagePolicy()`` /
+    ``VideoLimits()`` when None; pass the run's limits for clips larger than the
+    defaults). Raises ``ResultsError`` when ``outdir`` is not a run directory.
+    """
+    if bad_assets not in _BAD_ASSETS:
+        raise ValueError(f"bad_assets must be one of {_BAD_ASSETS}, not {bad_assets!r}")
+    folder = Path(outdir)
+    file = folder / RESULTS_FILE
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is a file, not a folder"
+        raise ResultsError(f"{folder} is not a run directory: it {what}", path=str(folder))
+    if not file.is_file():
+        raise ResultsError(
+            f"{folder} is not a run directory: it has no {RESULTS_FILE} (vf-mm eval -o "
+            "OUTDIR writes one)",
+            path=str(folder),
+        )
+    if tokens:
+        raise ResultsError(_NO_TOKENS.format(path=folder), path=str(file))
+    scan = scan_results(folder, bad_lines=bad_lines)
+    for bad in scan.bad_lines:
+        state = "torn last line" if bad is scan.torn_tail else "bad line"
+        logger.warning("%s: line %d is a %s (%s); left out", file, bad.line, state, bad.reason)
+    assets = _AssetReader(
+        folder,
+        file=file,
+        check=check_assets,
+        skip=bad_assets == "skip",
+        policy=policy,
+        limits=video_limits,
+    )
+    id_kind = _id_kind([row["example_id"] for row in scan.rows])
+    records = [_record(row, id_kind, assets) for row in scan.rows]
+    import datasets
+
+    # by columns: an empty run still has every column (from_list of no rows has none)
+    columns = {name: [record[name] for record in records] for name in _COLUMNS}
+    return datasets.Dataset.from_dict(columns, features=_features(id_kind))
+
+
+# -- columns ------------------------------------------------------------------------
+
+
+def _features(id_kind: str) -> datasets.Features:
+    import datasets
+
+    def listed(feature: Any) -> Any:
+        # datasets >= 4 spells a list feature List(...); 3.x takes [feature]
+        make = getattr(datasets, "List", None)
+        return make(feature) if make is not None else [feature]
+
+    text = datasets.Value("string")
+    columns: dict[str, Any] = {
+        "example_id": datasets.Value("int64" if id_kind == "int" else "string"),
+        "rollout_index": datasets.Value("int64"),
+        "prompt": text,
+        "completion": text,
+        "answer": text,
+        "info": text,
+        "reward": datasets.Value("float64"),
+        "metrics": text,
+        "error": text,
+        "num_turns": datasets.Value("int64"),
+        "prompt_tokens": datasets.Value("int64"),
+        "completion_tokens": datasets.Value("int64"),
+        "timing": text,
+        "extra": text,
+        "images": listed(datasets.Image()),
+        "image_urls": listed(datasets.Value("string")),
+        "videos": listed(
+            {
+                "url": datasets.Value("string"),
+                "frame_rate": datasets.Value("float64"),
+                "bytes": datasets.Value("binary"),
+            }
+        ),
+    }
+    return datasets.Features(columns)
+
+
+def _id_kind(ids: list[Any]) -> str:
+    """``"int"`` / ``"str"`` when every id is one type (a str that UTF-8 cannot hold, as a
+    lone surrogate, counts as mixed), else ``"json"``."""
+    if all(isinstance(i, int) for i in ids):
+        return "int"
+    if all(isinstance(i, str) and _utf8(i) for i in ids):
+        return "str"
+    return "json"
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_text(value: Any) -> str | None:
+    """``value`` as compact JSON text (None for JSON null), UTF-8 where it can be and
+    ``\\u`` escapes where it cannot (a lone surrogate), so ``json.loads`` gives it back."""
+    if value is None:
+        return None
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text if _utf8(text) else json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+def _record(row: Mapping[str, Any], id_kind: str, assets: _AssetReader) -> dict[str, Any]:
+    key = (row["example_id"], row["rollout_index"])
+    label = f"example {key[0]!r} rollout {key[1]}"
+    out: dict[str, Any] = {
+        "example_id": _json_text(key[0]) if id_kind == "json" else key[0],
+        "rollout_index": key[1],
+    }
+    for name in _JSON_COLUMNS:
+        out[name] = _json_text(row.get(name))
+    out["reward"] = _real(row.get("reward"), label, "reward", assets.file)
+    for name in _INT_COLUMNS:
+        out[name] = _count(row.get(name), label, name, assets.file)
+    extra = {k: v for k, v in row.items() if k not in ROW_KEYS}
+    out["extra"] = _json_text(extra) if extra else None
+    images, urls, videos = [], [], []
+    for ref in _asset_refs(row):
+        if ref.video:
+            rate = None if ref.frame_rate is None else float(ref.frame_rate)
+            videos.append({"url": ref.url, "frame_rate": rate, "bytes": assets.get(ref, key)})
+        else:
+            data = assets.get(ref, key)
+            images.append(None if data is None else {"bytes": data, "path": ref.url})
+            urls.append(ref.url)
+    out["images"], out["image_urls"], out["videos"] = images, urls, videos
+    return out
+
+
+def _real(value: Any, label: str, name: str, file: Path) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise ResultsError(
+        f"{file}: {label}, field {name!r}: {value!r} is not a finite number or null",
+        path=str(file),
+    )
+
+
+def _count(value: Any, label: str, name: str, file: Path) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ResultsError(
+        f"{file}: {label}, field {name!r}: {value!r} is not a count (an int >= 0) or null",
+        path=str(file),
+    )
+
+
+# -- assets -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """One asset reference in a row: its URL, whether a clip, the part's frame rate (part
+    of a clip's hash) and where in the row it is."""
+
+    url: str
+    video: bool
+    frame_rate: int | float | None  # as the part holds it
+    where: str
+
+
+def _asset_refs(row: Mapping[str, Any]) -> Iterator[_Ref]:
+    """The row's ``assets/`` references in reading order: prompt, then completion; each
+    message's parts in order."""
+    for name in ("prompt", "completion"):
+        messages = row.get(name)
+        for m, message in enumerate(messages if isinstance(messages, list) else ()):
+            content = message.get("content") if isinstance(message, dict) else None
+            for p, part in enumerate(content if isinstance(content, list) else ()):
+                if not isinstance(part, dict):
+                    continue
+                where = f"{name}, message {m}, part {p}"
+                kind = part.get("type")
+                if kind == "image_url":
+                    url = image_part_source(part)
+                    if isinstance(url, str) and _ASSET_URL.fullmatch(url):
+                        yield _Ref(url, False, None, where)
+                elif kind == "video_url":
+                    url = video_part_source(part)
+                    if isinstance(url, str) and _VIDEO_ASSET_URL.fullmatch(url):
+                        rate = part.get("frame_rate")
+                        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                        yield _Ref(url, True, rate if number else None, where)
+
+
+@dataclass(slots=True)
+class _AssetReader:
+    """The asset files of one export, each read (and checked) once however many rows
+    refer to it; what failed is remembered too, so each bad file is reported once."""
+
+    root: Path
+    file: Path
+    check: bool
+    skip: bool
+    policy: ImagePolicy | None
+    limits: VideoLimits | None
+    _done: dict[tuple[str, int | float | None], bytes | str] = field(default_factory=dict)
+
+    def get(self, ref: _Ref, key: tuple[Any, int]) -> bytes | None:
+        """The asset's bytes; None when it cannot be used and ``skip`` is set, else
+        ``AssetError``."""
+        # a clip's hash covers its frame rate: each (file, rate) is checked
+        slot = (ref.url, ref.frame_rate)
+        known = self._done.get(slot)
+        if known is None:
+            known = self._read(ref)
+            self._done[slot] = known
+            if isinstance(known, str) and self.skip:
+                logger.warning(
+                    "%s: %s (first referred to by example %r rollout %d, %s) %s; left out",
+                    self.file,
+                    ref.url,
+                    key[0],
+                    key[1],
+                    ref.where,
+                    known,
+                )
+        if isinstance(known, bytes):
+            return known
+        if self.skip:
+            return None
+        raise AssetError(
+            f"{self.file}: {ref.url}, referred to by example {key[0]!r} rollout {key[1]} "
+            f"({ref.where}), {known}; export without it with bad_assets='skip' "
+            "(vf-mm export --skip-bad-assets)",
+            asset=ref.url,
+            example_id=key[0],
+            rollout_index=key[1],
+            where=ref.where,
+            path=str(self.file),
+        )
+
+    def _read(self, ref: _Ref) -> bytes | str:
+        """The file's bytes, or why it cannot be used."""
+        try:
+            data = (self.root / ref.url).read_bytes()
+        except FileNotFoundError:
+            return "is missing from the run directory"
+        except OSError as exc:
+            return f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})"
+        if not self.check:
+            return data
+        want = ref.url.rsplit("/", 1)[1].split(".", 1)[0]
+        try:
+            if ref.video:
+                part: dict[str, Any] = {"type": "video", "video": data}
+                if ref.frame_rate is not None:
+                    part["frame_rate"] = ref.frame_rate
+                got = video_hash(
+                    load_video(part, policy=self.policy or ImagePolicy(), limits=self.limits)
+                )
+            else:
+                got = image_hash(load_image(data, policy=self.policy))
+        except (ImageError, VideoError) as exc:
+            return f"does not load ({type(exc).__name__}: {exc})"
+        if got != want:
+            return (
+                f"does not match its content hash (its content hashes to {got}): the file "
+                "was changed after it was stored"
+            )
+        return data
