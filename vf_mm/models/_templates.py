@@ -59,8 +59,9 @@ Qwen3.5 (``Qwen/Qwen3.5-0.8B``):
 - every message's content is trimmed; user turns as ChatML; assistant turns: reasoning
   (``reasoning_content``, or what precedes ``</think>`` in the content) is written
   (``<think>\\n...\\n</think>\\n\\n``, empty when none) only for turns after the last
-  user query; ``tool_calls`` as XML, their arguments only when given as a mapping
-  (string values raw, others as JSON);
+  user query; ``tool_calls`` as XML, their arguments a mapping (a JSON string is refused,
+  as the real template's ``items`` refuses it; the renderer hands it mappings) (string
+  values raw, others as JSON);
 - runs of ``tool`` messages become ``<tool_response>`` blocks in one user turn;
 - ``<|im_start|>assistant\\n`` then ``<think>\\n`` when ``enable_thinking`` is true,
   else an empty think block, as the generation prompt.
@@ -352,9 +353,8 @@ QWEN3_5_TEMPLATE = r"""
                     {{- '\n\n' -}}
                 {%- endif -%}
                 {{- '<tool_call>\n<function=' + fn.name + '>\n' -}}
-                {%- if fn.arguments is mapping -%}
-                    {%- for name in fn.arguments -%}
-                        {%- set value = fn.arguments[name] -%}
+                {%- if fn.arguments is defined -%}
+                    {%- for name, value in fn.arguments | items -%}
                         {{- '<parameter=' + name + '>\n' -}}
                         {%- if value is mapping or (value is sequence and value is not string) -%}
                             {{- value | tojson -}}

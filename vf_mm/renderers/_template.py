@@ -123,6 +123,8 @@ class ChatTemplateRenderer:
             "type": "function",
             "function": {"name": "vf_mm_probe_tool", "arguments": "{}"},
         }
+        if self.tool_format == "xml":  # as _prepare hands calls to such a template
+            call = _arguments_as_mapping(call)
         assistant = {"role": "assistant", "content": _CONTENT, "reasoning_content": _REASONING,
                      "tool_calls": [call]}  # fmt: skip
         try:

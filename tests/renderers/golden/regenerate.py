@@ -1,0 +1,461 @@
+"""Write ``renderings.json``: each golden conversation rendered by the real template.
+
+    .venv/bin/python tests/renderers/golden/regenerate.py
+
+Run it only when a conversation is added or a template file is replaced (with its new
+source in ``templates.json`` and ``SOURCES.md``); ``tests/renderers/test_golden.py``
+re-renders every case from the stored template and fails if the file and the template
+disagree. Conversations are written the way vf_mm's renderer hands them to a template:
+image and video parts reduced to ``{"type": "image"}`` / ``{"type": "video"}``, tool-call
+arguments as mappings (the Qwen3.5 template renders nothing from a JSON string).
+
+Two cases carry an ``upstream_target``: the rendering huggingface.js records for the same
+template and conversation (packages/jinja/test/e2e.test.js), an independent check that
+transformers' rendering of the stored text is the one others see.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "zoom",
+            "description": "Crop a region of the image.",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            },
+        },
+    }
+]
+
+
+class UpstreamMismatchError(ValueError):
+    """transformers' rendering of a stored template differs from the rendering its
+    upstream copy records for the same conversation: the stored text, or the case, is
+    not what it claims to be."""
+
+
+IMAGE: dict[str, Any] = {"type": "image"}
+VIDEO: dict[str, Any] = {"type": "video"}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def case(name: str, messages: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
+    """One golden conversation; ``options``: ``tools``, ``add_generation_prompt`` (default
+    true), ``template_kwargs``, ``template`` (another file of the family's, e.g. SmolVLM's
+    video template) and ``upstream_target``."""
+    return {"name": name, "messages": messages, "add_generation_prompt": True, **options}
+
+
+def qwen2_cases(upstream: bool) -> list[dict[str, Any]]:
+    """Qwen2-VL and Qwen2.5-VL (one template): the default system turn, string and list
+    content, images, video, ``add_vision_id``, and what the template ignores (``tools``)
+    or writes verbatim (tool messages, reasoning in the content)."""
+    out = [
+        case("text_only", [{"role": "user", "content": "Hello there, how many circles?"}]),
+        case(
+            "system_and_text",
+            [
+                {"role": "system", "content": "You count shapes."},
+                {"role": "user", "content": [text("How many circles?")]},
+            ],
+        ),
+        case("one_image", [{"role": "user", "content": [IMAGE, text("How many circles?")]}]),
+        case(
+            "several_images",
+            [
+                {"role": "system", "content": [text("You compare pictures.")]},
+                {
+                    "role": "user",
+                    "content": [text("Compare "), IMAGE, IMAGE, text(" with\n"), IMAGE],
+                },
+            ],
+        ),
+        case(
+            "multi_turn",
+            [
+                {"role": "user", "content": [IMAGE, text("How many circles?")]},
+                {"role": "assistant", "content": "There are 3 circles."},
+                {"role": "user", "content": [text("And now?"), IMAGE]},
+            ],
+        ),
+        case(
+            "history_without_generation_prompt",
+            [
+                {"role": "user", "content": [IMAGE, text("How many circles?")]},
+                {"role": "assistant", "content": "Three."},
+            ],
+            add_generation_prompt=False,
+        ),
+        case(
+            "tools_tool_result_and_reasoning_in_content",
+            [
+                {"role": "user", "content": [IMAGE, text("How many?")]},
+                {
+                    "role": "assistant",
+                    "content": "<think>\nzoom first\n</think>\n\n"
+                    '<tool_call>\n{"name": "zoom", "arguments": {"x": 1, "y": 2}}\n</tool_call>',
+                },
+                {"role": "tool", "content": [IMAGE, text("zoomed")]},
+            ],
+            tools=TOOLS,
+        ),
+        case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
+        case(
+            "add_vision_id",
+            [
+                {"role": "user", "content": [IMAGE, text("First.")]},
+                {"role": "assistant", "content": "Seen."},
+                {"role": "user", "content": [IMAGE, VIDEO, IMAGE, text("And these?")]},
+            ],
+            template_kwargs={"add_vision_id": True},
+        ),
+    ]
+    if upstream:
+        out.append(
+            case(
+                "huggingface_js_example",
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "image": "https://qianwen-res.oss-cn-beijing.aliyuncs.com/Qwen-VL/assets/demo.jpeg",
+                            },
+                            text("Describe this image."),
+                        ],
+                    }
+                ],
+                upstream_target="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+                "Describe this image.<|im_end|>\n<|im_start|>assistant\n",
+            )
+        )
+    return out
+
+
+def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+QWEN3_5_CASES = [
+    case(
+        "text_only",
+        [{"role": "user", "content": "Hello there, how many circles?"}],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "system_and_text_trimmed",
+        [
+            {"role": "system", "content": "  You count shapes.\n"},
+            {"role": "user", "content": [text("  How many circles?  \n")]},
+        ],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "one_image_thinking",
+        [{"role": "user", "content": [IMAGE, text("How many circles?")]}],
+        template_kwargs={"enable_thinking": True},
+    ),
+    case(
+        "several_images",
+        [{"role": "user", "content": [text("Compare "), IMAGE, IMAGE, text(" with"), IMAGE]}],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "earlier_reasoning_dropped_on_new_query",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "<think>\ncount them\n</think>\n\nThree."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+        template_kwargs={"enable_thinking": True},
+    ),
+    case(
+        "reasoning_content_after_last_query",
+        [
+            {"role": "user", "content": "How many circles?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "\ncount them\n"},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "tools_calls_and_tool_results",
+        [
+            {"role": "system", "content": "You count shapes."},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "", "tool_calls": [call("zoom", {"x": 1, "y": 2})]},
+            {"role": "tool", "content": [IMAGE, text("zoomed")]},
+            {"role": "tool", "content": "second result"},
+        ],
+        tools=TOOLS,
+        template_kwargs={"enable_thinking": True},
+    ),
+    case(
+        "tool_call_after_text_with_structured_arguments",
+        [
+            {"role": "user", "content": "Crop it."},
+            {
+                "role": "assistant",
+                "content": "<think>\nneed a crop\n</think>\n\nCropping now.",
+                "tool_calls": [
+                    call("zoom", {"region": [1, 2, 3, 4], "opts": {"scale": 2}, "label": "a b"}),
+                    call("zoom", {"x": True, "y": None}),
+                ],
+            },
+            {"role": "tool", "content": "done"},
+        ],
+        tools=TOOLS,
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "video",
+        [{"role": "user", "content": [VIDEO, text("What moves?")]}],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "add_vision_id",
+        [{"role": "user", "content": [IMAGE, VIDEO, IMAGE, text("Which?")]}],
+        template_kwargs={"enable_thinking": False, "add_vision_id": True},
+    ),
+    case(
+        "huggingface_js_example",
+        [
+            {
+                "role": "user",
+                "content": "What's the temperature in San Francisco now? How about tomorrow?",
+            },
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    call(
+                        "get_temperature_date",
+                        {"location": "San Francisco, CA, USA", "date": "2024-10-01"},
+                    )
+                ],
+            },
+        ],
+        add_generation_prompt=False,
+        upstream_target="<|im_start|>user\nWhat's the temperature in San Francisco now? How about "
+        "tomorrow?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"
+        "<function=get_temperature_date>\n<parameter=location>\nSan Francisco, CA, USA\n"
+        "</parameter>\n<parameter=date>\n2024-10-01\n</parameter>\n</function>\n</tool_call>"
+        "<|im_end|>\n",
+    ),
+]
+
+GEMMA3_CASES = [
+    case("text_only_trimmed", [{"role": "user", "content": "  Hello there, how many?  \n"}]),
+    case(
+        "system_string",
+        [
+            {"role": "system", "content": "You count shapes."},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+        ],
+    ),
+    case(
+        "system_parts",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [text("How many circles?"), IMAGE]},
+        ],
+    ),
+    case(
+        "several_images_trimmed_parts",
+        [{"role": "user", "content": [text("Compare\n"), IMAGE, IMAGE, text("  these  ")]}],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "There are 3 circles.\n"},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+]
+
+SMOLVLM_CASES = [
+    case("text_only", [{"role": "user", "content": [text("Hello there, how many?")]}]),
+    case(
+        "system_and_image_first",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+        ],
+    ),
+    case(
+        "several_images_and_system_image",
+        [
+            {"role": "system", "content": [IMAGE, text("Reference shapes.")]},
+            {"role": "user", "content": [text("Compare "), IMAGE, IMAGE]},
+        ],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": [text("There are 3 circles.")]},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "tool_message_with_image",
+        [
+            {"role": "user", "content": [text("Zoom in.")]},
+            {"role": "assistant", "content": [text("zoom(1, 2)")]},
+            {"role": "tool", "content": [IMAGE, text("zoomed")]},
+        ],
+    ),
+    case(
+        "video",
+        [{"role": "user", "content": [VIDEO, text("What moves?")]}],
+        template="smolvlm_video.jinja",
+    ),
+]
+
+LLAVA_ONEVISION_CASES = [
+    case("text_only", [{"role": "user", "content": [text("Hello there, how many?")]}]),
+    case(
+        "system_and_image_after_text",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [text("How many circles?"), IMAGE]},
+        ],
+    ),
+    case(
+        "several_images_interleaved",
+        [{"role": "user", "content": [text("Compare"), IMAGE, text("with"), IMAGE, IMAGE]}],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": [text("There are 3 circles.")]},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "system_and_tool_images",
+        [
+            {"role": "system", "content": [IMAGE, text("Reference.")]},
+            {"role": "user", "content": [text("Zoom in.")]},
+            {"role": "assistant", "content": [text("zoom(1, 2)")]},
+            {"role": "tool", "content": [text("zoomed"), IMAGE]},
+        ],
+    ),
+    case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
+]
+
+CASES: dict[str, list[dict[str, Any]]] = {
+    "qwen2_vl": qwen2_cases(upstream=False),
+    "qwen2_5_vl": qwen2_cases(upstream=True),
+    "qwen3_5": QWEN3_5_CASES,
+    "gemma3": GEMMA3_CASES,
+    "smolvlm": SMOLVLM_CASES,
+    "llava_onevision": LLAVA_ONEVISION_CASES,
+}
+
+# The vocabulary each family's ids are recorded with: the real Qwen2 vocabulary where
+# vf_mm has it, else the family's tiny checkpoint vocabulary.
+VOCAB = {
+    "qwen2_vl": "qwen",
+    "qwen2_5_vl": "qwen",
+    "qwen3_5": "tiny",
+    "gemma3": "tiny",
+    "smolvlm": "tiny",
+    "llava_onevision": "tiny",
+}
+
+
+def tokenizer_for(family: str, vocab: str, root: Path) -> Any:
+    """The real Qwen2 vocabulary, or the tokenizer of the family's tiny checkpoint."""
+    from vf_mm.models import build_tiny_vlm, load_processor, qwen_tokenizer
+
+    if vocab == "qwen":
+        return qwen_tokenizer()
+    return load_processor(build_tiny_vlm(root / family, family)).tokenizer
+
+
+def render(tokenizer: Any, template: str, entry: dict[str, Any]) -> str:
+    return tokenizer.apply_chat_template(
+        entry["messages"],
+        chat_template=template,
+        tools=entry.get("tools"),
+        tokenize=False,
+        add_generation_prompt=entry["add_generation_prompt"],
+        **entry.get("template_kwargs", {}),
+    )
+
+
+def main() -> None:
+    import tempfile
+
+    import transformers
+
+    sources = json.loads((HERE / "templates.json").read_text())
+    out: dict[str, Any] = {
+        "rendered_with": f"transformers {transformers.__version__}, apply_chat_template(tokenize=False)",
+        "families": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="vf_mm_golden_") as tmp:
+        root = Path(tmp)
+        for family, cases in CASES.items():
+            vocab = VOCAB[family]
+            tokenizer = tokenizer_for(family, vocab, root)
+            entries = []
+            for entry in cases:
+                file = entry.get("template", sources[family]["file"])
+                rendered = render(tokenizer, (HERE / file).read_text(), entry)
+                if "upstream_target" in entry and rendered != entry["upstream_target"]:
+                    raise UpstreamMismatchError(
+                        f"{family}/{entry['name']}: {rendered!r} != {entry['upstream_target']!r}"
+                    )
+                ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+                entries.append({**entry, "template": file, "text": rendered, "ids": ids})
+            out["families"][family] = {"vocab": vocab, "cases": entries}
+    path = HERE / "renderings.json"
+    path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
