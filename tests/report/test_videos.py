@@ -242,3 +242,45 @@ def test_the_cli_reports_a_run_with_videos(run, capsys):
     assert main(["view", str(run["outdir"])]) == 0
     page = Path(run["outdir"] / "report.html").read_text(encoding="utf-8")
     assert page.count("<figure") == 8
+
+
+def test_a_paged_report_links_the_clips_and_writes_their_strip_frames_once(run):
+    from vf_mm.report import write_report
+
+    written = write_report(run["outdir"], single_file=False, page_size=2)
+    folder = run["outdir"] / "report"
+    assert written.pages == 2 and written.videos == 4
+    html = (folder / "index.html").read_text(encoding="utf-8")
+    assert "data:" not in html  # nothing embedded
+    srcs = re.findall(r'<img class="img vframe[^"]*" data-asset="[^"]+" src="([^"]+)"', html)
+    assert len(srcs) == 8 * STRIP_FRAMES  # two rollouts, four clips each
+    assert all(re.fullmatch(r"frames/[0-9a-f]{32}\.png", s) for s in srcs)
+    frames_written = sorted(p.name for p in (folder / "frames").iterdir())
+    assert len(frames_written) == len(set(srcs)) == 4 * STRIP_FRAMES  # each frame once
+    first = strips_of_links(html)[0]
+    for src, index in zip(first, strip_indices(9), strict=True):  # the clip's own frames
+        with Image.open(folder / src) as im:
+            assert np.array_equal(np.asarray(im.convert("RGB")), run["raw"][index])
+    players = re.findall(r'<video controls preload="none" src="([^"]+)"></video>', html)
+    assert len(players) == 2  # the MP4 and the WebM, once each on the page
+    assert all(re.fullmatch(r"\.\./assets/[0-9a-f]{32}\.(mp4|webm)", p) for p in players)
+    assert all((folder / p).resolve().is_file() for p in players)
+    csp = unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)[1])
+    assert "media-src 'self'" in csp and "img-src 'self'" in csp
+
+    proc = run_chromium(
+        "--dump-dom", "--virtual-time-budget=8000", url=file_url(folder / "index.html", "selftest")
+    )
+    m = re.search(r'<pre id="selftest">(.*?)</pre>', proc.stdout, re.S)
+    assert m, f"the self-test did not report; chromium said: {proc.stderr[-2000:]}"
+    result = json.loads(unescape(m.group(1)))
+    assert result["video_frames"] == result["video_frames_loaded"] == 8 * STRIP_FRAMES
+    assert result["players"] == result["players_loaded"] == 2  # the linked files play
+
+
+def strips_of_links(html: str) -> list[list[str]]:
+    """Each video figure's strip in a paged report: its frames' URLs, in order."""
+    return [
+        re.findall(r'class="img vframe[^"]*" data-asset="[^"]+" src="([^"]+)"', figure)
+        for figure in re.findall(r'<figure class="video vidocc".*?</figure>', html, re.S)
+    ]

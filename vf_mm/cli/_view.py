@@ -1,9 +1,9 @@
-"""``vf-mm view OUTDIR``: a self-contained HTML report of an eval run (turns, images, rewards)."""
+"""``vf-mm view OUTDIR``: the HTML report of an eval run (turns, images, rewards), as one
+self-contained file or as pages (over ``report.write_report``)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,64 @@ def _count(value: str) -> int:
     return n
 
 
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+#: vf_mm.report.PAGE_SIZE, spelled here so that building the parser imports no report code
+PAGE_SIZE = 200
+
+
 def register(sub: Any) -> None:
     view = sub.add_parser(
         "view",
-        help="write a self-contained HTML report of an eval run directory",
-        description="Write one HTML file (inline CSS/JS, images and video frames embedded once each) showing the "
-        "run config, aggregates and every rollout's turns, images and reward. Open it in any "
-        "browser; it needs no network and can be mailed around.",
+        help="write the HTML report of an eval run directory (one file, or pages)",
+        description="Write an HTML report of the run: its config, aggregates and metrics "
+        "(over every rollout) and each rollout's turns, images and reward. A run that fits "
+        f"on one page ({PAGE_SIZE} rollouts by default) becomes one self-contained file, "
+        "OUTDIR/report.html (inline CSS/JS, images and video frames embedded once each: no "
+        "network, it can be mailed around). A longer run becomes a paged report, "
+        "OUTDIR/report/index.html (the summary, the list of pages and the first page) and "
+        "page-0002.html, ...: images are linked from OUTDIR/assets/ and load as they "
+        "scroll into view, so a run of any length opens in seconds; keep the folder inside "
+        "the run directory (it links ../assets/). Either opens from file:// in any browser.",
     )
     view.add_argument("outdir", type=Path, help="eval run directory (results.jsonl, metadata.json)")
     view.add_argument(
-        "-o", "--output", type=Path, default=None, help="report path (default OUTDIR/report.html)"
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="the report's path: a file for one file (default OUTDIR/report.html; a path "
+        "ending in .html asks for one file), a folder for pages (default OUTDIR/report)",
+    )
+    kind = view.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--single-file",
+        dest="single_file",
+        action="store_const",
+        const=True,
+        default=None,
+        help="one self-contained file whatever the run's length (slow to open past a few "
+        "hundred rollouts)",
+    )
+    kind.add_argument(
+        "--pages",
+        dest="single_file",
+        action="store_const",
+        const=False,
+        help="pages even for a run that fits on one",
+    )
+    view.add_argument(
+        "--page-size",
+        type=_positive,
+        default=PAGE_SIZE,
+        metavar="N",
+        help=f"rollouts per page (default {PAGE_SIZE}); a run of at most N rollouts is "
+        "written as one file unless --pages",
     )
     view.add_argument(
         "--max-rollouts",
@@ -41,31 +88,38 @@ def register(sub: Any) -> None:
 
 
 def run_view(args: argparse.Namespace, console: Console | None = None) -> int:
-    from vf_mm.report import make_report
+    from vf_mm.report import write_report
 
     console = console or Console()
     try:
-        report = make_report(args.outdir, max_rollouts=args.max_rollouts)
-    except (FileNotFoundError, ValueError) as exc:
+        written = write_report(
+            args.outdir,
+            output=args.output,
+            single_file=args.single_file,
+            page_size=args.page_size,
+            max_rollouts=args.max_rollouts,
+        )
+    except (OSError, ValueError) as exc:  # not a run, a folder that is not a report, ...
         console.print(f"[red]vf-mm view:[/red] {escape(str(exc))}")
         return 1
-    out: Path = args.output if args.output is not None else args.outdir / "report.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(report.html, encoding="utf-8")
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    for warning in report.warnings:
+    for warning in written.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     shown = (
-        f"{report.rollouts_shown} of {report.rollouts_total}"
-        if report.rollouts_shown != report.rollouts_total
-        else str(report.rollouts_total)
+        f"{written.rollouts_shown} of {written.rollouts_total}"
+        if written.rollouts_shown != written.rollouts_total
+        else str(written.rollouts_total)
     )
+    if not written.paged:
+        console.print(
+            f"wrote {escape(str(written.path))} ({written.bytes / 1024:,.0f} KiB: {shown} "
+            f"rollouts, {written.images} distinct images, {written.videos} distinct videos)"
+        )
+        return 0
     console.print(
-        f"wrote {escape(str(out))} ({len(report.html.encode()) / 1024:,.0f} KiB: {shown} rollouts, "
-        f"{report.images_embedded} distinct images, {report.videos_embedded} distinct videos)"
+        f"wrote {escape(str(written.path.parent))}/ ({written.pages} "
+        f"page{'' if written.pages == 1 else 's'}, "
+        f"{written.files} files, {written.bytes / 2**20:,.1f} MiB: {shown} rollouts, "
+        f"{written.images} image files linked, {written.videos} distinct videos); "
+        f"open {escape(str(written.path))}"
     )
     return 0

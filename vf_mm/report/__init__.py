@@ -1,8 +1,22 @@
-"""A self-contained HTML report of an eval run directory (``vf-mm view OUTDIR``).
+"""The HTML report of an eval run directory (``vf-mm view OUTDIR``): one file, or pages.
 
 The run directory holds ``results.jsonl`` (one rollout a line), ``metadata.json`` (config
-and aggregates) and ``assets/`` (images and videos by content hash). :func:`build_report` turns it
-into **one** HTML file that can be mailed around:
+and aggregates) and ``assets/`` (images and videos by content hash).
+:func:`write_report` writes its report to disk, as one of two kinds (``_write``'s
+docstring says which it picks; by default, one file for a run that fits on one page of
+``PAGE_SIZE`` rollouts, pages for a longer one):
+
+**Pages** (``OUTDIR/report/index.html``, ``page-0002.html``, ...): the summary (config,
+aggregates over the whole run, metrics, errors, the list of pages) and the first page on
+the index, ``PAGE_SIZE`` rollouts a page, each page its own file linked to the others
+(first, prev, next, last, nearby pages): it works from ``file://``. Images are the run's
+own ``assets/<hash>.<ext>`` files by relative URL (``../assets/...``), loaded lazily;
+a reference that is not exactly such a file is shown as text, never as an image source,
+and the CSP allows images only from ``'self'``. It is written streaming: one page in
+memory at a time, the rows read one at a time (``_pages``, ``_links``, ``_run``).
+
+**One file** (:func:`build_report` / :func:`make_report` return it, ``write_report``
+writes it as ``OUTDIR/report.html``), that can be mailed around:
 
 - no network: CSS and JS are inline, images and videos are embedded as ``data:`` URIs,
   and a Content-Security-Policy allows nothing else (remote ``http(s)`` images and videos
@@ -23,15 +37,20 @@ Damaged input is reported, never fatal: a missing ``metadata.json``, an empty or
 ``results.jsonl``, a missing or unreadable image or video (a placeholder and a warning on
 its card), null or non-finite rewards, huge text (truncated behind "show more").
 
-Open the report with ``#selftest`` after its URL and it checks itself: it decodes every
-embedded image and video frame, loads every player's metadata, and writes a JSON summary
-into ``<pre id="selftest">`` (the tests read it from a headless browser).
+Open the report (either kind, any page) with ``#selftest`` after its URL and it checks
+itself: it decodes every image and video frame its cards show (embedded, or linked and
+loaded there and then), loads every player's metadata, and writes a JSON summary into
+``<pre id="selftest">`` (the tests read it from a headless browser).
 
-Modules: ``_build`` (reading the run directory through ``vf_mm.results``, then
-``make_report`` / ``build_report``), ``_assets`` (embedding images and videos), ``_videos``
-(a video's strip frames, and which files a browser plays), ``_views`` (view models for the
-template, and how numbers and text are formatted) and ``_html`` (the page template, CSS
-and JS).
+Both kinds share the summary, the cards, the template and its escaping.
+
+Modules: ``_write`` (``write_report``: which kind, where, replaced atomically), ``_run``
+(the run directory read through ``vf_mm.results`` one row at a time, and the pass that
+sums it up), ``_build`` (``make_report`` / ``build_report``: the single file),
+``_pages`` (the paged report), ``_assets`` (embedding images and videos), ``_links``
+(linking them, confined to the run's ``assets/``), ``_videos`` (a video's strip frames,
+and which files a browser plays), ``_views`` (view models for the template, and how
+numbers and text are formatted) and ``_html`` (the page template, CSS, JS and the CSPs).
 """
 
 from __future__ import annotations
@@ -42,9 +61,20 @@ from vf_mm.report._assets import THUMB_MAX_H as THUMB_MAX_H
 from vf_mm.report._assets import THUMB_MAX_W as THUMB_MAX_W
 from vf_mm.report._assets import THUMB_MIN as THUMB_MIN
 from vf_mm.report._build import Report, build_report, make_report
+from vf_mm.report._links import MEMO_ENTRIES as MEMO_ENTRIES
+from vf_mm.report._pages import page_name
 from vf_mm.report._videos import STRIP_FRAMES as STRIP_FRAMES
 from vf_mm.report._views import TEXT_MAX_CHARS as TEXT_MAX_CHARS
 from vf_mm.report._views import TEXT_PREVIEW_CHARS as TEXT_PREVIEW_CHARS
 from vf_mm.report._views import TEXT_PREVIEW_LINES as TEXT_PREVIEW_LINES
+from vf_mm.report._write import PAGE_SIZE, WrittenReport, write_report
 
-__all__ = ["Report", "build_report", "make_report"]
+__all__ = [
+    "PAGE_SIZE",
+    "Report",
+    "WrittenReport",
+    "build_report",
+    "make_report",
+    "page_name",
+    "write_report",
+]

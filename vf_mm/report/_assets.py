@@ -1,10 +1,13 @@
-"""Images and videos: each distinct one embedded once.
+"""Images and videos of the single-file report: each distinct one embedded once.
 
 An image is embedded once as a CSS class (a ``data:`` URI) that every use refers to. A
 video is embedded once as its strip frames (PNG images, embedded as images are, so a
 frame equal to an image or another clip's frame costs nothing more) and, when a browser
 plays the file (``_videos.browser_mime``), once as the file itself in one player that
 every use opens.
+
+``_Asset`` and ``_Video`` are also what the paged report draws (``_links``): there they
+carry ``src``, a relative URL, instead of embedded bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from vf_mm.report._videos import (
     data_url_bytes,
     strip_indices,
 )
-from vf_mm.videos import VideoLimits, load_video, video_extension
+from vf_mm.videos import Video, VideoLimits, load_video, video_extension
 
 #: assets bigger than this are not embedded (a placeholder says so)
 ASSET_MAX_BYTES = 32 * 1024 * 1024
@@ -49,12 +52,16 @@ _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 @dataclass
 class _Asset:
+    """One distinct image: embedded (``b64``, drawn through its CSS class ``cls``) or, in a
+    paged report, linked (``src``: a relative URL the report checked, ``b64`` empty)."""
+
     cls: str
     mime: str
     b64: str
     width: int
     height: int
     digest: str
+    src: str = ""
 
     @property
     def full_style(self) -> str:
@@ -82,6 +89,7 @@ class _Video:
     mime: str | None
     b64: str
     digest: str
+    src: str = ""  # a paged report's player plays this relative URL (b64 is then empty)
 
     @property
     def rate_text(self) -> str:
@@ -197,20 +205,11 @@ class _Assets:
         key = (hashlib.sha256(data).hexdigest(), rate)
         if key in self._videos:
             return self._videos[key]
-        part: dict[str, Any] = {"type": "video", "video": data}
-        if rate is not None:
-            part["frame_rate"] = rate
-        try:
-            video = load_video(part, limits=VideoLimits(max_bytes=ASSET_MAX_BYTES))
-        except (VideoError, MissingDependencyError) as exc:
-            reason = exc.reason if isinstance(exc, VideoError) else str(exc)
-            return f"unreadable video ({type(exc).__name__}: {shorten(reason, 160)})"
-        from PIL import Image
-
+        video = _decode_video(data, rate)
+        if isinstance(video, str):
+            return video
         frames = []
-        for index in strip_indices(video.num_frames):
-            pixels = video.frames[index]
-            png = encode_png(Image.fromarray(pixels), compress_level=6)
+        for index, png in _strip_pngs(video):
             asset = self._image_from_bytes(png)
             if isinstance(asset, str):  # our own PNG: never; a placeholder would hide nothing
                 return asset
@@ -254,6 +253,29 @@ class _Assets:
             return "asset not found"
         except OSError as exc:
             return f"could not read it ({exc.strerror or exc})"
+
+
+def _decode_video(data: bytes, rate: float | None) -> Video | str:
+    """The clip in ``data`` (with ``rate`` as its frame rate when the file states none), or
+    why it could not be read: the one decode both kinds of report use."""
+    part: dict[str, Any] = {"type": "video", "video": data}
+    if rate is not None:
+        part["frame_rate"] = rate
+    try:
+        return load_video(part, limits=VideoLimits(max_bytes=ASSET_MAX_BYTES))
+    except (VideoError, MissingDependencyError) as exc:
+        reason = exc.reason if isinstance(exc, VideoError) else str(exc)
+        return f"unreadable video ({type(exc).__name__}: {shorten(reason, 160)})"
+
+
+def _strip_pngs(video: Video) -> list[tuple[int, bytes]]:
+    """The strip of ``video``: ``(frame index, PNG bytes)`` for each frame it shows."""
+    from PIL import Image
+
+    return [
+        (index, encode_png(Image.fromarray(video.frames[index]), compress_level=6))
+        for index in strip_indices(video.num_frames)
+    ]
 
 
 def _fit(

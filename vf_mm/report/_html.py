@@ -1,4 +1,12 @@
-"""The page: template, CSS, JS (all inline; the script is pinned by its hash in the CSP)."""
+"""The page: template, CSS, JS (all inline; the script is pinned by its hash in the CSP).
+
+One template draws both kinds of report. The single file (``_CSP``) allows images and
+media from ``data:`` URIs only. A page of a paged report (``_PAGED_CSP``) allows images
+and media from ``'self'`` only: files beside it (the run's ``assets/``, its own
+``frames/``), which from ``file://`` and from a web server alike is never the network
+(``'self'`` is the page's own origin; ``http(s)`` images stay links). Both pin the one
+script by its hash.
+"""
 
 from __future__ import annotations
 
@@ -123,6 +131,19 @@ align-items:center;justify-content:center;flex-direction:column;gap:8px}
 .lightbox .img{position:relative;background-color:#fff;pointer-events:none}
 .lightbox .cap{position:relative;color:#dfe5ee;font-size:12px;pointer-events:none}
 #selftest{display:none}
+img.img{vertical-align:top}
+.lightbox img.img{height:auto}
+.pager{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin:12px 0}
+.pager a,.pager b,.pager .off{padding:1px 8px;border:1px solid var(--line);border-radius:6px;
+background:var(--card);text-decoration:none;color:#1a5fb4}
+.pager b{background:#1a5fb4;color:#fff;border-color:#1a5fb4}
+.pager .off{color:#aab2bf}
+.pager .gap{color:var(--muted)}
+.pager .where{margin-left:auto;color:var(--muted)}
+.pager .where a{border:0;padding:0;background:none}
+.panel.pagelist{max-height:360px;overflow:auto}
+.paged .card{content-visibility:auto;contain-intrinsic-size:auto 900px}
+table.pagelist td{color:var(--muted)}
 """
 
 _JS = r"""
@@ -207,10 +228,15 @@ _JS = r"""
     }
     return decoded[url];
   }
-  function background(el) {
+  function background(el) {  // an embedded image: a CSS background; a linked one: <img>
+    if (el.tagName === "IMG") {  // the page's own element, loaded now rather than in view
+      el.loading = "eager";
+      return el.decode().then(function () { return el.naturalWidth; }, function () { return 0; });
+    }
     var m = /^url\("?(.*?)"?\)$/.exec(getComputedStyle(el).backgroundImage);
     return m ? decodes(m[1]) : Promise.resolve(0);
   }
+  var lazy = document.querySelectorAll("#cards img[loading=lazy]").length;
   var occ = Array.prototype.slice.call(document.querySelectorAll("#cards .imgocc"));
   var jobs = occ.filter(function (el) { return el.hasAttribute("data-asset"); }).map(background);
   var vframes = Array.prototype.slice.call(document.querySelectorAll("#cards .vframe"));
@@ -249,6 +275,7 @@ _JS = r"""
       players: players.length,
       players_loaded: all[2].filter(function (w) { return w > 0; }).length,
       cards: cards.length,
+      lazy: lazy,
       sorted_desc: desc, sorted_asc: asc, errors_only: errors
     });
     document.body.appendChild(out);
@@ -256,10 +283,14 @@ _JS = r"""
 })();
 """
 
+_SCRIPT_SRC = f"'sha256-{base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()}'"
 _CSP = (
     "default-src 'none'; img-src data:; media-src data:; style-src 'unsafe-inline'; "
-    f"script-src 'sha256-{base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()}'; "
-    "base-uri 'none'; form-action 'none'"
+    f"script-src {_SCRIPT_SRC}; base-uri 'none'; form-action 'none'"
+)
+_PAGED_CSP = (
+    "default-src 'none'; img-src 'self'; media-src 'self'; style-src 'unsafe-inline'; "
+    f"script-src {_SCRIPT_SRC}; base-uri 'none'; form-action 'none'"
 )
 
 _TEMPLATE = r"""<!DOCTYPE html>
@@ -276,7 +307,7 @@ _TEMPLATE = r"""<!DOCTYPE html>
 {{ asset_css }}
 </style>
 </head>
-<body>
+<body{% if paged %} class="paged"{% endif %}>
 {%- macro text(t, cls="") -%}
 <div class="text {{ cls }}">{{ t.head }}{% if t.tail %}<details class="more"><summary><span class="closed">show more ({{ "{:,}".format(t.tail|length) }} more characters)</span><span class="opened">show less</span></summary>{{ t.tail }}</details>{% endif %}{% if t.omitted %}<span class="omitted"> [… {{ "{:,}".format(t.omitted) }} more characters not included in this report]</span>{% endif %}</div>
 {%- endmacro -%}
@@ -288,12 +319,12 @@ _TEMPLATE = r"""<!DOCTYPE html>
 {% set ns = namespace(open=false) %}
 {% for p in m.parts %}
 {% if p.kind == "image" %}{% if not ns.open %}<div class="images">{% set ns.open = true %}{% endif %}
-{% if p.type == "asset" %}<a class="thumb" href="#view-{{ p.asset.cls }}" title="{{ p.asset.width }}&times;{{ p.asset.height }}: click to enlarge"><span class="img imgocc {{ p.asset.cls }}{% if p.pixelated %} pix{% endif %}" data-asset="{{ p.asset.cls }}" role="img" aria-label="image {{ p.asset.width }}&times;{{ p.asset.height }}" style="width:{{ p.w }}px;height:{{ p.h }}px"></span></a>
+{% if p.type == "asset" %}<a class="thumb" href="#view-{{ p.asset.cls }}" title="{{ p.asset.width }}&times;{{ p.asset.height }}: click to enlarge">{% if p.asset.src %}<img class="img imgocc{% if p.pixelated %} pix{% endif %}" data-asset="{{ p.asset.cls }}" src="{{ p.asset.src }}" loading="lazy" decoding="async" alt="image {{ p.asset.width }}&times;{{ p.asset.height }}" width="{{ p.w }}" height="{{ p.h }}">{% else %}<span class="img imgocc {{ p.asset.cls }}{% if p.pixelated %} pix{% endif %}" data-asset="{{ p.asset.cls }}" role="img" aria-label="image {{ p.asset.width }}&times;{{ p.asset.height }}" style="width:{{ p.w }}px;height:{{ p.h }}px"></span>{% endif %}</a>
 {% elif p.type == "remote" %}<span class="imgocc img-remote"><b>remote image (not embedded)</b><a href="{{ p.url }}" rel="noreferrer noopener" target="_blank">{{ p.url }}</a></span>
 {% else %}<span class="imgocc img-missing" role="img" aria-label="missing image"><b>⚠ image unavailable</b><span>{{ p.ref }}</span><span>{{ p.reason }}</span></span>
 {% endif %}
 {% elif p.kind == "video" %}{% if ns.open %}</div>{% set ns.open = false %}{% endif %}
-{% if p.type == "asset" %}{% set v = p.video %}<figure class="video vidocc" data-video="{{ v.cls }}"><div class="strip">{% for f in v.frames %}<a class="thumb" href="#view-{{ f.asset.cls }}" title="frame {{ f.index + 1 }} of {{ v.num_frames }}: click to enlarge"><span class="img vframe {{ f.asset.cls }}{% if f.pixelated %} pix{% endif %}" data-asset="{{ f.asset.cls }}" role="img" aria-label="frame {{ f.index + 1 }} of {{ v.num_frames }}" style="width:{{ f.w }}px;height:{{ f.h }}px"></span></a>{% endfor %}</div>
+{% if p.type == "asset" %}{% set v = p.video %}<figure class="video vidocc" data-video="{{ v.cls }}"><div class="strip">{% for f in v.frames %}<a class="thumb" href="#view-{{ f.asset.cls }}" title="frame {{ f.index + 1 }} of {{ v.num_frames }}: click to enlarge">{% if f.asset.src %}<img class="img vframe{% if f.pixelated %} pix{% endif %}" data-asset="{{ f.asset.cls }}" src="{{ f.asset.src }}" loading="lazy" decoding="async" alt="frame {{ f.index + 1 }} of {{ v.num_frames }}" width="{{ f.w }}" height="{{ f.h }}">{% else %}<span class="img vframe {{ f.asset.cls }}{% if f.pixelated %} pix{% endif %}" data-asset="{{ f.asset.cls }}" role="img" aria-label="frame {{ f.index + 1 }} of {{ v.num_frames }}" style="width:{{ f.w }}px;height:{{ f.h }}px"></span>{% endif %}</a>{% endfor %}</div>
 <figcaption><b>video</b> · {{ p.caption }}{% if p.options %} · sampled with {{ p.options }}{% endif %}{% if v.mime %}<a class="play" href="#play-{{ v.cls }}">▶ play</a>{% endif %}</figcaption></figure>
 {% elif p.type == "remote" %}<span class="vidocc vid-remote"><b>remote video (not embedded)</b><a href="{{ p.url }}" rel="noreferrer noopener" target="_blank">{{ p.url }}</a>{% if p.options %}<span>sampled with {{ p.options }}</span>{% endif %}</span>
 {% else %}<span class="vidocc vid-missing" role="img" aria-label="missing video"><b>⚠ video unavailable</b><span>{{ p.ref }}</span><span>{{ p.reason }}</span></span>
@@ -310,9 +341,18 @@ _TEMPLATE = r"""<!DOCTYPE html>
 </div>
 </div>
 {%- endmacro %}
+{%- macro nav(pg) -%}
+<nav class="pager" aria-label="pages">
+{% if pg.prev %}<a class="first" href="{{ pg.first_url }}">« first</a><a class="prev" href="{{ pg.prev }}" rel="prev">&lsaquo; prev</a>{% else %}<span class="off">« first</span><span class="off">&lsaquo; prev</span>{% endif %}
+{% for n, url in pg.window %}{% if not url %}<span class="gap">…</span>{% elif n == pg.number %}<b aria-current="page">{{ n }}</b>{% else %}<a class="num" href="{{ url }}">{{ n }}</a>{% endif %}{% endfor %}
+{% if pg.next %}<a class="next" href="{{ pg.next }}" rel="next">next &rsaquo;</a><a class="last" href="{{ pg.last_url }}">last »</a>{% else %}<span class="off">next &rsaquo;</span><span class="off">last »</span>{% endif %}
+<span class="where">page {{ pg.number }} of {{ pg.count }} · rollouts #{{ pg.first }}&ndash;#{{ pg.last }} of {{ "{:,}".format(total) }} · <a class="all" href="{{ pg.index_url }}#pages">summary &amp; all pages</a></span>
+</nav>
+{%- endmacro %}
 <main>
 <h1>{{ title }}</h1>
 <div class="sub">{{ outdir }}{% if interrupted %} <span class="badge interrupted">unfinished run</span>{% endif %}</div>
+{% if summary %}
 <div class="panels">
 <section class="panel"><h3>Run</h3>
 {% if config_rows %}<table class="kv">{% for k, v in config_rows %}<tr><th>{{ k }}</th><td>{% if v is mapping %}{{ text(v, "mono") }}{% else %}{{ v }}{% endif %}</td></tr>{% endfor %}</table>
@@ -323,8 +363,11 @@ _TEMPLATE = r"""<!DOCTYPE html>
 {% else %}<p class="empty">no aggregates</p>{% endif %}
 {% if metric_rows %}<h3 style="margin-top:10px">Metrics</h3><table class="kv" id="metrics"><tr><th>metric</th><th>mean</th><th>std</th></tr>{% for n, mean, std in metric_rows %}<tr><td>{{ n }}</td><td class="num">{{ mean }}</td><td class="num">{{ std }}</td></tr>{% endfor %}</table>{% endif %}
 </section>
+{% if pages %}<section class="panel pagelist" id="pages"><h3>Pages <small>({{ pages|length }}, {{ page_size }} rollouts each)</small></h3><table class="kv pagelist">{% for pg in pages %}<tr><th><a href="{{ pg.url }}">page {{ pg.number }}</a></th><td>#{{ pg.first }}&ndash;#{{ pg.last }} · example {{ pg.first_example }}{% if pg.last_example != pg.first_example %} &ndash; {{ pg.last_example }}{% endif %}{% if pg.errors %} · {{ pg.errors|plural("error") }}{% endif %}{% if pg.flagged %} · {{ pg.flagged }} with warnings{% endif %}</td></tr>{% endfor %}</table></section>{% endif %}
 </div>
+{% endif %}
 {% if warnings %}<ul class="warnings" id="warnings">{% for w in warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
+{% if pager %}{{ nav(pager) }}{% endif %}
 <div class="controls" id="controls" hidden>
 <label>sort <select id="sort"><option value="file">file order</option><option value="desc">reward: high → low</option><option value="asc">reward: low → high</option></select></label>
 <label><input type="checkbox" id="errors-only"> errors only</label>
@@ -360,12 +403,13 @@ _TEMPLATE = r"""<!DOCTYPE html>
 <p class="empty" id="no-rollouts">No rollouts{% if total %} shown{% else %} in results.jsonl{% endif %}.</p>
 {% endfor %}
 </div>
+{% if pager %}{{ nav(pager) }}{% endif %}
 </main>
 {% for a in assets %}
-<div class="lightbox" id="view-{{ a.cls }}" role="dialog" aria-label="image {{ a.width }}&times;{{ a.height }}"><a class="lb-close" href="#close" aria-label="close"></a><span class="img {{ a.cls }}{% if a.full_pixelated %} pix{% endif %}" style="{{ a.full_style }}"></span><div class="cap">{{ a.width }}&times;{{ a.height }} · {{ a.mime }} · sha256 {{ a.digest }}… · click or Esc to close</div></div>
+<div class="lightbox" id="view-{{ a.cls }}" role="dialog" aria-label="image {{ a.width }}&times;{{ a.height }}"><a class="lb-close" href="#close" aria-label="close"></a>{% if a.src %}<img class="img{% if a.full_pixelated %} pix{% endif %}" src="{{ a.src }}" loading="lazy" decoding="async" alt="image {{ a.width }}&times;{{ a.height }}" style="{{ a.full_style }}">{% else %}<span class="img {{ a.cls }}{% if a.full_pixelated %} pix{% endif %}" style="{{ a.full_style }}"></span>{% endif %}<div class="cap">{{ a.width }}&times;{{ a.height }} · {{ a.mime }} · {% if a.src %}{{ a.src }}{% else %}sha256 {{ a.digest }}…{% endif %} · click or Esc to close</div></div>
 {% endfor %}
 {% for v in videos if v.mime %}
-<div class="lightbox" id="play-{{ v.cls }}" role="dialog" aria-label="video {{ v.width }}&times;{{ v.height }}"><a class="lb-close" href="#close" aria-label="close"></a><video controls preload="metadata" src="data:{{ v.mime }};base64,{{ v.b64 }}"></video><div class="cap">{{ v.num_frames }} frames · {{ v.rate_text }} · {{ v.width }}&times;{{ v.height }} · {{ v.mime }} · sha256 {{ v.digest }}… · click outside or Esc to close</div></div>
+<div class="lightbox" id="play-{{ v.cls }}" role="dialog" aria-label="video {{ v.width }}&times;{{ v.height }}"><a class="lb-close" href="#close" aria-label="close"></a>{% if v.src %}<video controls preload="none" src="{{ v.src }}"></video>{% else %}<video controls preload="metadata" src="data:{{ v.mime }};base64,{{ v.b64 }}"></video>{% endif %}<div class="cap">{{ v.num_frames }} frames · {{ v.rate_text }} · {{ v.width }}&times;{{ v.height }} · {{ v.mime }} · sha256 {{ v.digest }}… · click outside or Esc to close</div></div>
 {% endfor %}
 <script>{{ js }}</script>
 </body>

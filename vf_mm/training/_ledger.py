@@ -206,5 +206,3 @@ def _read_all(fd: int) -> bytes:
     while chunk := os.read(fd, 1 << 20):
         chunks.append(chunk)
     return b"".join(chunks)
-
-
