@@ -132,6 +132,34 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def stored_content_hash(
+    data: bytes,
+    *,
+    video: bool,
+    frame_rate: float | None = None,
+    policy: ImagePolicy | None = None,
+    limits: VideoLimits | None = None,
+    where: str | None = None,
+) -> str:
+    """The content hash of an asset file's bytes, computed as ``AssetStore.add`` /
+    ``add_video`` computed the one in its name (a video's at the ``frame_rate`` the row
+    gives it), so a reader can check the file is what was stored. Raises the loaders'
+    ``ImageError`` / ``VideoError`` for bytes that do not load."""
+    if video:
+        part: dict[str, Any] = {"type": "video", "video": data}
+        if frame_rate is not None:
+            part["frame_rate"] = frame_rate
+        return video_hash(
+            load_video(part, policy=policy or ImagePolicy(), limits=limits, where=where)
+        )
+    return image_hash(load_image(data, policy=policy, where=where))
+
+
+def asset_name_hash(url: str) -> str:
+    """The content hash an ``assets/<hash>.<ext>`` reference names."""
+    return url.rsplit("/", 1)[1].split(".", 1)[0]
+
+
 # -- JSON values -------------------------------------------------------------------
 
 

@@ -90,12 +90,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from vf_mm.errors import AssetError, ImageError, ResultsError, VideoError
-from vf_mm.images import ImagePolicy, image_hash, load_image
-from vf_mm.results._assets import _ASSET_URL, _VIDEO_ASSET_URL
+from vf_mm.images import ImagePolicy
+from vf_mm.results._assets import (
+    _ASSET_URL,
+    _VIDEO_ASSET_URL,
+    asset_name_hash,
+    stored_content_hash,
+)
 from vf_mm.results._format import RESULTS_FILE, ROW_KEYS
 from vf_mm.results._reader import BadLinePolicy, scan_results
 from vf_mm.types import image_part_source, video_part_source
-from vf_mm.videos import VideoLimits, load_video, video_hash
+from vf_mm.videos import VideoLimits
 
 if TYPE_CHECKING:
     import datasets
@@ -406,17 +411,12 @@ class _AssetReader:
             return f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})"
         if not self.check:
             return data
-        want = ref.url.rsplit("/", 1)[1].split(".", 1)[0]
+        want = asset_name_hash(ref.url)
         try:
-            if ref.video:
-                part: dict[str, Any] = {"type": "video", "video": data}
-                if ref.frame_rate is not None:
-                    part["frame_rate"] = ref.frame_rate
-                got = video_hash(
-                    load_video(part, policy=self.policy or ImagePolicy(), limits=self.limits)
-                )
-            else:
-                got = image_hash(load_image(data, policy=self.policy))
+            got = stored_content_hash(
+                data, video=ref.video, frame_rate=ref.frame_rate, policy=self.policy,
+                limits=self.limits,
+            )  # fmt: skip
         except (ImageError, VideoError) as exc:
             return f"does not load ({type(exc).__name__}: {exc})"
         if got != want:

@@ -59,19 +59,21 @@ from typing import Any
 
 from vf_mm._text import shorten
 from vf_mm.errors import ImageError, MergeError, ResultsError, VideoError
-from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.images import ImagePolicy
 from vf_mm.results._assets import (
     _ASSET_URL,
     _VIDEO_ASSET_URL,
     ASSETS_DIR,
+    asset_name_hash,
     atomic_write_bytes,
     fsync_dir,
+    stored_content_hash,
 )
 from vf_mm.results._format import METADATA_FILE, RESULTS_FILE, RESULTS_FORMAT, Key, _dumps
 from vf_mm.results._reader import BadLinePolicy, ResultsScan, read_metadata, scan_results
 from vf_mm.results._summary import summarize
 from vf_mm.types import image_part_source, video_part_source
-from vf_mm.videos import VideoLimits, load_video, video_hash
+from vf_mm.videos import VideoLimits
 
 try:
     import fcntl
@@ -476,17 +478,12 @@ def _check_asset(
 ) -> None:
     """The store's hash of ``data`` is the one in its name (``AssetStore.add`` /
     ``add_video`` computed it from the same loaders)."""
-    want = ref.url.rsplit("/", 1)[1].split(".", 1)[0]
+    want = asset_name_hash(ref.url)
     try:
-        if ref.video:
-            part: dict[str, Any] = {"type": "video", "video": data}
-            if ref.frame_rate is not None:
-                part["frame_rate"] = ref.frame_rate
-            got = video_hash(
-                load_video(part, policy=policy or ImagePolicy(), limits=limits, where=ref.where)
-            )
-        else:
-            got = image_hash(load_image(data, policy=policy, where=ref.where))
+        got = stored_content_hash(
+            data, video=ref.video, frame_rate=ref.frame_rate, policy=policy, limits=limits,
+            where=ref.where,
+        )  # fmt: skip
     except (ImageError, VideoError) as exc:
         raise MergeError(
             f"source {source}: {ref.url} (referred to by {ref.where}) does not load: {exc}",
