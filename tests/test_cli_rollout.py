@@ -74,6 +74,20 @@ def test_rollout_to_a_trainer_over_tcp(capsys):
     assert "trainer took all" in capsys.readouterr().out
 
 
+def test_a_trainer_that_is_not_there_is_a_failed_run_not_a_success(capsys):
+    """Groups sent to an endpoint no trainer listens on are queued, never delivered: the
+    run says so and exits 1, so a script never takes it for a success."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["rollout", "shapes", "-n", "2", "-r", "1", "--stream", f"tcp://127.0.0.1:{port}"]
+    assert main([*args, "-S", SAMPLING, "--send-timeout", "2"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "did not take every group" in out
+
+
 def test_failed_rollouts_are_sent_with_their_error(tmp_path):
     path = tmp_path / "groups.vfs"
     too_long = '{"max_tokens": 1000000}'  # over the tiny model's context: every rollout fails

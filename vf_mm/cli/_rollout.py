@@ -209,6 +209,13 @@ async def _rollout(args: argparse.Namespace) -> int:
         took = "yes" if sender.delivered else "NO (gone, or still busy)"
         rows.append(("trainer took all", took))
     console.print(summary_table(f"vf-mm rollout {env.env_id}", rows))
+    if sender.endpoint is not None and not sender.delivered:
+        # sent is not delivered: a script must not take this run for a success
+        console.print(
+            f"[red]the trainer at {sender.endpoint} did not take every group "
+            f"({sender.pending} not acknowledged): it is gone, or still busy[/]"
+        )
+        return 1
     return 0
 
 
