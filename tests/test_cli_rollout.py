@@ -190,3 +190,33 @@ def test_image_mode_flags_that_do_not_go_together_exit_2(tmp_path, flags, capsys
     path = tmp_path / "groups.vfs"
     assert main(["rollout", "shapes", "-n", "1", "--stream", str(path), *flags]) == 2
     assert "--image-store" in capsys.readouterr().out
+
+
+def test_rollout_with_image_references_into_a_network_store(tmp_path):
+    """``--image-store URL``: an fsspec store (``memory://`` here, ``s3://`` in production),
+    read back by a trainer that allow-lists it."""
+    import uuid
+
+    from vf_mm.models import embedded_model
+    from vf_mm.training import ImageProcessing, ImageRebuilder
+
+    url = f"memory://vfmm-cli-{uuid.uuid4().hex[:8]}/images"
+    path = tmp_path / "groups.vfs"
+    args = ["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]
+    assert main([*args, "--images", "ref", "--image-store", url]) == 0
+    (group,) = read_groups(path)
+    (entry,) = group["sources"].values()
+    assert entry["uri"] == f"{url}/{entry['sha256'][:2]}/{entry['sha256']}"
+    trainer = ImageProcessing.from_checkpoint(embedded_model(), image_backend="auto")
+    with ImageRebuilder(trainer, stores=[url]) as rebuilder:
+        assert all(r.error is None for r in unpack_group(group, images=rebuilder))
+
+
+@pytest.mark.parametrize("store", ["https://example.com/images", "nosuchprotocol://b/images"])
+def test_an_image_store_that_cannot_be_one_exits_2(tmp_path, store, capsys):
+    path = tmp_path / "groups.vfs"
+    code = main(["rollout", "shapes", "-n", "1", "--stream", str(path), "--images", "ref",
+                 "--image-store", store])  # fmt: skip
+    assert code == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--image-store" in out and ("cannot be https" in out or "fsspec cannot open" in out)

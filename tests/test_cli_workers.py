@@ -92,3 +92,23 @@ def test_rollout_with_workers_streams_the_groups_one_process_streams(tmp_path, m
     assert main([*run, "--shard", "1/2", "--stream", str(tmp_path / "half.vfmm")]) == 0
     half = rollouts(tmp_path / "half.vfmm")
     assert set(half) == {k for k in one if one[k].example_id in (1, 3)}
+
+
+def test_rollout_with_workers_records_the_workers_image_processing(tmp_path, monkeypatch):
+    """An encoded group records the processing of the renderer that made its tensors: with
+    workers, the one each worker reports, and the trainer rebuilds against it."""
+    from vf_mm.models import embedded_model
+    from vf_mm.training import ImageProcessing, ImageRebuilder, read_groups, unpack_group
+
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "groups.vfmm"
+    run = ["rollout", "shapes", "-n", "2", "-r", "2", "-S", '{"max_tokens": 8}']
+    assert main([*run, "--workers", "1", "--images", "encoded", "--stream", str(path)]) == 0
+    trainer = ImageProcessing.from_checkpoint(embedded_model(), image_backend="auto")
+    groups = list(read_groups(path))
+    assert len(groups) == 2
+    with ImageRebuilder(trainer) as rebuilder:
+        for group in groups:
+            assert trainer.differences(group["processing"]) == {}
+            assert all(r.error is None for r in unpack_group(group, images=rebuilder))
+        assert rebuilder.rebuilt == 2

@@ -314,6 +314,7 @@ def test_training_exports():
         "ImageProcessing",
         "ImageRebuilder",
         "ImageStore",
+        "PruneReport",
         "RebuildFailure",
         "MicroBatch",
         "RolloutProgress",

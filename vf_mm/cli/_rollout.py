@@ -117,14 +117,16 @@ def register(sub: Any) -> None:
         default="tensors",
         help="how each group carries its images: tensors (model inputs), encoded (each "
         "image's encoded bytes, rebuilt and checked on the trainer: ~20-100x fewer bytes "
-        "for photos) or ref (a file:// reference under --image-store and its sha256)",
+        "for photos) or ref (a reference under --image-store and its sha256)",
     )
     p.add_argument(
         "--image-store",
-        type=Path,
         default=None,
-        help="--images ref: the shared directory image bytes are written to (the trainer "
-        "reads it: ImageRebuilder(..., roots=[DIR]))",
+        metavar="DIR|URL",
+        help="--images ref: where image bytes are written, each once: a directory the "
+        "trainer shares (it reads it with ImageRebuilder(..., roots=[DIR])) or an fsspec URL "
+        "such as s3://bucket/images (ImageRebuilder(..., stores=[URL]); its fsspec driver "
+        "installed, credentials from the environment)",
     )
     p.set_defaults(run=run_rollout)
 
@@ -239,15 +241,21 @@ def _image_modes(args: argparse.Namespace, model: str, console: Console) -> dict
     from vf_mm.errors import UnsupportedModelError
     from vf_mm.training import ImageProcessing, ImageStore
 
-    try:
-        processing = ImageProcessing.from_checkpoint(model, image_backend=args.image_backend)
+    try:  # a checkpoint without vision fails here, before anything starts; the frames
+        # record the processing of the renderers that made the tensors (the client's, or
+        # the one each worker reports), not this one
+        ImageProcessing.from_checkpoint(model, image_backend=args.image_backend)
     except UnsupportedModelError as exc:
         console.print(
             f"[red]--images {args.images} needs a vision checkpoint: {escape(str(exc))}[/]"
         )
         return None
-    store = ImageStore(args.image_store) if args.images == "ref" else None
-    return {"images": args.images, "image_processing": processing, "image_store": store}
+    try:
+        store = ImageStore(args.image_store) if args.images == "ref" else None
+    except (ValueError, ImportError) as exc:
+        console.print(f"[red]--image-store {escape(str(args.image_store))}: {escape(str(exc))}[/]")
+        return None
+    return {"images": args.images, "image_store": store}
 
 
 def _run_id(args: argparse.Namespace, env: Any, model: str) -> str:

@@ -8,7 +8,9 @@
   each distinct image's encoded bytes (or an ``ImageStore`` reference and its sha256)
   instead of its tensors, with the sampler's ``ImageProcessing`` described; the trainer's
   ``ImageRebuilder`` rebuilds the model inputs and checks them bit for bit by hash
-  (``inputs_hash``). How and why it is exact: ``vf_mm/training/_images.py``.
+  (``inputs_hash``). How and why it is exact: ``vf_mm/training/_images.py``; the
+  store (a shared directory or an fsspec URL), how references are confined and how it
+  is pruned: ``vf_mm/training/_store.py``.
 - **Transport**: ``GroupSender`` / ``GroupReceiver`` / ``read_groups`` carry one message
   per group from rollout workers to the trainer, over a stream file or ZeroMQ
   (``tcp://``, ``ipc://``), with back-pressure and an end-of-stream marker, framed by
@@ -54,12 +56,12 @@ from vf_mm.training._images import (
     IMAGE_MODES,
     ImageProcessing,
     ImageRebuilder,
-    ImageStore,
     RebuildFailure,
     inputs_hash,
 )
 from vf_mm.training._ledger import read_ledger
 from vf_mm.training._samples import Sample, build_samples, group_advantages
+from vf_mm.training._store import ImageStore, PruneReport
 from vf_mm.training._streaming import RolloutProgress, run_id_for, stream_rollouts
 from vf_mm.training._transport import GroupReceiver, GroupSender, is_endpoint, read_groups
 
@@ -74,6 +76,7 @@ __all__ = [
     "GroupSender",
     "MAX_GROUP_ID_BYTES",
     "MicroBatch",
+    "PruneReport",
     "RebuildFailure",
     "RolloutProgress",
     "Sample",

@@ -136,7 +136,8 @@ from vf_mm.images import (
     load_image,
     read_local_file,
 )
-from vf_mm.training._images import IMAGE_MODES, ImageProcessing, ImageStore, inputs_hash
+from vf_mm.training._images import IMAGE_MODES, ImageProcessing, inputs_hash
+from vf_mm.training._store import ImageStore
 from vf_mm.types import (
     IMAGE_PART_TYPES,
     VIDEO_PART_TYPES,

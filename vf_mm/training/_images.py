@@ -10,23 +10,23 @@ A group frame carries each distinct image in one of three **image modes**
   the source was encoded (bytes, a ``data:`` URL, a file), else a lossless PNG of the
   decoded RGB image (a PIL image or an array). A 1280x720 photo is ~22.5 MB of Qwen2.5-VL
   ``pixel_values`` and a few hundred KB as JPEG.
-- ``"ref"``: a ``file://`` URI under a store the operator names (``ImageStore``, on a
-  filesystem the trainer shares) and the sha256 of its bytes; the bytes are written
-  there once, named by their sha256.
+- ``"ref"``: a URI under a store the operator names (``ImageStore``: a directory on a
+  filesystem the trainer shares, or an object store's prefix) and the sha256 of its
+  bytes; the bytes are written there once, named by their sha256 (``_store.py``).
 
 **Exactness** is the requirement: the trainer must compute exactly the tensors the
 sampler trained its logprobs on. The frame ships the *original bytes* (smaller than
-pixels for photos) and everything the rebuild depends on, and checks each stage:
-
-1. decoding: the bytes go through ``vf_mm.images.load_image``, the same decode rules
-   the renderer applied (EXIF orientation, alpha onto white, palette, grey), and the
-   decoded RGB pixels must hash (``image_hash``) to the image's ``mm_hash``, which the
-   renderer computed from its own decode. A decoder that differs (another Pillow or
-   libjpeg) is caught here, before any processing.
-2. processing: the image's model inputs come from the trainer's own processor
-   (``ImageProcessing``: the family's ``vf_mm.models.expand_image`` with the processor's
-   call options), and must hash (``inputs_hash``: keys, dtypes, shapes, bytes) to what
-   the sampler's renderer made, recorded per image in the frame.
+pixels for photos) and everything the rebuild depends on, and the rebuild is checked:
+the bytes go through ``vf_mm.images.load_image`` (the decode rules the renderer applied:
+EXIF orientation, alpha onto white, palette, grey), the trainer's own processor
+(``ImageProcessing``: the family's ``vf_mm.models.expand_image`` with the processor's call
+options) makes the model inputs, and they must hash (``inputs_hash``: keys, dtypes,
+shapes, bytes) to what the sampler's renderer made, recorded per image in the frame.
+That one check covers decoding and processing both: equal inputs are what training
+needs. Only when it fails are the decoded pixels hashed (``image_hash`` against the
+image's ``mm_hash``) to say which stage differs: the bytes (corrupt, another decoder)
+or the processing. The sampler's side hashed its pixels anyway; the trainer's happy path
+does not pay for a second hash.
 
 Any mismatch is a typed error for that group (``ProcessingMismatchError``, naming which
 of ``config``, ``backend`` and ``versions`` differ between the frame's recorded
@@ -47,24 +47,21 @@ decides what an unusable image does: ``"fail"`` (the default) fails the group;
 ``"skip"`` returns the rollouts that show it with ``error`` set and no steps (nothing is
 trained on them) and records it in ``failures``.
 
-Reading a reference goes through the image guard: the rebuilder's ``ImagePolicy`` must
-confine local paths to roots (``ImageRebuilder(..., roots=[store])``), so a frame cannot
-make the trainer read any file it names; only ``file://`` URIs are read (network stores
-are not supported yet).
+Reading a reference goes through the guard (``_store.py``): ``file://`` only under the
+rebuilder's roots (``ImageRebuilder(..., roots=[store])``), other stores (fsspec URLs:
+``s3://``, ``gs://``) only under prefixes allow-listed with ``stores=[...]``, so a frame
+cannot make the trainer read anything it names.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,20 +72,13 @@ from vf_mm.errors import (
     ImageRefError,
     ProcessingMismatchError,
 )
-from vf_mm.images import (
-    ImagePolicy,
-    check_local_path,
-    file_url_to_path,
-    image_hash,
-    load_image,
-    read_local_file,
-)
+from vf_mm.images import ImagePolicy, image_hash, load_image
+from vf_mm.training._store import StoreReader
 
 __all__ = [
     "IMAGE_MODES",
     "ImageProcessing",
     "ImageRebuilder",
-    "ImageStore",
     "RebuildFailure",
     "inputs_hash",
 ]
@@ -110,7 +100,7 @@ def inputs_hash(item: Mapping[str, Any]) -> str:
     sha256 takes ~22 ms to hash here (a third of processing the image) and XXH3 ~2 ms.
     The hash detects drift between a trusted sampler and its trainer, not forgery: a
     party that can send the trainer groups can send it any tensors anyway (the hop is
-    authenticated: CURVE). ``xxhash`` comes with ``datasets``, a dependency."""
+    authenticated: CURVE)."""
     import xxhash
 
     digest = xxhash.xxh3_128(_INPUTS_PREFIX)
@@ -257,36 +247,6 @@ def _diff_text(a: Mapping[str, Any], b: Mapping[str, Any], limit: int = 4) -> st
     return "; ".join(shown) + more
 
 
-class ImageStore:
-    """A shared store for ``ref`` frames: a directory the sampler writes and the trainer
-    reads (a shared filesystem), each image's bytes in ``<root>/<sha[:2]>/<sha>`` named
-    by the sha256 of its bytes. Writes are atomic (a temporary file renamed into place)
-    and idempotent (bytes already there are not written again), so any number of
-    samplers may share one store. ``uri(sha)`` is the ``file://`` URI a frame carries."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def path(self, sha: str) -> Path:
-        return self.root / sha[:2] / sha
-
-    def uri(self, sha: str) -> str:
-        return self.path(sha).as_uri()
-
-    def put(self, data: bytes) -> tuple[str, str]:
-        """Store ``data``; its ``(uri, sha256)``."""
-        sha = hashlib.sha256(data).hexdigest()
-        path = self.path(sha)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{sha}.{uuid.uuid4().hex}.tmp")
-            with open(tmp, "wb") as file:
-                file.write(data)
-            os.replace(tmp, path)
-        return self.uri(sha), sha
-
-
 class RebuildFailure:
     """One image the rebuilder could not use: its group, hash, and the error."""
 
@@ -313,6 +273,8 @@ class ImageRebuilder:
     - ``policy`` / ``roots``: the image guard that reads the bytes; ``roots`` (the
       ``ImageStore`` directories) confine ``file://`` references. The default reads no
       local file, so a ``ref`` frame fails until roots are named.
+    - ``stores``: the network stores (fsspec URL prefixes, ``s3://bucket/images``) whose
+      references may be read, with ``storage_options`` for fsspec; none by default.
     - ``on_missing``: ``"fail"`` (a group with an unusable image raises its
       ``ImageRefError``) or ``"skip"`` (its rollouts that show the image come back with
       ``error`` set and no steps; ``failures`` records it). A processing mismatch always
@@ -332,6 +294,8 @@ class ImageRebuilder:
         *,
         policy: ImagePolicy | None = None,
         roots: Iterable[str | os.PathLike[str]] | None = None,
+        stores: Iterable[str] = (),
+        storage_options: Mapping[str, Any] | None = None,
         on_missing: str = "fail",
         workers: int = 4,
         cache_bytes: int = _DEFAULT_CACHE_BYTES,
@@ -344,6 +308,7 @@ class ImageRebuilder:
             policy = ImagePolicy.dataset(roots=() if roots is None else list(roots))
         self.processing = processing
         self.policy = policy
+        self._reader = StoreReader(policy, stores=stores, storage_options=storage_options)
         self.on_missing = on_missing
         self.cache_bytes = int(cache_bytes)
         self._pool = ThreadPoolExecutor(max(1, int(workers)), thread_name_prefix="vf-mm-rebuild")
@@ -475,19 +440,6 @@ class ImageRebuilder:
             image = load_image(data, policy=self.policy, where=where)
         except ImageError as exc:
             raise ImageRefError(f"{where}: the image does not decode: {exc}", image_hash=h) from exc
-        if image_hash(image) != h:
-            if "versions" in differs:
-                raise ProcessingMismatchError(
-                    f"{where}: the bytes decode to other pixels than the sampler's "
-                    f"(versions differ: {differs['versions']})",
-                    differs=("versions",),
-                    image_hash=h,
-                )
-            raise ImageRefError(
-                f"{where}: the bytes decode to other pixels than the sampler decoded "
-                "(corrupt, or not this image)",
-                image_hash=h,
-            )
         try:
             item = self.processing.process(image)
         except Exception as exc:
@@ -496,18 +448,7 @@ class ImageRebuilder:
             ) from exc
         got = inputs_hash(item)
         if got != entry["inputs"]:
-            named = ", ".join(f"{part} ({text})" for part, text in differs.items())
-            raise ProcessingMismatchError(
-                f"{where}: the rebuilt model inputs differ from the sampler's (inputs hash "
-                f"{got} != {entry['inputs']}); "
-                + (
-                    f"what differs: {named}"
-                    if differs
-                    else "config, backend and versions all match (nondeterministic processing?)"
-                ),
-                differs=tuple(differs),
-                image_hash=h,
-            )
+            raise self._mismatch(image, h, got, entry["inputs"], differs, where)
         for array in item.values():
             array.flags.writeable = False
         with self._lock:
@@ -516,6 +457,39 @@ class ImageRebuilder:
             if "versions" in differs and self.version_differences is None:
                 self.version_differences = differs["versions"]
         return item
+
+    @staticmethod
+    def _mismatch(
+        image: Any, h: str, got: str, want: str, differs: Mapping[str, str], where: str
+    ) -> ImageRebuildError:
+        """Why the rebuilt inputs differ: the decoded pixels are not the sampler's (the
+        bytes are corrupt or another image, or another decoder read them), or the same
+        pixels were processed differently."""
+        if image_hash(image) != h:
+            if "versions" in differs:
+                return ProcessingMismatchError(
+                    f"{where}: the bytes decode to other pixels than the sampler's "
+                    f"(versions differ: {differs['versions']})",
+                    differs=("versions",),
+                    image_hash=h,
+                )
+            return ImageRefError(
+                f"{where}: the bytes decode to other pixels than the sampler decoded "
+                "(corrupt, or not this image)",
+                image_hash=h,
+            )
+        named = ", ".join(f"{part} ({text})" for part, text in differs.items())
+        return ProcessingMismatchError(
+            f"{where}: the rebuilt model inputs differ from the sampler's (inputs hash "
+            f"{got} != {want}); "
+            + (
+                f"what differs: {named}"
+                if differs
+                else "config, backend and versions all match (nondeterministic processing?)"
+            ),
+            differs=tuple(differs),
+            image_hash=h,
+        )
 
     def _bytes(self, entry: Mapping[str, Any], mode: str, where: str, h: str) -> bytes:
         """The image's encoded bytes: in the frame (``encoded``), or read through the
@@ -526,30 +500,5 @@ class ImageRebuilder:
                 raise ImageRefError(
                     f"{where}: an encoded image needs its 'data' bytes", image_hash=h
                 )
-            return bytes(data)
-        uri, sha = entry.get("uri"), entry.get("sha256")
-        if not isinstance(uri, str) or not isinstance(sha, str):
-            raise ImageRefError(f"{where}: a reference needs 'uri' and 'sha256'", image_hash=h)
-        if not uri.startswith("file://"):
-            raise ImageRefError(
-                f"{where}: only file:// references are read, not {uri[:40]!r}", image_hash=h
-            )
-        try:
-            path = check_local_path(file_url_to_path(uri), self.policy)
-            data = read_local_file(
-                path, max_bytes=self.policy.max_bytes, confined=self.policy.local_roots is not None
-            )
-        except ImageError as exc:
-            hint = (
-                " (name the store with ImageRebuilder(..., roots=[STORE]))"
-                if not self.policy.local_roots
-                else ""
-            )
-            raise ImageRefError(f"{where}: reference {uri}: {exc}{hint}", image_hash=h) from exc
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise ImageRefError(
-                f"{where}: reference {uri}: its bytes do not match their sha256 {sha[:16]}... "
-                "(changed or corrupt in the store)",
-                image_hash=h,
-            )
-        return data
+            return data if isinstance(data, bytes) else bytes(data)
+        return self._reader.read(entry.get("uri"), entry.get("sha256"), where, h)

@@ -28,7 +28,8 @@ from typing import Any
 
 from vf_mm.errors import TransportError
 from vf_mm.training._groups import pack_group
-from vf_mm.training._images import IMAGE_MODES, ImageProcessing, ImageStore
+from vf_mm.training._images import IMAGE_MODES, ImageProcessing
+from vf_mm.training._store import ImageStore
 from vf_mm.types import RolloutError
 
 
@@ -97,19 +98,23 @@ async def stream_rollouts(
 
     ``images``: how each group carries its images (``pack_group``'s image modes:
     ``"tensors"``, ``"encoded"``, ``"ref"``). The last two record ``image_processing``
-    (an ``ImageProcessing``; by default the client's renderer's, which ``workers`` do
-    not expose: pass it with them) and ``"ref"`` writes to ``image_store``.
+    (an ``ImageProcessing`` or its description; by default the client's renderer's, or
+    with ``workers`` the one their renderers report) and ``"ref"`` writes to
+    ``image_store``.
     """
     if images not in IMAGE_MODES:
         raise ValueError(f"images must be one of {list(IMAGE_MODES)}, not {images!r}")
     if images != "tensors" and image_processing is None:
-        vision = getattr(client, "vision", None) if workers is None else None
-        if vision is None:
+        if workers is not None:  # what the workers' renderers process with, as they said
+            image_processing = getattr(workers, "image_processing", None)
+        else:
+            vision = getattr(client, "vision", None)
+            image_processing = None if vision is None else ImageProcessing.from_vision(vision)
+        if image_processing is None:
             raise ValueError(
-                f'images="{images}" needs image_processing= (an ImageProcessing built as '
-                "the renderer was) when the client has no renderer of its own here"
+                f'images="{images}" needs a renderer with vision (the client\'s or the '
+                "workers'), or image_processing= (an ImageProcessing built as the renderer was)"
             )
-        image_processing = ImageProcessing.from_vision(vision)
     if images == "ref" and image_store is None:
         raise ValueError('images="ref" needs image_store= (an ImageStore or its directory)')
     if images == "ref" and not isinstance(image_store, ImageStore):

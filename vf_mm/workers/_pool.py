@@ -146,6 +146,12 @@ class WorkerPool:
         return tuple(self._info.get("media_rules") or (None, None))  # type: ignore[return-value]
 
     @property
+    def image_processing(self) -> dict[str, Any] | None:
+        """The workers' renderers' image processing, described as a group frame records it
+        (``ImageProcessing.description``); None for a renderer without vision."""
+        return self._info.get("image_processing")
+
+    @property
     def stats(self) -> ClientStats:
         """Every worker's ``ClientStats`` summed (a dead worker's last counts included)."""
         total = ClientStats()

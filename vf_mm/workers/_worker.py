@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 from vf_mm.adapters import load_environment  # as vf_mm.load_environment: verifiers' too
+from vf_mm.training import ImageProcessing
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec
 
 
@@ -27,9 +28,14 @@ class GroupRunner:
     @property
     def info(self) -> dict[str, Any]:
         """What the parent learns once the worker is up: the rules its renderer reads
-        media under (the parent stores and packs the rollouts under the same ones)."""
+        media under (the parent stores and packs the rollouts under the same ones), and
+        the description of its image processing (a group sent with its images encoded
+        records the processing that made its tensors: this renderer's, not one the
+        parent would load itself)."""
         rules = getattr(self.client, "media_rules", (None, None))
-        return {"media_rules": rules}
+        vision = getattr(self.client, "vision", None)
+        processing = None if vision is None else ImageProcessing.from_vision(vision).description
+        return {"media_rules": rules, "image_processing": processing}
 
     async def run(self, task: GroupTask) -> GroupResult:
         outputs: list[tuple[int, Any]] = []

@@ -1,0 +1,292 @@
+"""The shared image store behind ``ref`` frames: where the sampler writes each image's
+bytes once, and how the trainer reads a reference back under the image guard.
+
+A store is a directory on a filesystem the sampler and the trainer share (``file://``),
+or a prefix in an fsspec filesystem (``s3://bucket/images``, ``gs://...``, ``memory://``
+in tests: any protocol fsspec has a driver for, its extra installed). An image's bytes
+live at ``<root>/<sha[:2]>/<sha>``, named by their sha256, so:
+
+- a write is idempotent (bytes already there are not written again) and any number of
+  samplers may share one store;
+- a reader checks the bytes it gets against the name's sha256, so a half-written,
+  changed or swapped object is caught, never decoded as the image.
+
+**Reading is confined.** A frame is data from the network: a reference must not make the
+trainer read whatever it names. ``file://`` references are read only under the
+rebuilder's ``roots`` (``vf_mm.images.check_local_path``: symlinks and ``..`` resolved
+first); any other scheme only under a store prefix the operator allow-listed
+(``ImageRebuilder(..., stores=["s3://bucket/images"])``), path segment by path segment
+(``s3://bucket/images-evil/...`` is not under ``s3://bucket/images``), and only the
+``<sha[:2]>/<sha>`` names a store writes. ``http(s)`` is refused as a store: those reads
+belong to the image guard's SSRF rules, and a store is written, which HTTP is not.
+Every read is bounded by the policy's ``max_bytes``.
+
+**Pruning.** A store grows with every distinct image. ``ImageStore.prune(older_than_s=)``
+deletes what no sampler has written for that long: a ``put`` of bytes already present
+refreshes their time on a local store, so an image still shown by new groups stays.
+Choose ``older_than_s`` above the longest a group may wait between its packing and the
+trainer reading it (sender buffers, a trainer restart). Object stores keep no writable
+access time: prune them with the bucket's own lifecycle rule (expire objects after N
+days), which ``prune`` refuses to stand in for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vf_mm.errors import ImageError, ImageRefError
+from vf_mm.images import ImagePolicy, check_local_path, file_url_to_path, read_local_file
+
+__all__ = ["ImageStore", "PruneReport", "StoreReader"]
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+_NOT_STORES = ("http", "https")
+
+
+def _scheme(text: str) -> str | None:
+    match = _SCHEME.match(text)
+    return match.group(1).lower() if match else None
+
+
+def _fsspec(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    """``(filesystem, path)`` for an fsspec URL; a clear error when its driver is absent."""
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError as exc:  # fsspec comes with datasets; a trimmed install may lack it
+        from vf_mm.errors import MissingDependencyError
+
+        raise MissingDependencyError(f"a store at {url} needs fsspec (pip install fsspec)") from exc
+    try:
+        return url_to_fs(url, **dict(options))
+    except (ImportError, ValueError) as exc:  # an unknown protocol or a driver not installed
+        raise ValueError(f"store {url}: fsspec cannot open it ({exc})") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What ``ImageStore.prune`` did: files deleted, their bytes, and files kept."""
+
+    deleted: int
+    deleted_bytes: int
+    kept: int
+
+
+class ImageStore:
+    """A shared store for ``ref`` frames (module docstring): ``root`` is a local directory
+    (or its ``file://`` URL), created if absent, or an fsspec URL (``s3://bucket/prefix``;
+    ``storage_options`` go to fsspec). ``put(data)`` stores bytes once and gives their
+    ``(uri, sha256)``; ``uri(sha)`` is the reference a frame carries.
+
+    Local writes are atomic (a temporary file renamed into place). An object store's put
+    is atomic per object; on other fsspec filesystems a reader may meet a partial write,
+    which its sha256 check refuses."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        text = os.fspath(root)
+        scheme = _scheme(text)
+        if scheme in _NOT_STORES:
+            raise ValueError(
+                f"an image store cannot be {scheme}:// ({text}): name a directory on a shared "
+                "filesystem or an object store (s3://, gs://, ...)"
+            )
+        self._fs: Any = None
+        if scheme in (None, "file"):
+            path = file_url_to_path(text) if scheme == "file" else Path(text)
+            self.root: Path | str = Path(path).expanduser().resolve()
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.url = self.root.as_uri()
+        else:
+            self._fs, path = _fsspec(text, storage_options or {})
+            self.root = path.rstrip("/")
+            self.url = text.rstrip("/")
+
+    @property
+    def is_local(self) -> bool:
+        return self._fs is None
+
+    def path(self, sha: str) -> Path | str:
+        """Where ``sha``'s bytes live: a local ``Path``, or the fsspec path."""
+        if isinstance(self.root, Path):
+            return self.root / sha[:2] / sha
+        return f"{self.root}/{sha[:2]}/{sha}"
+
+    def uri(self, sha: str) -> str:
+        return f"{self.url}/{sha[:2]}/{sha}"
+
+    def put(self, data: bytes) -> tuple[str, str]:
+        """Store ``data``; its ``(uri, sha256)``."""
+        sha = hashlib.sha256(data).hexdigest()
+        path = self.path(sha)
+        if isinstance(path, Path):
+            try:
+                os.utime(path)  # already there: shown again now (prune keeps it)
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{sha}.{uuid.uuid4().hex}.tmp")
+                with open(tmp, "wb") as file:
+                    file.write(data)
+                os.replace(tmp, path)
+        elif not self._fs.exists(path):
+            self._fs.pipe_file(path, data)
+        return self.uri(sha), sha
+
+    def prune(self, *, older_than_s: float, dry_run: bool = False) -> PruneReport:
+        """Delete the images no ``put`` has touched for ``older_than_s`` seconds (and
+        temporary files a killed writer left that long ago). Local stores only: an
+        object store expires objects with its own lifecycle rule."""
+        if not isinstance(self.root, Path):
+            raise ValueError(
+                f"prune works on a local store; expire objects under {self.url} with the "
+                "object store's lifecycle rule instead"
+            )
+        if not isinstance(older_than_s, (int, float)) or older_than_s < 0:
+            raise ValueError(f"older_than_s must be a number >= 0, got {older_than_s!r}")
+        cutoff = time.time() - float(older_than_s)
+        deleted = deleted_bytes = kept = 0
+        for shard in self.root.iterdir():
+            if not shard.is_dir() or len(shard.name) != 2:
+                continue  # not a store's layout: never touched
+            for file in shard.iterdir():
+                named = _SHA.fullmatch(file.name) or (
+                    file.name.startswith(".") and file.name.endswith(".tmp")
+                )
+                if not named or not file.is_file():
+                    continue
+                stat = file.stat()
+                if stat.st_mtime >= cutoff:
+                    kept += 1
+                    continue
+                if not dry_run:
+                    file.unlink(missing_ok=True)
+                deleted += 1
+                deleted_bytes += stat.st_size
+        return PruneReport(deleted, deleted_bytes, kept)
+
+    def __repr__(self) -> str:
+        return f"ImageStore({self.url!r})"
+
+
+class StoreReader:
+    """Reads ``ref`` entries for the trainer under the guard (module docstring):
+    ``file://`` under ``policy``'s local roots, other schemes under ``stores`` only."""
+
+    def __init__(
+        self,
+        policy: ImagePolicy,
+        *,
+        stores: Iterable[str] = (),
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(stores, str):
+            stores = (stores,)
+        self.policy = policy
+        self.stores: tuple[str, ...] = ()
+        for store in stores:
+            scheme = _scheme(str(store))
+            if scheme is None or scheme == "file":
+                raise ValueError(
+                    f"stores= names network stores (s3://..., gs://...); a local directory "
+                    f"goes in roots=, not stores ({store!r})"
+                )
+            if scheme in _NOT_STORES:
+                raise ValueError(f"an image store cannot be {scheme}:// ({store!r})")
+            self.stores += (str(store).rstrip("/"),)
+        self._options = dict(storage_options or {})
+        self._filesystems: dict[str, tuple[Any, str]] = {}
+
+    def read(self, uri: Any, sha: Any, where: str, h: str) -> bytes:
+        """The bytes ``uri`` names, checked against ``sha``; ``ImageRefError`` else."""
+        if not isinstance(uri, str) or not isinstance(sha, str) or not _SHA.fullmatch(sha):
+            raise ImageRefError(
+                f"{where}: a reference needs 'uri' and 'sha256' (64 hex digits)", image_hash=h
+            )
+        scheme = _scheme(uri)
+        if scheme == "file":
+            data = self._read_file(uri, where, h)
+        elif scheme is None or scheme in _NOT_STORES:
+            raise ImageRefError(
+                f"{where}: reference {uri[:60]!r} is no store's: only file:// under the "
+                "rebuilder's roots and allow-listed stores (stores=[...]) are read",
+                image_hash=h,
+            )
+        else:
+            data = self._read_store(uri, sha, where, h)
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise ImageRefError(
+                f"{where}: reference {uri}: its bytes do not match their sha256 {sha[:16]}... "
+                "(changed or corrupt in the store)",
+                image_hash=h,
+            )
+        return data
+
+    def _read_file(self, uri: str, where: str, h: str) -> bytes:
+        try:
+            path = check_local_path(file_url_to_path(uri), self.policy)
+            return read_local_file(
+                path, max_bytes=self.policy.max_bytes, confined=self.policy.local_roots is not None
+            )
+        except ImageError as exc:
+            hint = (
+                " (name the store with ImageRebuilder(..., roots=[STORE]))"
+                if not self.policy.local_roots
+                else ""
+            )
+            raise ImageRefError(f"{where}: reference {uri}: {exc}{hint}", image_hash=h) from exc
+
+    def _read_store(self, uri: str, sha: str, where: str, h: str) -> bytes:
+        store = self._store_of(uri, sha)
+        if store is None:
+            named = ", ".join(self.stores) if self.stores else "none"
+            raise ImageRefError(
+                f"{where}: reference {uri[:80]} is under no allow-listed store (allowed: "
+                f"{named}; name it with ImageRebuilder(..., stores=[PREFIX]))",
+                image_hash=h,
+            )
+        fs, root = self._filesystem(store)
+        path = f"{root}/{sha[:2]}/{sha}"
+        limit = self.policy.max_bytes
+        try:
+            with fs.open(path, "rb") as file:
+                data = file.read(limit + 1)
+        except FileNotFoundError as exc:
+            raise ImageRefError(f"{where}: reference {uri}: no such object", image_hash=h) from exc
+        except Exception as exc:  # a driver's own errors: permissions, network, throttling
+            raise ImageRefError(
+                f"{where}: reference {uri}: the store could not be read "
+                f"({type(exc).__name__}: {exc})",
+                image_hash=h,
+            ) from exc
+        if len(data) > limit:
+            raise ImageRefError(f"{where}: reference {uri}: over max_bytes={limit}", image_hash=h)
+        return bytes(data)
+
+    def _store_of(self, uri: str, sha: str) -> str | None:
+        """The allow-listed store ``uri`` lies in, as exactly ``<store>/<sha[:2]>/<sha>``."""
+        for store in self.stores:
+            if uri == f"{store}/{sha[:2]}/{sha}":
+                return store
+        # the same place spelled with redundant separators or dots is not accepted:
+        # a store writes one spelling, and a reader compares that one
+        return None
+
+    def _filesystem(self, store: str) -> tuple[Any, str]:
+        known = self._filesystems.get(store)
+        if known is None:
+            fs, path = _fsspec(store, self._options)
+            known = self._filesystems[store] = (fs, posixpath.normpath(path).rstrip("/"))
+        return known
