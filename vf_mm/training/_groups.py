@@ -483,7 +483,7 @@ class _Packer:
             )
         else:  # a PIL image or an array: its decoded pixels, losslessly
             image = load_image(dict(part), policy=policy)
-            return encode_png(image), image
+            return encode_png(image, filtered=False), image
         return data, load_image(data, policy=policy)
 
     def by_source_frame(
