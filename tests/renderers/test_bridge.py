@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.renderers.conftest import content, conversation, random_image
+from vf_mm.renderers import load_renderer
 
 
 def sample(renderer, text: str, *, stop: bool = True) -> list[int]:
@@ -434,3 +435,32 @@ def test_a_tokenizer_left_truncating_still_renders_every_token(renderer_and_proc
         assert renderer.render(messages).token_ids == expected
     finally:
         backend.no_truncation()
+
+
+def test_decoding_a_completion_is_the_tokenizers_own_decode(renderer_and_processor):
+    """The bridge decodes the sampled completion through the Rust backend where that is
+    exactly ``tokenizer.decode`` (a fast tokenizer without space clean-up): special
+    tokens, image markers and bytes split across tokens decode the same either way."""
+    renderer, _ = renderer_and_processor
+    tokenizer = renderer.tokenizer
+    rng = random.Random(7)
+    special = list(tokenizer.all_special_ids)
+    for _ in range(20):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(0, 30))]
+        ids += rng.sample(special, min(2, len(special)))
+        rng.shuffle(ids)
+        assert renderer._decode(ids) == tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_decodes_through_its_own_call(checkpoints, monkeypatch):
+    renderer = load_renderer(checkpoints["qwen2_5_vl"])
+    calls = []
+    decode = renderer.tokenizer.decode
+    monkeypatch.setattr(
+        renderer.tokenizer, "decode", lambda *a, **k: calls.append(1) or decode(*a, **k)
+    )
+    renderer._decode([1, 2, 3])
+    assert calls == []  # the backend's own decode
+    monkeypatch.setattr(renderer.tokenizer, "clean_up_tokenization_spaces", True)
+    renderer._decode([1, 2, 3])
+    assert calls == [1]  # the setting applies, through the tokenizer's call

@@ -91,6 +91,7 @@ class ChatTemplateRenderer:
             OrderedDict()
         )
         self._counted_tokens = 0
+        self._plain_decode = _plain_decode(tokenizer)
         # modalities that share embedding tokens (SmolVLM's frames are images) count together
         self._embed_groups: dict[tuple[int, ...], list[str]] = {}
         for modality in vision.placeholders if vision is not None else ():
@@ -272,7 +273,7 @@ class ChatTemplateRenderer:
             # the template writes text between the generation prompt and the content
             # (SmolVLM: "Assistant:" then ": " + content); the model wrote it itself when
             # its completion starts with it, and then the tokens are the same
-            text = self.tokenizer.decode(completion, skip_special_tokens=False)
+            text = self._decode(completion)
             if not text.startswith(lead):
                 return _Refusal(f"the template rewrites the assistant turn (adds {lead[:40]!r})")
         # The completion ends with the stop token the template writes to close the turn
@@ -403,7 +404,7 @@ class ChatTemplateRenderer:
             full = self._template([user, turn, *new_messages], tools, True, template)
         if not full.startswith(prompt):
             return "the template renders earlier turns differently once this turn is added"
-        sampled = self.tokenizer.decode(completion, skip_special_tokens=False) + tail
+        sampled = self._decode(completion) + tail
         if full[len(prompt) :] != sampled:
             return "the template renders the sampled turn differently from what was sampled"
         return None
@@ -438,7 +439,7 @@ class ChatTemplateRenderer:
             full = self._template(
                 [{"role": "user", "content": _USER}, turn, *new_messages], tools, True, template
             )
-        sampled = self.tokenizer.decode(completion, skip_special_tokens=False)
+        sampled = self._decode(completion)
         if not full.startswith(prompt) or not full.startswith(sampled, len(prompt)):
             return None
         return full[len(prompt) + len(sampled) :]
@@ -629,6 +630,15 @@ class ChatTemplateRenderer:
             ]
         return [backend.encode(piece, add_special_tokens=False).ids for piece in pieces]
 
+    def _decode(self, ids: list[int]) -> str:
+        """``tokenizer.decode(ids, skip_special_tokens=False)``. For a transformers fast
+        tokenizer whose class keeps the library's own decoding and that does not clean up
+        spaces afterwards, that is exactly its Rust backend's decode, called directly (the
+        wrapper costs more than decoding one completion)."""
+        if self._plain_decode and self.tokenizer.clean_up_tokenization_spaces is False:
+            return self.tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
     def _tokenize(
         self, text: str, parts: list[tuple[str, Any, str]], *, base: int
     ) -> RenderedTokens:
@@ -686,6 +696,24 @@ class ChatTemplateRenderer:
             ids.extend(item.tokens)
             ids.extend(piece)
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
+
+
+def _plain_decode(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.decode(ids, skip_special_tokens=False)`` is its Rust backend's
+    decode and nothing else while ``clean_up_tokenization_spaces`` is off (checked at each
+    call: it is a setting a caller may change): a transformers fast tokenizer whose class
+    overrides neither ``decode`` nor ``_decode``."""
+    try:
+        from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    kind = type(tokenizer)
+    return (
+        isinstance(tokenizer, PreTrainedTokenizerFast)
+        and getattr(tokenizer, "backend_tokenizer", None) is not None
+        and kind.decode is PreTrainedTokenizerBase.decode
+        and kind._decode is PreTrainedTokenizerFast._decode
+    )
 
 
 def _split_placeholders(text: str, placeholders: Mapping[str, str]) -> list[str]:
