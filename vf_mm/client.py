@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vf_mm.errors import BackendProtocolError
+from vf_mm.errors import BackendProtocolError, PromptTooLongError
 from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
 from vf_mm.renderers import Renderer, bridge
 from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
@@ -122,13 +122,21 @@ class RendererClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         sampling: SamplingParams | None = None,
         session_id: str | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> ModelTurn:
         """One model turn. ``session_id`` names the rollout the turn belongs to (the same
         for all its turns): a backend with several servers sends them all to one server,
-        whose prefix cache holds the earlier turns; end it with ``end_session``."""
+        whose prefix cache holds the earlier turns; end it with ``end_session``.
+        ``max_prompt_tokens`` (token-level backends): a rendered prompt longer than this
+        is refused (``PromptTooLongError``) before anything is sent (a server's cap)."""
         sampling = sampling or self.sampling
         self.stats.turns += 1
         if not self.token_level:
+            if max_prompt_tokens is not None:
+                raise ValueError(
+                    "max_prompt_tokens needs a token-level backend (a chat backend's prompt "
+                    "is rendered by its server, and its length is not known here)"
+                )
             return await self._chat(prompt, tools, sampling)
         missing = [t for t in self.renderer.stop_token_ids if t not in sampling.stop_token_ids]  # type: ignore[union-attr]
         if missing:  # the backend must stop where the renderer's turn ends
@@ -136,6 +144,14 @@ class RendererClient:
         start = time.perf_counter()
         rendered, bridged = await asyncio.to_thread(self._prompt_tokens, prompt, trajectory, tools)
         self.stats.render_s += time.perf_counter() - start
+        if max_prompt_tokens is not None and len(rendered.token_ids) > max_prompt_tokens:
+            n = len(rendered.token_ids)
+            raise PromptTooLongError(
+                f"the prompt is {n} tokens; at most {max_prompt_tokens} are taken here",
+                backend=self.backend.name,  # type: ignore[union-attr]
+                prompt_tokens=n,
+                limit=max_prompt_tokens,
+            )
         start = time.perf_counter()
         result = await self.backend.generate(  # type: ignore[union-attr]
             GenerateRequest(

@@ -108,12 +108,13 @@ def test_sessions_are_isolated(renderer):
         assert steps[1].tokens.prompt_ids[: len(previous)] == previous
 
 
-def call(recorder, body, headers=None):
+def call(recorder, body, headers=None, *, limits=None):
     """One raw HTTP call to the recording app (no SDK), as (status, JSON body)."""
     from vf_mm.inference import create_app
 
     client = recorder.client
-    app = create_app(client.backend, renderer=client.renderer, model_name="m", recorder=recorder)
+    app = create_app(client.backend, renderer=client.renderer, model_name="m",
+                     recorder=recorder, limits=limits)  # fmt: skip
 
     async def main():
         async with httpx.AsyncClient(
@@ -291,3 +292,28 @@ def test_an_empty_reply_echoed_as_none_and_null_part_keys_still_bridge(renderer)
     status, reply = call(recorder, {"model": "m", "messages": second}, {"X-Session-ID": "s"})
     assert status == 200 and reply["choices"][0]["message"]["content"] == "fine."
     assert recorder.client.stats.bridges == 1
+
+
+def test_a_recording_server_caps_prompt_tokens_like_any_other(renderer):
+    """``--max-request-tokens`` holds for a recorded session too: a prompt over it is the
+    same 400 an unrecorded request gets, refused before generation, and not recorded."""
+    from vf_mm.inference import ServerLimits
+
+    recorder = recorder_for(renderer)
+    limits = ServerLimits(max_request_tokens=40)
+    long = {"model": "m", "messages": [{"role": "user", "content": "word " * 200}]}
+    status, reply = call(recorder, long, {"X-Session-ID": "s"}, limits=limits)
+    assert status == 400 and reply["error"]["type"] == "RequestTooLargeError"
+    assert "at most 40 (--max-request-tokens)" in reply["error"]["message"]
+    assert recorder.client.stats.turns == 1 and recorder.client.stats.backend_s == 0.0
+    assert all(not s.steps for s in recorder._sessions.values())
+    short = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert call(recorder, short, {"X-Session-ID": "s"}, limits=limits)[0] == 200
+
+
+def test_a_chat_backend_cannot_take_a_prompt_token_cap():
+    from vf_mm.testing import ScriptedChatBackend
+
+    client = vf.RendererClient(ScriptedChatBackend(["hi"]))
+    with pytest.raises(ValueError, match="token-level backend"):
+        asyncio.run(client.generate([{"role": "user", "content": "hi"}], max_prompt_tokens=5))

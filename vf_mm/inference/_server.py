@@ -743,9 +743,12 @@ class _Server:
         owner = _owner(request)
         try:
             turn = await self.recorder.turn(
-                session, messages, tools=tools, sampling=sampling, owner=owner
-            )
+                session, messages, tools=tools, sampling=sampling, owner=owner,
+                max_prompt_tokens=self.limits.max_request_tokens,
+            )  # fmt: skip
         except PromptTooLongError as exc:
+            # over --max-request-tokens: the same refusal as an unrecorded request's
+            self._check_limits(prompt_tokens=exc.prompt_tokens, param="messages")
             raise RequestError(str(exc), param="messages") from None
         except BackendError as exc:  # the engine behind the recorder failed
             raise RequestError(

@@ -122,10 +122,12 @@ class Recorder:
         tools: Sequence[Mapping[str, Any]] | None = None,
         sampling: Any = None,
         owner: str | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> Any:
         """One model turn of ``session_id`` (``owner``'s) on ``messages``: the
         ``ModelTurn`` (its ``message`` is the reply to return), recorded as the
-        session's next step."""
+        session's next step. A prompt over ``max_prompt_tokens`` is refused
+        (``PromptTooLongError``) before generation, and nothing is recorded."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("a session id is a non-empty string")
         key = (owner, session_id)
@@ -139,7 +141,7 @@ class Recorder:
             prompt = _with_recorded_history(messages, session.messages)
             turn = await self.client.generate(
                 prompt, trajectory=session.steps, tools=tools, sampling=sampling,
-                session_id=session_id,
+                session_id=session_id, max_prompt_tokens=max_prompt_tokens,
             )  # fmt: skip
             session.steps.append(turn.step(prompt))
             session.last_call = time.monotonic()
