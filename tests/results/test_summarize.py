@@ -145,3 +145,19 @@ def test_a_failed_rollouts_metrics_are_kept_in_its_row_but_not_averaged():
 
 def test_rows_may_be_a_stream_read_once():
     assert summarize(row for row in ROWS) == summarize(ROWS)  # a generator: one pass, none kept
+
+
+def test_unscored_rows_are_no_outcome_for_pass_at_k():
+    """A recorded session nobody scored has neither a reward nor an error: it is not a
+    failure. pass@k counts only scored rows (an errored row is a failure, as before)."""
+    unscored = [{"example_id": e, "reward": None, "error": None} for e in ("a", "b")]
+    summary = summarize(unscored)
+    assert summary["pass_at_k"] == {"1": None} and summary["examples"] == 2
+    mixed = [
+        *unscored,
+        {"example_id": "a", "reward": 1.0, "error": None},
+        {"example_id": "c", "reward": None, "error": {"type": "X", "message": "m"}},
+    ]
+    summary = summarize(mixed)
+    assert summary["examples"] == 3
+    assert summary["pass_at_k"] == {"1": 0.5}  # a: 1 of 1 scored; c: its error fails it

@@ -63,7 +63,9 @@ def summarize(
     once and no row is kept. ``std`` is the population standard deviation (0.0 for one value). pass@k is the
     unbiased estimator per example (success = reward >= ``threshold``; a null reward, as
     an errored rollout has, is a failure), averaged over the examples with at least k
-    rollouts (null when none has). ``k_values`` defaults to 1, 2, 4, ... up to the
+    scored rollouts (null when none has). A row with neither a reward nor an error (a
+    recorded session nobody scored) is no outcome at all: counting it as a failure would
+    report pass@k 0.0 for a run that was never scored. ``k_values`` defaults to 1, 2, 4, ... up to the
     fewest rollouts any example has.
     """
     # one pass, holding per row only 8 bytes per number (the exact two-pass mean and std
@@ -71,7 +73,8 @@ def summarize(
     count = 0
     rewards = array("d")
     metrics: dict[str, array[float]] = {}
-    outcomes: dict[Any, list[int]] = {}  # example id -> [rollouts, successes]
+    outcomes: dict[Any, list[int]] = {}  # example id -> [scored rollouts, successes]
+    examples: set[Any] = set()  # examples seen with unscored rows only (so far)
     turns = array("d")
     prompt_tokens = completion_tokens = without_tokens = errors = 0
     error_kinds: dict[str, dict[str, Any]] = {}
@@ -89,9 +92,12 @@ def summarize(
         for name, value in (row.get("metrics") or {}).items() if row.get("error") is None else ():
             if value is not None:
                 metrics.setdefault(name, array("d")).append(float(value))
-        outcome = outcomes.setdefault(row.get("example_id"), [0, 0])
-        outcome[0] += 1
-        outcome[1] += reward is not None and float(reward) >= threshold
+        if reward is not None or row.get("error") is not None:  # unscored: no outcome
+            outcome = outcomes.setdefault(row.get("example_id"), [0, 0])
+            outcome[0] += 1
+            outcome[1] += reward is not None and float(reward) >= threshold
+        else:
+            examples.add(row.get("example_id"))
         if row.get("num_turns") is not None:
             turns.append(float(row["num_turns"]))
         if row.get("prompt_tokens") is None or row.get("completion_tokens") is None:
@@ -117,7 +123,7 @@ def summarize(
 
     return {
         "count": count,
-        "examples": len(outcomes),
+        "examples": len(examples | set(outcomes)),
         "errors": errors,
         "error_kinds": dict(sorted(error_kinds.items(), key=lambda kv: -kv[1]["count"])),
         "reward": _mean_std(rewards),
