@@ -165,3 +165,19 @@ def test_resume_runs_failed_rollouts_again_unless_told_to_keep_them(tmp_path, mo
     assert rows[1]["error"] is None and rows[1]["reward"] == 1.0  # retried, last record counts
     assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 4  # appended
     assert read_metadata(tmp_path / "out")["results"]["errors"] == 0
+
+
+def test_a_run_whose_every_rollout_failed_exits_1_keeping_each_error(tmp_path, capsys):
+    """A server nobody can reach fails every rollout: each row keeps its error (the run
+    is not lost), and the exit status says nothing was measured, so a script does not take
+    the run for a success."""
+    from vf_mm.models import embedded_model
+
+    out = tmp_path / "out"
+    code = main(["eval", "shapes", "-n", "2", "-r", "1", "-o", str(out), "--backend", "vllm",
+                 "-m", str(embedded_model()), "-b", "http://127.0.0.1:9", "-S",
+                 '{"max_tokens": 4}'])  # fmt: skip
+    assert code == 1
+    rows = list(read_results(out))
+    assert len(rows) == 2 and all(r["error"] is not None for r in rows)
+    assert "every rollout failed (2 of 2)" in " ".join(capsys.readouterr().out.split())

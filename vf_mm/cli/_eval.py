@@ -7,8 +7,9 @@
 
 Exit status: 0 when every rollout ran (failed ones are recorded with their error), 1
 when vf_mm refused the run (an environment that does not load, an OUTDIR in use, a
-model that cannot take the environment's images or clips), 2 for
-bad arguments, 3 when ``--max-errors`` stopped it.
+model that cannot take the environment's images or clips) or when every rollout failed
+(nothing was measured: a server that cannot be reached, say; the rows still hold each
+error), 2 for bad arguments, 3 when ``--max-errors`` stopped it.
 
 A terminal over ``vf_mm.results.evaluate_to_dir``: with no ``-m`` it runs the embedded
 tiny model, so the whole path works on a fresh machine. Each rollout is appended to
@@ -189,6 +190,13 @@ async def _eval(args: argparse.Namespace) -> int:
     if aggregates.get("stopped"):
         console.print(f"[red]{aggregates['stopped']}[/]; --resume continues the run")
         return EXIT_STOPPED
+    count, errors = aggregates.get("count") or 0, aggregates.get("errors") or 0
+    if count and errors == count:  # a script must not take a run that measured nothing
+        kinds = aggregates.get("error_kinds") or {}
+        first = next(iter(kinds.items()), None)
+        why = f" (first: {first[0]}: {first[1].get('first', '')})" if first else ""
+        console.print(f"[red]every rollout failed ({errors} of {count}){escape(why)}[/]")
+        return 1
     return 0
 
 
