@@ -34,8 +34,9 @@ def test_keys_writes_a_pair_and_never_overwrites(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "trainer.key" in out and "trainer.key_secret" in out
     assert (tmp_path / "trainer.key").exists() and (tmp_path / "trainer.key_secret").exists()
-    assert main(["keys", "trainer", "--dir", str(tmp_path)]) == 1  # a TransportError: exists
-    assert "exists already" in capsys.readouterr().err
+    assert main(["keys", "trainer", "--dir", str(tmp_path)]) == 1  # refused: it exists
+    err = capsys.readouterr().err
+    assert "exists already" in err and "Error" not in err  # the reason, not a type name
 
 
 def test_rollout_refuses_plain_tcp_off_loopback_and_half_a_key_pair(tmp_path, capsys):

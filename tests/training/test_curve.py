@@ -46,7 +46,7 @@ def test_key_files_are_a_pair_with_the_secret_kept_private(tmp_path):
     assert public.name == "trainer.key" and secret.name == "trainer.key_secret"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert "secret-key" not in public.read_text() and "secret-key" in secret.read_text()
-    with pytest.raises(TransportError, match="exists already"):
+    with pytest.raises(FileExistsError, match="exists already"):
         write_key_pair(tmp_path / "k", "trainer")
     with pytest.raises(ValueError, match="plain file name"):
         write_key_pair(tmp_path / "k", "../escape")
@@ -122,7 +122,7 @@ def test_keys_that_do_not_fit_are_refused_before_anything_opens(keys, tmp_path):
         GroupReceiver("tcp://127.0.0.1:*", secret_key=made["trainer"][1], allow=empty)
     with pytest.raises(TransportError, match="no secret key"):
         GroupReceiver("tcp://127.0.0.1:*", secret_key=made["trainer"][0], allow=allow)
-    with pytest.raises(TransportError, match="cannot read the CURVE key file"):
+    with pytest.raises(TransportError, match=r"key file .*nope does not exist"):
         GroupSender(
             "tcp://127.0.0.1:1", secret_key=tmp_path / "nope", trainer_key=made["trainer"][0]
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,11 @@ def run_keys(args: argparse.Namespace) -> int:
 
     try:
         public, secret = write_key_pair(args.dir, args.name)
+    except FileExistsError as exc:
+        print(f"vf-mm keys: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
-        print(f"vf-mm keys: {exc}")
+        print(f"vf-mm keys: {exc}", file=sys.stderr)
         return 2
     print(f"public key: {public}  (give it out: the trainer's allow-list, or every worker)")
     print(f"secret key: {secret}  (keep it here: mode 0600)")

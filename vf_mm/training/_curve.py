@@ -29,7 +29,7 @@ from vf_mm.errors import TransportError
 
 def write_key_pair(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     """Write ``NAME.key`` and ``NAME.key_secret`` into ``directory`` (made if missing);
-    returns their paths. An existing pair is never overwritten (``TransportError``)."""
+    returns their paths. An existing pair is never overwritten (``FileExistsError``)."""
     import zmq.auth
 
     if not name or "/" in name or name.startswith("."):
@@ -37,7 +37,9 @@ def write_key_pair(directory: str | os.PathLike[str], name: str) -> tuple[Path, 
     folder = Path(directory)
     public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
     if public.exists() or secret.exists():
-        raise TransportError(f"{public} or {secret} exists already: pick another name")
+        raise FileExistsError(
+            f"{public} or {secret} exists already: pick another name (keys are never overwritten)"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     old = os.umask(0o077)  # the secret file is never readable by others, not even briefly
     try:
@@ -66,6 +68,11 @@ def read_secret_key(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
 def _load(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
     import zmq.auth
 
+    if not Path(path).is_file():
+        raise TransportError(
+            f"the CURVE key file {path} does not exist (vf-mm keys NAME writes NAME.key and "
+            "NAME.key_secret)"
+        )
     try:
         public, secret = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:
