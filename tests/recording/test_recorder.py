@@ -317,3 +317,32 @@ def test_a_chat_backend_cannot_take_a_prompt_token_cap():
     client = vf.RendererClient(ScriptedChatBackend(["hi"]))
     with pytest.raises(ValueError, match="token-level backend"):
         asyncio.run(client.generate([{"role": "user", "content": "hi"}], max_prompt_tokens=5))
+
+
+def test_a_session_that_branched_shows_its_last_branch_and_says_so(renderer):
+    """An agent that compacts its history sends a prompt that does not continue the last
+    call's conversation: the row shows the last branch after what it shares with the
+    first prompt, names the call that branched, and the trajectory keeps every call."""
+    recorder = recorder_for(renderer, replies=["one", "two", "three"])
+    system = {"role": "system", "content": "be brief"}
+    first = [system, {"role": "user", "content": "hi"}]
+    _, reply = call(recorder, {"model": "m", "messages": first}, {"X-Session-ID": "s"})
+    said = reply["choices"][0]["message"]
+    second = [*first, said, {"role": "user", "content": "more"}]
+    _, reply = call(recorder, {"model": "m", "messages": second}, {"X-Session-ID": "s"})
+    compacted = [system, {"role": "user", "content": "summary: hi, more"}]
+    call(recorder, {"model": "m", "messages": compacted}, {"X-Session-ID": "s"})
+    output = asyncio.run(recorder.end("s")).as_rollout()
+    assert output.prompt == first and len(output.trajectory) == 3
+    assert output.info == {"branched_at_calls": [2]}
+    assert [m["content"] for m in output.completion] == ["summary: hi, more", "three"]
+
+    straight = recorder_for(renderer, replies=["one", "two"])
+    _, reply = call(straight, {"model": "m", "messages": first}, {"X-Session-ID": "t"})
+    call(straight, {"model": "m", "messages": [*first, reply["choices"][0]["message"],
+                                              {"role": "user", "content": "more"}]},
+         {"X-Session-ID": "t"})  # fmt: skip
+    output = asyncio.run(straight.end("t")).as_rollout()
+    assert output.info == {} and [m["content"] for m in output.completion] == [
+        "one", "more", "two",
+    ]  # fmt: skip

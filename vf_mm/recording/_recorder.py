@@ -60,18 +60,42 @@ class RecordedSession:
         return [*last.prompt, *last.completion]
 
     def as_rollout(self) -> RolloutOutput:
-        """The session as a rollout (``example_id`` its id): the first call's prompt, and
-        everything after it as the completion; no reward (a recording scores nothing)."""
+        """The session as a rollout (``example_id`` its id; no reward: a recording scores
+        nothing): the first call's prompt, and the last call's conversation after what it
+        shares with that prompt as the completion.
+
+        A session whose calls extend each other is one conversation, and that is all of
+        it. An agent that branched or compacted its history (a later call's prompt is not
+        the previous call's conversation continued) has no single conversation: the row
+        shows the last branch, and ``info["branched_at_calls"]`` lists the calls that
+        started a new one, so nobody reads the row as the whole session (every call's
+        tokens are in the trajectory, and in the groups file)."""
         if not self.steps:
             return RolloutOutput(example_id=self.name, prompt=[], completion=[])
         prompt = self.steps[0].prompt
+        last = self.messages
+        shared = 0
+        while shared < min(len(prompt), len(last)) and _equivalent(prompt[shared], last[shared]):
+            shared += 1
+        branched = [
+            i for i in range(1, len(self.steps)) if not _continues(self.steps[i - 1], self.steps[i])
+        ]
         return RolloutOutput(
             example_id=self.name,
             prompt=list(prompt),
-            completion=self.messages[len(prompt) :],
+            completion=list(last[shared:]),
+            info={"branched_at_calls": branched} if branched else {},
             trajectory=list(self.steps),
             timing={"total_s": time.time() - self.started},
         )
+
+
+def _continues(previous: TrajectoryStep, step: TrajectoryStep) -> bool:
+    """Whether ``step``'s prompt is ``previous``'s conversation continued."""
+    before = [*previous.prompt, *previous.completion]
+    return len(step.prompt) >= len(before) and all(
+        _equivalent(a, b) for a, b in zip(before, step.prompt, strict=False)
+    )
 
 
 class Recorder:
