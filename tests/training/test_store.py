@@ -231,3 +231,102 @@ def test_a_changed_or_oversized_object_is_refused(qwen, memory_url):
 def test_a_store_whose_driver_is_missing_says_so(tmp_path):
     with pytest.raises(ValueError, match="fsspec cannot open it"):
         ImageStore("nosuchprotocol://bucket/images")
+
+
+# -- what the review of the store found ---------------------------------------------------
+
+
+def test_a_policy_without_roots_reads_no_file_reference(qwen, tmp_path):
+    """A policy for trusted code (local_roots=None) reads any path: given to a rebuilder
+    (to raise max_bytes, say), it must not let a frame read files by name."""
+    from vf_mm.images import ImagePolicy
+
+    store = ImageStore(tmp_path / "store")
+    _outputs, frame, trainer = ref_frame(qwen, store)
+    rebuilder = ImageRebuilder(trainer, policy=ImagePolicy(max_bytes=64 << 20))
+    with rebuilder, pytest.raises(ImageRefError, match="read only under named roots"):
+        unpack_group(frame, images=rebuilder)
+
+
+def test_roots_may_name_the_store_by_its_file_url(qwen, tmp_path):
+    store = ImageStore(tmp_path / "store")
+    outputs, frame, trainer = ref_frame(qwen, store)
+    with ImageRebuilder(trainer, roots=[store.url]) as rebuilder:
+        assert_bit_exact(items_of(outputs), items_of(unpack_group(frame, images=rebuilder)))
+    with ImageRebuilder(trainer, roots=str(store.root)) as rebuilder:  # one root, bare
+        assert_bit_exact(items_of(outputs), items_of(unpack_group(frame, images=rebuilder)))
+
+
+@pytest.mark.parametrize("age", [float("nan"), float("inf"), True, "60", -1])
+def test_prune_refuses_an_age_that_is_no_finite_number(tmp_path, age):
+    with pytest.raises(ValueError, match="finite number"):
+        ImageStore(tmp_path / "s").prune(older_than_s=age)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("memory://", "path under its root"),
+        ("memory:///", "path under its root"),
+        ("memory://b//images", "segments"),
+        ("memory://b/./images", "segments"),
+        ("memory://b/x/../images", "segments"),
+        ("memory://b/images?x=1", "query"),
+    ],
+)
+def test_a_store_url_has_one_spelling(url, why):
+    with pytest.raises(ValueError, match=why):
+        ImageStore(url)
+    with pytest.raises(ValueError, match=why):
+        ImageRebuilder(object(), stores=[url])
+
+
+def test_a_put_rewrites_a_file_cut_short_and_keeps_one_it_may_not_touch(tmp_path, monkeypatch):
+    store = ImageStore(tmp_path / "store")
+    _, sha = store.put(b"good bytes")
+    store.path(sha).write_bytes(b"good")  # a crash elsewhere left it short
+    store.put(b"good bytes")
+    assert store.path(sha).read_bytes() == b"good bytes"
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("another user's file")
+
+    monkeypatch.setattr(os, "utime", refuse)
+    assert store.put(b"good bytes") == (store.uri(sha), sha)  # there: used as it is
+
+
+def test_a_put_racing_a_prune_keeps_its_file(tmp_path, monkeypatch):
+    """prune looks at a file's age, then removes it: a put in between (its time
+    refreshed, or the file written again) keeps the file the put handed out."""
+    store = ImageStore(tmp_path / "store")
+    for touched_before_the_rename in (True, False):
+        _, sha = store.put(b"shown again")
+        age(store.path(sha), 7200)
+        rename = os.rename
+
+        def racing(src, dst, rename=rename, before=touched_before_the_rename):
+            if before:
+                store.put(b"shown again")  # refreshes the time, then prune renames
+                rename(src, dst)
+            else:
+                rename(src, dst)
+                store.put(b"shown again")  # finds it gone: writes it again
+
+        monkeypatch.setattr(os, "rename", racing)
+        store.prune(older_than_s=3600)
+        monkeypatch.setattr(os, "rename", rename)
+        assert store.path(sha).read_bytes() == b"shown again", touched_before_the_rename
+        assert not list(store.path(sha).parent.glob(".*.pruning"))
+
+
+def test_leftovers_of_killed_writers_and_prunes_go_after_an_hour(tmp_path):
+    store = ImageStore(tmp_path / "store")
+    _, sha = store.put(b"x")
+    folder = store.path(sha).parent
+    fresh, stale = folder / f".{sha}.a.tmp", folder / f".{sha}.b.pruning"
+    fresh.write_bytes(b"being written")
+    stale.write_bytes(b"a prune died here")
+    age(fresh, 120)
+    age(stale, 7200)
+    store.prune(older_than_s=60)  # a minute: the writer of a 2-minute-old temp may live
+    assert fresh.exists() and not stale.exists() and store.path(sha).exists()

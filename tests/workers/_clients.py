@@ -19,14 +19,19 @@ def _example(request) -> str:
 
 
 def scripted(checkpoint: str, *, die_once_on: str | None = None, marker: str | None = None,
-             always_die_on: str | None = None, fail_start: bool = False) -> vf.RendererClient:  # fmt: skip
+             always_die_on: str | None = None, fail_start: bool = False,
+             vary_after: str | None = None) -> vf.RendererClient:  # fmt: skip
     """A ``RendererClient`` whose backend answers "yes", except that it kills its own
     process (SIGKILL, as a crash would) on the example named ``die_once_on`` the first
     time any worker meets it (``marker`` records that across processes), and on
-    ``always_die_on`` every time."""
+    ``always_die_on`` every time. ``vary_after`` (a marker path): every worker but the
+    first to start processes images with another ``max_pixels``."""
     if fail_start:
         raise RuntimeError("this worker's client cannot be built (a test's own failure)")
-    renderer = load_renderer(checkpoint)
+    if vary_after is not None and not _first_time(Path(vary_after)):
+        renderer = load_renderer(checkpoint, processor_kwargs={"max_pixels": 28 * 28 * 16})
+    else:
+        renderer = load_renderer(checkpoint)
 
     def reply(request) -> str:
         example = _example(request)

@@ -115,6 +115,13 @@ def test_a_worker_that_cannot_start_stops_the_run_with_its_own_error(checkpoint)
         run(spec(checkpoint, fail_start=True), 2)
 
 
+def test_workers_that_would_process_images_differently_do_not_start(checkpoint, tmp_path):
+    """Every group of a run is described by worker 0's image processing: a worker whose
+    renderer processes otherwise (here another max_pixels) stops the run at the start."""
+    with pytest.raises(WorkerStartError, match="worker 1 differs from worker 0: its image"):
+        run(spec(checkpoint, vary_after=str(tmp_path / "first")), 2)
+
+
 def test_bad_pool_arguments_are_refused_at_once(checkpoint):
     with pytest.raises(ValueError, match="workers must be >= 1"):
         WorkerPool(spec(checkpoint), 0)

@@ -6,7 +6,7 @@
                   [--hwm N] [--send-timeout S] [--bind] [--run-id ID] [-k KEY]
                   [--secret-key PATH --trainer-key PATH | --insecure]
                   [--workers W] [--ray [ADDRESS]] [--shard i/N]
-                  [--images tensors|encoded|ref [--image-store DIR]]
+                  [--images tensors|encoded|ref [--image-store DIR|URL]]
                   [--spawn N [--gpus-per-server K] [-- VLLM_ARGS...]]
 
 A terminal over ``vf_mm.training.stream_rollouts``: ``R`` rollouts of each of the first
@@ -18,8 +18,8 @@ that round). When the trainer is slow the send blocks (``--hwm`` groups queued a
 ``--images`` picks how a group carries its images: ``tensors`` (the renderer's model
 inputs), ``encoded`` (each image's encoded bytes; the trainer rebuilds the inputs with a
 ``vf_mm.training.ImageRebuilder`` and checks them bit for bit) or ``ref`` (the bytes
-written once to ``--image-store``, a directory the trainer shares, and a ``file://``
-reference with their sha256 in the group).
+written once to ``--image-store``, a directory the trainer shares or an object store's
+URL such as ``s3://bucket/images``, and a reference with their sha256 in the group).
 
 With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does).
 """
@@ -250,9 +250,16 @@ def _image_modes(args: argparse.Namespace, model: str, console: Console) -> dict
             f"[red]--images {args.images} needs a vision checkpoint: {escape(str(exc))}[/]"
         )
         return None
+    if args.images == "ref" and str(args.image_store).startswith("memory:"):
+        console.print(
+            f"[red]--image-store {escape(str(args.image_store))}: a memory:// store lives in "
+            "this process only, and the trainer reads the references from another: name a "
+            "shared directory or an object store[/]"
+        )
+        return None
     try:
         store = ImageStore(args.image_store) if args.images == "ref" else None
-    except (ValueError, ImportError) as exc:
+    except (ValueError, ImportError, OSError) as exc:  # a bad URL, no driver, no directory
         console.print(f"[red]--image-store {escape(str(args.image_store))}: {escape(str(exc))}[/]")
         return None
     return {"images": args.images, "image_store": store}

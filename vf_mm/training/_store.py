@@ -14,16 +14,22 @@ live at ``<root>/<sha[:2]>/<sha>``, named by their sha256, so:
 **Reading is confined.** A frame is data from the network: a reference must not make the
 trainer read whatever it names. ``file://`` references are read only under the
 rebuilder's ``roots`` (``vf_mm.images.check_local_path``: symlinks and ``..`` resolved
-first); any other scheme only under a store prefix the operator allow-listed
-(``ImageRebuilder(..., stores=["s3://bucket/images"])``), path segment by path segment
-(``s3://bucket/images-evil/...`` is not under ``s3://bucket/images``), and only the
-``<sha[:2]>/<sha>`` names a store writes. ``http(s)`` is refused as a store: those reads
-belong to the image guard's SSRF rules, and a store is written, which HTTP is not.
-Every read is bounded by the policy's ``max_bytes``.
+first), and not at all under a policy that names no roots (one for trusted code, which
+reads any path); any other scheme only under a store prefix the operator allow-listed
+(``ImageRebuilder(..., stores=["s3://bucket/images"])``), and there only the exact
+``<store>/<sha[:2]>/<sha>`` a store writes (``s3://bucket/images-evil/...``, a ``..``, a
+query: all refused). Store URLs have one spelling (``store_url``: no trailing slash, no
+empty, ``.`` or ``..`` segment, no bare ``proto://`` root), the same for the writer and
+the reader. ``http(s)`` is refused as a store: those reads belong to the image guard's
+SSRF rules, and a store is written, which HTTP is not. Every read is bounded by the
+policy's ``max_bytes``: a network object's size is checked before a ranged read of at
+most that many bytes; how long a read may take is the fsspec driver's setting.
 
 **Pruning.** A store grows with every distinct image. ``ImageStore.prune(older_than_s=)``
 deletes what no sampler has written for that long: a ``put`` of bytes already present
-refreshes their time on a local store, so an image still shown by new groups stays.
+refreshes their time on a local store, so an image still shown by new groups stays, and
+a ``put`` racing a ``prune`` never loses its file (``ImageStore.prune`` says how). A file
+of the wrong size (a crash mid-write elsewhere) is written again by the next ``put``.
 Choose ``older_than_s`` above the longest a group may wait between its packing and the
 trainer reading it (sender buffers, a trainer restart). Object stores keep no writable
 access time: prune them with the bucket's own lifecycle rule (expire objects after N
@@ -32,9 +38,10 @@ days), which ``prune`` refuses to stand in for.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
-import posixpath
 import re
 import time
 import uuid
@@ -51,11 +58,34 @@ __all__ = ["ImageStore", "PruneReport", "StoreReader"]
 _SHA = re.compile(r"[0-9a-f]{64}")
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 _NOT_STORES = ("http", "https")
+#: a writer's temporary file is left for at least this long (a put may be writing it)
+_TMP_AGE_S = 3600.0
+
+
+_LOOKS_LIKE_A_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]+:")
 
 
 def _scheme(text: str) -> str | None:
     match = _SCHEME.match(text)
     return match.group(1).lower() if match else None
+
+
+def store_url(text: str) -> str:
+    """A network store's URL in the one spelling writers and readers compare: no trailing
+    slash, and refused (``ValueError``) where two spellings could name one place or the
+    URL names no place of its own: a bare ``proto://`` root, empty, ``.`` or ``..``
+    segments, a query or a fragment."""
+    scheme = _scheme(text)
+    if scheme is None:
+        raise ValueError(f"a store URL is scheme://path, not {text!r}")
+    rest = text[len(scheme) + 3 :].rstrip("/")
+    if not rest:
+        raise ValueError(f"a store URL names a path under its root, not {text!r} alone")
+    if "?" in rest or "#" in rest:
+        raise ValueError(f"a store URL has no query or fragment: {text!r}")
+    if any(segment in ("", ".", "..") for segment in rest.split("/")):
+        raise ValueError(f"a store URL has no empty, '.' or '..' segments: {text!r}")
+    return f"{text[: len(scheme)]}://{rest}"
 
 
 def _fsspec(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
@@ -74,7 +104,8 @@ def _fsspec(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
 
 @dataclass(frozen=True, slots=True)
 class PruneReport:
-    """What ``ImageStore.prune`` did: files deleted, their bytes, and files kept."""
+    """What ``ImageStore.prune`` did: files deleted (with ``dry_run``, that would have
+    been), their bytes, and files kept."""
 
     deleted: int
     deleted_bytes: int
@@ -99,6 +130,11 @@ class ImageStore:
     ) -> None:
         text = os.fspath(root)
         scheme = _scheme(text)
+        if scheme is None and _LOOKS_LIKE_A_SCHEME.match(text):
+            raise ValueError(
+                f"{text!r} looks like a URL without '//' (s3://bucket/images); a directory "
+                "whose name starts like a URL scheme: write it as ./" + text
+            )
         if scheme in _NOT_STORES:
             raise ValueError(
                 f"an image store cannot be {scheme}:// ({text}): name a directory on a shared "
@@ -111,9 +147,9 @@ class ImageStore:
             self.root.mkdir(parents=True, exist_ok=True)
             self.url = self.root.as_uri()
         else:
-            self._fs, path = _fsspec(text, storage_options or {})
+            self.url = store_url(text)
+            self._fs, path = _fsspec(self.url, storage_options or {})
             self.root = path.rstrip("/")
-            self.url = text.rstrip("/")
 
     @property
     def is_local(self) -> bool:
@@ -133,49 +169,104 @@ class ImageStore:
         sha = hashlib.sha256(data).hexdigest()
         path = self.path(sha)
         if isinstance(path, Path):
-            try:
-                os.utime(path)  # already there: shown again now (prune keeps it)
-            except FileNotFoundError:
+            if not self._present(path, len(data)):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".{sha}.{uuid.uuid4().hex}.tmp")
                 with open(tmp, "wb") as file:
                     file.write(data)
                 os.replace(tmp, path)
-        elif not self._fs.exists(path):
-            self._fs.pipe_file(path, data)
+        else:
+            try:
+                present = self._fs.size(path) == len(data)
+            except FileNotFoundError:
+                present = False
+            if not present:  # absent, or a partial write to repair
+                self._fs.pipe_file(path, data)
         return self.uri(sha), sha
 
+    @staticmethod
+    def _present(path: Path, size: int) -> bool:
+        """Whether ``path`` holds the image already (its size right: a file cut short by a
+        crash is written again, never kept), its time refreshed so ``prune`` keeps it.
+        A file another user wrote may refuse the refresh: it is there all the same."""
+        try:
+            if path.stat().st_size != size:
+                return False
+            os.utime(path)
+        except FileNotFoundError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
     def prune(self, *, older_than_s: float, dry_run: bool = False) -> PruneReport:
-        """Delete the images no ``put`` has touched for ``older_than_s`` seconds (and
-        temporary files a killed writer left that long ago). Local stores only: an
-        object store expires objects with its own lifecycle rule."""
+        """Delete the images no ``put`` has touched for ``older_than_s`` seconds (and the
+        temporary files of writers killed at least an hour, or ``older_than_s``, ago).
+        Local stores only: an object store expires objects with its own lifecycle rule.
+        ``dry_run``: delete nothing; the report counts what would have gone.
+
+        Safe beside samplers writing the store: an old file is first renamed aside, then
+        looked at again, and put back if a ``put`` touched it meanwhile (a ``put`` that
+        finds it gone writes it again), so no reference a ``put`` handed out loses its
+        file. Files that vanish under it (another ``prune``) are skipped."""
         if not isinstance(self.root, Path):
             raise ValueError(
                 f"prune works on a local store; expire objects under {self.url} with the "
                 "object store's lifecycle rule instead"
             )
-        if not isinstance(older_than_s, (int, float)) or older_than_s < 0:
-            raise ValueError(f"older_than_s must be a number >= 0, got {older_than_s!r}")
-        cutoff = time.time() - float(older_than_s)
+        if (
+            isinstance(older_than_s, bool)
+            or not isinstance(older_than_s, (int, float))
+            or not math.isfinite(older_than_s)
+            or older_than_s < 0
+        ):
+            raise ValueError(f"older_than_s must be a finite number >= 0, got {older_than_s!r}")
+        now = time.time()
+        cutoff = now - float(older_than_s)
+        tmp_cutoff = now - max(float(older_than_s), _TMP_AGE_S)
         deleted = deleted_bytes = kept = 0
-        for shard in self.root.iterdir():
-            if not shard.is_dir() or len(shard.name) != 2:
-                continue  # not a store's layout: never touched
-            for file in shard.iterdir():
-                named = _SHA.fullmatch(file.name) or (
-                    file.name.startswith(".") and file.name.endswith(".tmp")
-                )
-                if not named or not file.is_file():
+        for shard in os.scandir(self.root):
+            if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
+                continue  # not the store's layout: never touched
+            for entry in os.scandir(shard.path):
+                # a writer's, or a prune's killed between its rename and its delete
+                temporary = entry.name.startswith(".") and entry.name.endswith((".tmp", ".pruning"))
+                if not (_SHA.fullmatch(entry.name) or temporary):
                     continue
-                stat = file.stat()
-                if stat.st_mtime >= cutoff:
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if stat.st_mtime >= (tmp_cutoff if temporary else cutoff):
                     kept += 1
                     continue
-                if not dry_run:
-                    file.unlink(missing_ok=True)
-                deleted += 1
-                deleted_bytes += stat.st_size
+                if dry_run or self._remove_if_old(Path(entry.path), cutoff, temporary):
+                    deleted, deleted_bytes = deleted + 1, deleted_bytes + stat.st_size
+                else:
+                    kept += 1
         return PruneReport(deleted, deleted_bytes, kept)
+
+    @staticmethod
+    def _remove_if_old(path: Path, cutoff: float, temporary: bool) -> bool:
+        """Remove ``path`` unless a ``put`` touches it while this looks: renamed aside,
+        checked again, deleted, or renamed back. True when it was deleted."""
+        if temporary:
+            path.unlink(missing_ok=True)
+            return True
+        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.pruning")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        if aside.stat().st_mtime >= cutoff:  # touched between the look and the rename
+            with contextlib.suppress(FileExistsError):  # a put may have written it again
+                os.link(aside, path)
+            aside.unlink()
+            return False
+        aside.unlink()
+        return True
 
     def __repr__(self) -> str:
         return f"ImageStore({self.url!r})"
@@ -205,7 +296,7 @@ class StoreReader:
                 )
             if scheme in _NOT_STORES:
                 raise ValueError(f"an image store cannot be {scheme}:// ({store!r})")
-            self.stores += (str(store).rstrip("/"),)
+            self.stores += (store_url(str(store)),)
         self._options = dict(storage_options or {})
         self._filesystems: dict[str, tuple[Any, str]] = {}
 
@@ -235,6 +326,12 @@ class StoreReader:
         return data
 
     def _read_file(self, uri: str, where: str, h: str) -> bytes:
+        if self.policy.local_roots is None:  # a policy for trusted code reads any path
+            raise ImageRefError(
+                f"{where}: reference {uri}: file:// references are read only under named "
+                "roots (ImageRebuilder(..., roots=[STORE]), or a policy with local_roots)",
+                image_hash=h,
+            )
         try:
             path = check_local_path(file_url_to_path(uri), self.policy)
             return read_local_file(
@@ -261,8 +358,15 @@ class StoreReader:
         path = f"{root}/{sha[:2]}/{sha}"
         limit = self.policy.max_bytes
         try:
-            with fs.open(path, "rb") as file:
-                data = file.read(limit + 1)
+            # its size first, then a ranged read of at most limit + 1 bytes: no driver's
+            # read-ahead, and no object larger than the policy allows is fetched whole
+            if fs.size(path) > limit:
+                raise ImageRefError(
+                    f"{where}: reference {uri}: over max_bytes={limit}", image_hash=h
+                )
+            data = fs.cat_file(path, start=0, end=limit + 1)
+        except ImageRefError:
+            raise
         except FileNotFoundError as exc:
             raise ImageRefError(f"{where}: reference {uri}: no such object", image_hash=h) from exc
         except Exception as exc:  # a driver's own errors: permissions, network, throttling
@@ -288,5 +392,5 @@ class StoreReader:
         known = self._filesystems.get(store)
         if known is None:
             fs, path = _fsspec(store, self._options)
-            known = self._filesystems[store] = (fs, posixpath.normpath(path).rstrip("/"))
+            known = self._filesystems[store] = (fs, path.rstrip("/"))
         return known

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -40,6 +41,8 @@ from vf_mm.errors import WorkerLostError, WorkerStartError
 from vf_mm.types import RolloutError, RolloutOutput
 from vf_mm.workers._process import ProcessWorker
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec, add_stats, failed_group
+
+logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("process", "ray")
 _NO_ID = object()
@@ -106,6 +109,11 @@ class WorkerPool:
                 raise first
             raise WorkerStartError(f"a worker could not start: {first}") from first
         self._info = results[0]  # type: ignore[assignment]
+        for slot, info in enumerate(results[1:], start=1):
+            differs = _differs(self._info, info)  # type: ignore[arg-type]
+            if differs:
+                await self.aclose()
+                raise WorkerStartError(f"worker {slot} differs from worker 0: {differs}")
         for ready in self._ready:
             ready.set()
         return self
@@ -322,11 +330,37 @@ class WorkerPool:
             self._workers[slot] = worker = self._new_worker(slot)
             await old.close()
             try:
-                await worker.start()
+                info = await worker.start()
             except WorkerStartError:
                 self._dead.add(slot)
+                return False
+            differs = _differs(self._info, info)
+            if differs:  # a replacement that would process otherwise takes no group
+                logger.warning("vf-mm-worker-%d is not replaced: %s", slot, differs)
+                self._dead.add(slot)
+                await worker.close()
                 return False
             self.restarts += 1
             return True
         finally:
             self._ready[slot].set()
+
+
+def _differs(first: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """What ``other`` worker's info has that ``first``'s has not (None: the same): the
+    rules media are read under and the image processing (its config, backend and library
+    versions). Every group of a run is packed and described as worker 0's: a worker that
+    reads or processes images otherwise would make tensors its frames do not describe."""
+    for key, what in (("media_rules", "media rules"), ("image_processing", "image processing")):
+        if first.get(key) != other.get(key):
+            return (
+                f"its {what} ({_short(other.get(key))}) are not worker 0's "
+                f"({_short(first.get(key))}); every worker of a run needs the same checkpoint, "
+                "options and library versions"
+            )
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
