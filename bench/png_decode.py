@@ -39,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 import PIL
 from _machine import cpu_name
+from image_modes import photo as jpeg_photo
 from PIL import Image, ImageDraw
 
 import vf_mm
@@ -98,21 +99,8 @@ def board(cells: int = 14, cell: int = 32, seed: int = 0) -> Image.Image:
 
 
 def photo(width: int = 1280, height: int = 720, seed: int = 0) -> Image.Image:
-    """Photo-like pixels (``bench/image_modes.py``'s photo), decoded from JPEG quality 90."""
-    rng = np.random.default_rng(seed)
-    size = (width, height)
-    small = Image.fromarray(rng.integers(0, 256, (9, 16, 3), dtype=np.uint8))
-    base = np.asarray(small.resize(size, Image.Resampling.BICUBIC), dtype=np.float32)
-    detail = np.asarray(
-        Image.fromarray(rng.integers(0, 256, (90, 160, 3), dtype=np.uint8)).resize(
-            size, Image.Resampling.BILINEAR
-        ),
-        dtype=np.float32,
-    )
-    pixels = 0.75 * base + 0.25 * detail + rng.normal(0, 4, (height, width, 3))
-    buffer = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
-    return Image.open(buffer).convert("RGB")
+    """Photo-like pixels: ``bench/image_modes.py``'s photo JPEG (quality 90), decoded."""
+    return Image.open(io.BytesIO(jpeg_photo(seed, (width, height)))).convert("RGB")
 
 
 # -- timing --------------------------------------------------------------------------------
