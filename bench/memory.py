@@ -185,7 +185,13 @@ def main() -> None:
                 f"{m['end']:>8.0f}{r['rate']:>7.1f}",
                 flush=True,
             )
-    for mode in args.modes.split(","):
+    print_growth(results, args.modes.split(","))
+
+
+def print_growth(results: dict, modes: list[str]) -> None:
+    """For each mode measured at several sizes: how its peak beyond the base grows from
+    the smallest run to each larger one (flat is the goal)."""
+    for mode in modes:
         sizes = sorted(n for m, n in results if m == mode)
         if len(sizes) > 1:
             first = results[(mode, sizes[0])]

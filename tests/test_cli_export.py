@@ -192,3 +192,29 @@ def test_export_is_listed_in_the_help(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0 and "export" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_arrow_cache_is_beside_dir_and_removed_after(run, tmp_path, monkeypatch, fails):
+    """The rows go to Arrow files in a hidden folder beside DIR (DIR's disk, not /tmp),
+    which is gone once the command ends, whether it exported or refused."""
+    import vf_mm.results
+
+    real, seen = vf_mm.results.to_dataset, []
+
+    def spying(outdir, **options):
+        seen.append(Path(options["cache_dir"]))
+        dataset = real(outdir, **options)
+        assert any(seen[-1].iterdir())  # the export's files are there while it runs
+        if fails:
+            raise OSError(28, "No space left on device")
+        return dataset
+
+    monkeypatch.setattr(vf_mm.results, "to_dataset", spying)
+    out = tmp_path / "deeper" / "out"  # its folder does not exist yet
+    assert main(["export", str(run), "--to", "parquet", str(out)]) == (1 if fails else 0)
+    (cache,) = seen
+    assert cache.parent == tmp_path and cache.name.startswith(".out.tmp-cache-")
+    assert not cache.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert out.exists() != fails

@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tracemalloc
 from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
+from datasets.arrow_writer import ArrowWriter
+from datasets.exceptions import DatasetGenerationError
 from PIL import Image
 
 from tests.results._clips import frames
@@ -21,6 +29,7 @@ from vf_mm.results import (
     RESULTS_FILE,
     ROW_KEYS,
     ResultsWriter,
+    _dataset,
     read_results,
     to_dataset,
 )
@@ -425,3 +434,192 @@ def test_check_assets_false_reads_the_files_without_decoding_them(tmp_path):
     dataset = to_dataset(out, check_assets=False)
     assert np.array_equal(np.asarray(dataset[0]["images"][0]), np.asarray(picture(5)))
     assert dataset[0]["image_urls"][0] == url
+
+
+# -- memory: rows streamed to Arrow files on disk -----------------------------------
+
+
+def noise_run(path: Path, rollouts: int, *, side: int = 256, seed: int = 0) -> int:
+    """A run of ``rollouts`` rollouts, each showing its own picture of random noise (PNG
+    cannot shrink it: ~side * side * 3 bytes a file); the total bytes of the assets."""
+    rng = np.random.default_rng(seed)
+    with ResultsWriter(path, metadata=METADATA) as writer:
+        for example in range(rollouts):
+            pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+            writer.write(
+                RolloutOutput(
+                    example_id=example,
+                    prompt=[
+                        {
+                            "role": "user",
+                            "content": [{"type": "image", "image": Image.fromarray(pixels)}],
+                        }
+                    ],
+                    completion=[{"role": "assistant", "content": "noise"}],
+                    reward=1.0,
+                ),
+                rollout_index=0,
+            )
+    return sum(p.stat().st_size for p in (path / "assets").iterdir())
+
+
+def test_rows_reach_the_arrow_writer_in_batches_as_they_are_read(run, monkeypatch):
+    """At most one batch of rows exists before it is written: the writer flushes every
+    ``_WRITER_BATCH_SIZE`` rows, and no more than that were built since the last flush."""
+    monkeypatch.setattr(_dataset, "_WRITER_BATCH_SIZE", 2)
+    built, flushes = [0], []
+    record, flush = _dataset._record, ArrowWriter.write_examples_on_file
+
+    def counting_record(*args, **kwargs):
+        built[0] += 1
+        return record(*args, **kwargs)
+
+    def noting_flush(self):
+        if self.current_examples:
+            flushes.append((built[0], len(self.current_examples)))
+        return flush(self)
+
+    monkeypatch.setattr(_dataset, "_record", counting_record)
+    monkeypatch.setattr(ArrowWriter, "write_examples_on_file", noting_flush)
+    dataset = to_dataset(run)
+    assert dataset.num_rows == 6 and built[0] == 6
+    assert flushes == [(2, 2), (4, 2), (6, 2)]  # built, waiting: never more than a batch
+    assert_round_trips(dataset, run)
+
+
+def test_exporting_holds_a_batch_of_images_not_the_run(tmp_path, monkeypatch):
+    """The peak of Python memory while exporting a run of many MB of images stays far
+    below their total: image bytes are read per row and leave with their batch (building
+    every record first, as one list, peaks above the total)."""
+    out = tmp_path / "noise"
+    total = noise_run(out, 48, side=192)
+    assert total > 5_000_000
+    monkeypatch.setattr(_dataset, "_WRITER_BATCH_SIZE", 2)
+    to_dataset(out, cache_dir=tmp_path / "warm-up")  # what is imported on first use
+    tracemalloc.start()
+    try:
+        dataset = to_dataset(out, cache_dir=tmp_path / "cache")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert dataset.num_rows == 48
+    assert peak < total / 4, (peak, total)
+    last = dataset[47]
+    asset = load_image(out / last["image_urls"][0])
+    assert np.array_equal(np.asarray(last["images"][0]), np.asarray(asset))
+
+
+def test_cache_dir_holds_the_arrow_files(run, tmp_path):
+    cache = tmp_path / "cache" / "deeper"  # created when missing
+    dataset = to_dataset(run, cache_dir=cache)
+    files = [Path(f["filename"]) for f in dataset.cache_files]
+    assert files and all(f.is_relative_to(cache) for f in files)
+    assert_round_trips(dataset, run)
+
+
+def test_by_default_each_export_has_its_own_temporary_folder(run, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    first, second = to_dataset(run), to_dataset(run)
+    folders = set()
+    for dataset in (first, second):
+        (file,) = {Path(f["filename"]) for f in dataset.cache_files}
+        folder = file.relative_to(tmp_path / "tmp").parts[0]
+        assert folder.startswith("vf-mm-dataset-")
+        folders.add(folder)
+    assert len(folders) == 2
+    assert_round_trips(first, run)
+
+
+def test_the_temporary_folder_goes_when_the_process_exits(run, tmp_path):
+    code = (
+        "import sys; from pathlib import Path; from vf_mm.results import to_dataset; "
+        "d = to_dataset(sys.argv[1]); print(Path(d.cache_files[0]['filename']).parent)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(run)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    folder = Path(done.stdout.strip().splitlines()[-1])
+    assert folder.is_relative_to(tmp_path)
+    assert not folder.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("vf-mm-dataset-")] == []
+
+
+def test_an_export_of_a_changed_run_never_reuses_the_earlier_cache(tmp_path):
+    """Same run directory, same keys, same cache_dir: the second export reads the run as
+    it is now, and the first dataset still reads as it was."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+
+    def write(reward: float, rollouts: int) -> None:
+        with ResultsWriter(out, metadata=METADATA) as writer:
+            for example in range(rollouts):
+                writer.write(
+                    RolloutOutput(
+                        example_id=example,
+                        prompt=[{"role": "user", "content": "hi"}],
+                        completion=[{"role": "assistant", "content": str(reward)}],
+                        reward=reward,
+                    ),
+                    rollout_index=0,
+                )
+
+    write(0.0, 3)
+    before = to_dataset(out, cache_dir=cache)
+    shutil.rmtree(out)
+    write(1.0, 3)  # the same path and keys, other values
+    after = to_dataset(out, cache_dir=cache)
+    assert after["reward"] == [1.0, 1.0, 1.0]
+    assert before["reward"] == [0.0, 0.0, 0.0]
+    assert {f["filename"] for f in before.cache_files}.isdisjoint(
+        f["filename"] for f in after.cache_files
+    )
+    with ResultsWriter(out, metadata=METADATA, resume=True) as writer:  # one more row
+        writer.write(RolloutOutput(example_id=9, prompt=[], completion=[]), rollout_index=0)
+    assert to_dataset(out, cache_dir=cache).num_rows == 4
+
+
+def test_a_bad_asset_raises_itself_and_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    out = make_run(tmp_path / "run")
+    url, path = first_image(out)
+    path.unlink()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(AssetError) as info:
+        to_dataset(out)
+    assert not isinstance(info.value, DatasetGenerationError)
+    assert info.value.__suppress_context__  # datasets' wrapper is not shown with it
+    assert info.value.asset == url and "example 0 rollout 0" in str(info.value)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_an_asset_changed_after_its_check_is_checked_again(tmp_path, monkeypatch):
+    """Each file is checked once, its bytes not kept: a later reference reads it again,
+    and bytes other than those that passed are checked again (here: refused)."""
+    out = make_run(tmp_path / "run")
+    url, path = first_image(out)  # (0, 0)'s picture, shown again by (0, 1)
+    record = _dataset._record
+    seen = []
+
+    def damaging(row, *args):
+        seen.append(row["example_id"])
+        if len(seen) == 2:  # after the first row's check
+            picture(5).save(path)
+        return record(row, *args)
+
+    monkeypatch.setattr(_dataset, "_record", damaging)
+    with pytest.raises(AssetError, match="does not match its content hash") as info:
+        to_dataset(out)
+    assert (info.value.asset, info.value.example_id, info.value.rollout_index) == (url, 0, 1)
+
+
+def test_a_results_file_rewritten_between_the_passes_is_refused(run, monkeypatch):
+    """The keys come from the first pass, the rows from the second: when they disagree
+    the file was rewritten under the export, and no partial dataset comes back."""
+    final = _dataset._final_records
+    monkeypatch.setattr(_dataset, "_final_records", lambda scan: iter(list(final(scan))[:-1]))
+    with pytest.raises(ResultsError, match="changed while it was exported: 6 rollouts on the"):
+        to_dataset(run)

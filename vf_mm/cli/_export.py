@@ -12,7 +12,10 @@ DIR must be new or empty: an export never mixes with other files. ``--overwrite`
 replaces a DIR that holds a previous export of the same form (and nothing else); a DIR
 holding anything else is refused even then, so a mistyped path never costs a folder.
 The export is written into a hidden folder beside DIR and renamed into place, so an
-interrupted export leaves the old DIR (or none), never half a dataset.
+interrupted export leaves the old DIR (or none), never half a dataset. The rows are
+read one at a time and written as Arrow files to another hidden folder beside DIR (on
+DIR's disk, not in ``/tmp``, which may be RAM), removed when the command ends: memory
+stays bounded however long the run (``to_dataset``).
 
 Exit status: 0 exported, 1 refused (the message, in red, says why: OUTDIR is not a run
 or holds no rollouts yet (``datasets`` cannot load an empty save back), DIR is not empty,
@@ -104,6 +107,7 @@ def run_export(args: argparse.Namespace, console: Console | None = None) -> int:
 
     console = console or Console()
     target: Path = args.dest_dir
+    cache = _cache_beside(target)
     try:
         _check_target(target, args.format, overwrite=args.overwrite)
         dataset = to_dataset(
@@ -111,16 +115,20 @@ def run_export(args: argparse.Namespace, console: Console | None = None) -> int:
             tokens=args.tokens,
             bad_lines=args.bad_lines,
             bad_assets="skip" if args.skip_bad_assets else "raise",
+            cache_dir=cache,
         )
         if dataset.num_rows == 0:  # datasets cannot load an empty save back
             raise ResultsError(
                 f"{args.outdir} holds no rollouts yet: nothing to export", path=str(args.outdir)
             )
         _publish(dataset, target, args.format)
+        rows = dataset.num_rows
+        images, videos = (_listed(dataset, name) for name in ("image_urls", "videos"))
     except (VfMmError, OSError) as exc:
         console.print(f"[red]vf-mm export: {escape(str(exc))}[/red]")
         return 1
-    images, videos = (_listed(dataset, name) for name in ("image_urls", "videos"))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     where = escape(str(target))
     read = (
         f"datasets.Dataset.from_parquet('{escape(str(target / PARQUET_FILE))}')"
@@ -128,11 +136,25 @@ def run_export(args: argparse.Namespace, console: Console | None = None) -> int:
         else f"datasets.load_from_disk('{where}')"
     )
     console.print(
-        f"exported {dataset.num_rows} rollouts ({images} images, {videos} videos) from "
+        f"exported {rows} rollouts ({images} images, {videos} videos) from "
         f"{escape(str(args.outdir))} to {where}; read it with {read}",
         soft_wrap=True,
     )
     return 0
+
+
+def _cache_beside(target: Path) -> Path:
+    """Where ``to_dataset`` writes its Arrow files for this export: a hidden folder
+    beside ``target`` (beside its nearest existing ancestor while the target's folder
+    does not exist yet), so the rows go to the disk the export goes to, never to a
+    temporary folder that may be RAM (a tmpfs ``/tmp``). Not created here (``to_dataset``
+    creates it when it writes), and removed when the command ends, whatever happened:
+    what is published is a copy (``to_parquet`` / ``save_to_disk``)."""
+    base = target.parent
+    while not base.is_dir() and base != base.parent:
+        base = base.parent
+    name = target.name or "export"
+    return base / f".{name}.tmp-cache-{secrets.token_hex(4)}"
 
 
 def _listed(dataset: Any, column: str) -> int:

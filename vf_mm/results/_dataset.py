@@ -75,16 +75,35 @@ row refers to that is missing, unreadable, undecodable or not what its name's co
 hash says raises ``vf_mm.errors.AssetError`` naming the asset and the row; with
 ``bad_assets="skip"`` that entry is null instead (its URL stays in ``image_urls`` /
 ``videos``, so the positions hold) and a warning names it.
+
+**Memory.** An export holds the same few things whatever the run's length: the keys of
+its rows (what the reader's first pass keeps, about 150 bytes a rollout), a verdict on
+each distinct asset file (a digest of the checked bytes, or why the file cannot be used)
+and the one batch of rows being written. The rows are read one at a time (the reader's
+second pass), each built with its images' and clips' bytes and handed to
+``datasets.Dataset.from_generator``, which writes them to Arrow files in ``cache_dir``
+batch by batch; the returned dataset memory-maps those files, so its bytes stay on disk.
+Two passes over ``results.jsonl``, as ``iter_results`` makes them: what a writer
+appends after the first is left out (the next export has it); a file rewritten in
+between raises ``ResultsError``.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import hashlib
+import inspect
 import json
 import logging
 import math
 import numbers
 import os
-from collections.abc import Iterator, Mapping
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -98,7 +117,7 @@ from vf_mm.results._assets import (
     stored_content_hash,
 )
 from vf_mm.results._format import RESULTS_FILE, ROW_KEYS
-from vf_mm.results._reader import BadLinePolicy, scan_results
+from vf_mm.results._reader import BadLinePolicy, ResultsScan, _final_records, scan_results
 from vf_mm.types import image_part_source, video_part_source
 from vf_mm.videos import VideoLimits
 
@@ -123,6 +142,13 @@ _COLUMNS = (
 _JSON_COLUMNS = ("prompt", "completion", "answer", "info", "metrics", "error", "timing")
 #: row keys stored as int64 or null
 _INT_COLUMNS = ("num_turns", "prompt_tokens", "completion_tokens")
+#: rows per Arrow record batch: what the writer holds before it writes them to disk. A
+#: row carries its images' and clips' bytes (a multi-image tool rollout, or one clip, can
+#: be several MB), so datasets' 100 for image data could hold hundreds of MB at once; 16
+#: keeps a batch to tens of MB, while Arrow's cost per batch (a little metadata per
+#: column) stays small against rows that size.
+_WRITER_BATCH_SIZE = 16
+_CACHE_PREFIX = "vf-mm-dataset-"
 _NO_TOKENS = (
     "{path} holds no token ids, logprobs or masks: results.jsonl stores only each "
     "rollout's token counts (prompt_tokens, completion_tokens), which every export "
@@ -140,6 +166,7 @@ def to_dataset(
     check_assets: bool = True,
     policy: ImagePolicy | None = None,
     video_limits: VideoLimits | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> datasets.Dataset:
     """The run directory ``outdir`` as a ``datasets.Dataset``: one row per rollout the
     reader gives, in file order, with its images and clips embedded (the module docstring
@@ -165,6 +192,19 @@ def to_dataset(
     ``policy`` / ``video_limits``: what loading an asset may cost (``ImagePolicy()`` /
     ``VideoLimits()`` when None; pass the run's limits for clips larger than the
     defaults). Raises ``ResultsError`` when ``outdir`` is not a run directory.
+
+    Memory stays bounded for a run of any length (module docstring): the rows go to
+    Arrow files on disk in batches, and the dataset returned memory-maps them.
+    ``cache_dir`` is where those files go. None (the default): a new temporary folder
+    (``tempfile.gettempdir()``, that is ``TMPDIR``; where that is a tmpfs the files are in
+    RAM, so pass a folder on disk for a large run), removed when the Python process
+    exits; the dataset, and every dataset derived from it, reads from it until then. A
+    folder you pass is created if missing and never cleaned: the dataset reads from it
+    for as long as it is used, and removing it is yours once that is over (or once the
+    dataset is saved elsewhere, with ``save_to_disk`` or ``to_parquet``). Each call writes
+    its own subfolder under a fingerprint unique to the call, so an export never reuses
+    what an earlier export of a run changed since left there. A run with no rows gives an
+    empty dataset in memory, with every column, and writes nothing.
     """
     if bad_assets not in _BAD_ASSETS:
         raise ValueError(f"bad_assets must be one of {_BAD_ASSETS}, not {bad_assets!r}")
@@ -181,7 +221,8 @@ def to_dataset(
         )
     if tokens:
         raise ResultsError(_NO_TOKENS.format(path=folder), path=str(file))
-    scan = scan_results(folder, bad_lines=bad_lines)
+    # the first pass: bad lines decided and the keys of the final records learnt
+    scan = scan_results(folder, bad_lines=bad_lines, keep_rows=False)
     for bad in scan.bad_lines:
         state = "torn last line" if bad is scan.torn_tail else "bad line"
         logger.warning("%s: line %d is a %s (%s); left out", file, bad.line, state, bad.reason)
@@ -193,13 +234,114 @@ def to_dataset(
         policy=policy,
         limits=video_limits,
     )
-    id_kind = _id_kind([row["example_id"] for row in scan.rows])
-    records = [_record(row, id_kind, assets) for row in scan.rows]
+    id_kind = _id_kind([key[0] for key in scan.keys])
     import datasets
 
-    # by columns: an empty run still has every column (from_list of no rows has none)
-    columns = {name: [record[name] for record in records] for name in _COLUMNS}
-    return datasets.Dataset.from_dict(columns, features=_features(id_kind))
+    features = _features(id_kind)
+    if not scan.keys:
+        # by columns: an empty run still has every column (a generator of no rows is
+        # refused by datasets: "corresponds to no data")
+        return datasets.Dataset.from_dict({name: [] for name in _COLUMNS}, features=features)
+    return _write(scan, id_kind, assets, features, cache_dir)
+
+
+# -- writing ------------------------------------------------------------------------
+
+
+def _write(
+    scan: ResultsScan,
+    id_kind: str,
+    assets: _AssetReader,
+    features: datasets.Features,
+    cache_dir: str | os.PathLike[str] | None,
+) -> datasets.Dataset:
+    """The second pass: each final record read, made a row and handed to
+    ``from_generator``, which writes batches of ``_WRITER_BATCH_SIZE`` rows to Arrow files
+    in ``cache_dir`` (a new temporary folder when None)."""
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    failed: list[BaseException] = []  # what our own code raised inside the generator
+
+    def rows(**_token: str) -> Iterator[dict[str, Any]]:  # _token: see _unique
+        try:
+            count = 0
+            for row in _final_records(scan):
+                count += 1
+                yield _record(row, id_kind, assets)
+            if count != len(scan.keys):
+                raise ResultsError(
+                    f"{scan.path} changed while it was exported: {len(scan.keys)} rollouts "
+                    f"on the first read, {count} on the second (a writer only appends, and "
+                    "what it appends is left for the next export; this file was rewritten)",
+                    path=str(scan.path),
+                )
+        except Exception as exc:
+            failed.append(exc)
+            raise
+
+    made = cache_dir is None
+    folder = Path(tempfile.mkdtemp(prefix=_CACHE_PREFIX)) if made else Path(cache_dir)
+    try:
+        with _no_progress_bars():
+            dataset = datasets.Dataset.from_generator(
+                rows,
+                features=features,
+                cache_dir=str(folder),
+                writer_batch_size=_WRITER_BATCH_SIZE,
+                **_unique(datasets.Dataset.from_generator),
+            )
+    except BaseException as exc:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(exc, DatasetGenerationError):
+            # datasets wraps what the generator raised: the caller gets ours as it was
+            # raised (an AssetError naming the asset and the row), or the OSError of a
+            # cache folder that cannot be written
+            cause = failed[0] if failed else exc.__cause__
+            if failed or isinstance(cause, OSError):
+                raise cause from cause.__cause__
+        raise
+    if made:  # the dataset reads from it for as long as the process lives
+        atexit.register(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+    return dataset
+
+
+@functools.cache
+def _fingerprint_argument(from_generator: Callable[..., Any]) -> bool:
+    return "fingerprint" in inspect.signature(from_generator).parameters
+
+
+def _unique(from_generator: Callable[..., Any]) -> dict[str, Any]:
+    """The arguments that give this call its own fingerprint, so that its Arrow files are
+    new ones: never those of an earlier call over a run that has changed since.
+    ``fingerprint`` (datasets >= 4.3: the generator is not hashed), else a unique
+    ``gen_kwargs`` value, which the hash that names the cache folder covers."""
+    token = f"vf-mm-export-{uuid.uuid4().hex}"
+    if _fingerprint_argument(from_generator):
+        return {"fingerprint": token}
+    return {"gen_kwargs": {"export": token}}
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """datasets' progress bar hidden while it writes (an export prints nothing of its
+    own), unless ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` asks for them."""
+    from datasets import config
+    from datasets.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    if are_progress_bars_disabled() or config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 
 # -- columns ------------------------------------------------------------------------
@@ -356,8 +498,16 @@ def _asset_refs(row: Mapping[str, Any]) -> Iterator[_Ref]:
 
 @dataclass(slots=True)
 class _AssetReader:
-    """The asset files of one export, each read (and checked) once however many rows
-    refer to it; what failed is remembered too, so each bad file is reported once."""
+    """The asset files of one export, each checked once however many rows refer to it,
+    and what failed remembered, so each bad file is reported once.
+
+    The bytes are not kept: a run's assets together can be far larger than memory. What
+    is kept per file is its verdict, the digest of the bytes that passed the check (or
+    True when nothing is checked) or why the file cannot be used; a later reference
+    reads the file again and uses it only when it is the file that was checked (the same
+    digest), else checks it again. So every image and clip exported is one that passed
+    the check, as when it was read once, at about 100 bytes of memory per distinct file.
+    """
 
     root: Path
     file: Path
@@ -365,18 +515,24 @@ class _AssetReader:
     skip: bool
     policy: ImagePolicy | None
     limits: VideoLimits | None
-    _done: dict[tuple[str, int | float | None], bytes | str] = field(default_factory=dict)
+    _done: dict[tuple[str, int | float | None], bytes | bool | str] = field(default_factory=dict)
 
     def get(self, ref: _Ref, key: tuple[Any, int]) -> bytes | None:
         """The asset's bytes; None when it cannot be used and ``skip`` is set, else
         ``AssetError``."""
         # a clip's hash covers its frame rate: each (file, rate) is checked
         slot = (ref.url, ref.frame_rate)
-        known = self._done.get(slot)
-        if known is None:
-            known = self._read(ref)
-            self._done[slot] = known
-            if isinstance(known, str) and self.skip:
+        verdict = self._done.get(slot)
+        data = None if verdict is None or isinstance(verdict, str) else self._again(ref, verdict)
+        if isinstance(data, bytes):
+            return data
+        if not isinstance(verdict, str):  # not seen yet, or changed since its check
+            data = self._read(ref)
+            if isinstance(data, bytes):
+                self._done[slot] = _digest(data) if self.check else True
+                return data
+            verdict = self._done[slot] = data
+            if self.skip:
                 logger.warning(
                     "%s: %s (first referred to by example %r rollout %d, %s) %s; left out",
                     self.file,
@@ -384,15 +540,13 @@ class _AssetReader:
                     key[0],
                     key[1],
                     ref.where,
-                    known,
+                    verdict,
                 )
-        if isinstance(known, bytes):
-            return known
         if self.skip:
             return None
         raise AssetError(
             f"{self.file}: {ref.url}, referred to by example {key[0]!r} rollout {key[1]} "
-            f"({ref.where}), {known}; export without it with bad_assets='skip' "
+            f"({ref.where}), {verdict}; export without it with bad_assets='skip' "
             "(vf-mm export --skip-bad-assets)",
             asset=ref.url,
             example_id=key[0],
@@ -400,6 +554,15 @@ class _AssetReader:
             where=ref.where,
             path=str(self.file),
         )
+
+    def _again(self, ref: _Ref, verdict: bytes | bool) -> bytes | None:
+        """A file that passed, read again: its bytes when they are the ones that passed
+        (any bytes when nothing is checked), else None (changed, or gone, since)."""
+        try:
+            data = (self.root / ref.url).read_bytes()
+        except OSError:
+            return None
+        return data if verdict is True or _digest(data) == verdict else None
 
     def _read(self, ref: _Ref) -> bytes | str:
         """The file's bytes, or why it cannot be used."""
@@ -425,3 +588,9 @@ class _AssetReader:
                 "was changed after it was stored"
             )
         return data
+
+
+def _digest(data: bytes) -> bytes:
+    """A file's bytes in 16 (BLAKE2b): enough to tell them from what the file is changed
+    to, without keeping them."""
+    return hashlib.blake2b(data, digest_size=16).digest()
