@@ -464,3 +464,77 @@ def test_a_tokenizer_that_cleans_up_spaces_decodes_through_its_own_call(checkpoi
     monkeypatch.setattr(renderer.tokenizer, "clean_up_tokenization_spaces", True)
     renderer._decode([1, 2, 3])
     assert calls == [1]  # the setting applies, through the tokenizer's call
+
+
+# -- the ChatML tail: Qwen2-VL's and Qwen2.5-VL's templates without running them ------------
+
+_TEXT = st.text(
+    st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
+) | st.sampled_from(
+    ["", " ", "\n", " a \n", "<b>x</b>", "{{ x }}", "{% raw %}", "Picture 1:", "<|vision_start|>"]
+)
+_PART = st.one_of(
+    st.just({"type": "image"}),
+    st.just({"type": "video"}),
+    st.builds(lambda t: {"type": "text", "text": t}, _TEXT),
+    st.builds(lambda t: {"type": "text", "text": t, "image_url": None}, _TEXT),  # Arrow rows
+    st.just({"type": "text"}),  # no text: the template writes nothing for it
+)
+_MESSAGE = st.builds(
+    lambda role, body: {"role": role, "content": body},
+    st.sampled_from(["user", "tool", "system", "observation"]),
+    _TEXT | st.lists(_PART, max_size=4),
+)
+
+
+@pytest.fixture(scope="module", params=["tiny", "published"])
+def chatml_renderer(request, checkpoints):
+    """The tiny Qwen2.5-VL's renderer with its own template, or with the published one."""
+    from pathlib import Path
+
+    renderer = load_renderer(checkpoints["qwen2_5_vl"])
+    if request.param == "published":
+        tokenizer = copy.deepcopy(renderer.tokenizer)
+        golden = Path(__file__).with_name("golden") / "qwen2_5_vl.jinja"
+        tokenizer.chat_template = golden.read_text()
+        renderer = type(renderer)(tokenizer, vision=renderer.vision)
+    assert renderer._chatml[None]  # recognised, and its probes rendered as built
+    return renderer
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(turn=_TEXT, new=st.lists(_MESSAGE, min_size=1, max_size=3))
+def test_the_chatml_tail_is_what_the_template_writes(chatml_renderer, turn, new):
+    from vf_mm.renderers._template import _USER, _chatml_tail
+
+    r = chatml_renderer
+    user, assistant = {"role": "user", "content": _USER}, {"role": "assistant", "content": turn}
+    prompt = r._template([user], None, True)
+    full = r._template([user, assistant, *new], None, True)
+    sampled = turn + "<|im_end|>"
+    assert full.startswith(prompt + sampled)
+    assert _chatml_tail(assistant, new, sampled) == full[len(prompt) + len(sampled) :]
+
+
+def test_the_chatml_tail_leaves_what_it_cannot_vouch_for_to_the_template():
+    from vf_mm.renderers._template import _chatml_tail
+
+    user = [{"role": "user", "content": "next"}]
+    turn = {"role": "assistant", "content": "ok"}
+    assert _chatml_tail(turn, user, "ok<|im_end|>") is not None
+    calls = {**turn, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
+    assert _chatml_tail(calls, user, "ok<|im_end|>") is None  # more than text in the turn
+    assert _chatml_tail(turn, user, "ok!<|im_end|>") is None  # sampled is not the turn
+    assert _chatml_tail(turn, user, "ok<|endoftext|>") is None  # closed by another token
+    odd = [{"role": "user", "content": [{"type": "text", "text": 5}]}]
+    assert _chatml_tail(turn, odd, "ok<|im_end|>") is None  # Jinja would write str(5)
+    assert _chatml_tail(turn, [{"role": "user", "content": None}], "ok<|im_end|>") is None
+
+
+def test_an_edited_chatml_template_runs_itself(checkpoints):
+    renderer = load_renderer(checkpoints["qwen2_5_vl"])
+    tokenizer = copy.deepcopy(renderer.tokenizer)
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|im_end|>", "<|im_end|> ")
+    assert not type(renderer)(tokenizer, vision=renderer.vision)._chatml[None]

@@ -21,6 +21,7 @@ without the multi-modal data that explains them, and so on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -34,6 +35,23 @@ from vf_mm.renderers._parse import TOOL_FORMATS, ParsedResponse, format_tool_cal
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
 
+#: Chat templates read line by line and known to render every message after the first as
+#: ChatML, ``<|im_start|>{role}\n{body}<|im_end|>\n``, its body a string verbatim or its
+#: parts in order (an image and a video as fixed text, a text part its text, nothing else
+#: looked at), with nothing in one message depending on another but the first (which may
+#: bring a default system message): Qwen2-VL's and Qwen2.5-VL's as published, and the
+#: tiny checkpoints' rendition. By sha256 of the template text: an edited template is not
+#: one of them. For these the text a bridge adds is built without running the template
+#: (``_chatml_tail``), and checked against the template on probes at load.
+_CHATML_TEMPLATES = frozenset(
+    {
+        "a0bc6f6fc7a29a80017a433e8f03a1cc1236e838a944a2d034295a60c4f2fddb",
+        "3831da04f324cf8f484e320a8e0eb838c02dce973297756204d958fc4e16047e",
+    }
+)
+_CHATML_END = "<|im_end|>"
+_CHATML_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+_CHATML_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 _USER = "\ue000vf_mm user probe\ue000"
 _CONTENT = "\ue000vf_mm content probe\ue000"
 _REASONING = "\ue000vf_mm reasoning probe\ue000"
@@ -104,6 +122,7 @@ class ChatTemplateRenderer:
         self._facts = {t: (self._probe_template(t), self._assistant_lead(t))
                        for t in {None, self._video_template}}  # fmt: skip
         self._renders, self._lead = self._facts[None]
+        self._chatml = {t: self._is_chatml(t) for t in {None, self._video_template}}
 
     @property
     def is_multimodal(self) -> bool:
@@ -435,6 +454,10 @@ class ChatTemplateRenderer:
             full = self._template([*history, *new_messages], tools, True, template)
         else:
             (turn,), _ = self._prepare(previous_messages[-1:])
+            if self._chatml[template] and not tools:
+                tail = _chatml_tail(turn, new_messages, self._decode(completion))
+                if tail is not None:
+                    return tail
             prompt = self._probe_prompt({"role": "user", "content": _USER}, tools, template)
             full = self._template(
                 [{"role": "user", "content": _USER}, turn, *new_messages], tools, True, template
@@ -443,6 +466,37 @@ class ChatTemplateRenderer:
         if not full.startswith(prompt) or not full.startswith(sampled, len(prompt)):
             return None
         return full[len(prompt) + len(sampled) :]
+
+    def _is_chatml(self, template: str | None) -> bool:
+        """Whether ``template`` is one of ``_CHATML_TEMPLATES`` and renders, on probes of
+        every kind of message ``_chatml_tail`` builds, exactly what it builds: a template
+        text that matches but renders otherwise here (another Jinja, other settings)
+        runs itself, as any other template does."""
+        text = template if template is not None else self.tokenizer.chat_template
+        if not isinstance(text, str) or self.template_kwargs.get("add_vision_id"):
+            return False
+        if hashlib.sha256(text.encode()).hexdigest() not in _CHATML_TEMPLATES:
+            return False
+        user = {"role": "user", "content": _USER}
+        turn = {"role": "assistant", "content": " sampled,\n with <b>marks</b> "}
+        probes: list[list[dict[str, Any]]] = [
+            [{"role": "user", "content": "next?\n "}],
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"},
+                                          {"type": "video"}, {"type": "text", "text": " b\n"}]}],
+            [{"role": "tool", "content": "{\"x\": 1}"}, {"role": "system", "content": ""},
+             {"role": "user", "content": [{"type": "text", "text": "t", "image_url": None}]}],
+        ]  # fmt: skip
+        try:
+            prompt = self._template([user], None, True, template)
+            for new in probes:
+                full = self._template([user, turn, *new], None, True, template)
+                sampled = turn["content"] + _CHATML_END
+                tail = _chatml_tail(turn, new, sampled)
+                if tail is None or full != prompt + sampled + tail:
+                    return False
+        except RenderError:
+            return False
+        return True
 
     def _tail_text(
         self,
@@ -696,6 +750,45 @@ class ChatTemplateRenderer:
             ids.extend(item.tokens)
             ids.extend(piece)
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
+
+
+def _chatml_tail(
+    turn: Mapping[str, Any], new_messages: Sequence[Mapping[str, Any]], sampled: str
+) -> str | None:
+    """What one of ``_CHATML_TEMPLATES`` writes after the sampled assistant ``turn`` (its
+    text ``sampled``, closed by ``<|im_end|>``): the rest of its closing line, each new
+    message, the generation prompt. None where the template might not write this (an
+    assistant turn with anything but text, a sampled text other than the turn's, content
+    or parts of other forms), and the template itself runs."""
+    content = turn.get("content")
+    present = {k for k, v in turn.items() if v is not None}
+    if present - {"role", "content"} or not isinstance(content, str):
+        return None
+    if sampled != content + _CHATML_END:
+        return None
+    out = ["\n"]
+    for message in new_messages:
+        body = message.get("content")
+        if isinstance(body, list):
+            texts = []
+            for part in body:
+                if not isinstance(part, Mapping):
+                    return None
+                # the templates' own tests, in their order, on the part's keys
+                if part.get("type") == "image" or "image" in part or "image_url" in part:
+                    texts.append(_CHATML_IMAGE)
+                elif part.get("type") == "video" or "video" in part:
+                    texts.append(_CHATML_VIDEO)
+                elif "text" in part:
+                    if not isinstance(part["text"], str):
+                        return None
+                    texts.append(part["text"])
+            body = "".join(texts)
+        elif not isinstance(body, str):
+            return None
+        out.append(f"<|im_start|>{message['role']}\n{body}{_CHATML_END}\n")
+    out.append("<|im_start|>assistant\n")
+    return "".join(out)
 
 
 def _plain_decode(tokenizer: Any) -> bool:
