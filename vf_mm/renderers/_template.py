@@ -21,6 +21,7 @@ without the multi-modal data that explains them, and so on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -668,7 +669,8 @@ class ChatTemplateRenderer:
         """Each piece's ids, without special tokens: what ``tokenizer(pieces,
         add_special_tokens=False)`` gives. A fast tokenizer's Rust backend is called
         directly, one piece at a time (a bridge's pieces are short: the Python wrapper
-        around them cost more than the tokenizing), unless the backend is set to truncate,
+        around them cost more than the tokenizing; ``encode_batch`` hands them to a thread
+        pool, which costs more again), unless the backend is set to truncate,
         pad or split special tokens (state a caller may have left on a shared tokenizer),
         in which case the tokenizer's own call applies its settings as it always does."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
@@ -811,10 +813,20 @@ def _plain_decode(tokenizer: Any) -> bool:
 
 def _split_placeholders(text: str, placeholders: Mapping[str, str]) -> list[str]:
     """``text`` split at every placeholder: text, modality, text, modality, ..., text."""
-    by_token = {token: modality for modality, token in placeholders.items()}
-    pattern = "(" + "|".join(re.escape(t) for t in sorted(by_token, key=len, reverse=True)) + ")"
-    split = re.split(pattern, text)
+    pattern, by_token = _placeholder_pattern(tuple(placeholders.items()))
+    split = pattern.split(text)
     return [piece if k % 2 == 0 else by_token[piece] for k, piece in enumerate(split)]
+
+
+@functools.lru_cache(maxsize=32)
+def _placeholder_pattern(
+    placeholders: tuple[tuple[str, str], ...],
+) -> tuple[re.Pattern[str], dict[str, str]]:
+    """The compiled split of ``_split_placeholders`` (built once per set of placeholders:
+    it runs on every render and bridge) and each placeholder's modality."""
+    by_token = {token: modality for modality, token in placeholders}
+    alternatives = "|".join(re.escape(t) for t in sorted(by_token, key=len, reverse=True))
+    return re.compile(f"({alternatives})"), by_token
 
 
 def _arguments_as_mapping(call: Any) -> Any:

@@ -32,6 +32,7 @@ through one of them would silently corrupt the others, so it raises instead.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -171,14 +172,14 @@ class VisionSpec:
         """Whether a clip's frames take the image token's embeddings (SmolVLM)."""
         return self.video is not None and self.video.frames_as_images
 
-    @property
+    @functools.cached_property
     def marker_token_ids(self) -> frozenset[int]:
         """Ids that only an image's or video's span may hold (a completion holding one
         cannot be re-rendered as the same tokens)."""
         video = self.embed_ids("video") if self.video is not None else ()
         return frozenset((*self.embed_token_ids, self.placeholder_token_id, *video))
 
-    @property
+    @functools.cached_property
     def reserved_token_ids(self) -> frozenset[int]:
         """Ids that text may not hold: the image's and the video's tokens (the video's
         even where no video is expanded). Written literally in a message, they would be
