@@ -458,7 +458,14 @@ class MultiModalData:
                         f"comes after [{i - 1}] at offset {ranges[i - 1].offset}"
                     )
         previous: tuple[str, int, PlaceholderRange] | None = None
-        for m, i, r in self.all_placeholders():
+        if len(self.mm_placeholders) == 1:  # one modality: its ranges are sorted (checked)
+            ((only, ranges),) = self.mm_placeholders.items()
+            ordered: Iterable[tuple[str, int, PlaceholderRange]] = (
+                (only, i, r) for i, r in enumerate(ranges)
+            )
+        else:
+            ordered = self.all_placeholders()
+        for m, i, r in ordered:
             if previous is not None and r.offset < previous[2].end:
                 pm, pi, pr = previous
                 raise MultiModalDataError(
