@@ -620,6 +620,12 @@ def test_a_results_file_rewritten_between_the_passes_is_refused(run, monkeypatch
     """The keys come from the first pass, the rows from the second: when they disagree
     the file was rewritten under the export, and no partial dataset comes back."""
     final = _dataset._final_records
-    monkeypatch.setattr(_dataset, "_final_records", lambda scan: iter(list(final(scan))[:-1]))
-    with pytest.raises(ResultsError, match="changed while it was exported: 6 rollouts on the"):
+
+    def rewritten_first(scan):  # another process rewrites the file between the passes
+        lines = scan.path.read_bytes().splitlines(keepends=True)
+        scan.path.write_bytes(b"".join(lines[:-1]))
+        return final(scan)
+
+    monkeypatch.setattr(_dataset, "_final_records", rewritten_first)
+    with pytest.raises(ResultsError, match="changed while it was read: 6 rollouts on the"):
         to_dataset(run)

@@ -174,3 +174,13 @@ def test_iter_results_streams_the_rows_read_results_reads(tmp_path, caplog):
     assert "torn" in caplog.text
     with pytest.raises(ResultsError, match="line 5 is torn"):
         iter_results(tmp_path, bad_lines="raise")
+
+
+def test_iter_results_refuses_a_file_rewritten_between_its_passes(tmp_path):
+    """The keys come from the first pass: a file rewritten before the second (a writer
+    only appends) is refused, never read as fewer rows than the run has."""
+    write(tmp_path, row(0), row(1), row(2))
+    streamed = iter_results(tmp_path)  # the first pass has run
+    write(tmp_path, row(0), row(1))
+    with pytest.raises(ResultsError, match="changed while it was read: 3 rollouts on the first"):
+        list(streamed)

@@ -186,16 +186,7 @@ def read_results(
     warning (``scan_results`` leaves reporting to its caller).
     """
     scan = scan_results(path, bad_lines=bad_lines)
-    torn = scan.torn_tail
-    if torn is not None:
-        logger.warning(
-            "%s: the last line (%d) is torn (%s); %d bytes left out (resume the run to "
-            "truncate it)",
-            scan.path,
-            torn.line,
-            torn.reason,
-            scan.size - scan.end,
-        )
+    _warn_torn(scan)
     return scan.rows
 
 
@@ -209,11 +200,17 @@ def iter_results(
 
     Two passes: ``scan_results(keep_rows=False)`` first (it applies ``bad_lines`` and
     learns which line holds each key's last record, keeping only the keys), then the
-    file again up to where that scan ended, yielding those lines. The file must not be
-    rewritten in between (a ``ResultsWriter`` only appends, and what it appends after the
-    first pass is not read).
+    file again up to where that scan ended, yielding those lines. What a
+    ``ResultsWriter`` appends after the first pass is not read; a file rewritten in
+    between raises ``ResultsError`` once the second pass finds fewer of its rollouts.
     """
     scan = scan_results(path, bad_lines=bad_lines, keep_rows=False)
+    _warn_torn(scan)
+    return _final_records(scan)
+
+
+def _warn_torn(scan: ResultsScan) -> None:
+    """Log a torn last line the scan left out (``scan_results`` leaves that to readers)."""
     torn = scan.torn_tail
     if torn is not None:
         logger.warning(
@@ -224,19 +221,28 @@ def iter_results(
             torn.reason,
             scan.size - scan.end,
         )
-    return _final_records(scan)
 
 
 def _final_records(scan: ResultsScan) -> Iterator[dict[str, Any]]:
-    offset = 0
+    """The second pass: the last record of each key ``scan`` found, in file order, up to
+    where it ended. ``ResultsError`` when the file no longer holds them (rewritten since
+    the scan: a writer only appends), rather than fewer rows than the run has."""
+    offset = found = 0
     with open(scan.path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             offset += len(raw)
             if offset > scan.end:
-                return
+                break
             row, _ = _read_line(raw, lenient=False)
             if row is not None and scan.keys.get(_key(row)) == number:
+                found += 1
                 yield row
+    if found != len(scan.keys):
+        raise ResultsError(
+            f"{scan.path} changed while it was read: {len(scan.keys)} rollouts on the first "
+            f"pass, {found} on the second (a writer only appends; this file was rewritten)",
+            path=str(scan.path),
+        )
 
 
 def read_metadata(outdir: str | os.PathLike[str]) -> dict[str, Any]:
