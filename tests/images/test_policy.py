@@ -116,3 +116,12 @@ def test_replace_validates():
 
 def test_formats_are_upper_cased():
     assert ImagePolicy(formats=("png", "jpeg")).formats == ("PNG", "JPEG")
+
+
+def test_a_root_given_as_its_file_url_is_that_directory(tmp_path: Path):
+    """A ``file:`` URL taken as a relative path would confine reads to a folder named
+    ``file:``: it is the directory it names, read by the guard's own rules."""
+    assert ImagePolicy(local_roots=[tmp_path.as_uri()]).local_roots == (tmp_path.resolve(),)
+    assert ImagePolicy.dataset(roots=tmp_path.as_uri()).local_roots == (tmp_path.resolve(),)
+    with pytest.raises(ValueError, match="local_roots entry 'file://server/share'"):
+        ImagePolicy(local_roots=["file://server/share"])

@@ -72,9 +72,24 @@ def _normalise_roots(roots: Any) -> tuple[Path, ...] | None:
     for root in roots:
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"local_roots entries must be paths, not {type(root).__name__}")
+        if isinstance(root, str) and root[:5].lower() == "file:":  # a directory by its URL
+            root = _root_of_url(root)
         # resolved now, so a check later compares real paths with real paths
         out.append(Path(root).expanduser().resolve())
     return tuple(dict.fromkeys(out))
+
+
+def _root_of_url(url: str) -> Path:
+    """A ``file:`` URL root as its directory, read by the guard's own rules (no remote
+    host, no query): taken as a relative path it would confine to a folder named
+    ``file:``, which nothing lies in."""
+    from vf_mm.errors import ImageError
+    from vf_mm.images._guard import file_url_to_path  # the guard imports this module
+
+    try:
+        return file_url_to_path(url)
+    except ImageError as exc:
+        raise ValueError(f"local_roots entry {url!r}: {exc}") from None
 
 
 def _positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
@@ -96,7 +111,8 @@ class ImagePolicy:
       and unspecified addresses are always refused, in any spelling.
     - ``local_roots``: ``None`` allows any local path (trusted code). A tuple confines
       paths, after resolving symlinks and ``..``, to those directories; ``()`` allows no
-      local path at all. A single path may be given bare.
+      local path at all. A single path may be given bare, and a root as its ``file:``
+      URL.
     - ``max_bytes``: the most encoded bytes read from any source.
     - ``max_pixels``: the most pixels (width x height) decoded; checked from the header,
       before any pixel is decoded.

@@ -72,7 +72,7 @@ from vf_mm.errors import (
     ImageRefError,
     ProcessingMismatchError,
 )
-from vf_mm.images import ImagePolicy, file_url_to_path, image_hash, load_image
+from vf_mm.images import ImagePolicy, image_hash, load_image
 from vf_mm.training._store import StoreReader
 
 __all__ = [
@@ -247,14 +247,6 @@ def _diff_text(a: Mapping[str, Any], b: Mapping[str, Any], limit: int = 4) -> st
     return "; ".join(shown) + more
 
 
-def _local(root: str | os.PathLike[str]) -> str | os.PathLike[str]:
-    """A root as a path: a store named by its ``file://`` URL (as ``ImageStore`` and
-    ``--image-store`` take it) is its directory."""
-    if isinstance(root, str) and root.startswith("file:"):
-        return file_url_to_path(root)
-    return root
-
-
 class RebuildFailure:
     """One image the rebuilder could not use: its group, hash, and the error."""
 
@@ -313,9 +305,7 @@ class ImageRebuilder:
         if policy is not None and roots is not None:
             raise ValueError("pass policy or roots, not both (roots go in the policy)")
         if policy is None:
-            if isinstance(roots, (str, os.PathLike)):
-                roots = [roots]  # one root given bare: never a str's characters
-            policy = ImagePolicy.dataset(roots=[_local(root) for root in roots or ()])
+            policy = ImagePolicy.dataset(roots=() if roots is None else roots)
         self.processing = processing
         self.policy = policy
         self._reader = StoreReader(policy, stores=stores, storage_options=storage_options)
