@@ -72,12 +72,17 @@ def _scheme(text: str) -> str | None:
 
 def store_url(text: str) -> str:
     """A network store's URL in the one spelling writers and readers compare: no trailing
-    slash, and refused (``ValueError``) where two spellings could name one place or the
-    URL names no place of its own: a bare ``proto://`` root, empty, ``.`` or ``..``
+    slash, and refused (``ValueError``) for ``http(s)`` (no store: module docstring), and
+    where two spellings could name one place or the URL names no place of its own: a bare ``proto://`` root, empty, ``.`` or ``..``
     segments, a query or a fragment."""
     scheme = _scheme(text)
     if scheme is None:
         raise ValueError(f"a store URL is scheme://path, not {text!r}")
+    if scheme in _NOT_STORES:
+        raise ValueError(
+            f"an image store cannot be {scheme}:// ({text}): name a directory on a shared "
+            "filesystem or an object store (s3://, gs://, ...)"
+        )
     rest = text[len(scheme) + 3 :].rstrip("/")
     if not rest:
         raise ValueError(f"a store URL names a path under its root, not {text!r} alone")
@@ -134,11 +139,6 @@ class ImageStore:
             raise ValueError(
                 f"{text!r} looks like a URL without '//' (s3://bucket/images); a directory "
                 "whose name starts like a URL scheme: write it as ./" + text
-            )
-        if scheme in _NOT_STORES:
-            raise ValueError(
-                f"an image store cannot be {scheme}:// ({text}): name a directory on a shared "
-                "filesystem or an object store (s3://, gs://, ...)"
             )
         self._fs: Any = None
         if scheme in (None, "file"):
@@ -294,8 +294,6 @@ class StoreReader:
                     f"stores= names network stores (s3://..., gs://...); a local directory "
                     f"goes in roots=, not stores ({store!r})"
                 )
-            if scheme in _NOT_STORES:
-                raise ValueError(f"an image store cannot be {scheme}:// ({store!r})")
             self.stores += (store_url(str(store)),)
         self._options = dict(storage_options or {})
         self._filesystems: dict[str, tuple[Any, str]] = {}
