@@ -443,12 +443,9 @@ class ImageRebuilder:
         try:
             item = self.processing.process(image)
         except Exception as exc:
-            if image_hash(image) != h:  # not the sampler's image: a bad reference, not us
-                raise ImageRefError(
-                    f"{where}: the bytes decode to other pixels than the sampler decoded "
-                    f"(corrupt, or not this image), which the processor then failed on: {exc}",
-                    image_hash=h,
-                ) from exc
+            wrong = self._other_pixels(image, h, differs, where)
+            if wrong is not None:  # not the sampler's image: the bytes, not the processor
+                raise wrong from exc
             raise ImageRebuildError(
                 f"{where}: the image processor failed: {exc}", image_hash=h
             ) from exc
@@ -471,19 +468,9 @@ class ImageRebuilder:
         """Why the rebuilt inputs differ: the decoded pixels are not the sampler's (the
         bytes are corrupt or another image, or another decoder read them), or the same
         pixels were processed differently."""
-        if image_hash(image) != h:
-            if "versions" in differs:
-                return ProcessingMismatchError(
-                    f"{where}: the bytes decode to other pixels than the sampler's "
-                    f"(versions differ: {differs['versions']})",
-                    differs=("versions",),
-                    image_hash=h,
-                )
-            return ImageRefError(
-                f"{where}: the bytes decode to other pixels than the sampler decoded "
-                "(corrupt, or not this image)",
-                image_hash=h,
-            )
+        wrong = ImageRebuilder._other_pixels(image, h, differs, where)
+        if wrong is not None:
+            return wrong
         named = ", ".join(f"{part} ({text})" for part, text in differs.items())
         return ProcessingMismatchError(
             f"{where}: the rebuilt model inputs differ from the sampler's (inputs hash "
@@ -494,6 +481,28 @@ class ImageRebuilder:
                 else "config, backend and versions all match (nondeterministic processing?)"
             ),
             differs=tuple(differs),
+            image_hash=h,
+        )
+
+    @staticmethod
+    def _other_pixels(
+        image: Any, h: str, differs: Mapping[str, str], where: str
+    ) -> ImageRebuildError | None:
+        """The error for decoded pixels that are not the image ``h`` the sampler decoded
+        (None when they are): another decoder's (``versions`` differ), or bytes that are
+        corrupt or another image's."""
+        if image_hash(image) == h:
+            return None
+        if "versions" in differs:
+            return ProcessingMismatchError(
+                f"{where}: the bytes decode to other pixels than the sampler's "
+                f"(versions differ: {differs['versions']})",
+                differs=("versions",),
+                image_hash=h,
+            )
+        return ImageRefError(
+            f"{where}: the bytes decode to other pixels than the sampler decoded "
+            "(corrupt, or not this image)",
             image_hash=h,
         )
 
