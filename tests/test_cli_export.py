@@ -154,8 +154,14 @@ def test_a_missing_asset_is_refused_unless_skipped(tmp_path, capsys):
     assert f"{url}, referred to by example 0 rollout 0" in printed and "is missing" in printed
     assert "--skip-bad-assets" in printed and not out.exists()
     assert main(["export", str(run), "--to", "hf", str(out), "--skip-bad-assets"]) == 0
-    record = datasets.load_from_disk(str(out))[0]
+    exported = datasets.load_from_disk(str(out))
+    record = exported[0]
     assert record["image_urls"][0] == url and record["images"][0] is None
+    shown = sum(len(urls) for urls in exported["image_urls"])
+    lost = sum(image is None for images in exported["images"] for image in images)
+    assert lost >= 1
+    # the count printed is of the images exported, not of the references
+    assert f"({shown - lost} images, " in plain(capsys.readouterr().out)
 
 
 def test_bad_lines_follow_the_reader(tmp_path, capsys):

@@ -123,7 +123,7 @@ def run_export(args: argparse.Namespace, console: Console | None = None) -> int:
             )
         _publish(dataset, target, args.format)
         rows = dataset.num_rows
-        images, videos = (_listed(dataset, name) for name in ("image_urls", "videos"))
+        images, videos = (_listed(dataset, name) for name in ("images", "videos"))
     except (VfMmError, OSError) as exc:
         console.print(f"[red]vf-mm export: {escape(str(exc))}[/red]")
         return 1
@@ -158,10 +158,12 @@ def _cache_beside(target: Path) -> Path:
 
 
 def _listed(dataset: Any, column: str) -> int:
-    """The number of entries in a list column, counted in Arrow (no bytes copied)."""
+    """The entries of a list column that hold something, counted in Arrow (no bytes
+    copied): an image or clip left out with ``--skip-bad-assets`` is a null, not an
+    export."""
     import pyarrow.compute as pc
 
-    return int(pc.sum(pc.list_value_length(dataset.data.column(column))).as_py() or 0)
+    return int(pc.count(pc.list_flatten(dataset.data.column(column))).as_py() or 0)
 
 
 def _is_export(folder: Path, form: str) -> bool:
