@@ -234,6 +234,7 @@ def test_rollout_with_image_references_into_a_network_store(tmp_path, monkeypatc
         "s3:/bucket/images",  # a typo: not a directory named "s3:"
         "s3://",  # a bucket's root is no store of its own
         "/proc/no/such/images",  # a directory that cannot be made
+        "",  # an unset shell variable: not the current directory
     ],
 )
 def test_an_image_store_that_cannot_be_one_exits_2(tmp_path, store, capsys):
@@ -244,5 +245,5 @@ def test_an_image_store_that_cannot_be_one_exits_2(tmp_path, store, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--image-store" in out
     reasons = ("cannot be https", "fsspec cannot open", "this process only", "without '//'",
-               "names a path under its root", "No such file")  # fmt: skip
+               "names a path under its root", "No such file", "not an empty string")  # fmt: skip
     assert any(why in out for why in reasons), out

@@ -134,6 +134,8 @@ class ImageStore:
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         text = os.fspath(root)
+        if not text.strip():  # an unset shell variable: never "the current directory"
+            raise ValueError("an image store needs a directory or a URL, not an empty string")
         scheme = _scheme(text)
         if scheme is None and _LOOKS_LIKE_A_SCHEME.match(text):
             raise ValueError(
