@@ -181,3 +181,15 @@ def test_a_run_whose_every_rollout_failed_exits_1_keeping_each_error(tmp_path, c
     rows = list(read_results(out))
     assert len(rows) == 2 and all(r["error"] is not None for r in rows)
     assert "every rollout failed (2 of 2)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["eval", "rollout"])
+def test_a_server_url_without_its_scheme_is_a_usage_error(tmp_path, capsys, command):
+    """``-b 127.0.0.1:8000`` is a mistake to name, exit 2, not a backend's traceback."""
+    where = (
+        ["-o", str(tmp_path / "out")] if command == "eval" else ["--stream", str(tmp_path / "g")]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "shapes", "-n", "1", "--backend", "vllm", "-b", "127.0.0.1:9", *where])
+    assert exit_info.value.code == 2
+    assert "'127.0.0.1:9' is not a server URL: write http://HOST:PORT" in capsys.readouterr().err

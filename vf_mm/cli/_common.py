@@ -83,7 +83,11 @@ def add_run_arguments(
         help="; ".join(f"{name}: {kinds[name]}" for name in backends),
     )
     p.add_argument(
-        "-b", "--base-url", action="append", help="server URL (repeat for several vLLM servers)"
+        "-b",
+        "--base-url",
+        action="append",
+        type=server_url,
+        help="server URL (repeat for several vLLM servers)",
     )
     p.add_argument(
         "-k",
@@ -524,3 +528,13 @@ def summary_table(title: str, rows: Iterable[tuple[str, Any] | tuple[str, Any, A
 def fmt(value: Any) -> str:
     """``-`` for a missing value, 4 decimals for a float, ``str`` for anything else."""
     return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def server_url(value: str) -> str:
+    """An argparse type: a server URL as ``http(s)://HOST[:PORT]`` (a bare ``host:port``
+    is a usage mistake, exit 2, not a traceback from the backend)."""
+    if not re.match(r"^https?://[^/\s]", value, re.IGNORECASE):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a server URL: write http://HOST:PORT (or https://)"
+        )
+    return value

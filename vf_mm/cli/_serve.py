@@ -24,6 +24,7 @@ from vf_mm.cli._common import (
     add_engine_arguments,
     add_image_backend_argument,
     local_backend_options,
+    server_url,
 )
 from vf_mm.inference import ServerLimits
 
@@ -51,7 +52,12 @@ def register(sub: Any) -> None:
         help="local: the in-process engine; vllm: vLLM servers (-b), this server renders",
     )
     serve.add_argument(
-        "-b", "--base-url", action="append", default=[], help="--backend vllm: a server URL"
+        "-b",
+        "--base-url",
+        action="append",
+        default=[],
+        type=server_url,
+        help="--backend vllm: a server URL",
     )
     serve.add_argument(
         "--record",
