@@ -21,9 +21,17 @@ memory allocated (``torch.cuda.max_memory_allocated``, the prefix cache's entrie
 included); the prefix cache's hit rate; the forwards run. Then the one rollout alone,
 turn by turn, on and off.
 
+Then the baselines, on the same checkpoint in the same run, so every figure is a ratio
+taken side by side: plain transformers ``generate`` of the same number of rows, each one
+448x448 image and ``--max-tokens`` sampled tokens, eager and with a static cache (which
+``generate`` compiles; the call after the compiling one is timed); and the memory-
+bandwidth bound of a decode step, the text weights read once at the rate a device copy
+measures.
+
     python bench/local_gpu.py [--device cuda] [--dtype bfloat16] [--examples 8]
                               [--rollouts-per-example 4] [--max-tokens 32]
                               [--shape 3b|tiny] [--out FILE.json] [--trace]
+                              [--no-baselines] [--checkpoint DIR]
 
 ``--trace`` adds the time and peak GPU memory of each phase of the backend's work.
 Needs vf_mm's pinned dependencies (transformers 5.23, datasets, msgspec, and
@@ -51,7 +59,6 @@ import transformers
 
 import vf_mm
 from vf_mm.inference import LocalBackend
-from vf_mm.inference._pool import PoolEngine
 from vf_mm.models import build_tiny_vlm, model_class
 from vf_mm.renderers import RendererPool, load_renderer
 from vf_mm.results import evaluate_to_dir
@@ -166,6 +173,8 @@ async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
         prefix_cache=cache,
         max_batch=max(64, n),
     )
+    if args.tracer:
+        args.tracer.attach(backend)
     pool = RendererPool(lambda: load_renderer(path), size=min(8, os.cpu_count() or 2))
     client = vf_mm.RendererClient(backend, pool)
     env = vf_mm.load_environment("gridnav", seed=0)
@@ -247,16 +256,21 @@ def baselines(path: Path, args: Any) -> dict[str, float]:
             min_new_tokens=args.max_tokens, pad_token_id=0, eos_token_id=None,
             cache_implementation=cache,
         )  # fmt: skip
-        for _ in range(runs):  # the last run is timed
+        times = []
+        for _ in range(runs):  # the last run is timed (the first compiles, if anything)
             torch.cuda.synchronize()
             start = time.perf_counter()
             with torch.inference_mode():
                 model.generate(**inputs, generation_config=config)
             torch.cuda.synchronize()
-            elapsed = time.perf_counter() - start
-        out[label] = n * args.max_tokens / elapsed
-        print(f"baseline generate, {label}: {out[label]:.0f} sampled tokens/s", flush=True)
-    weights = sum(p.numel() * p.element_size() for p in model.language_model.parameters())
+            times.append(time.perf_counter() - start)
+        out[label] = n * args.max_tokens / times[-1]
+        print(
+            f"baseline generate, {label}: {out[label]:.0f} sampled tokens/s (calls took "
+            f"{', '.join(f'{t:.1f}' for t in times)} s)",
+            flush=True,
+        )
+    weights = sum(p.numel() * p.element_size() for p in model.model.language_model.parameters())
     weights += (
         model.lm_head.weight.numel()
         * model.lm_head.weight.element_size()
@@ -266,12 +280,12 @@ def baselines(path: Path, args: Any) -> dict[str, float]:
     gc.collect()
     torch.cuda.empty_cache()
     bandwidth = copy_bandwidth()
-    step = weights / (bandwidth / 2)  # each byte read once (the copy counted read + write)
+    step = weights / bandwidth  # every weight byte read once, at what the copy moved
     out["bound"] = n / step
     print(
         f"bandwidth bound: {weights / 2**30:.2f} GiB of text weights at {bandwidth / 1e12:.2f} "
-        f"TB/s (copy, read + write) = {step * 1e3:.2f} ms a decode step, {out['bound']:.0f} "
-        f"tokens/s at {n} rows",
+        f"TB/s (a copy's bytes read + written) = {step * 1e3:.2f} ms a decode step, "
+        f"{out['bound']:.0f} tokens/s at {n} rows",
         flush=True,
     )
     return out
@@ -281,20 +295,32 @@ class Trace:
     """``--trace``: wall time and peak GPU memory of each phase of the backend's work
     (the worker's methods, wrapped): where a step's time and a run's memory go."""
 
-    PHASES = (
-        (LocalBackend, "_row"), (LocalBackend, "_prefill_group"),
-        (LocalBackend, "_encode_images"), (LocalBackend, "_decode"), (LocalBackend, "_retire"),
-        (PoolEngine, "_admit"), (PoolEngine, "_prefill_group"), (PoolEngine, "_decode"),
-        (PoolEngine, "_retire"),
-    )  # fmt: skip
+    # the batch engine's phases (LocalBackend's methods), and the pool engine's
+    BACKEND = ("_row", "_prefill_group", "_encode_images", "_decode", "_retire")
+    POOL = ("_admit", "_prefill_group", "_decode", "_retire")
 
     def __init__(self) -> None:
         self.time: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.peak: dict[str, float] = defaultdict(float)
         self.live: dict[str, float] = defaultdict(float)
-        self.names = [f"{cls.__name__[:4]}.{name}" for cls, name in self.PHASES]
-        for (cls, name), label in zip(self.PHASES, self.names, strict=True):
+        self.names: list[str] = []
+        self._wrapped: set[type] = set()
+        self._wrap_class(LocalBackend, self.BACKEND)
+
+    def attach(self, backend: LocalBackend) -> None:
+        """Also time the pool engine's phases, where ``backend`` runs one."""
+        engine = getattr(backend, "_pool", None)
+        if engine is not None:
+            self._wrap_class(type(engine), self.POOL)
+
+    def _wrap_class(self, cls: type, phases: tuple[str, ...]) -> None:
+        if cls in self._wrapped:
+            return
+        self._wrapped.add(cls)
+        for name in phases:
+            label = f"{cls.__name__[:4]}.{name}"
+            self.names.append(label)
             setattr(cls, name, self._wrap(label, getattr(cls, name)))
 
     def _wrap(self, name: str, method: Any) -> Any:

@@ -7,6 +7,15 @@ never runs on the loop). Each row keeps its own sampling rules, seed and stop to
 (``_sampling``), image and vision tokens are never sampled, and each row's raw
 log-probabilities come back with its tokens.
 
+**Two engines** run the same rows (``engine`` says which). On a CUDA device with a
+half-precision model the **pool engine** (``_pool``): every sequence's keys and values
+in one preallocated arena (``kv_pool_bytes``), prefills as one packed token stream with
+varlen FlashAttention, decode steps replayed as CUDA graphs, sampling on the device.
+Elsewhere (and with ``kv_pool=False``) the **batch engine** below: padded KV tensors per
+running batch (``_kv.BatchKV``), what the CPU runs and the CPU tests check. Both give
+what a full re-encode gives (greedy ids; logprobs within float tolerance, bf16's on a
+GPU).
+
 **Continuous batching.** When idle, the worker takes the first waiting request and
 whatever else arrives within ``batch_window_ms`` (up to ``max_batch``); while rows are
 decoding, requests that arrive join the running batch (after two decode steps' wait,
@@ -97,9 +106,18 @@ class LocalBackend:
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; ``dtype``: the weights' dtype
     (default float32). ``prefix_cache``: keep history between requests (module
-    docstring); ``prefix_cache_bytes`` bounds the KV entries kept (default: a quarter
-    of the GPU memory free after loading, or 2 GiB on CPU) and ``vision_cache_bytes``
-    the vision tower's outputs kept (default: an eighth of that).
+    docstring); ``prefix_cache_bytes`` bounds the KV entries kept (default: the KV pool
+    on a GPU, 2 GiB on CPU) and ``vision_cache_bytes`` the vision tower's outputs kept
+    (default: an eighth of that).
+
+    ``kv_pool``: run the pool engine (module docstring); None (default) runs it on a
+    CUDA device in bfloat16 / float16, True asks for it anywhere (on CPU with exact,
+    slow per-sequence attention) and is an error for a family it cannot run.
+    ``kv_pool_bytes``: the arena's size, all the KV memory the engine ever holds
+    (default 60% of the GPU memory free after loading; 256 MiB elsewhere): a request
+    waits for room, and one that cannot fit at all fails alone
+    (``BackendOutOfMemoryError``). ``cuda_graphs``: capture decode steps as CUDA graphs
+    (the pool engine on CUDA).
     """
 
     def __init__(

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 
 from vf_mm.inference._arena import KVArena
 from vf_mm.inference._sampling import sample_packed
@@ -166,9 +166,9 @@ class PackedModel:
     (``forward``): other callers of the model (Hugging Face ``generate``, a trainer's
     reference forward) see its own attention."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
-        config = model.config.get_text_config(decoder=True)  # type: ignore[operator]
+        config = model.config.get_text_config(decoder=True)
         layers = [
             m
             for m in model.modules()
@@ -178,7 +178,8 @@ class PackedModel:
         self.supported = len(layers) == self.layers and all(m.config is config for m in layers)
         self.config = config
         first = layers[0] if layers else None
-        self.kv_heads = int(getattr(config, "num_key_value_heads", 0) or 0)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.kv_heads = int(heads)
         self.head_dim = int(getattr(first, "head_dim", 0) or 0)
 
     @contextlib.contextmanager

@@ -43,7 +43,7 @@ from vf_mm.inference._packed import (
 )
 from vf_mm.inference._prefix_cache import Entry, Match
 from vf_mm.inference._rows import Pending, Row, answer, result
-from vf_mm.inference._sampling import _filtering, sample_packed
+from vf_mm.inference._sampling import sample_packed, uses_filters
 
 if TYPE_CHECKING:
     from vf_mm.inference._local import LocalBackend
@@ -302,7 +302,7 @@ class PoolEngine:
         fed = [len(r.prompt) + len(r.completion) + r.unread for r in rows]  # after this step
         counters = [len(r.completion) + r.unread for r in rows]
         resample = None
-        if any(_filtering(r.sampling) for r in rows):
+        if any(uses_filters(r.sampling) for r in rows):
             resample = lambda logits: self._draw(rows, logits, counters)  # noqa: E731
         launched = self.decoder.launch(
             ids=[r.completion[-1] if not r.unread else 0 for r in rows],
@@ -352,7 +352,7 @@ class PoolEngine:
             seeds=torch.tensor([_seed64(r.seed) for r in rows], device=device),
             counters=torch.tensor(counters, device=device),
             suppress=self.decoder.suppress,
-            filters=params if any(_filtering(p) for p in params) else None,
+            filters=params if any(uses_filters(p) for p in params) else None,
         )
 
     # -- retirement ------------------------------------------------------------------------

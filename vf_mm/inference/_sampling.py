@@ -87,7 +87,7 @@ def sample_packed(
         x = x.index_fill(1, suppress, float("-inf"))
     hot = temperature > 0
     noise = gumbel_noise(seeds, counters, x.shape[-1])
-    if filters is not None and any(_filtering(p) for p in filters):
+    if filters is not None and any(uses_filters(p) for p in filters):
         rows = [i for i, p in enumerate(filters) if p.temperature != 0]
         if rows:
             index = torch.tensor(rows, device=x.device)
@@ -102,7 +102,9 @@ def sample_packed(
     return torch.stack([chosen.float(), picked])
 
 
-def _filtering(params: SamplingParams) -> bool:
+def uses_filters(params: SamplingParams) -> bool:
+    """Whether a request samples with top-k, min-p or top-p (``sample_packed``'s
+    ``filters``)."""
     return params.temperature != 0 and (params.top_k > 0 or params.min_p > 0 or params.top_p < 1)
 
 
