@@ -219,3 +219,32 @@ def test_the_arena_gives_ranges_first_fit_and_merges_what_comes_back():
     e = arena.alloc(2 * GRAIN)
     arena.copy(d, e, 2)
     assert bool((arena.storage[0, 0, e : e + 2] == 1.0).all())
+
+
+def test_a_forward_out_of_gpu_memory_fails_its_rows_and_the_backend_goes_on(checkpoints):
+    import torch
+
+    path = checkpoints("text")
+    prompt = list(range(1, 30))
+
+    async def go(backend):
+        forward = backend.model.forward
+        calls = {"n": 0}
+
+        def failing_once(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 2:  # the first decode step
+                raise torch.OutOfMemoryError("CUDA out of memory, say")
+            return forward(*args, **kwargs)
+
+        backend.model.forward = failing_once
+        failed = await asyncio.gather(
+            backend.generate(GenerateRequest(prompt, GREEDY)), return_exceptions=True
+        )
+        after = await backend.generate(GenerateRequest(prompt, GREEDY))
+        return failed[0], after, backend._pool.arena.free_tokens, backend._pool.arena.capacity
+
+    (failed, after, free, capacity), _ = serve(path, go, **POOL)
+    assert isinstance(failed, BackendOutOfMemoryError) and "kv_pool_bytes" in str(failed)
+    assert len(after.completion_ids) == GREEDY.max_tokens
+    assert free < capacity  # the second request's entry; the failed one's range came back

@@ -181,8 +181,8 @@ class PoolEngine:
                 continue  # answered already (cancelled, or a bad request)
             try:
                 fits = self._place(row, running=running or bool(placed))
-            except BackendOutOfMemoryError as exc:
-                answer(pending, exc)
+            except Exception as exc:  # it fails alone (one that can never fit, say)
+                answer(pending, self.backend._failure(exc))
                 continue
             if fits:
                 placed.append(row)
