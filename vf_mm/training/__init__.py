@@ -14,7 +14,7 @@
 - **Transport**: ``GroupSender`` / ``GroupReceiver`` / ``read_groups`` carry one message
   per group from rollout workers to the trainer, over a stream file or ZeroMQ
   (``tcp://``, ``ipc://``), with back-pressure and an end-of-stream marker, framed by
-  ``vf_mm.wire``'s frame API. Layout: ``vf_mm/training/_transport.py``.
+  ``vf_mm.wire``'s frame API. Specified in ``docs/formats/transport.md``.
 - **Exactly once**: a group with an id (``pack_group(..., group_id=...)``, at most
   ``MAX_GROUP_ID_BYTES``) is held by its sender until the trainer commits it
   (``GroupReceiver`` commits on the next ``next()``, or at ``commit()``), sent again to a
