@@ -122,6 +122,7 @@ from typing import Any
 
 import numpy as np
 
+from vf_mm._asset_refs import image_asset_hash, video_asset_hash
 from vf_mm._text import shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
 from vf_mm.images import (
@@ -150,7 +151,7 @@ from vf_mm.types import (
     image_part_source,
     video_part_source,
 )
-from vf_mm.videos import VIDEO_EXTENSIONS, VideoLimits, load_video, video_hash, video_mm_hash
+from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 __all__ = ["GROUP_FORMAT", "MAX_GROUP_ID_BYTES", "TrainingRollout", "pack_group", "unpack_group"]
 
@@ -164,9 +165,6 @@ MAX_GROUP_ID_BYTES = 1024
 
 _INT32 = np.iinfo(np.int32)
 _KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
-_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
-#: a results-store video asset: its file is named by the clip's video_hash
-_VIDEO_ASSET_URL = re.compile(rf"^assets/([0-9a-f]{{32}})\.({'|'.join(VIDEO_EXTENSIONS)})$")
 
 
 @dataclass(slots=True)
@@ -415,9 +413,9 @@ class _Packer:
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
-            asset = _ASSET_URL.match(source)
-            if asset:
-                return {"type": "image_ref", "hash": asset.group(1)}
+            digest = image_asset_hash(source)
+            if digest is not None:
+                return {"type": "image_ref", "hash": digest}
             key: Any = ("image", source)
         else:
             key = ("image", id(source))
@@ -440,9 +438,9 @@ class _Packer:
         if isinstance(source, str):
             if re.match(r"^https?:", source, re.IGNORECASE):
                 return part  # never fetched here: such an image travels as tensors
-            asset = _ASSET_URL.match(source)
-            if asset:
-                return {"type": "image_ref", "hash": asset.group(1)}
+            digest = image_asset_hash(source)
+            if digest is not None:
+                return {"type": "image_ref", "hash": digest}
             key: Any = ("image", source)
         else:
             key = ("image", id(source))
@@ -553,9 +551,9 @@ class _Packer:
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
-            asset = _VIDEO_ASSET_URL.match(source)
-            if asset:
-                return {"type": "video_ref", "hash": video_mm_hash(asset.group(1), part)}
+            found = video_asset_hash(source)
+            if found is not None:
+                return {"type": "video_ref", "hash": video_mm_hash(found[0], part)}
             key: Any = ("video", source, repr(part.get("frame_rate")))
         else:
             key = ("video", id(source), repr(part.get("frame_rate")))
