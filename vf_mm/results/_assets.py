@@ -52,7 +52,8 @@ from vf_mm._asset_refs import (
 from vf_mm._files import fsync_dir
 from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
-from vf_mm.images import ImagePolicy, describe_source, encode_png, image_hash, load_image
+from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
+from vf_mm.images._internal import describe_source
 from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source, video_part_source
 from vf_mm.videos import (
     VIDEO_EXTENSIONS,

@@ -125,16 +125,12 @@ import numpy as np
 from vf_mm._asset_refs import image_asset_hash, video_asset_hash
 from vf_mm._text import shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
-from vf_mm.images import (
-    ImagePolicy,
+from vf_mm.images import ImagePolicy, decode_data_url, encode_png, image_hash, load_image
+from vf_mm.images._internal import (
     SourceKind,
     check_local_path,
     classify_source,
-    decode_data_url,
-    encode_png,
     file_url_to_path,
-    image_hash,
-    load_image,
     read_local_file,
 )
 from vf_mm.training._images import IMAGE_MODES, ImageProcessing, inputs_hash
