@@ -13,6 +13,7 @@ from vf_mm.images import decode_data_url
 def decode_video(url: str, *, max_bytes: int) -> bytes:
     return decode_data_url(url, max_bytes=max_bytes, medium="video")
 
+
 PAYLOAD = bytes(range(256)) * 4
 
 
