@@ -1,7 +1,9 @@
 """``check_environment``: what an environment author runs in their own tests.
 
 It runs the environment the way ``vf-mm eval`` does, against a scripted policy on an
-offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
+offline tiny VLM of the family the environment is meant for (``family=``: templates and
+processors differ in what they refuse, so a check on one family says little about
+another), and reports every problem at once (``EnvironmentCheckError``):
 
 - **the dataset**: each eval row has a ``question`` or a ``prompt``, formats into valid
   messages whose images load through the image policy, and has every column a reward
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -54,13 +55,15 @@ def check_environment(
     num_examples: int = 2,
     replies: Sequence[str] | Callable[[Any], str] | None = None,
     tool_args: Mapping[str, Mapping[str, Any]] | None = None,
+    family: str | None = None,
     model_dir: str | Path | None = None,
     image_policy: Any = None,
 ) -> dict[str, Any]:
     """Run the checks; raise ``EnvironmentCheckError`` listing every problem found, or
     return the report::
 
-        {"rows": rows checked, "images": dataset images loaded,
+        {"family": the model_type rendered with, "rows": rows checked,
+         "images": dataset images loaded,
          "videos": dataset videos loaded,
          "images_per_turn": [[new images at model turn 1, 2, ...] per rollout],
          "videos_per_turn": [[new videos at model turn 1, 2, ...] per rollout],
@@ -73,13 +76,19 @@ def check_environment(
     scripted tool policy described in the module docstring, then ``DEFAULT_ANSWER``.
     ``tool_args``: arguments per tool name for that policy, where the schema's own
     examples (the first enum value, 1, 1.0, "a", ...) would be refused by the tool.
-    ``model_dir``: a checkpoint to render with (default: a tiny Qwen2.5-VL built offline).
+    ``family``: the model family the environment is meant for (a ``model_type``, one of
+    ``vf_mm.models.VISION_FAMILIES``): the rollouts render with that family's tiny
+    checkpoint, built offline once and cached (``vf_mm.models.cached_tiny_vlm``), so
+    what its template or processor refuses (a literal ``<image>`` on LLaVA-OneVision, a
+    ``tool`` message on Gemma 3) is found here. Default: ``qwen2_5_vl``.
+    ``model_dir``: a checkpoint directory to render with instead (not with ``family``).
     """
     from vf_mm.images import ImagePolicy
 
     start = time.perf_counter()
+    model = _checkpoint(family, model_dir)
     problems: list[str] = []
-    report: dict[str, Any] = {"rows": 0, "images": 0, "videos": 0}
+    report: dict[str, Any] = {"family": _family_of(model), "rows": 0, "images": 0, "videos": 0}
     try:
         rows = env.get_eval_dataset(num_examples)
     except Exception as exc:
@@ -101,11 +110,8 @@ def check_environment(
         )
     deterministic = replies is None or not callable(replies)
     if replies is None:
-        replies = tool_policy(
-            env.tools or [], tool_args=tool_args, tool_format=_tool_format(model_dir)
-        )
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = _scripted_runs(env, rows, replies, model_dir, Path(tmp), 2 if deterministic else 1)
+        replies = tool_policy(env.tools or [], tool_args=tool_args, tool_format=_tool_format(model))
+    runs = _scripted_runs(env, rows, replies, model, 2 if deterministic else 1)
     if isinstance(runs, Exception):
         problems.append(
             f"evaluate() raised instead of recording errors: {type(runs).__name__}: {runs}"
@@ -193,13 +199,32 @@ def tool_policy(
     return reply
 
 
-def _tool_format(model_dir: str | Path | None) -> str:
-    """The tool-call format of the checkpoint the check renders with."""
-    if model_dir is None or not (Path(model_dir) / "config.json").exists():
-        return "json"
-    from vf_mm.models import VISION_FAMILIES, family_info, model_type
+def _checkpoint(family: str | None, model_dir: str | Path | None) -> Path:
+    """The checkpoint the check renders with: ``model_dir``, or ``family``'s cached tiny one."""
+    from vf_mm.models import cached_tiny_vlm
 
-    family = model_type(model_dir)
+    if model_dir is not None:
+        if family is not None:
+            raise ValueError(
+                f"check_environment takes family= or model_dir=, not both: family={family!r} "
+                "builds that family's tiny checkpoint, model_dir= is a checkpoint of your own"
+            )
+        return Path(model_dir)
+    return cached_tiny_vlm("qwen2_5_vl" if family is None else family)
+
+
+def _family_of(model: Path) -> str | None:
+    """The checkpoint's ``model_type`` (None for a directory without a config)."""
+    from vf_mm.models import model_type
+
+    return model_type(model) if (model / "config.json").exists() else None
+
+
+def _tool_format(model: Path) -> str:
+    """The tool-call format of the checkpoint the check renders with."""
+    from vf_mm.models import VISION_FAMILIES, family_info
+
+    family = _family_of(model)
     return family_info(family).tool_format if family in VISION_FAMILIES else "json"
 
 
@@ -278,18 +303,15 @@ def _scripted_runs(
     env: Environment,
     rows: list[dict[str, Any]],
     replies: Sequence[str] | Callable[[Any], str],
-    model_dir: str | Path | None,
-    tmp: Path,
+    model: Path,
     times: int,
 ) -> list[dict[tuple[Any, int], Any]] | Exception:
     """``times`` seeded runs of two rollouts per row, one rollout at a time (so replies
     from a list reach the same turns every run): ``{(example_id, index): output}`` each."""
     from vf_mm.client import RendererClient
     from vf_mm.inference import ScriptedBackend
-    from vf_mm.models import build_tiny_vlm
     from vf_mm.renderers import load_renderer
 
-    model = Path(model_dir) if model_dir else build_tiny_vlm(tmp / "tiny", "qwen2_5_vl")
     renderer = load_renderer(model)
 
     async def run() -> dict[tuple[Any, int], Any]:

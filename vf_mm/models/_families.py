@@ -27,7 +27,9 @@ everything is loaded by concrete class.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -117,10 +119,25 @@ def family_info(family: str) -> VisionFamily:
     try:
         return _FAMILIES[family]
     except KeyError:
+        close = _nearest_family(family)
         raise UnsupportedModelError(
             f"model type {family!r} is not a vision family vf_mm renders "
-            f"(supported: {', '.join(VISION_FAMILIES)})"
+            + (f"(did you mean {close!r}? " if close else "(")
+            + f"supported: {', '.join(VISION_FAMILIES)})"
         ) from None
+
+
+def _nearest_family(name: object) -> str | None:
+    """The family a mistyped or model-card name most likely means: ``"Qwen2.5-VL-3B"``,
+    ``"llava"`` or ``"gema3"`` give ``qwen2_5_vl``, ``llava_onevision``, ``gemma3``; None
+    when nothing is close."""
+    text = re.sub(r"[-. ]", "_", str(name).lower())
+    if len(text) >= 3:
+        for family in VISION_FAMILIES:
+            if family.startswith(text) or text.startswith(family):
+                return family
+    close = difflib.get_close_matches(text, VISION_FAMILIES, n=1)
+    return close[0] if close else None
 
 
 def torchvision_available() -> bool:
