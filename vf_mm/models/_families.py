@@ -62,6 +62,7 @@ class VisionFamily:
     image_axis: int = 0  # the axis along which a forward takes several images' inputs
     pad_axis: int | None = None  # an axis padded with zeros to the batch's largest image
     tool_format: str = "json"  # tool calls: "json" (<tool_call>{...}) or "xml" (<function=...>)
+    tool_role: bool = True  # the template renders a "tool" message (Gemma 3's refuses one)
     content_as_parts: bool = False  # the template renders only list content (drops strings)
     image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
     video_inputs: tuple[str, ...] = ()  # one video's inputs (empty: no video support)
@@ -91,7 +92,7 @@ _FAMILIES = {
                      "Qwen/Qwen3.5-0.8B", tool_format="xml", video_inputs=_QWEN_VIDEO),
         VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
                      "Gemma3ForConditionalGeneration", "token_type_ids",
-                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"),
+                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"), tool_role=False,
                      image_inputs=("pixel_values",)),
         VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
                      "SmolVLMForConditionalGeneration", None,
