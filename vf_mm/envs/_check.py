@@ -19,13 +19,19 @@ another), and reports every problem at once (``EnvironmentCheckError``):
   This is checked only when the replies are deterministic (the default policy or a list
   of strings; a callable may sample).
 
+- **the rubric** (``_rubric_check``): an ``answer`` that is a number where a reward
+  function compares parsed text (a problem where a probe proves it, else a warning),
+  a reward-function parameter whose name is a near miss of one the rubric supplies, a
+  reward that gives rollouts with different final replies the same score (warnings).
+
 The report counts what it saw: rows, the dataset's images and videos, the new images
 and videos each model turn was shown (the prompt's on turn 1, environment and tool ones
 after), the tool
 calls made and the tools that answered with an error (``"Error: ..."``), and the rewards.
 Its ``warnings`` say what a tool's schema leaves the model to guess (no description, a
 parameter without a type hint or an ``Args:`` line, an ``Args:`` line naming no
-parameter): the model sees only the schema.
+parameter): the model sees only the schema; and what the rubric checks above could not
+prove wrong but look it.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from vf_mm._json import to_json_value
 from vf_mm.envs._env import Environment
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._rubric import asked_columns
+from vf_mm.envs._rubric_check import answer_findings, constant_reward, unsupplied_defaults
 from vf_mm.envs._tools import schema_gaps
 from vf_mm.errors import EnvironmentCheckError, ResultsError, VfMmError
 from vf_mm.types import image_parts, video_parts
@@ -104,6 +111,9 @@ def check_environment(
     report["warnings"] = [
         gap for func in getattr(env, "tool_funcs", {}).values() for gap in schema_gaps(func)
     ]
+    answer_problems, answer_warnings = answer_findings(env.rubric, rows, task=env.env_id)
+    problems += answer_problems
+    report["warnings"] += answer_warnings + unsupplied_defaults(env.rubric)
     if tool_args is not None and replies is not None:
         raise ValueError(
             "tool_args sets the default tool policy's arguments; with replies= it is unused"
@@ -135,6 +145,7 @@ def check_environment(
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 problems.append(f"{where}: {name} is {value!r}, not a finite number")
         report["rewards"].append(out.reward)
+    report["warnings"] += constant_reward(first.values())
     if len(runs) == 2:
         differ = [
             k for k in first if runs[1].get(k) is None or runs[1][k].reward != first[k].reward
