@@ -198,6 +198,7 @@ def test_models_exports():
         "VisionFamily",
         "build_tiny_lm",
         "build_tiny_vlm",
+        "cached_tiny_vlm",
         "embedded_model",
         "expand_image",
         "expand_video",

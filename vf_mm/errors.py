@@ -20,7 +20,9 @@ against the standard exceptions keeps working.
     │   │                                      verifiers env on the completions API, verifiers v1)
     │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
     │   ├── MessageError (ValueError)          a message from environment code that is not a message
-    │   └── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
+    │   ├── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
+    │   └── RewardFunctionError (TypeError)    a reward function the rubric cannot call: an argument
+    │                                          name it does not supply, a value that is not callable
     ├── GroupFrameError (ValueError)           a training group frame (pack_group / unpack_group) refused:
     │   │                                      one hash for two tensors, a missing image, bad placeholders
     │   └── ImageRebuildError                  the trainer could not rebuild an image of an encoded/ref group
@@ -110,6 +112,7 @@ __all__ = [
     "RenderError",
     "ResultsError",
     "ResumeMismatchError",
+    "RewardFunctionError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
@@ -296,6 +299,14 @@ class MissingColumnError(EnvError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class RewardFunctionError(EnvError, TypeError):
+    """A reward function the rubric cannot call: it asks for an argument the rubric does
+    not supply (a typo such as ``answr``), takes one only by position, has no readable
+    signature, or is not callable at all. Refused when the ``Rubric`` is built, so a
+    mistake costs no rollout; the message names the function, the argument and the names
+    it can ask for."""
 
 
 class EnvironmentCheckError(EnvError, AssertionError):
