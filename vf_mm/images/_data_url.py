@@ -23,6 +23,7 @@ The size is checked from the payload's length before anything is decoded.
 from __future__ import annotations
 
 import binascii
+from collections.abc import Callable
 
 from vf_mm.errors import (
     ImageDecodeError,
@@ -32,6 +33,7 @@ from vf_mm.errors import (
     VideoTooLargeError,
 )
 
+_fast_b64decode: Callable[..., bytes] | None
 try:  # SIMD base64: ~0.03 ms for a 600 kB PNG where binascii takes ~1.5 ms
     from pybase64 import b64decode as _fast_b64decode
 except ImportError:  # pragma: no cover - a declared dependency; binascii does the same

@@ -90,7 +90,7 @@ def _example_id(value: Any) -> int | str:
 
 
 def _rollout_index(value: Any) -> int:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
         return int(value)
     raise ResultsError(f"rollout_index must be an int >= 0, got {value!r}")
 
