@@ -15,9 +15,9 @@ all of that: its turns carry messages and ``tokens=None``.
 from __future__ import annotations
 
 import asyncio
-import os
 import hashlib
 import math
+import os
 import time
 from array import array
 from collections import Counter
