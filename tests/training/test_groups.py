@@ -408,8 +408,8 @@ def test_frame_schema_and_group_fields():
     assert set(frame) == {"format", "example_id", "images", "rollouts"}
     rollout = frame["rollouts"][0]
     assert set(rollout) == {
-        "rollout_index", "reward", "metrics", "error", "answer", "info", "advantage",
-        "prompt", "completion", "steps",
+        "rollout_index", "reward", "metrics", "error", "truncated", "answer", "info",
+        "advantage", "prompt", "completion", "steps",
     }  # fmt: skip
     step = rollout["steps"][1]
     assert set(step) == {
@@ -435,6 +435,17 @@ def test_frame_schema_and_group_fields():
     assert got[0].trajectory[2].tokens is None and not got[0].trainable and got[1].trainable
     assert "advantage" not in pack_group(outputs)["rollouts"][0]
     assert unpack_group(unpackb(packb(pack_group(outputs))))[0].advantage is None
+
+
+def test_a_truncated_rollout_is_marked_in_its_group_and_old_frames_read_as_not():
+    outputs = plain_group(World(4), 1, rollouts=2)
+    outputs[1].truncated = True
+    frame = pack_group(outputs)
+    assert [r["truncated"] for r in frame["rollouts"]] == [False, True]
+    assert [r.truncated for r in unpack_group(unpackb(packb(frame)))] == [False, True]
+    for entry in frame["rollouts"]:  # a frame written before the field
+        del entry["truncated"]
+    assert [r.truncated for r in unpack_group(frame)] == [False, False]
 
 
 def test_a_failed_rollouts_advantage_travels_as_none_and_nan_is_refused():

@@ -207,6 +207,8 @@ async def _rollout(args: argparse.Namespace) -> int:
         ("images", args.images),
         ("advantages", args.advantages),
     ]
+    if progress.truncated:
+        rows.append(("truncated (out of context)", progress.truncated))
     if progress.repacked:
         rows.append(("groups sent stripped", progress.repacked))
     rows += [

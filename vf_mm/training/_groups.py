@@ -33,6 +33,8 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
         {"rollout_index": int,
          "reward": float | None, "metrics": {str: float},
          "error": {"type", "message", "where"} | None,
+         "truncated": bool,            # ran out of context, scored on what it has (a
+                                       # frame written before the field: read as False)
          "answer": Any, "info": dict,
          "advantage": float | None,     # only when pack_group got advantages; None:
                                         # the rollout has none (it failed: reward None)
@@ -299,6 +301,7 @@ def pack_group(
             "reward": output.reward,
             "metrics": output.metrics,
             "error": _dict_or_none(_error_from_frame(output.error, where)),
+            "truncated": bool(output.truncated),
             "answer": output.answer,
             "info": output.info,
         }
@@ -786,6 +789,7 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
                     error=RolloutError.from_exception(
                         failed[lost[0]], where=f"rebuilding {where}'s images"
                     ),
+                    truncated=bool(entry.get("truncated", False)),
                     rollout_index=index,
                     advantage=entry.get("advantage"),
                     group_id=group_id,
@@ -808,6 +812,7 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
                 reward=entry.get("reward"),
                 metrics=entry.get("metrics") or {},
                 error=_error_from_frame(entry.get("error"), where),
+                truncated=bool(entry.get("truncated", False)),
                 rollout_index=index,
                 advantage=entry.get("advantage"),
                 group_id=group_id,

@@ -54,6 +54,7 @@ class RolloutProgress:
     groups: int = 0
     rollouts: int = 0
     errors: int = 0  # rollouts sent with an error
+    truncated: int = 0  # rollouts that ran out of context (scored on what they have)
     repacked: int = 0  # groups sent stripped because packing or encoding them failed
     bytes_sent: int = 0
     reward_sum: float = 0.0  # over the rollouts with a reward (a running sum: no list kept)
@@ -204,6 +205,7 @@ async def stream_rollouts(
         progress.bytes_sent += nbytes
         for output in outputs:
             progress.rollouts += 1
+            progress.truncated += bool(output.truncated)
             if output.error:
                 progress.errors += 1
             elif output.reward is not None:
