@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from vf_mm.errors import TrajectoryError
-from vf_mm.training._batch import MicroBatch
+from vf_mm.training._batch import MicroBatch, check_finite
+from vf_mm.training._mismatch import logprob_mismatch
 
 
 def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
@@ -50,7 +50,10 @@ def grpo_loss(
     Statistics (floats, over the masked tokens): ``loss``; ``ratio``, the mean of ``r``
     (1.0 when the trainer computes what the sampler did); ``clip_frac``, the share of
     tokens whose ``r`` is outside the clip range; ``kl``, the mean of ``logprobs - new``
-    (an estimate of KL(sampler || trainer) that may be negative); ``tokens``, how many.
+    (an estimate of KL(sampler || trainer) that may be negative); ``tokens``, how many;
+    ``mismatch_kl`` and ``max_abs_diff``, the sampler/trainer mismatch of the same
+    tokens (``logprob_mismatch``: the non-negative k3 estimate of that KL, and the worst
+    token's ``|new - logprobs|``).
 
     Refuses (``TrajectoryError``, naming the field, the sample and the token) a batch
     whose ``advantages`` or ``logprobs`` hold a NaN or an infinity anywhere, padding
@@ -76,27 +79,6 @@ def grpo_loss(
             "kl": float(((old - new) * mask).sum() / count),
             "tokens": float(count),
         }
+    mismatch = logprob_mismatch(batch, new)
+    stats["mismatch_kl"], stats["max_abs_diff"] = mismatch["mismatch_kl"], mismatch["max_abs_diff"]
     return loss, stats
-
-
-_HINTS = {
-    "advantages": "build samples with finite advantages (vf_mm.training.group_advantages)",
-    "logprobs": "the sampler's logprobs (a backend asked with SamplingParams(logprobs=False) "
-    "records NaN: sample with logprobs on)",
-}
-
-
-def check_finite(batch: MicroBatch, fields: tuple[str, ...]) -> None:
-    """Refuse ``batch`` if one of ``fields`` holds a NaN or an infinity, naming the field,
-    the sample it is in (``batch.sources``) and the token."""
-    for name in fields:
-        values = getattr(batch, name)
-        bad = ~torch.isfinite(values)
-        if bool(bad.any()):
-            row, token = (int(i) for i in bad.nonzero()[0])
-            source = batch.sources[row] if row < len(batch.sources) else f"row {row}"
-            raise TrajectoryError(
-                f"{source}: the batch's {name} hold {float(values[row, token])} at token "
-                f"{token} (row {row}; {int(bad.sum())} such values in all): "
-                f"{_HINTS.get(name, 'every value must be finite')}"
-            )
