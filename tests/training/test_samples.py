@@ -142,6 +142,9 @@ def test_group_advantages():
     assert group_advantages([1.0, 0.0, 1.0, 0.0]) == pytest.approx([1, -1, 1, -1], abs=1e-3)
     assert group_advantages([0.5, 0.5]) == [0.0, 0.0]
     assert group_advantages([3.0, 1.0], scale=False) == [1.0, -1.0]
+    assert group_advantages([True, False], scale=False) == [0.5, -0.5]
+    assert group_advantages(torch.tensor([3.0, 1.0]), scale=False) == [1.0, -1.0]
+    assert group_advantages(np.array([3.0, 1.0]), scale=False) == [1.0, -1.0]
 
 
 def test_group_advantages_skip_failed_rollouts_never_averaging_them_in():
@@ -161,7 +164,7 @@ def test_a_group_with_no_spread_has_zero_advantages_not_nan(eps):
     assert group_advantages([], eps=eps) == []
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, "1.0"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "1.0", torch.tensor(math.nan), [1.0]])
 def test_a_reward_that_is_not_a_finite_number_is_refused_naming_it(bad):
     with pytest.raises(TrajectoryError, match="reward 1 of the group"):
         group_advantages([1.0, bad, 0.0])

@@ -261,10 +261,10 @@ def _check_advantage(rollout: Any, advantage: Any, where: str) -> float:
             "vf_mm.training.group_advantages([r.reward for r in group]) and pass each "
             "rollout's as build_samples(..., advantage=...)"
         )
-    if isinstance(advantage, bool) or not isinstance(advantage, numbers.Real):
+    scalar = tuple(getattr(advantage, "shape", (None,))) == ()  # a 0-d array or tensor
+    if isinstance(advantage, bool) or not (isinstance(advantage, numbers.Real) or scalar):
         raise TrajectoryError(
             f"{where}: advantage must be a real number, not {type(advantage).__name__}"
-            + (" (convert a tensor with float(x))" if hasattr(advantage, "shape") else "")
         )
     value = float(advantage)
     if not math.isfinite(value):
@@ -415,10 +415,10 @@ def group_advantages(
     for i, reward in enumerate(rewards):
         if reward is None:
             continue
-        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        scalar = tuple(getattr(reward, "shape", (None,))) == ()  # a 0-d array or tensor
+        if not isinstance(reward, numbers.Real) and not scalar:  # a bool is 0 or 1
             raise TrajectoryError(
                 f"reward {i} of the group is a {type(reward).__name__}, not a number"
-                + (" (convert a tensor with float(x))" if hasattr(reward, "shape") else "")
             )
         if not math.isfinite(float(reward)):
             raise TrajectoryError(
