@@ -321,6 +321,7 @@ def test_training_exports():
         "grpo_loss",
         "inputs_hash",
         "is_endpoint",
+        "logprob_mismatch",
         "make_batches",
         "pack_group",
         "read_groups",

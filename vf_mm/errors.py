@@ -53,7 +53,9 @@ against the standard exceptions keeps working.
     │   └── MergeError                         merge_runs refused: sources that are not shards of one
     │                                          run (configs, shard numbers, overlapping rows), a
     │                                          missing shard, a bad asset, an outdir in use
-    ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
+    ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values;
+    │                                          a sample or batch a trainer cannot use (a missing or
+    │                                          non-finite advantage, reward or logprob)
     ├── TransportError                         the trainer hop (vf_mm.training): a target or socket unusable
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
     │   ├── LedgerError                        a receiver's ledger of committed group ids: held by another
@@ -147,7 +149,9 @@ class MultiModalDataError(VfMmError, ValueError):
 
 
 class TrajectoryError(VfMmError, ValueError):
-    """Token-level trajectory data whose parallel lists disagree or hold bad values."""
+    """Token-level trajectory data whose parallel lists disagree or hold bad values; a
+    training sample or batch whose advantages, rewards or logprobs are missing or not
+    finite (they would make the loss NaN without an error)."""
 
 
 class MediaError(VfMmError, ValueError):

@@ -683,6 +683,11 @@ class RolloutOutput:
     A rollout that failed is recorded with ``error`` set (a ``RolloutError``: type,
     message, where; and whatever it had produced), never dropped, so a run's results line
     up with its examples.
+
+    ``truncated``: the rollout ran out of context (its next prompt, after at least one
+    model turn, was longer than the model takes: ``PromptTooLongError``). It ended there
+    and was scored on the turns it has, like any finished rollout (no ``error``); the
+    flag lets a trainer or a summary tell it apart (verifiers calls it ``is_truncated``).
     """
 
     example_id: int | str
@@ -695,6 +700,7 @@ class RolloutOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     error: RolloutError | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:

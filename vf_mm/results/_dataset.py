@@ -18,6 +18,8 @@ column                 feature                     holds
 ``reward``             float64 or null             null: the rollout failed
 ``metrics``            string (JSON text) or null  ``{name: float | null}``
 ``error``              string (JSON text) or null  ``{"type", "message", "where"}``; null: none
+``truncated``          bool or null                ran out of context (null: a file from
+                                                   before the field)
 ``num_turns``          int64 or null
 ``prompt_tokens``      int64 or null               token counts (sums over the turns); null
 ``completion_tokens``  int64 or null               when the backend gave no tokens
@@ -356,6 +358,7 @@ def _features(id_kind: str) -> datasets.Features:
         "reward": datasets.Value("float64"),
         "metrics": text,
         "error": text,
+        "truncated": datasets.Value("bool"),
         "num_turns": datasets.Value("int64"),
         "prompt_tokens": datasets.Value("int64"),
         "completion_tokens": datasets.Value("int64"),
@@ -413,6 +416,7 @@ def _record(row: Mapping[str, Any], id_kind: str, assets: _AssetReader) -> dict[
     out["reward"] = _real(row.get("reward"), label, "reward", assets.file)
     for name in _INT_COLUMNS:
         out[name] = _count(row.get(name), label, name, assets.file)
+    out["truncated"] = _flag(row.get("truncated"), label, "truncated", assets.file)
     extra = {k: v for k, v in row.items() if k not in ROW_KEYS}
     out["extra"] = _json_text(extra) if extra else None
     images, urls, videos = [], [], []
@@ -426,6 +430,14 @@ def _record(row: Mapping[str, Any], id_kind: str, assets: _AssetReader) -> dict[
             urls.append(ref.url)
     out["images"], out["image_urls"], out["videos"] = images, urls, videos
     return out
+
+
+def _flag(value: Any, label: str, name: str, file: Path) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ResultsError(
+        f"{file}: {label}, field {name!r}: {value!r} is not true, false or null", path=str(file)
+    )
 
 
 def _real(value: Any, label: str, name: str, file: Path) -> float | None:

@@ -19,7 +19,9 @@ One line of ``results.jsonl`` (``ROW_KEYS``, then the caller's ``extra`` keys)::
     {"example_id": int | str, "rollout_index": int,
      "prompt": [message, ...], "completion": [message, ...],   # images, videos: asset refs
      "answer": JSON, "info": {...}, "reward": float | null, "metrics": {name: float | null},
-     "error": {"type": str, "message": str, "where": str} | null, "num_turns": int, "prompt_tokens": int | null,
+     "error": {"type": str, "message": str, "where": str} | null,
+     "truncated": bool,   # ran out of context: scored on its turns (absent in older files: false)
+     "num_turns": int, "prompt_tokens": int | null,
      "completion_tokens": int | null, "timing": {...}, ...extra}
 
 Crash safety (a ``kill -9`` at any moment, then ``resume=True``):
@@ -69,6 +71,7 @@ ROW_KEYS = (
     "reward",
     "metrics",
     "error",
+    "truncated",
     "num_turns",
     "prompt_tokens",
     "completion_tokens",

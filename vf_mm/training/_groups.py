@@ -23,6 +23,8 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
     {"format": "vf_mm.group/1",
      "example_id": int | str,
      "group_id": str,   # only when pack_group got one: the group's id, unique in a run
+     "advantage_method": str,  # only when pack_group got one: how the advantages were
+                        # computed ("grpo": group_advantages, by vf-mm rollout)
      "images": {mm_hash: {"pixel_values": array, "image_grid_thw": array, ...}},
                         # every item, once per hash, as the renderer made it (any keys):
                         # images and videos ({"pixel_values_videos", "video_grid_thw",
@@ -31,8 +33,11 @@ Frame schema (``format`` ``"vf_mm.group/1"``)::
         {"rollout_index": int,
          "reward": float | None, "metrics": {str: float},
          "error": {"type", "message", "where"} | None,
+         "truncated": bool,            # ran out of context, scored on what it has (a
+                                       # frame written before the field: read as False)
          "answer": Any, "info": dict,
-         "advantage": float,            # only when pack_group got advantages
+         "advantage": float | None,     # only when pack_group got advantages; None:
+                                        # the rollout has none (it failed: reward None)
          "prompt": messages, "completion": messages,
                         # image parts -> {"type": "image_ref", "hash": h},
                         # video parts -> {"type": "video_ref", "hash": h}; see below
@@ -114,6 +119,8 @@ names is in the item table, under one modality in the whole group.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -168,11 +175,17 @@ class TrainingRollout(RolloutOutput):
     """A rollout as ``unpack_group`` rebuilds it: a ``RolloutOutput`` (``trajectory``
     steps hold the tokens and multi-modal data; their ``prompt``/``completion`` messages
     are not carried and are empty) plus its place in the group, its advantage and the
-    group's id (None for a frame packed without one)."""
+    group's id (None for a frame packed without one).
+
+    ``advantage`` is None when the frame carries none for it: a failed rollout (reward
+    None), or a group packed without advantages (``vf-mm rollout --advantages none``:
+    the trainer computes them, ``group_advantages``). ``advantage_method`` says how the
+    producer computed them (``"grpo"``), None when it did not say."""
 
     rollout_index: int = 0
     advantage: float | None = None
     group_id: str | None = None
+    advantage_method: str | None = None
 
     @property
     def trainable(self) -> bool:
@@ -188,7 +201,8 @@ def pack_group(
     *,
     rollout_indices: Sequence[int] | None = None,
     example_id: int | str | None = None,
-    advantages: Sequence[float] | None = None,
+    advantages: Sequence[float | None] | None = None,
+    advantage_method: str | None = None,
     policy: ImagePolicy | None = None,
     video_limits: VideoLimits | None = None,
     group_id: str | None = None,
@@ -200,7 +214,10 @@ def pack_group(
 
     ``rollout_indices`` default to ``0..n-1``; ``example_id`` defaults to the rollouts'
     (they must all agree, and agree with it when given); ``advantages``, if given, one per
-    rollout; ``group_id``, if given, goes in the frame's ``group_id`` field (a non-empty
+    rollout, each a finite number or None (no advantage: a failed rollout, as
+    ``group_advantages`` gives it; a NaN or infinity is refused, ``GroupFrameError``),
+    and ``advantage_method`` names how they were computed (the frame's
+    ``advantage_method``, e.g. ``"grpo"``); ``group_id``, if given, goes in the frame's ``group_id`` field (a non-empty
     string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes, else ``ValueError`` /
     ``TypeError``): what a trainer deduplicates by. ``policy`` is the ``ImagePolicy``
     used to read in-memory images and videos and local paths in messages in order to
@@ -256,9 +273,18 @@ def pack_group(
     if len(indices) != n or len(set(indices)) != n:
         raise GroupFrameError(f"rollout_indices must be {n} distinct ints, got {rollout_indices!r}")
     if advantages is not None:
-        advantages = [float(a) for a in advantages]
+        advantages = [_advantage(a, f"advantage {r}") for r, a in enumerate(advantages)]
         if len(advantages) != n:
             raise GroupFrameError(f"{len(advantages)} advantages for {n} rollouts")
+    if advantage_method is not None:
+        if advantages is None:
+            raise GroupFrameError(
+                "advantage_method= names how advantages= were computed: pass both"
+            )
+        if not isinstance(advantage_method, str) or not advantage_method:
+            raise GroupFrameError(
+                f"advantage_method must be a non-empty str, not {advantage_method!r}"
+            )
 
     packer = _Packer(policy, video_limits, by_source=images != "tensors")
     rollouts = []
@@ -269,6 +295,7 @@ def pack_group(
             "reward": output.reward,
             "metrics": output.metrics,
             "error": _dict_or_none(_error_from_frame(output.error, where)),
+            "truncated": bool(output.truncated),
             "answer": output.answer,
             "info": output.info,
         }
@@ -282,15 +309,33 @@ def pack_group(
         rollouts.append(entry)
     if images != "tensors":
         assert description is not None
-        return packer.by_source_frame(
+        frame = packer.by_source_frame(
             example_id, group_id, rollouts, images, dict(description), store
         )
-    frame: dict[str, Any] = {"format": GROUP_FORMAT, "example_id": example_id}
-    if group_id is not None:  # absent otherwise: frames without an id are as they were
-        frame["group_id"] = group_id
-    frame["images"] = packer.images
-    frame["rollouts"] = rollouts
+    else:
+        frame = {"format": GROUP_FORMAT, "example_id": example_id}
+        if group_id is not None:  # absent otherwise: frames without an id are as they were
+            frame["group_id"] = group_id
+        frame["images"] = packer.images
+        frame["rollouts"] = rollouts
+    if advantage_method is not None:  # absent otherwise, as group_id
+        frame["advantage_method"] = advantage_method
     return frame
+
+
+def _advantage(value: Any, where: str) -> float | None:
+    """``value`` as an advantage a frame may carry: a finite float, or None for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise GroupFrameError(f"{where} is a {type(value).__name__}, not a number or None")
+    if not math.isfinite(float(value)):
+        raise GroupFrameError(
+            f"{where} is {float(value)}: an advantage is a finite number, or None for a "
+            "rollout without one (vf_mm.training.group_advantages gives None for a failed "
+            "rollout)"
+        )
+    return float(value)
 
 
 def check_group_id(group_id: Any) -> str:
@@ -691,6 +736,11 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
         raise GroupFrameError(
             f"the group's 'group_id' must be a string, not {type(group_id).__name__}"
         )
+    method = data.get("advantage_method")  # absent unless the producer computed them
+    if method is not None and not isinstance(method, str):
+        raise GroupFrameError(
+            f"the group's 'advantage_method' must be a string, not {type(method).__name__}"
+        )
     images = _get(data, "images", "the group")
     if not isinstance(images, Mapping):
         raise GroupFrameError(
@@ -733,9 +783,11 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
                     error=RolloutError.from_exception(
                         failed[lost[0]], where=f"rebuilding {where}'s images"
                     ),
+                    truncated=bool(entry.get("truncated", False)),
                     rollout_index=index,
                     advantage=entry.get("advantage"),
                     group_id=group_id,
+                    advantage_method=method,
                 )
             )
             continue
@@ -754,9 +806,11 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
                 reward=entry.get("reward"),
                 metrics=entry.get("metrics") or {},
                 error=_error_from_frame(entry.get("error"), where),
+                truncated=bool(entry.get("truncated", False)),
                 rollout_index=index,
                 advantage=entry.get("advantage"),
                 group_id=group_id,
+                advantage_method=method,
             )
         )
     return out
