@@ -3,118 +3,18 @@ stored once.
 
 ``pack_group(outputs)`` turns the rollouts of one example (a GRPO group) into one plain
 dict for ``vf_mm.wire.packb`` / ``write_stream``; ``unpack_group(frame)`` turns a decoded
-frame back into ``TrainingRollout`` objects (``RolloutOutput`` with ``rollout_index`` and
-``advantage``) whose steps carry a ``MultiModalData`` equal to what the renderer made:
-the same hashes, placeholders and items.
+frame back into ``TrainingRollout`` objects whose steps carry a ``MultiModalData`` equal
+to what the renderer made. The frame schema (``vf_mm.group/1`` and, with images by bytes
+or reference, ``vf_mm.group/2``) is specified in ``docs/formats/groups.md``.
 
-Each distinct image's or video's tensors travel **once per group**, keyed by its
-``mm_hash``; steps refer to items by hash *and* position. So the bytes grow with the
-number of distinct images and videos, never with turns x items, whatever the steps do:
-plain extension (each turn adds an image), branching (rollouts, or steps of one rollout, that
-share a prefix), compaction (a later step drops earlier images: its sidecar is *not* a
-superset of the previous one) and repeats (the same image twice in a step is two entries
-with one hash). Nothing rests on "the last step holds every image" (the assumption that
-lost images for verifiers once rollouts compacted or branched), and the only copy of the
-tensors is the group's item table (the ``images`` field, which holds every modality's
-items: images and videos): steps and messages hold hashes, never pixels.
-
-Frame schema (``format`` ``"vf_mm.group/1"``)::
-
-    {"format": "vf_mm.group/1",
-     "example_id": int | str,
-     "group_id": str,   # only when pack_group got one: the group's id, unique in a run
-     "advantage_method": str,  # only when pack_group got one: how the advantages were
-                        # computed ("grpo": group_advantages, by vf-mm rollout)
-     "images": {mm_hash: {"pixel_values": array, "image_grid_thw": array, ...}},
-                        # every item, once per hash, as the renderer made it (any keys):
-                        # images and videos ({"pixel_values_videos", "video_grid_thw",
-                        # ...}); a step's mm says which modality a hash is
-     "rollouts": [
-        {"rollout_index": int,
-         "reward": float | None, "metrics": {str: float},
-         "error": {"type", "message", "where"} | None,
-         "truncated": bool,            # ran out of context, scored on what it has (a
-                                       # frame written before the field: read as False)
-         "answer": Any, "info": dict,
-         "advantage": float | None,     # only when pack_group got advantages; None:
-                                        # the rollout has none (it failed: reward None)
-         "prompt": messages, "completion": messages,
-                        # image parts -> {"type": "image_ref", "hash": h},
-                        # video parts -> {"type": "video_ref", "hash": h}; see below
-         "steps": [
-            # a step with tokens (a token-level backend):
-            {"prompt_ids": int32 array (int64 if an id needs it),
-             "completion_ids": int32/int64 array,
-             "completion_logprobs": float64 array,   # exactly the floats given (NaN kept)
-             "completion_mask": uint8 array,
-             "finish_reason": str | None,
-             "reward": float | None,                 # TrajectoryStep.reward
-             "mm": None                              # the step had multi_modal_data=None
-                   | {modality: {"hashes": [h, ...],
-                                 "placeholders": [[offset, length], ...]}}},
-                        # [offset, length, mask] where only some positions take the
-                        # item's embeddings: mask = np.packbits(is_embed) bytes
-            # a step without tokens (a message-level backend such as an OpenAI API):
-            {"tokens": None, "reward": float | None}]}]}
-
-**Image modes.** ``pack_group(..., images="encoded" | "ref")`` writes a
-``"vf_mm.group/2"`` frame instead: images travel as their encoded bytes (or a shared-store
-reference to them) and the trainer rebuilds their model inputs itself, bit for bit,
-checked by hash (``vf_mm/training/_images.py`` says how, and why it is exact)::
-
-    {"format": "vf_mm.group/2", "example_id", "group_id",   # as in vf_mm.group/1
-     "image_mode": "encoded" | "ref",
-     "processing": {"classes", "config", "backend", "versions"},  # the sampler's
-     "images": {mm_hash: item},   # what still travels as tensors: videos, and images
-                                  # without bytes to send (an http(s) URL, a results-store
-                                  # asset, an image no message shows)
-     "sources": {mm_hash: {"format": "PNG" | "JPEG" | ..., "size": int,
-                           "inputs": inputs_hash of the sampler's model inputs,
-                           "data": bytes                    # encoded
-                           | "uri": "file://...", "sha256": hex}},   # ref
-     "rollouts": [...]}           # as in vf_mm.group/1
-
-A ``vf_mm.group/1`` reader refuses a ``/2`` frame by its format (it never takes bytes for
-tensors); ``unpack_group`` reads both, a ``/2`` frame with ``images=ImageRebuilder(...)``.
-In these modes a ``data:`` URL image part whose image is in ``sources`` becomes an
-``image_ref`` too (its bytes are there already: the URL would send them once per rollout).
-
-``group_id`` names the group for exactly-once delivery to a trainer (``GroupSender``
-sends it beside the frame, the trainer's ``GroupReceiver`` acknowledges and deduplicates
-by it): ``stream_rollouts`` makes it ``f"{run_id}/{example_id}"``. It is a non-empty
-string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes (it travels in every acknowledgement
-and is stored in the trainer's ledger). A frame without it (packed without one, or
-written before the field existed) is still a ``vf_mm.group/1`` frame: its id is None.
-
-Token lists travel as numpy arrays (4 bytes a token instead of msgpack's 5 for ids over
-65535, and no per-element work to encode or decode); ``unpack_group`` gives lists back.
-A reader without vf_mm sees plain msgpack maps, lists and tensors.
-
-Messages: an image part whose image is in memory (a PIL image, encoded bytes, a local
-path or ``file://`` URL) becomes ``{"type": "image_ref", "hash": h}`` with
-``h = image_hash(load_image(image))``, the same hash the renderer puts in ``mm_hashes``
-(so a trainer can find its tensors in ``images`` when a step used it) and the results
-store uses for ``assets/<h>.png``; a results-store URL ``assets/<h>.png`` becomes the same
-reference without being read. A video part whose video is in memory or local (frames, an
-array, a ``Video``, encoded bytes, a path or ``file://`` URL) becomes ``{"type":
-"video_ref", "hash": h}`` with ``h`` the renderer's ``mm_hash`` of it
-(``vf_mm.videos.video_mm_hash``: the clip's ``video_hash``, combined with the part's
-processing options when it sets any: the same clip sampled two ways is two items); a
-results-store URL ``assets/<h>.<ext>`` becomes the reference by that rule without being
-read (the results store names a video's file by its ``video_hash``). ``http(s)://`` and
-``data:`` URLs, of images and videos, are kept as they are (never fetched or decoded).
-Step-level messages and ``TrajectoryStep.extras`` are not carried (the trainer needs
-tokens; the rollout's own prompt and completion are), so the rebuilt steps have empty
-``prompt``/``completion`` lists; ``RolloutOutput.timing`` is not carried either.
-
-Checks, each a ``vf_mm.errors.GroupFrameError`` naming the rollout and step: two different
-tensors under one hash within a group (shapes, dtypes and bytes are compared, only when
-the two item objects differ: items shared by bridging cost nothing), one hash used for
-two modalities (an image in one step, a video in another), a step that refers to a hash
-the group does not carry, placeholders that fail ``MultiModalData.validate`` against the
-step's prompt length, token lists of different lengths, a frame that is not a
-``vf_mm.group/1``. ``unpack_group`` checks the same of what it reads: every hash a step
-names is in the item table, under one modality in the whole group.
+Invariants: each distinct image's or video's tensors travel once per group, keyed by
+``mm_hash``, and steps refer to them by hash and position, so the bytes grow with the
+distinct media, never with turns x items, whatever the steps do (extension, branching,
+compaction, repeats); steps and messages hold hashes, never pixels. Every check fails the
+group with a ``GroupFrameError`` naming the rollout and step (one hash for two tensors or
+two modalities, a hash the group does not carry, bad placeholders, token lists of
+different lengths, a NaN advantage, a frame of another format), on packing and unpacking
+alike.
 """
 
 from __future__ import annotations
