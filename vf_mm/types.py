@@ -702,6 +702,34 @@ class RolloutOutput:
     timing: dict[str, float] = field(default_factory=dict)
     truncated: bool = False
 
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        reward: float | None,
+        metrics: dict[str, float],
+        error: RolloutError | None,
+    ) -> RolloutOutput:
+        """The output of a finished rollout's state (an environment's ``State``: its
+        ``example_id``, ``prompt``, ``completion``, ``answer``, ``info``, ``trajectory``,
+        ``timing`` and ``truncated``), scored ``reward`` / ``metrics``. The one place a
+        state becomes an output, so every environment (vf_mm's own and adapted ones)
+        carries the same fields."""
+        return cls(
+            example_id=state["example_id"],
+            prompt=state["prompt"],
+            completion=state["completion"],
+            answer=state.get("answer"),
+            info=state.get("info") or {},
+            trajectory=state["trajectory"],
+            reward=reward,
+            metrics=metrics,
+            error=error,
+            timing=dict(state["timing"]),
+            truncated=bool(state.get("truncated")),
+        )
+
     @property
     def ok(self) -> bool:
         """True when the rollout finished without an error."""

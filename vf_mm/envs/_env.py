@@ -332,21 +332,10 @@ class Environment:
         outputs = []
         for state, (reward, metrics) in zip(states, scores, strict=True):
             state["timing"]["scoring_s"] = elapsed
+            # environment code may store an exception or a message in state["error"] itself
+            error = RolloutError.coerce(state.get("error"))
             outputs.append(
-                RolloutOutput(
-                    example_id=state["example_id"],
-                    prompt=state["prompt"],
-                    completion=state["completion"],
-                    answer=state.get("answer"),
-                    info=state.get("info") or {},
-                    trajectory=state["trajectory"],
-                    reward=reward,
-                    metrics=metrics,
-                    # environment code may store an exception or a message there itself
-                    error=RolloutError.coerce(state.get("error")),
-                    timing=dict(state["timing"]),
-                    truncated=bool(state.get("truncated")),
-                )
+                RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=error)
             )
         return outputs
 
