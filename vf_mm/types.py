@@ -285,7 +285,7 @@ def video_part_source(part: Mapping[str, Any]) -> Any:
 def text_of(message: Mapping[str, Any]) -> str:
     """The message's text parts joined with no separator (images are skipped)."""
     return "".join(
-        part["text"]
+        str(part.get("text", ""))
         for part in content_parts(message)
         if isinstance(part, Mapping) and part.get("type") == "text"
     )
@@ -498,13 +498,12 @@ class MultiModalData:
         ``validate`` on the result to check they do not overlap.
         """
         out = self.copy()
-        for src, dst in (
-            (other.mm_hashes, out.mm_hashes),
-            (other.mm_placeholders, out.mm_placeholders),
-            (other.mm_items, out.mm_items),
-        ):
-            for m, values in src.items():
-                dst.setdefault(m, []).extend(values)
+        for m, hashes in other.mm_hashes.items():
+            out.mm_hashes.setdefault(m, []).extend(hashes)
+        for m, ranges in other.mm_placeholders.items():
+            out.mm_placeholders.setdefault(m, []).extend(ranges)
+        for m, items in other.mm_items.items():
+            out.mm_items.setdefault(m, []).extend(items)
         return out
 
     def shifted(self, delta: int) -> MultiModalData:

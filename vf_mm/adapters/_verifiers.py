@@ -57,13 +57,13 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vf_mm._text import shorten
 from vf_mm.envs import Environment, State
 from vf_mm.errors import UnsupportedEnvironmentError
 from vf_mm.recording import Recorder, openai_client
-from vf_mm.types import Messages, RolloutError, RolloutOutput
+from vf_mm.types import Message, Messages, RolloutError, RolloutOutput
 
 #: the model name the environment's calls carry (the in-process endpoint serves this one)
 MODEL = "vf-mm"
@@ -131,7 +131,7 @@ class VerifiersEnv(Environment):
             return [{"role": "user", "content": prompt}]
         if not isinstance(prompt, Sequence):
             raise ValueError("a verifiers dataset row needs a 'prompt' column (messages)")
-        return [_clean_message(m) for m in prompt]
+        return [cast(Message, _clean_message(m)) for m in prompt]
 
     async def rollout(
         self,
@@ -511,7 +511,7 @@ def _rollout_error(exc: BaseException, where: str) -> RolloutError:
             where,
         )
     base = RolloutError.from_exception(exc, where=where)
-    causes = []
+    causes: list[str] = []
     seen = {id(exc)}
     cause = exc.__cause__ or exc.__context__
     while cause is not None and id(cause) not in seen and len(causes) < 4:

@@ -99,7 +99,7 @@ class Rubric:
 
     async def score_group(
         self, states: Sequence[dict[str, Any]]
-    ) -> list[tuple[float, dict[str, float]]]:
+    ) -> list[tuple[float | None, dict[str, float]]]:
         """(reward, metrics) for each rollout of one example's group."""
         ok = [i for i, s in enumerate(states) if not s.get("error")]
         metrics: list[dict[str, float]] = [{} for _ in states]
@@ -127,7 +127,7 @@ class Rubric:
                         raise value
                     else:
                         metrics[i][rf.name] = value
-        out = []
+        out: list[tuple[float | None, dict[str, float]]] = []
         for i, state in enumerate(states):
             if state.get("error"):
                 out.append((None, {}))  # not scored: the error is the result

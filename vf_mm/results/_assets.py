@@ -309,7 +309,7 @@ class AssetStore:
             self._known.put(digest)
         return self.url(digest)
 
-    def _write_new(self, final: Path, write: Callable[[IO[bytes]], None]) -> bool:
+    def _write_new(self, final: Path, write: Callable[[IO[bytes]], object]) -> bool:
         """Write ``final`` through a fsynced temporary file and a rename, unless another
         thread stored it meanwhile (theirs is kept); True when this call wrote it."""
         fd, tmp = _temp_in(self.dir, final.name)

@@ -273,7 +273,7 @@ def _write(
             raise
 
     made = cache_dir is None
-    folder = Path(tempfile.mkdtemp(prefix=_CACHE_PREFIX)) if made else Path(cache_dir)
+    folder = Path(tempfile.mkdtemp(prefix=_CACHE_PREFIX)) if cache_dir is None else Path(cache_dir)
     try:
         with _no_progress_bars():
             dataset = datasets.Dataset.from_generator(
@@ -490,9 +490,9 @@ class _AssetReader:
         # a clip's hash covers its frame rate: each (file, rate) is checked
         slot = (ref.url, ref.frame_rate)
         verdict = self._done.get(slot)
-        data = None if verdict is None or isinstance(verdict, str) else self._again(ref, verdict)
-        if isinstance(data, bytes):
-            return data
+        again = None if verdict is None or isinstance(verdict, str) else self._again(ref, verdict)
+        if isinstance(again, bytes):
+            return again
         if not isinstance(verdict, str):  # not seen yet, or changed since its check
             data = self._read(ref)
             if isinstance(data, bytes):

@@ -151,7 +151,7 @@ def make_batches(
         family = _qwen_or_refuse(samples)
     info = family_info(family)  # an unknown family fails here
     for sample in samples:
-        for kind, items, expected in (
+        for modality, items, expected in (
             ("images", sample.images, set(info.image_inputs)),
             ("videos", sample.videos, set(info.video_inputs)),
         ):
@@ -159,7 +159,7 @@ def make_batches(
                 raise TrajectoryError(f"{sample.source}: a {family} forward takes no videos")
             if any(set(item) != expected for item in items):
                 raise TrajectoryError(
-                    f"{sample.source}: its {kind}' inputs are not a {family} forward's "
+                    f"{sample.source}: its {modality}' inputs are not a {family} forward's "
                     f"({sorted(expected)}): family= must be the model that made them"
                 )
     ready = []

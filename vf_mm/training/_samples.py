@@ -25,9 +25,10 @@ names the rollout and step.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -288,7 +289,9 @@ def _steps(rollout: Any) -> list[dict[str, Any]]:
             raise TrajectoryError(
                 f"step {i} has no token ids (a message-level backend): not trainable"
             )
-        get = tokens.get if isinstance(tokens, dict) else lambda k, t=tokens: getattr(t, k)
+        get: Callable[[str], Any] = (
+            tokens.get if isinstance(tokens, dict) else functools.partial(getattr, tokens)
+        )
         mm = (
             get("multi_modal_data")
             if _has(tokens, "multi_modal_data")
