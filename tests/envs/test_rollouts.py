@@ -507,6 +507,21 @@ def test_a_tool_returning_text_that_is_not_text_fails_the_rollout(renderer):
     assert state["error"].message.startswith("tool 'read' returned: the text holds a lone")
 
 
+def test_a_reply_holding_a_video_pad_fails_that_turn_not_a_later_one(renderer):
+    """A Qwen3-VL GRPO run died at step 44 when the policy sampled <|video_pad|>: the
+    next turn's render failed with an error naming neither the message nor the cause.
+    Now the turn that holds it fails its rollout, naming the token, the turn and why;
+    the step is not kept (nothing trains on it) and no later turn runs."""
+    backend = ScriptedBackend(renderer, ["left", "I pick <|video_pad|> now", "yes"])
+    env = Echo(dataset=rows(1), max_turns=5)
+    state = asyncio.run(env.rollout(vf.RendererClient(backend, renderer), rows(1)[0]))
+    error = state["error"]
+    assert error.type == "ReservedTokenError" and error.where == "turn 2: model"
+    assert error.message.startswith("turn 2: the model sampled <|video_pad|> (id ")
+    assert "Qwen2.5-VL reserves for images and videos" in error.message
+    assert len(state["trajectory"]) == 1 and len(backend.requests) == 2
+
+
 def test_each_rollout_is_one_session_ended_when_it_ends(renderer):
     """Every model turn of a rollout names the rollout's session (a backend with several
     servers keeps them on one); the session ends with the rollout, failed or not."""
