@@ -232,10 +232,10 @@ class VisionSpec:
                     "reserves for images and videos and which the backend was asked never "
                     "to sample: the backend ignored the ban"
                 )
-        token = self.reserved_in(text)
-        if token is not None:
-            return token, (
-                f"the completion's text spells {token}, which {self.family_label} reads as an "
+        spelled = self.reserved_in(text)
+        if spelled is not None:
+            return spelled, (
+                f"the completion's text spells {spelled}, which {self.family_label} reads as an "
                 "image or video placeholder: rendered again, it would not be the tokens sampled"
             )
         return None
