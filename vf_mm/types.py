@@ -683,6 +683,11 @@ class RolloutOutput:
     A rollout that failed is recorded with ``error`` set (a ``RolloutError``: type,
     message, where; and whatever it had produced), never dropped, so a run's results line
     up with its examples.
+
+    ``truncated``: the rollout ran out of context (its next prompt, after at least one
+    model turn, was longer than the model takes: ``PromptTooLongError``). It ended there
+    and was scored on the turns it has, like any finished rollout (no ``error``); the
+    flag lets a trainer or a summary tell it apart (verifiers calls it ``is_truncated``).
     """
 
     example_id: int | str
@@ -695,6 +700,35 @@ class RolloutOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     error: RolloutError | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        reward: float | None,
+        metrics: dict[str, float],
+        error: RolloutError | None,
+    ) -> RolloutOutput:
+        """The output of a finished rollout's state (an environment's ``State``: its
+        ``example_id``, ``prompt``, ``completion``, ``answer``, ``info``, ``trajectory``,
+        ``timing`` and ``truncated``), scored ``reward`` / ``metrics``. The one place a
+        state becomes an output, so every environment (vf_mm's own and adapted ones)
+        carries the same fields."""
+        return cls(
+            example_id=state["example_id"],
+            prompt=state["prompt"],
+            completion=state["completion"],
+            answer=state.get("answer"),
+            info=state.get("info") or {},
+            trajectory=state["trajectory"],
+            reward=reward,
+            metrics=metrics,
+            error=error,
+            timing=dict(state["timing"]),
+            truncated=bool(state.get("truncated")),
+        )
 
     @property
     def ok(self) -> bool:

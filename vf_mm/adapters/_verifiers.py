@@ -304,18 +304,9 @@ class VerifiersEnv(Environment):
             reward = float(vstate.get("reward") or 0.0)
             metrics = {str(k): float(v) for k, v in (vstate.get("metrics") or {}).items()}
         state["timing"]["scoring_s"] = scoring_s
-        return RolloutOutput(
-            example_id=state["example_id"],
-            prompt=state["prompt"],
-            completion=state["completion"],
-            answer=state.get("answer"),
-            info=state.get("info") or {},
-            trajectory=state["trajectory"],
-            reward=reward,
-            metrics=metrics,
-            error=state["error"],
-            timing=dict(state["timing"]),
-        )
+        if vstate is not None:  # verifiers' name for a rollout that ran out of context
+            state["truncated"] = bool(vstate.get("is_truncated"))
+        return RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=state["error"])
 
 
 class _RewardFailures:

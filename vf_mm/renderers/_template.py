@@ -679,10 +679,10 @@ class ChatTemplateRenderer:
             if token is not None:
                 raise ReservedTokenError(
                     f"message {index} ({message.get('role')}), {field}: the text holds {token} "
-                    f"literally, which {vision.family_label} reserves for images and videos "
-                    "(its template writes one for each image or video part): remove it from "
-                    "the text, and give the image or video as a content part (or a dataset "
-                    "row's image/video column)",
+                    f"literally, a placeholder {vision.family_label} reserves for images and "
+                    "videos (its template writes one for each image or video part): remove it "
+                    "from the text, and give the image or video as a content part (or a "
+                    "dataset row's image/video column)",
                     token=token,
                 )
 

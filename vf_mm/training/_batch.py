@@ -267,3 +267,26 @@ def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
         video_placeholders=kept_videos,
         source=f"{sample.source} (cut at token {cut})",
     )
+
+
+_HINTS = {
+    "advantages": "build samples with finite advantages (vf_mm.training.group_advantages)",
+    "logprobs": "the sampler's logprobs (a backend asked with SamplingParams(logprobs=False) "
+    "records NaN: sample with logprobs on)",
+}
+
+
+def check_finite(batch: MicroBatch, fields: tuple[str, ...]) -> None:
+    """Refuse ``batch`` if one of ``fields`` holds a NaN or an infinity, naming the field,
+    the sample it is in (``batch.sources``) and the token."""
+    for name in fields:
+        values = getattr(batch, name)
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            row, token = (int(i) for i in bad.nonzero()[0])
+            source = batch.sources[row] if row < len(batch.sources) else f"row {row}"
+            raise TrajectoryError(
+                f"{source}: the batch's {name} hold {float(values[row, token])} at token "
+                f"{token} (row {row}; {int(bad.sum())} such values in all): "
+                f"{_HINTS.get(name, 'every value must be finite')}"
+            )

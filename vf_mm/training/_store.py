@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm.errors import ImageError, ImageRefError
-from vf_mm.images import ImagePolicy, check_local_path, file_url_to_path, read_local_file
+from vf_mm.images import ImagePolicy
+from vf_mm.images._internal import check_local_path, file_url_to_path, read_local_file
 
 __all__ = ["ImageStore", "PruneReport", "StoreReader"]
 
