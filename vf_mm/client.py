@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vf_mm.errors import BackendProtocolError, PromptTooLongError
+from vf_mm.errors import BackendProtocolError, PromptTooLongError, ReservedTokenError
 from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
 from vf_mm.renderers import Renderer, bridge
 from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
@@ -93,6 +93,9 @@ class RendererClient:
         self.token_level = hasattr(backend, "generate")
         if self.token_level and renderer is None:
             raise ValueError(f"backend {backend.name} works on token ids: pass a renderer")
+        banned = getattr(self.vision, "banned_token_ids", None) or ()
+        #: ids every request bans from sampling: the renderer's image and video tokens
+        self.banned_token_ids: tuple[int, ...] = tuple(sorted(banned))
 
     async def aclose(self) -> None:
         """Close the backend (its connections, its engine's threads); the client is done."""
@@ -173,6 +176,7 @@ class RendererClient:
                 rendered.multi_modal_data,
                 messages=prompt,
                 session_id=session_id,
+                banned_token_ids=self.banned_token_ids,
             )
         )
         self.stats.backend_s += time.perf_counter() - start
@@ -188,6 +192,7 @@ class RendererClient:
                 backend=self.backend.name,
             )
         parsed = await asyncio.to_thread(self.renderer.parse_response, result.completion_ids)  # type: ignore[union-attr]
+        self._check_reserved(result.completion_ids, parsed.text, turn=len(trajectory) + 1)
         tokens = ResponseTokens(
             prompt_ids=result.prompt_ids if result.prompt_ids is not None else rendered.token_ids,
             completion_ids=list(result.completion_ids),
@@ -212,6 +217,20 @@ class RendererClient:
             bridged=bridged,
             tool_call_errors=parsed.tool_call_errors,
         )
+
+    def _check_reserved(self, completion_ids: Sequence[int], text: str, *, turn: int) -> None:
+        """A completion holding an image or video token (a backend that ignored the ban, a
+        scripted or recorded reply) fails its turn here, naming the token and why: kept,
+        it would crash a later turn's render or train on a placeholder no image explains."""
+        check = getattr(self.vision, "sampled_reserved", None)
+        found = check(completion_ids, text) if check is not None else None
+        if found is not None:
+            token, reason = found
+            raise ReservedTokenError(
+                f"turn {turn}: {reason}; the rollout fails here rather than crash a later "
+                "turn or train on a placeholder no image explains",
+                token=token,
+            )
 
     def end_session(self, session_id: str) -> None:
         """The rollout ``session_id`` named is over: a backend that routes sessions (one

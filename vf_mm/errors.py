@@ -44,6 +44,8 @@ against the standard exceptions keeps working.
     ├── MissingDependencyError (ImportError)   an optional library is needed for this input
     ├── MultiModalDataError (ValueError)       a step's multi-modal data (its sidecar) breaks its rules
     ├── RenderError (ValueError)               messages a renderer cannot turn into tokens
+    │   ├── ReservedTokenError                 text (a message's, or a sampled completion's) holding a
+    │   │                                      token the family reserves for images and videos
     │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
     ├── ResultsError (ValueError)              an evaluation results store (vf_mm.results) refused:
     │   │                                      a non-JSON value, an outdir in use, a corrupt line
@@ -112,6 +114,7 @@ __all__ = [
     "PromptTooLongError",
     "ReceiveTimeout",
     "RenderError",
+    "ReservedTokenError",
     "ResultsError",
     "ResumeMismatchError",
     "RewardFunctionError",
@@ -323,6 +326,18 @@ class EnvironmentCheckError(EnvError, AssertionError):
 
 class RenderError(VfMmError, ValueError):
     """Messages a renderer cannot turn into tokens (an image for a text-only model, ...)."""
+
+
+class ReservedTokenError(RenderError):
+    """Text holding a token the model family reserves for images and videos (a
+    placeholder, a pad, a vision marker): in a message (``where`` names it), or in a
+    completion the model sampled (a backend that ignored the ban on those tokens).
+    Rendered again, the text would be read as an image or video no input explains, so
+    the rollout fails instead. ``token`` is the literal token."""
+
+    def __init__(self, message: str, *, token: str) -> None:
+        super().__init__(message)
+        self.token = token
 
 
 class UnsupportedModelError(RenderError):

@@ -326,7 +326,10 @@ def test_the_check_renders_with_the_family_it_is_given():
     assert vf.check_environment(env)["family"] == "qwen2_5_vl"
     with pytest.raises(EnvironmentCheckError) as info:
         vf.check_environment(env, family="llava_onevision")
-    assert "placeholder" in info.value.problems[0] and "RenderError" in info.value.problems[0]
+    problem = info.value.problems[0]
+    assert (
+        "ReservedTokenError: message 0 (user)" in problem and "holds <image> literally" in problem
+    )
 
     def look(corner: str):
         """Look at a corner.

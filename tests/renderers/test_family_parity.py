@@ -408,6 +408,37 @@ def test_a_reserved_token_written_in_text_is_refused(tiny, family, text):
         renderer.render([{"role": "user", "content": [{"type": "text", "text": text}]}])
 
 
+@pytest.mark.parametrize(
+    ("family", "token", "label"),
+    [("gemma3", "<start_of_image>", "Gemma 3"), ("llava_onevision", "<image>", "LLaVA-OneVision"),
+     ("qwen3_5", "<|video_pad|>", "Qwen3.5"), ("smolvlm", "<video>", "SmolVLM")],
+)  # fmt: skip
+def test_a_placeholder_in_a_message_names_the_message_its_role_the_token_and_the_family(
+    tiny, family, token, label
+):
+    """The error names what the user must fix: which message (index and role), where in
+    it, the literal placeholder, and the family at hand only (SmolVLM's once spoke of
+    Gemma 3's system message). An assistant reply holding one (a model that sampled it)
+    is refused the same way when the history is rendered again."""
+    from vf_mm.errors import ReservedTokenError
+
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    history = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]},
+               {"role": "assistant", "content": f"I see {token} there."},
+               {"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]  # fmt: skip
+    with pytest.raises(ReservedTokenError) as caught:
+        renderer.render(history)
+    message = str(caught.value)
+    assert message.startswith(f"message 1 (assistant), field 'content': the text holds {token} ")
+    assert label in message and caught.value.token == token
+    others = {"Gemma 3", "SmolVLM", "LLaVA-OneVision", "Qwen3.5"} - {label}
+    assert not any(other in message for other in others)
+    user = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                         {"type": "text", "text": f"b {token}"}]}]  # fmt: skip
+    with pytest.raises(ReservedTokenError, match=r"^message 0 \(user\), content part 1: "):
+        renderer.render(user)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_shorthand_text_parts_are_rendered_not_dropped(tiny, family):
     """A bare string and an untyped {"text": ...} in a content list are text parts, for

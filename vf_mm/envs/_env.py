@@ -32,11 +32,11 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from typing import Any
 
 from vf_mm.client import RendererClient
-from vf_mm.envs._messages import check_messages
+from vf_mm.envs._messages import check_messages, check_text
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rows import count_rows, iter_rows
 from vf_mm.envs._rubric import Rubric
-from vf_mm.errors import PromptTooLongError
+from vf_mm.errors import MessageError, PromptTooLongError
 from vf_mm.inference import SamplingParams
 from vf_mm.types import (
     IMAGE_PART_TYPES,
@@ -119,6 +119,8 @@ class Environment:
             raise ValueError(
                 f"timeout_s must be > 0 seconds (or None for no limit), got {timeout_s}"
             )
+        if system_prompt is not None:
+            check_text(system_prompt, where=f"{env_id or type(self).__name__}: system_prompt")
         self.dataset = dataset
         self.eval_dataset = eval_dataset
         self.system_prompt = system_prompt
@@ -186,8 +188,9 @@ class Environment:
             messages = [{"role": "user", "content": row["prompt"]}]
         elif row.get("prompt") is not None:  # one message dict, or a list of them
             messages = check_messages(row["prompt"], where=f"{self.env_id}: the 'prompt' column")
-        elif row.get("question") is not None:
-            messages = [{"role": "user", "content": str(row["question"])}]
+        elif row.get("question") is not None:  # text, never str()-ed (bytes: decode them)
+            question = check_text(row["question"], where=f"{self.env_id}: the 'question' column")
+            messages = [{"role": "user", "content": question}]
         else:
             raise ValueError("a dataset row needs a 'question' or a 'prompt' column")
         images = []
@@ -209,7 +212,8 @@ class Environment:
             media = [*(_video_part(v) for v in videos), *(_image_part(i) for i in images)]
             messages[first] = {**messages[first], "content": [*media, *parts]}
         if self.system_prompt and (not messages or messages[0].get("role") != "system"):
-            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            system = check_text(self.system_prompt, where=f"{self.env_id}: system_prompt")
+            messages = [{"role": "system", "content": system}, *messages]
         return messages
 
     def sampling(self, overrides: Mapping[str, Any] | None = None) -> SamplingParams:
@@ -340,8 +344,14 @@ class Environment:
         return outputs
 
     def new_state(self, row: Mapping[str, Any], *, example_id: Any, rollout_index: int) -> State:
+        try:
+            formatted = self.format_prompt(row)
+        except MessageError as exc:  # name the row: format_prompt sees only its columns
+            error = MessageError(f"example {example_id!r}: {exc}", where=exc.where)
+            error.hint = exc.hint
+            raise error from None
         prompt = check_messages(
-            self.format_prompt(row), where=f"{self.env_id}: the prompt of example {example_id!r}"
+            formatted, where=f"{self.env_id}: the prompt of example {example_id!r}"
         )
         return State(
             prompt=prompt,
