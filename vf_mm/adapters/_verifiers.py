@@ -427,7 +427,7 @@ def _chat_client_class() -> type:
     remembers which tool-call replies had ``""`` and sends those back with ``""``."""
     import verifiers
 
-    class RecordingChatClient(verifiers.OpenAIChatCompletionsClient):  # type: ignore[misc, name-defined]
+    class RecordingChatClient(verifiers.OpenAIChatCompletionsClient):
         def __init__(self, client: Any) -> None:
             super().__init__(client)
             self.empty_replies: set[tuple[str, ...]] = set()  # their tool-call ids

@@ -29,7 +29,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vf_mm.client import RendererClient
 from vf_mm.envs._messages import check_messages, check_text
@@ -41,6 +41,7 @@ from vf_mm.inference import SamplingParams
 from vf_mm.types import (
     IMAGE_PART_TYPES,
     VIDEO_PART_TYPES,
+    Message,
     Messages,
     RolloutError,
     RolloutOutput,
@@ -184,16 +185,20 @@ class Environment:
 
     def format_prompt(self, row: Mapping[str, Any]) -> Messages:
         """The prompt messages of one dataset row (never mutates the row)."""
+        messages: list[dict[str, Any]]
         if isinstance(row.get("prompt"), str):  # a bare string is the user's text
             messages = [{"role": "user", "content": row["prompt"]}]
         elif row.get("prompt") is not None:  # one message dict, or a list of them
-            messages = check_messages(row["prompt"], where=f"{self.env_id}: the 'prompt' column")
+            messages = cast(
+                list[dict[str, Any]],
+                check_messages(row["prompt"], where=f"{self.env_id}: the 'prompt' column"),
+            )
         elif row.get("question") is not None:  # text, never str()-ed (bytes: decode them)
             question = check_text(row["question"], where=f"{self.env_id}: the 'question' column")
             messages = [{"role": "user", "content": question}]
         else:
             raise ValueError("a dataset row needs a 'question' or a 'prompt' column")
-        images = []
+        images: list[Any] = []
         for column in IMAGE_COLUMNS:
             value = row.get(column)
             if value is None:
@@ -214,7 +219,7 @@ class Environment:
         if self.system_prompt and (not messages or messages[0].get("role") != "system"):
             system = check_text(self.system_prompt, where=f"{self.env_id}: system_prompt")
             messages = [{"role": "system", "content": system}, *messages]
-        return messages
+        return cast(Messages, messages)
 
     def sampling(self, overrides: Mapping[str, Any] | None = None) -> SamplingParams:
         return SamplingParams.from_dict({**self.sampling_args, **dict(overrides or {})})
@@ -337,9 +342,9 @@ class Environment:
         for state, (reward, metrics) in zip(states, scores, strict=True):
             state["timing"]["scoring_s"] = elapsed
             # environment code may store an exception or a message in state["error"] itself
-            error = RolloutError.coerce(state.get("error"))
+            failure = RolloutError.coerce(state.get("error"))
             outputs.append(
-                RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=error)
+                RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=failure)
             )
         return outputs
 
@@ -485,7 +490,7 @@ class MultiTurnEnv(Environment):
                 return
             state["timing"]["generation_s"] += time.perf_counter() - t0
             state["trajectory"].append(turn.step(messages))
-            messages = [*messages, turn.message]
+            messages = [*messages, cast(Message, turn.message)]
             state["turn"] += 1
             state["completion"] = messages[len(state["prompt"]) :]
             stage.where = f"turn {turn_no}: a stop condition"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from vf_mm._text import shorten
 from vf_mm.errors import MessageError
@@ -38,6 +38,7 @@ from vf_mm.types import (
     IMAGE_PART_TYPES,
     VIDEO_PART_KEYS,
     VIDEO_PART_TYPES,
+    Messages,
     unknown_video_key,
     video_options,
 )
@@ -46,7 +47,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES), *sorted(VIDEO_PART_TYPES))
 
 
-def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
+def check_messages(value: Any, *, where: str) -> Messages:
     """``value`` as a list of checked, normalised messages; ``MessageError`` naming
     ``where`` (e.g. ``"gridnav.env_response returned, turn 3"``) if it is not one."""
     if isinstance(value, Mapping):
@@ -65,7 +66,7 @@ def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
             if isinstance(value, (bytes, bytearray))
             else 'return [{"role": "user", "content": ...}, ...]',
         )
-    return [_message(m, f"{where}, message {i}") for i, m in enumerate(value)]
+    return cast(Messages, [_message(m, f"{where}, message {i}") for i, m in enumerate(value)])
 
 
 def _message(message: Any, where: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vf_mm._json import to_json_value
 from vf_mm.envs._env import MultiTurnEnv, State, _maybe_await, stop
@@ -114,8 +114,9 @@ class ToolEnv(MultiTurnEnv):
         return not last.get("tool_calls")
 
     async def env_response(self, messages: Messages, state: State) -> Messages:
-        replies = []
-        for call in messages[-1].get("tool_calls") or []:
+        replies: list[dict[str, Any]] = []
+        calls = cast(list[dict[str, Any]], messages[-1].get("tool_calls") or [])
+        for call in calls:
             replies.append(
                 {
                     "role": "tool",
@@ -124,12 +125,12 @@ class ToolEnv(MultiTurnEnv):
                     "content": await self.call_tool(call, state),
                 }
             )
-        return replies
+        return cast(Messages, replies)
 
     async def call_tool(self, call: Mapping[str, Any], state: State) -> str | list[dict[str, Any]]:
         function = call.get("function") or {}
         name = function.get("name")
-        func = self.tool_funcs.get(name)
+        func = self.tool_funcs.get(name) if isinstance(name, str) else None
         if func is None:
             return f"Error: unknown tool {name!r}; available: {', '.join(self.tool_funcs)}"
         try:
@@ -144,9 +145,8 @@ class ToolEnv(MultiTurnEnv):
             result = await _maybe_await(func(**args))
         except Exception as exc:  # the model sees the error and may try again
             return f"Error: {type(exc).__name__}: {exc}"
-        return _tool_content(
-            result, name
-        )  # a bad return value is the tool's bug: it fails the rollout
+        # a bad return value is the tool's bug: it fails the rollout
+        return _tool_content(result, str(name))
 
 
 def _tool_content(result: Any, name: str) -> str | list[dict[str, Any]]:

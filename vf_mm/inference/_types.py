@@ -46,7 +46,8 @@ class SamplingParams:
             value = getattr(self, name)
             if name == "seed" and value is None:
                 continue
-            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            fits = isinstance(value, kind)  # apart: narrowing by a runtime type says nothing
+            if isinstance(value, bool) != (kind is bool) or not fits:
                 raise TypeError(
                     f"sampling arg {name} must be {label}, not {type(value).__name__} ({value!r})"
                 )

@@ -190,10 +190,11 @@ def _sampling_params(sampling: SamplingParams, banned: Sequence[int] = ()) -> di
 
 def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> dict[str, Any]:
     modalities = list(mmd.mm_placeholders)
+    # without kwargs_data the items are only counted: empty ones stand in for them
     items = (
         mmd.mm_items
         if send_kwargs_data
-        else {m: [None] * len(mmd.mm_placeholders[m]) for m in modalities}
+        else {m: [{}] * len(mmd.mm_placeholders[m]) for m in modalities}
     )
     MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
     sparse = [m for m in modalities if any(r.is_embed is not None for r in mmd.mm_placeholders[m])]

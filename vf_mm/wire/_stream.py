@@ -78,7 +78,7 @@ class StreamWriter:
                 return
             self._file = open(path, "wb")  # noqa: SIM115
         else:
-            self._file = target  # type: ignore[assignment]
+            self._file = target
             if append:
                 return
         self._file.write(stream_header(checksum=checksum))
