@@ -78,6 +78,13 @@ def test_a_recorded_session_lands_in_dir_as_a_row_and_a_group(checkpoint, tmp_pa
         ]
         assert httpx.post(f"{base}/v1/sessions/agent-1/end").json()["turns"] == 3
         assert httpx.post(f"{base}/v1/sessions/agent-1/end").status_code == 404
+        # a call refused with 400 (a corrupt image) records nothing: no session, no row,
+        # no group (it used to land as an empty one)
+        corrupt = {"role": "user", "content": [{"type": "image_url", "image_url": {
+            "url": "data:image/png;base64,iVBORw0KGgoAAAAA"}}]}  # fmt: skip
+        refused = httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-ID": "agent-3"},
+                             json={"model": str(checkpoint), "messages": [corrupt]})  # fmt: skip
+        assert refused.status_code == 400, refused.text
         # a second session, still open when the server stops: it lands too
         oai.chat.completions.create(model=str(checkpoint), messages=[user(9)], max_tokens=4,
                                     extra_headers={"X-Session-ID": "agent-2"})  # fmt: skip
