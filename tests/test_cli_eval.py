@@ -149,3 +149,53 @@ def test_a_model_that_cannot_take_the_environments_media_is_refused_up_front(
     said = " ".join(capsys.readouterr().out.split())
     assert "is a text model, but shapes's prompts hold images" in said
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-S", '{"max_token": 8}'], "-S/--sampling-args: unknown sampling arg 'max_token' "
+         "(did you mean 'max_tokens'?); known: logprobs, max_tokens"),
+        (["-S", '{"max_tokens": "8"}'], "-S/--sampling-args: max_tokens: sampling arg "
+         "max_tokens must be an int, not str ('8')"),
+        (["-S", '{"top_p": 2}'], "-S/--sampling-args: top_p: top_p must be in (0, 1], got 2.0"),
+        (["-S", '{"stop_token_ids": 5}'], "stop_token_ids must be a list of ids, not 5"),
+        (["-n", "0"], "-n/--num-examples must be a number of rows >= 1, or -1 for all of them, "
+         "not 0"),
+        (["-n", "-3"], "-n/--num-examples must be a number of rows >= 1"),
+        (["-r", "0"], "-r/--rollouts-per-example must be >= 1, not 0"),
+        (["-c", "0"], "-c/--max-concurrent must be >= 1, not 0"),
+        (["--workers", "0"], "--workers must be >= 1, not 0"),
+        (["--max-errors", "0"], "--max-errors must be >= 1, not 0"),
+        (["-a", '{"num_example": 2}'], "-a/--env-args: shapes: load_environment takes no "
+         "argument 'num_example' (did you mean 'num_examples'?); it takes: num_examples,"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
+    tmp_path, capsys, args, said
+):
+    """-S used to be checked by the first rollout: a traceback, after metadata.json held
+    the bad configuration, and the directory refused the next try."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "shapes", "-o", str(out), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vf-mm eval: ") and err.count("\n") == 1 and said in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_run_directory_holding_no_results_is_reused(tmp_path, resume):
+    """What a run that stopped before its first rollout leaves (metadata.json with its
+    configuration, an empty results.jsonl) never blocks the next try, with or without
+    --resume, whatever that configuration was."""
+    from vf_mm.results import ResultsWriter
+
+    out = tmp_path / "run"
+    bad = {"env_id": "shapes", "sampling_args": {"max_token": 8}}
+    ResultsWriter(out, metadata={"config": bad}).close()
+    args = ["eval", "shapes", "-n", "1", "-r", "1", "-o", str(out), "-S", '{"max_tokens": 4}']
+    assert main([*args, *resume]) == 0
+    assert len(read_results(out)) == 1
+    assert read_metadata(out)["config"]["sampling_args"]["max_tokens"] == 4

@@ -247,3 +247,31 @@ def test_an_image_store_that_cannot_be_one_exits_2(tmp_path, store, capsys):
     reasons = ("cannot be https", "fsspec cannot open", "this process only", "without '//'",
                "names a path under its root", "No such file", "not an empty string")  # fmt: skip
     assert any(why in out for why in reasons), out
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-S", '{"max_tokns": 8}'], "-S/--sampling-args: unknown sampling arg 'max_tokns' "
+         "(did you mean 'max_tokens'?)"),
+        (["-S", '{"temperature": -1}'], "temperature: temperature must be >= 0, got -1"),
+        (["-n", "0"], "-n/--num-examples must be a number of rows >= 1, or -1 for all of them"),
+        (["-r", "0"], "-r/--rollouts-per-example must be >= 1, not 0"),
+        (["-c", "-2"], "-c/--max-concurrent must be >= 1, not -2"),
+        (["--hwm", "0"], "--hwm must be >= 1, not 0"),
+        (["--send-timeout", "0"], "--send-timeout must be a number of seconds > 0, not 0.0"),
+        (["--workers", "0"], "--workers must be >= 1, not 0"),
+        (["-a", '{"difficuly": "easy"}'], "-a/--env-args: shapes: load_environment takes no "
+         "argument 'difficuly' (did you mean 'difficulty'?)"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
+    tmp_path, capsys, args, said
+):
+    path = tmp_path / "groups.vfs"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rollout", "shapes", "--stream", str(path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vf-mm rollout: ") and err.count("\n") == 1 and said in err, err
+    assert not path.exists()

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
+import math
 import os
 import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.progress import (
@@ -134,6 +136,76 @@ def add_run_arguments(
     add_engine_arguments(p)
     add_memory_arguments(p)
     add_scale_arguments(p)
+
+
+#: the numbers a run takes: (attribute, flag, what it must be, the check); an attribute a
+#: command lacks, or left unset (None), is not checked
+_NUMBERS: tuple[tuple[str, str, str, Any], ...] = (
+    ("num_examples", "-n/--num-examples", "a number of rows >= 1, or -1 for all of them",
+     lambda v: v == -1 or v >= 1),
+    ("rollouts_per_example", "-r/--rollouts-per-example", ">= 1", lambda v: v >= 1),
+    ("max_concurrent", "-c/--max-concurrent", ">= 1", lambda v: v >= 1),
+    ("workers", "--workers", ">= 1", lambda v: v >= 1),
+    ("spawn", "--spawn", ">= 1", lambda v: v >= 1),
+    ("gpus_per_server", "--gpus-per-server", ">= 0", lambda v: v >= 0),
+    ("max_errors", "--max-errors", ">= 1", lambda v: v >= 1),
+    ("hwm", "--hwm", ">= 1", lambda v: v >= 1),
+    ("send_timeout", "--send-timeout", "a number of seconds > 0",
+     lambda v: math.isfinite(v) and v > 0),
+)  # fmt: skip
+
+
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """Every number and the sampling arguments of ``vf-mm eval`` / ``vf-mm rollout``,
+    checked before anything is loaded or written: a bad one exits 2 with one line naming
+    the flag (and, for an unknown sampling arg, the nearest known one). A run refused
+    here leaves no directory, stream file or metadata behind to block the next try."""
+    for name, flag, rule, ok in _NUMBERS:
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            _refuse(args, f"{flag} must be {rule}, not {value}")
+    from vf_mm.inference import SamplingParams
+
+    known = sorted(SamplingParams.__dataclass_fields__)
+    for key in args.sampling_args:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _refuse(
+                args,
+                f"-S/--sampling-args: unknown sampling arg {key!r}{hint}; known: "
+                + ", ".join(known),
+            )
+    for key, value in args.sampling_args.items():  # one at a time: the message names it
+        if key == "stop_token_ids" and not isinstance(value, list):
+            _refuse(
+                args, f"-S/--sampling-args: stop_token_ids must be a list of ids, not {value!r}"
+            )
+        try:
+            SamplingParams.from_dict({key: value})
+        except (TypeError, ValueError) as exc:  # a value of the wrong type or out of range
+            _refuse(args, f"-S/--sampling-args: {key}: {exc}")
+
+
+def load_environment(args: argparse.Namespace) -> Any:
+    """The environment ``args`` name, loaded with ``-a``'s arguments. Arguments its
+    ``load_environment`` does not take exit 2 naming them (a mistake in the command, not
+    in the environment); its own sampling args must make valid ``SamplingParams`` with
+    ``-S`` over them (else ``EnvironmentLoadError``: the environment's mistake)."""
+    from vf_mm.errors import EnvironmentArgsError, EnvironmentLoadError
+
+    try:
+        env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
+    except EnvironmentArgsError as exc:
+        _refuse(args, f"-a/--env-args: {exc}")
+    try:
+        env.sampling(args.sampling_args)
+    except (TypeError, ValueError) as exc:
+        raise EnvironmentLoadError(
+            f"{env.env_id}: its sampling_args {env.sampling_args!r} (with -S over them) are "
+            f"not valid: {exc}"
+        ) from exc
+    return env
 
 
 #: --kv-cache-mb's default on CPU, where the KV cache is in RAM (on a GPU the local
@@ -395,7 +467,7 @@ def spawned_servers(args: argparse.Namespace) -> Iterator[None]:
         yield
 
 
-def _refuse(args: argparse.Namespace, message: str) -> None:
+def _refuse(args: argparse.Namespace, message: str) -> NoReturn:
     """Arguments that do not go together: say why, exit 2 (as argparse does)."""
     print(f"vf-mm {args.command}: {message}", file=sys.stderr)
     raise SystemExit(2)

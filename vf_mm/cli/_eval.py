@@ -33,6 +33,8 @@ from vf_mm._text import shorten
 from vf_mm.cli._common import (
     EXIT_STOPPED,
     add_run_arguments,
+    check_run_arguments,
+    load_environment,
     make_client,
     progress_bar,
     resolve_model,
@@ -96,6 +98,7 @@ def register(sub: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    check_run_arguments(args)  # exit 2 before anything is loaded or written
     with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
         return asyncio.run(_eval(args))
 
@@ -105,7 +108,7 @@ async def _eval(args: argparse.Namespace) -> int:
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
     console = Console()
-    env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
+    env = load_environment(args)
     model = resolve_model(args)
     if model is None:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")

@@ -37,9 +37,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import TextColumn
 
-import vf_mm
 from vf_mm.cli._common import (
     add_run_arguments,
+    check_run_arguments,
+    load_environment,
     make_client,
     progress_bar,
     resolve_model,
@@ -132,6 +133,7 @@ def register(sub: Any) -> None:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
+    check_run_arguments(args)  # exit 2 before anything is loaded or written
     with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
         return asyncio.run(_rollout(args))
 
@@ -141,10 +143,7 @@ async def _rollout(args: argparse.Namespace) -> int:
 
     console = Console()
     is_endpoint(args.stream)  # an unsupported target fails before anything loads
-    if args.rollouts_per_example < 1:
-        console.print("[red]-r must be at least 1[/]")
-        return 2
-    env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
+    env = load_environment(args)
     model = resolve_model(args)
     if model is None:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")
