@@ -199,3 +199,29 @@ def test_a_run_directory_holding_no_results_is_reused(tmp_path, resume):
     assert main([*args, *resume]) == 0
     assert len(read_results(out)) == 1
     assert read_metadata(out)["config"]["sampling_args"]["max_tokens"] == 4
+
+
+def test_ctrl_c_saves_what_is_done_says_so_in_one_line_and_resume_is_exact(tmp_path):
+    """A real SIGINT once the first rollout is saved (the others wait on a gate): one
+    line, exit 130, the results file intact; --resume then runs only what is missing,
+    and gives what an uninterrupted run gives."""
+    from tests._interrupt import gated_environment, interrupt_at
+
+    module, gate = gated_environment(tmp_path)
+    out = tmp_path / "run"
+    args = ["eval", str(module), "-n", "3", "-r", "1", "-c", "1", "-a",
+            json.dumps({"gate": str(gate)}), "-S", '{"max_tokens": 3}']  # fmt: skip
+    done = interrupt_at([*args, "-o", str(out)], gate.with_suffix(".reached"))
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = f"vf-mm eval: interrupted: 1/3 rollouts saved in {out}; continue with --resume"
+    assert line in done.stderr.splitlines()
+    assert keys(out) == [(0, 0)]
+    first = (out / "results.jsonl").read_text()
+    gate.touch()
+    assert main([*args, "-o", str(out), "--resume"]) == 0
+    assert keys(out) == [(0, 0), (1, 0), (2, 0)]
+    assert (out / "results.jsonl").read_text().startswith(first)  # appended, not rewritten
+    assert main([*args, "-o", str(tmp_path / "whole")]) == 0  # never interrupted
+    said = {(r["example_id"]): r["completion"] for r in read_results(out)}
+    assert said == {(r["example_id"]): r["completion"] for r in read_results(tmp_path / "whole")}

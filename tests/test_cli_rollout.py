@@ -275,3 +275,47 @@ def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
     err = capsys.readouterr().err
     assert err.startswith("vf-mm rollout: ") and err.count("\n") == 1 and said in err, err
     assert not path.exists()
+
+
+def test_ctrl_c_keeps_the_stream_whole_says_so_in_one_line_and_a_rerun_sends_the_same(tmp_path):
+    """A real SIGINT once the first group is written (the others wait on a gate): one
+    line, exit 130, and a stream that holds the whole first group. The same command
+    sends the same groups again, under the same ids (a trainer with a ledger takes each
+    once)."""
+    import json
+
+    from tests._interrupt import gated_environment, interrupt_at
+
+    module, gate = gated_environment(tmp_path)
+    path = tmp_path / "groups.vfs"
+    args = ["rollout", str(module), "-n", "3", "-r", "2", "-c", "1", "-a",
+            json.dumps({"gate": str(gate)}), "-S", SAMPLING]  # fmt: skip
+    done = interrupt_at([*args, "--stream", str(path)], gate.with_suffix(".reached"))
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = (f"vf-mm rollout: interrupted: 1/3 groups written to {path}, each whole; the same "
+            "command writes the file anew, every group under the same group id")  # fmt: skip
+    assert line in done.stderr.splitlines()
+    (first,) = read_groups(path)  # no torn frame after it
+    gate.touch()
+    again = tmp_path / "again.vfs"
+    assert main([*args, "--stream", str(again)]) == 0
+    groups = {g["group_id"]: g for g in read_groups(again)}
+    assert len(groups) == 3
+    same = groups[first["group_id"]]
+    for a, b in zip(first["rollouts"], same["rollouts"], strict=True):
+        assert [list(s["completion_ids"]) for s in a["steps"]] == [
+            list(s["completion_ids"]) for s in b["steps"]
+        ]
+
+
+def test_an_interrupted_rollout_to_a_trainer_says_what_the_same_command_does():
+    from vf_mm.cli._common import RunCount
+    from vf_mm.cli._rollout import _interrupted
+
+    said = _interrupted(RunCount(where="tcp://10.0.0.7:5555", done=2, total=None))
+    assert said == (
+        "interrupted: 2/? groups sent to tcp://10.0.0.7:5555; the same command sends every "
+        "group again, under the same group ids (a trainer with a ledger takes each once)"
+    )
+    assert _interrupted(RunCount()) == "interrupted before the first group; nothing was sent"

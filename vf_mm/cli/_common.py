@@ -9,6 +9,7 @@ The commands stay thin: each parses its own few options, builds the environment 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import difflib
 import json
@@ -17,7 +18,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -506,6 +508,39 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
 
 #: exit status of a run that ``--max-errors`` stopped
 EXIT_STOPPED = 3
+#: exit status of a run that Ctrl-C (SIGINT) stopped, as a shell reports one
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(slots=True)
+class RunCount:
+    """How far a run got, for the line it ends with when interrupted: ``where`` it
+    writes (None until its output is open), ``done`` of ``total`` (None: not known)."""
+
+    where: str | None = None
+    done: int = 0
+    total: int | None = None
+
+    def of_total(self) -> str:
+        return f"{self.done}/{'?' if self.total is None else self.total}"
+
+
+def run_interruptibly(
+    args: argparse.Namespace,
+    command: Callable[[RunCount], Coroutine[Any, Any, int]],
+    interrupted: Callable[[RunCount], str],
+) -> int:
+    """``command(count)`` run to its end in an event loop, inside ``--spawn``'s servers.
+    Ctrl-C (SIGINT) ends it with one line on stderr, ``interrupted(count)`` (what was
+    saved and how to go on), and exit status 130, never a traceback: asyncio cancels the
+    run, and each writer and sender closes on its way out, so what it wrote is whole."""
+    count = RunCount()
+    try:
+        with spawned_servers(args):
+            return asyncio.run(command(count))
+    except KeyboardInterrupt:
+        print(f"vf-mm {args.command}: {interrupted(count)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 class PlainProgress:

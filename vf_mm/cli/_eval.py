@@ -20,7 +20,6 @@ continues an interrupted run without repeating or losing a rollout.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import vf_mm
 from vf_mm._text import shorten
 from vf_mm.cli._common import (
     EXIT_STOPPED,
+    RunCount,
     add_run_arguments,
     check_run_arguments,
     load_environment,
@@ -39,7 +39,7 @@ from vf_mm.cli._common import (
     progress_bar,
     resolve_model,
     reward_text,
-    spawned_servers,
+    run_interruptibly,
     summary_table,
     worker_pool,
 )
@@ -99,11 +99,21 @@ def register(sub: Any) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     check_run_arguments(args)  # exit 2 before anything is loaded or written
-    with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
-        return asyncio.run(_eval(args))
+    # --spawn: this run's vLLM servers, stopped when it ends; Ctrl-C: one line, exit 130
+    return run_interruptibly(args, lambda count: _eval(args, count), _interrupted)
 
 
-async def _eval(args: argparse.Namespace) -> int:
+def _interrupted(count: RunCount) -> str:
+    """The line an interrupted eval ends with: the rollouts saved, and how to go on
+    (``--resume`` runs only what is missing; a directory with none is reused as well)."""
+    if count.where is None:
+        return "interrupted before the run started; nothing was written"
+    return (
+        f"interrupted: {count.of_total()} rollouts saved in {count.where}; continue with --resume"
+    )
+
+
+async def _eval(args: argparse.Namespace, count: RunCount) -> int:
     from vf_mm.models import resolve_image_backend
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
@@ -152,6 +162,12 @@ async def _eval(args: argparse.Namespace) -> int:
                 task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0)
 
                 def show(p: EvalProgress) -> None:
+                    # first called once the results store is open: now it holds the run
+                    count.where, count.done, count.total = (
+                        str(outdir),
+                        p.done_before + p.done,
+                        p.total,
+                    )
                     bar.update(
                         task,
                         total=p.total,

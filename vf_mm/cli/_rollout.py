@@ -38,6 +38,7 @@ from rich.markup import escape
 from rich.progress import TextColumn
 
 from vf_mm.cli._common import (
+    RunCount,
     add_run_arguments,
     check_run_arguments,
     load_environment,
@@ -45,7 +46,7 @@ from vf_mm.cli._common import (
     progress_bar,
     resolve_model,
     reward_text,
-    spawned_servers,
+    run_interruptibly,
     summary_table,
     worker_pool,
 )
@@ -134,11 +135,31 @@ def register(sub: Any) -> None:
 
 def run_rollout(args: argparse.Namespace) -> int:
     check_run_arguments(args)  # exit 2 before anything is loaded or written
-    with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
-        return asyncio.run(_rollout(args))
+    # --spawn: this run's vLLM servers, stopped when it ends; Ctrl-C: one line, exit 130
+    return run_interruptibly(args, lambda count: _rollout(args, count), _interrupted)
 
 
-async def _rollout(args: argparse.Namespace) -> int:
+def _interrupted(count: RunCount) -> str:
+    """The line an interrupted rollout ends with: the groups sent, and what running the
+    same command again does (there is no resume: it sends every group again, under the
+    same group ids, so a trainer with a ledger takes each once; a file is written anew)."""
+    if count.where is None:
+        return "interrupted before the first group; nothing was sent"
+    from vf_mm.training import is_endpoint
+
+    if is_endpoint(count.where):
+        return (
+            f"interrupted: {count.of_total()} groups sent to {count.where}; the same command "
+            "sends every group again, under the same group ids (a trainer with a ledger "
+            "takes each once)"
+        )
+    return (
+        f"interrupted: {count.of_total()} groups written to {count.where}, each whole; the "
+        "same command writes the file anew, every group under the same group id"
+    )
+
+
+async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
     from vf_mm.training import GroupSender, is_endpoint
 
     console = Console()
@@ -165,17 +186,19 @@ async def _rollout(args: argparse.Namespace) -> int:
         trainer_key=args.trainer_key,
         insecure=args.insecure,
     )
+    count.where = str(args.stream)  # the sender is open: groups go there from now on
     scaled = args.workers is not None or args.ray is not None
     client = None if scaled else make_client(args, model)
     run_id = args.run_id or _run_id(args, env, model)
     try:
         async with worker_pool(args, model) as workers:
             progress = await _stream(
-                args, env, client, sender, console, run_id, workers, image_modes
+                args, env, client, sender, console, run_id, workers, image_modes, count
             )
     except BaseException as exc:  # tell the trainer why the stream ends early; wait briefly
         sender.linger_s = min(sender.linger_s or _ABORT_LINGER_S, _ABORT_LINGER_S)
-        await sender.aclose(f"{type(exc).__name__}: {exc}")
+        cancelled = isinstance(exc, asyncio.CancelledError)  # Ctrl-C cancels the run
+        await sender.aclose("interrupted" if cancelled else f"{type(exc).__name__}: {exc}")
         if isinstance(exc, (WorkerError, MissingDependencyError)):
             console.print(f"[red]{escape(str(exc))}[/]")
             return 1
@@ -293,6 +316,7 @@ async def _stream(
     run_id: str,
     workers: Any,
     image_modes: dict[str, Any],
+    count: RunCount,
 ) -> Any:
     from vf_mm.training import RolloutProgress, stream_rollouts
 
@@ -300,6 +324,7 @@ async def _stream(
         task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0, mb=0.0)
 
         def show(p: RolloutProgress) -> None:
+            count.done, count.total = p.groups, p.total_groups
             bar.update(
                 task,
                 total=p.total_groups,
