@@ -319,3 +319,26 @@ def test_an_interrupted_rollout_to_a_trainer_says_what_the_same_command_does():
         "group again, under the same group ids (a trainer with a ledger takes each once)"
     )
     assert _interrupted(RunCount()) == "interrupted before the first group; nothing was sent"
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_help_describes_the_command_and_says_each_default_once(command, capsys, monkeypatch):
+    """The run options are shared: rollout's help named the openai backend, results that
+    land here and vf-mm merge, none of which it has; and a default in the text was said
+    twice, or said as None."""
+    monkeypatch.setenv("COLUMNS", "10000")  # one line per option
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    options = [line for line in out.splitlines() if line.startswith("  -")]
+    assert len(options) > 20
+    for line in options:
+        assert line.count("default") <= 1 and "(default: None)" not in line, line
+        assert "(default: False)" not in line and "(default: [])" not in line, line
+    if command == "rollout":
+        assert not [line for line in options if "openai" in line or "merge" in line]
+        assert not [line for line in options if "results" in line]
+        text = " ".join(out.split())
+        assert "every group is still packed and sent from here, once" in text
+        assert "their group ids (RUN_ID/EXAMPLE_ID) never collide" in text
+        assert "130 interrupted" in text and "There is no resume" in text

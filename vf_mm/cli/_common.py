@@ -47,16 +47,33 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each option's default, but only where it tells something:
+    not for a help line that already says its default, nor a default of None, False or
+    an empty list or object (an option left out)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        left_out = default is None or default is False or default == [] or default == {}
+        if "default" in text or left_out or default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
 def add_run_arguments(
     p: argparse.ArgumentParser,
     *,
     backends: tuple[str, ...],
     num_examples: tuple[int, str],
     rollouts_per_example: tuple[int, str],
+    output: str,
 ) -> None:
     """The arguments every command that runs an environment takes: which environment,
     which model on which backend, how many rollouts, and the environment's and
-    sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help)."""
+    sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help);
+    each help line names only the ``backends`` this command has. ``output`` is what the
+    command writes ("results" or "groups"), for ``--workers`` and ``--shard``."""
     p.add_argument(
         "env",
         help="environment id (installed, or a folder <id>/ under --env-dir, $VF_MM_ENV_PATH or "
@@ -69,11 +86,14 @@ def add_run_arguments(
         metavar="DIR",
         help="a folder of environment folders to look in first (repeatable)",
     )
+    api = "openai" in backends
     p.add_argument(
         "-m",
         "--model",
         help="checkpoint directory (local, and vllm: the renderer needs its tokenizer and "
-        "processor), or the API's model name (openai); default: the embedded tiny model",
+        "processor)"
+        + (", or the API's model name (openai)" if api else "")
+        + "; default: the embedded tiny model",
     )
     kinds = {
         "local": "in-process transformers",
@@ -99,7 +119,9 @@ def add_run_arguments(
         action="append",
         default=None,
         help="the servers' API key, sent as Authorization: Bearer (vllm: once for every "
-        "server, or once per -b in order; openai: default $OPENAI_API_KEY). Never logged",
+        "server, or once per -b in order"
+        + ("; openai: default $OPENAI_API_KEY" if api else "")
+        + "). Never logged",
     )
     if "vllm" in backends:
         p.add_argument(
@@ -128,16 +150,27 @@ def add_run_arguments(
     )
     p.add_argument("-c", "--max-concurrent", type=int, default=32, help="rollouts at once")
     p.add_argument(
-        "-a", "--env-args", type=_json_object, default={}, help="JSON object for load_environment"
+        "-a",
+        "--env-args",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="JSON object of the keyword arguments for the environment's load_environment",
     )
     p.add_argument(
-        "-S", "--sampling-args", type=_json_object, default={}, help="JSON object of sampling args"
+        "-S",
+        "--sampling-args",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="JSON object of sampling args, vLLM's names, e.g. '{\"max_tokens\": 64, "
+        "\"temperature\": 0.7}' (over the environment's own)",
     )
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
     add_image_backend_argument(p)
     add_engine_arguments(p)
     add_memory_arguments(p)
-    add_scale_arguments(p)
+    add_scale_arguments(p, output=output)
 
 
 #: the numbers a run takes: (attribute, flag, what it must be, the check); an attribute a
@@ -250,8 +283,14 @@ def _megabytes(text: str) -> int:
     return value
 
 
-def add_scale_arguments(p: argparse.ArgumentParser) -> None:
-    """``--workers``, ``--ray`` and ``--shard``: where the rollouts run."""
+def add_scale_arguments(p: argparse.ArgumentParser, *, output: str) -> None:
+    """``--workers``, ``--ray`` and ``--shard``: where the rollouts run. ``output``:
+    what the command writes, "results" (an eval directory) or "groups" (a stream)."""
+    landing = (
+        "results still land here, once each"
+        if output == "results"
+        else "every group is still packed and sent from here, once"
+    )
     p.add_argument(
         "--workers",
         type=int,
@@ -259,7 +298,7 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
         metavar="W",
         help="run the rollouts in W worker processes, each with its own client (its own "
         "local model, or its own connection to the vLLM servers), so rendering is not "
-        "bound to one process; results still land here, once each (default: in this process)",
+        f"bound to one process; {landing} (default: in this process)",
     )
     p.add_argument(
         "--ray",
@@ -277,7 +316,13 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="i/N",
         help="run only the examples in shard i of N, split by example id (the same split "
-        "on every machine); vf-mm merge joins the shards' output directories",
+        "on every machine); "
+        + (
+            "vf-mm merge joins the shards' output directories"
+            if output == "results"
+            else "the shards share the run id, so their group ids (RUN_ID/EXAMPLE_ID) never "
+            "collide: one trainer may take them all"
+        ),
     )
 
 

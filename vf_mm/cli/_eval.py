@@ -9,7 +9,9 @@ Exit status: 0 when every rollout ran (failed ones are recorded with their error
 when vf_mm refused the run (an environment that does not load, an OUTDIR in use, a
 model that cannot take the environment's images or clips) or when every rollout failed
 (nothing was measured: a server that cannot be reached, say; the rows still hold each
-error), 2 for bad arguments, 3 when ``--max-errors`` stopped it.
+error), 2 for bad arguments (every one checked before anything is written), 3 when
+``--max-errors`` stopped it, 130 when Ctrl-C did (one line says how many rollouts were
+saved; ``--resume`` continues).
 
 A terminal over ``vf_mm.results.evaluate_to_dir``: with no ``-m`` it runs the embedded
 tiny model, so the whole path works on a fresh machine. Each rollout is appended to
@@ -31,6 +33,7 @@ import vf_mm
 from vf_mm._text import shorten
 from vf_mm.cli._common import (
     EXIT_STOPPED,
+    HelpFormatter,
     RunCount,
     add_run_arguments,
     check_run_arguments,
@@ -56,19 +59,22 @@ def register(sub: Any) -> None:
         "Exit status: 0 done, 1 refused (an environment that cannot be found or loaded, an "
         "OUTDIR in use, a resume with other settings, a model that cannot take the "
         "environment's images or clips) or every rollout failed (nothing measured: "
-        "each row keeps its error), 2 arguments that do not parse, 3 stopped "
-        "by --max-errors. Memory does not grow with the run's length: rows are read as "
+        "each row keeps its error), 2 bad arguments (checked before anything is written: "
+        "a directory that holds no rollout is reused, with or without --resume), 3 stopped "
+        "by --max-errors, 130 interrupted (Ctrl-C: the rollouts saved so far are whole, "
+        "and --resume continues). Memory does not grow with the run's length: rows are read as "
         "rollout slots free up (-c), each rollout is written and released, the summary is "
         "read back from results.jsonl, and every cache that lives for the whole run is "
         "bounded in bytes: --image-cache-mb, --kv-cache-mb, and 8 MiB of asset hashes "
         "remembered (docs/long-runs.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_run_arguments(
         p,
         backends=("local", "vllm", "openai"),
         num_examples=(5, "eval rows (-1: all)"),
         rollouts_per_example=(2, "rollouts per row"),
+        output="results",
     )
     p.add_argument(
         "-o",

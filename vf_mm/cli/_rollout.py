@@ -21,7 +21,10 @@ inputs), ``encoded`` (each image's encoded bytes; the trainer rebuilds the input
 written once to ``--image-store``, a directory the trainer shares or an object store's
 URL such as ``s3://bucket/images``, and a reference with their sha256 in the group).
 
-With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does).
+With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does). Ctrl-C ends it
+with one line (the groups sent so far, each whole) and exit status 130; there is no
+resume: the same command sends every group again under the same ids, which a trainer
+with a ledger takes once.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from rich.markup import escape
 from rich.progress import TextColumn
 
 from vf_mm.cli._common import (
+    HelpFormatter,
     RunCount,
     add_run_arguments,
     check_run_arguments,
@@ -62,34 +66,55 @@ def register(sub: Any) -> None:
         description="Run R rollouts (a group) of each of the first N rows of an "
         "environment's train split and send each scored group, as one frame with each "
         "distinct image's tensors once, to a stream file or a ZeroMQ endpoint where a "
-        "trainer listens. A slow trainer blocks the sender (bounded memory).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "trainer listens. A slow trainer blocks the sender (bounded memory). There is no "
+        "resume: the same command sends every group again, under the same group ids, and a "
+        "trainer with a ledger takes each once. Exit status: 0 every group sent (and, to "
+        "an endpoint, taken by the trainer), 1 refused (an environment that cannot be "
+        "found or loaded, a stream target that cannot be one) or a trainer that did not "
+        "take every group, 2 bad arguments (checked before anything is written), 130 "
+        "interrupted (Ctrl-C: the groups written so far are whole).",
+        formatter_class=HelpFormatter,
     )
     add_run_arguments(
         p,
         backends=("local", "vllm"),
         num_examples=(-1, "train rows (-1: all)"),
         rollouts_per_example=(4, "group size"),
+        output="groups",
     )
     p.add_argument(
         "--stream",
         required=True,
-        help="where groups go: a stream file path, tcp://HOST:PORT or ipc://PATH",
+        metavar="PATH|URL",
+        help="where groups go: a stream file path (written anew), tcp://HOST:PORT or "
+        "ipc://PATH (a trainer's vf_mm.training.GroupReceiver)",
     )
-    p.add_argument("--hwm", type=int, default=8, help="groups queued at most (ZeroMQ)")
+    p.add_argument(
+        "--hwm",
+        type=int,
+        default=8,
+        metavar="N",
+        help="ZeroMQ: groups sent and not yet acknowledged by the trainer at most; the next "
+        "send waits",
+    )
     p.add_argument(
         "--send-timeout",
         type=float,
         default=None,
-        help="give up when the trainer takes no group for this many seconds (default: wait)",
+        metavar="S",
+        help="ZeroMQ: give up when the trainer takes no group for this many seconds, and wait "
+        "at most this long for it to take the last ones (default: wait)",
     )
     p.add_argument(
-        "--bind", action="store_true", help="bind the ZeroMQ endpoint (the trainer connects)"
+        "--bind",
+        action="store_true",
+        help="ZeroMQ: bind the endpoint, and the trainer connects (default: the trainer binds)",
     )
     p.add_argument(
         "--secret-key",
         type=Path,
         default=None,
+        metavar="PATH",
         help="this worker's CURVE secret key file (vf-mm keys NAME): with --trainer-key, the "
         "stream is authenticated and encrypted, and goes only to that trainer",
     )
@@ -97,6 +122,7 @@ def register(sub: Any) -> None:
         "--trainer-key",
         type=Path,
         default=None,
+        metavar="PATH",
         help="the trainer's CURVE public key file (its NAME.key)",
     )
     p.add_argument(
@@ -108,6 +134,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--run-id",
         default=None,
+        metavar="ID",
         help="names the run in every group's id (RUN_ID/EXAMPLE_ID): a trainer with a ledger "
         "takes each id once, so a worker restarted with the same arguments resends nothing "
         "twice; default: a hash of this command's whole configuration (model, environment "
