@@ -309,16 +309,24 @@ def test_ctrl_c_keeps_the_stream_whole_says_so_in_one_line_and_a_rerun_sends_the
         ]
 
 
-def test_an_interrupted_rollout_to_a_trainer_says_what_the_same_command_does():
-    from vf_mm.cli._common import RunCount
-    from vf_mm.cli._rollout import _interrupted
+def test_an_interrupted_rollout_to_a_trainer_says_what_the_same_command_does(monkeypatch, capsys):
+    """To an endpoint, the line says the groups sent and that the same command sends them
+    again under the same ids (Ctrl-C stood in for by the interrupt it becomes)."""
+    import vf_mm.training
+    from vf_mm.training import RolloutProgress
 
-    said = _interrupted(RunCount(where="tcp://10.0.0.7:5555", done=2, total=None))
-    assert said == (
-        "interrupted: 2/? groups sent to tcp://10.0.0.7:5555; the same command sends every "
-        "group again, under the same group ids (a trainer with a ledger takes each once)"
+    async def interrupted(env, client, sender, *, on_progress, **options):
+        on_progress(RolloutProgress(total_groups=3, groups=2))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vf_mm.training, "stream_rollouts", interrupted)
+    args = ["rollout", "shapes", "-n", "3", "--stream", "tcp://127.0.0.1:9"]
+    assert main([*args, "--send-timeout", "0.5"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "vf-mm rollout: interrupted: 2/3 groups sent to tcp://127.0.0.1:9; the same command "
+        "sends every group again, under the same group ids (a trainer with a ledger takes "
+        "each once)"
     )
-    assert _interrupted(RunCount()) == "interrupted before the first group; nothing was sent"
 
 
 @pytest.mark.parametrize("command", ["rollout", "eval"])

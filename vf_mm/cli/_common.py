@@ -181,7 +181,6 @@ _NUMBERS: tuple[tuple[str, str, str, Any], ...] = (
     ("rollouts_per_example", "-r/--rollouts-per-example", ">= 1", lambda v: v >= 1),
     ("max_concurrent", "-c/--max-concurrent", ">= 1", lambda v: v >= 1),
     ("workers", "--workers", ">= 1", lambda v: v >= 1),
-    ("spawn", "--spawn", ">= 1", lambda v: v >= 1),
     ("gpus_per_server", "--gpus-per-server", ">= 0", lambda v: v >= 0),
     ("max_errors", "--max-errors", ">= 1", lambda v: v >= 1),
     ("hwm", "--hwm", ">= 1", lambda v: v >= 1),
