@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vf_mm.cli import main
-from vf_mm.training import GroupReceiver, read_groups, unpack_group
+from vf_mm.training import GroupReceiver, group_advantages, read_groups, unpack_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = '{"max_tokens": 8}'
@@ -32,6 +32,10 @@ def check_groups(groups):
     assert sorted(g["example_id"] for g in groups) == [0, 1, 2]
     for g in groups:
         assert g["format"] == "vf_mm.group/1"
+        assert g["advantage_method"] == "grpo"  # filled by default: the trainer can use them
+        assert [r["advantage"] for r in g["rollouts"]] == group_advantages(
+            [r["reward"] for r in g["rollouts"]]
+        )
         assert [r["rollout_index"] for r in g["rollouts"]] == [0, 1]
         (h,) = g["images"]  # one picture per example: its tensors once per group
         assert count_key(g, "pixel_values") == 1
@@ -98,6 +102,17 @@ def test_failed_rollouts_are_sent_with_their_error(tmp_path):
         assert len(g["rollouts"]) == 2
         assert all(r["error"]["type"] == "PromptTooLongError" for r in g["rollouts"])
         assert all(r["error"]["where"] == "turn 1: model" for r in g["rollouts"])
+        assert [r["advantage"] for r in g["rollouts"]] == [None, None]  # never NaN
+
+
+def test_advantages_none_leaves_them_to_the_trainer(tmp_path, capsys):
+    path = tmp_path / "groups.vfs"
+    args = ["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]
+    assert main([*args, "--advantages", "none"]) == 0
+    (group,) = read_groups(path)
+    assert "advantage_method" not in group
+    assert all("advantage" not in r for r in group["rollouts"])
+    assert "advantages" in capsys.readouterr().out
 
 
 def test_an_unsupported_stream_target_is_a_clear_error(capsys):

@@ -17,8 +17,13 @@ from vf_mm.testing import ScriptedBackend, ScriptedChatBackend, build_tiny_vlm
 
 
 @pytest.fixture(scope="module")
-def renderer(tmp_path_factory):
-    return load_renderer(build_tiny_vlm(tmp_path_factory.mktemp("client") / "m", "qwen2_5_vl"))
+def model_dir(tmp_path_factory):
+    return build_tiny_vlm(tmp_path_factory.mktemp("client") / "m", "qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def renderer(model_dir):
+    return load_renderer(model_dir)
 
 
 def image(seed):
@@ -201,3 +206,53 @@ def test_a_renderer_with_the_core_bridge_signature_works_alone_and_in_a_pool(ren
     client = RendererClient(ScriptedBackend(renderer, ["left", "up"]), used)
     _, _, outs = rollout(client, 3)
     assert [o.bridged for o in outs] == [False, True, True] and core.bridged == 2
+
+
+# -- make_client: the one-call factory ------------------------------------------------
+
+
+def test_make_client_builds_the_embedded_local_client_and_closes_it():
+    import vf_mm as vf
+    from vf_mm.inference import LocalBackend
+    from vf_mm.renderers import RendererPool
+
+    async def main():
+        async with vf.make_client(renderers=1) as client:
+            assert isinstance(client.backend, LocalBackend)
+            assert isinstance(client.renderer, RendererPool)
+            turn = await client.generate([user(0)], sampling=SamplingParams(max_tokens=3))
+            assert turn.tokens is not None and len(turn.tokens.completion_ids) <= 3
+
+    asyncio.run(main())
+
+
+def test_make_client_takes_a_backend_object_and_renders_for_it(renderer, model_dir):
+    import vf_mm as vf
+
+    backend = ScriptedBackend(renderer, ["ok"])
+    client = vf.make_client(model_dir, backend=backend, renderers=1)
+    assert client.backend is backend and client.token_level
+    chat = vf.make_client("gpt-x", backend=ScriptedChatBackend(["hi"]))
+    assert chat.renderer is None and not chat.token_level
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"backend": "vlm"}, "backend must be one of local, vllm, openai"),
+        ({"backend": "vllm"}, "needs model="),
+        ({"model": "m", "backend": "local", "base_url": "http://x"}, "base_url is for"),
+    ],
+)
+def test_make_client_refuses_arguments_that_do_not_go_together(kwargs, match):
+    import vf_mm as vf
+
+    with pytest.raises(ValueError, match=match):
+        vf.make_client(**kwargs)
+
+
+def test_make_client_vllm_needs_a_server(model_dir):
+    import vf_mm as vf
+
+    with pytest.raises(ValueError, match="needs base_url="):
+        vf.make_client(model_dir, backend="vllm", renderers=1)

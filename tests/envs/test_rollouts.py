@@ -487,3 +487,47 @@ def test_each_rollout_is_one_session_ended_when_it_ends(renderer):
     assert len(sessions) == 4 and None not in sessions  # one per rollout
     assert all(backend.turns.count(s) == 3 for s in sessions)  # every turn of it
     assert sorted(backend.ended) == sorted(sessions)  # each ended once
+
+
+class Long(Echo):
+    """Echo that records whether finish_state ran (it must not after a truncation)."""
+
+    def finish_state(self, state):
+        state["finished"] = state["turn"]
+
+
+def turns_taken(state) -> float:
+    return float(state["turn"])
+
+
+def out_of_context(renderer, overflow_turn: int):
+    """Echo rollouts (never 'yes') on a backend whose context ends at ``overflow_turn``'s
+    prompt: measured on a run without a limit, so the limit falls between two turns."""
+    env = Long(dataset=rows(1), max_turns=6, rubric=vf.Rubric([turns_taken]),
+               sampling_args={"max_tokens": 4})  # fmt: skip
+    free = ScriptedBackend(renderer, ["left"])
+    asyncio.run(env.rollout(vf.RendererClient(free, renderer), rows(1)[0]))
+    lengths = [len(r.prompt_ids) for r in free.requests]
+    limit = lengths[overflow_turn - 1] + 4 - 1  # that turn's prompt + max_tokens: one too many
+    backend = ScriptedBackend(renderer, ["left"], max_model_len=limit)
+    return env, vf.RendererClient(backend, renderer)
+
+
+def test_a_rollout_that_runs_out_of_context_is_scored_on_its_turns_and_marked_truncated(renderer):
+    """It once ended with PromptTooLongError, reward None: every turn's work was lost."""
+    env, c = out_of_context(renderer, overflow_turn=3)
+    (out,) = asyncio.run(env.evaluate(c, rollouts_per_example=1))
+    assert out.error is None and out.truncated
+    assert out.reward == 2.0  # scored on the two turns it has
+    assert len(out.trajectory) == 2
+    assert [m["role"] for m in out.completion] == ["assistant", "user", "assistant", "user"]
+    state = asyncio.run(env.rollout(c, rows(1)[0]))
+    assert state["truncated"] and "finished" not in state  # turn 2 had its env_response
+
+
+def test_a_rollout_within_its_context_is_not_truncated_and_a_first_prompt_too_long_fails(renderer):
+    env, c = out_of_context(renderer, overflow_turn=1)
+    (out,) = asyncio.run(env.evaluate(c, rollouts_per_example=1))
+    assert out.error.type == "PromptTooLongError" and out.reward is None and not out.truncated
+    ok = asyncio.run(env.evaluate(client(renderer, ["left"]), rollouts_per_example=1))
+    assert ok[0].error is None and not ok[0].truncated and ok[0].reward == 6.0

@@ -24,7 +24,14 @@ import torch
 from PIL import Image
 
 from vf_mm.errors import RenderError
-from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
+from vf_mm.models import (
+    VISION_FAMILIES,
+    build_tiny_vlm,
+    family_info,
+    image_token_ids,
+    load_processor,
+    model_inputs,
+)
 from vf_mm.renderers import load_renderer
 
 FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
@@ -248,6 +255,24 @@ def test_gemma3_template_refuses_a_tool_turn_by_name(tiny):
     ]
     with pytest.raises(Exception, match="alternate"):
         renderer.render(messages)
+
+
+@pytest.mark.parametrize("name", VISION_FAMILIES)
+def test_the_registry_says_which_templates_take_a_tool_message(tiny, checkpoints, name):
+    """``VisionFamily.tool_role`` (what ``vf-mm init --tools`` relies on) is what the
+    family's template does with a tool result."""
+    renderer = load_renderer(tiny.get(name) or checkpoints[name], image_backend="pil")
+    call = {"id": "c", "type": "function", "function": {"name": "zoom", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "zoom"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "done"},
+    ]
+    if family_info(name).tool_role:
+        assert renderer.render(messages).token_ids
+    else:
+        with pytest.raises(RenderError, match="alternate"):
+            renderer.render(messages)
 
 
 @pytest.mark.parametrize("seed", range(6))

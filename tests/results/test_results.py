@@ -112,6 +112,7 @@ def test_results_line_schema(tmp_path):
         "reward": 0.25,
         "metrics": {"correct": 0.0, "format": 1.0},
         "error": None,
+        "truncated": False,
         "num_turns": 2,
         "prompt_tokens": 25,
         "completion_tokens": 7,
@@ -140,6 +141,15 @@ def test_token_counts_are_null_without_token_level_steps(tmp_path):
     assert (a["num_turns"], a["prompt_tokens"], a["completion_tokens"]) == (3, None, None)
     assert (b["num_turns"], b["prompt_tokens"], b["completion_tokens"]) == (2, None, None)
     assert (c["num_turns"], c["prompt_tokens"], c["completion_tokens"]) == (2, None, None)
+
+
+def test_a_truncated_rollout_says_so_in_its_row(tmp_path):
+    with new_writer(tmp_path) as writer:
+        cut = writer.write(output(0, truncated=True), rollout_index=0)
+        whole = writer.write(output(1), rollout_index=0)
+    assert cut["truncated"] is True and cut["reward"] == 1.0 and cut["error"] is None
+    assert whole["truncated"] is False
+    assert [json.loads(line)["truncated"] for line in raw_lines(tmp_path)] == [True, False]
 
 
 def test_unicode_is_written_as_utf8_and_line_separators_stay_inside_the_line(tmp_path):

@@ -267,6 +267,8 @@ def _summary(env_id: str, model: str, agg: dict[str, Any]) -> Any:
     ]
     rows += [(f"pass@{k}", value) for k, value in (agg.get("pass_at_k") or {}).items()]
     rows += [("rollouts", agg.get("count", 0)), ("errors", agg.get("errors", 0))]
+    if agg.get("truncated"):  # ran out of context, scored on what they had
+        rows.append(("truncated (out of context)", agg["truncated"]))
     rows += [
         (f"  {kind['count']} × {name}", shorten(kind["first"], 60))  # noqa: RUF001
         for name, kind in (agg.get("error_kinds") or {}).items()

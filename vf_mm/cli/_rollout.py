@@ -157,6 +157,13 @@ def register(sub: Any) -> None:
         "such as s3://bucket/images (ImageRebuilder(..., stores=[URL]); its fsspec driver "
         "installed, credentials from the environment)",
     )
+    p.add_argument(
+        "--advantages",
+        choices=("grpo", "none"),
+        default="grpo",
+        help="grpo: each group's rollouts carry group-normalised advantages (a failed "
+        "rollout's is none); none: the trainer computes them from the rewards",
+    )
     p.set_defaults(run=run_rollout)
 
 
@@ -247,7 +254,10 @@ async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
         ("rollouts", progress.rollouts),
         ("errors", progress.errors),
         ("images", args.images),
+        ("advantages", args.advantages),
     ]
+    if progress.truncated:
+        rows.append(("truncated (out of context)", progress.truncated))
     if progress.repacked:
         rows.append(("groups sent stripped", progress.repacked))
     rows += [
@@ -375,5 +385,6 @@ async def _stream(
             run_id=run_id,
             workers=workers,
             shard=args.shard,
+            advantages=args.advantages,
             **image_modes,
         )

@@ -12,7 +12,12 @@ has handed over, so a run's memory does not grow with its length.
 
 A rollout that fails (an image that does not load, a backend error, a timeout, an
 exception in environment code) is returned with ``error`` set and reward None: the run
-goes on. Nothing here keeps module-level state; a ``State`` lives for one rollout.
+goes on. A rollout that runs out of context after at least one model turn (its next
+prompt is longer than the model takes: ``PromptTooLongError``) is not a failure: it ends
+there, ``state["truncated"]`` is True, and it is scored on the turns it has (a long
+rollout's work is kept, as verifiers does). Its last model turn already had its
+``env_response``, so ``finish_state`` is not called (it would apply that turn twice). A
+prompt too long for even the first turn is an error: there is nothing to score. Nothing here keeps module-level state; a ``State`` lives for one rollout.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from vf_mm.envs._messages import check_messages
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rows import count_rows, iter_rows
 from vf_mm.envs._rubric import Rubric
+from vf_mm.errors import PromptTooLongError
 from vf_mm.inference import SamplingParams
 from vf_mm.types import (
     IMAGE_PART_TYPES,
@@ -61,7 +67,8 @@ class State(dict):
     Keys vf_mm sets: ``prompt``, ``completion``, ``answer``, ``info``, ``example_id``,
     ``rollout_index``, ``task``, ``row`` (the whole dataset row), ``turn`` (model turns
     so far), ``trajectory`` (the ``TrajectoryStep`` list), ``error``, ``timing``,
-    ``session_id`` (unique to the rollout: its model turns go to one inference server).
+    ``session_id`` (unique to the rollout: its model turns go to one inference server),
+    ``truncated`` (True once the rollout ran out of context: module docstring).
     Environments add their own keys.
     """
 
@@ -325,20 +332,10 @@ class Environment:
         outputs = []
         for state, (reward, metrics) in zip(states, scores, strict=True):
             state["timing"]["scoring_s"] = elapsed
+            # environment code may store an exception or a message in state["error"] itself
+            error = RolloutError.coerce(state.get("error"))
             outputs.append(
-                RolloutOutput(
-                    example_id=state["example_id"],
-                    prompt=state["prompt"],
-                    completion=state["completion"],
-                    answer=state.get("answer"),
-                    info=state.get("info") or {},
-                    trajectory=state["trajectory"],
-                    reward=reward,
-                    metrics=metrics,
-                    # environment code may store an exception or a message there itself
-                    error=RolloutError.coerce(state.get("error")),
-                    timing=dict(state["timing"]),
-                )
+                RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=error)
             )
         return outputs
 
@@ -357,6 +354,7 @@ class Environment:
             turn=0,
             trajectory=[],
             error=None,
+            truncated=False,
             timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
             row=dict(row),
             missing_columns=self.missing_columns(row),
@@ -443,6 +441,8 @@ class MultiTurnEnv(Environment):
         stage.where = f"{self.env_id}.setup_state"
         await _maybe_await(self.setup_state(state))
         await self._loop(client, state, sampling, stage)
+        if state.get("truncated"):  # its last model turn had its env_response already
+            return
         stage.where = f"{self.env_id}.finish_state"
         await _maybe_await(self.finish_state(state))
 
@@ -460,13 +460,19 @@ class MultiTurnEnv(Environment):
                 params = _with_seed(
                     sampling, zlib.crc32(f"{sampling.seed}:{state['turn']}".encode())
                 )
-            turn = await client.generate(
-                messages,
-                trajectory=state["trajectory"],
-                tools=self.tools,
-                sampling=params,
-                session_id=state.get("session_id"),
-            )
+            try:
+                turn = await client.generate(
+                    messages,
+                    trajectory=state["trajectory"],
+                    tools=self.tools,
+                    sampling=params,
+                    session_id=state.get("session_id"),
+                )
+            except PromptTooLongError:
+                if not state["turn"]:  # not even the prompt fits: nothing to score
+                    raise
+                state["truncated"] = True  # out of context: scored on what it has
+                return
             state["timing"]["generation_s"] += time.perf_counter() - t0
             state["trajectory"].append(turn.step(messages))
             messages = [*messages, turn.message]

@@ -11,7 +11,9 @@ them on its next turn. A call that fails (unknown tool, bad JSON arguments, the 
 raising) is answered with the error text in its tool message: the model can recover. A
 tool that returns a value JSON cannot hold fails the rollout (``MessageError``): that
 is a bug in the tool, not the model's move.
-The rollout ends when a model turn makes no tool call.
+The rollout ends when a model turn makes no tool call: that is the ``@stop`` method
+``no_tool_calls``, which a subclass redefines to change the rule (without ``@stop`` it is
+no rule at all; a tool may also end the rollout by setting ``state["done"]``).
 """
 
 from __future__ import annotations

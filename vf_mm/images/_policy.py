@@ -93,7 +93,7 @@ def _root_of_url(url: str) -> Path:
 
 
 def _positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, kind) or not float(value) > 0:
         raise ValueError(f"ImagePolicy.{name} must be a positive number, got {value!r}")
 
 

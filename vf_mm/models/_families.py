@@ -27,7 +27,9 @@ everything is loaded by concrete class.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -60,6 +62,7 @@ class VisionFamily:
     image_axis: int = 0  # the axis along which a forward takes several images' inputs
     pad_axis: int | None = None  # an axis padded with zeros to the batch's largest image
     tool_format: str = "json"  # tool calls: "json" (<tool_call>{...}) or "xml" (<function=...>)
+    tool_role: bool = True  # the template renders a "tool" message (Gemma 3's refuses one)
     content_as_parts: bool = False  # the template renders only list content (drops strings)
     image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
     video_inputs: tuple[str, ...] = ()  # one video's inputs (empty: no video support)
@@ -89,7 +92,7 @@ _FAMILIES = {
                      "Qwen/Qwen3.5-0.8B", tool_format="xml", video_inputs=_QWEN_VIDEO),
         VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
                      "Gemma3ForConditionalGeneration", "token_type_ids",
-                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"),
+                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"), tool_role=False,
                      image_inputs=("pixel_values",)),
         VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
                      "SmolVLMForConditionalGeneration", None,
@@ -117,10 +120,25 @@ def family_info(family: str) -> VisionFamily:
     try:
         return _FAMILIES[family]
     except KeyError:
+        close = _nearest_family(family)
         raise UnsupportedModelError(
             f"model type {family!r} is not a vision family vf_mm renders "
-            f"(supported: {', '.join(VISION_FAMILIES)})"
+            + (f"(did you mean {close!r}? " if close else "(")
+            + f"supported: {', '.join(VISION_FAMILIES)})"
         ) from None
+
+
+def _nearest_family(name: object) -> str | None:
+    """The family a mistyped or model-card name most likely means: ``"Qwen2.5-VL-3B"``,
+    ``"llava"`` or ``"gema3"`` give ``qwen2_5_vl``, ``llava_onevision``, ``gemma3``; None
+    when nothing is close."""
+    text = re.sub(r"[-. ]", "_", str(name).lower())
+    if len(text) >= 3:
+        for family in VISION_FAMILIES:
+            if family.startswith(text) or text.startswith(family):
+                return family
+    close = difflib.get_close_matches(text, VISION_FAMILIES, n=1)
+    return close[0] if close else None
 
 
 def torchvision_available() -> bool:

@@ -407,6 +407,7 @@ class ResultsWriter:
             "reward": None if record else _number(output.reward, where, "reward"),
             "metrics": {k: _number(v, where, f"metrics.{k}") for k, v in metrics.items()},
             "error": error.to_dict() if error is not None else None,
+            "truncated": bool(getattr(output, "truncated", False)),
             "num_turns": num_turns,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
