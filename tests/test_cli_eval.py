@@ -169,6 +169,7 @@ def test_a_model_that_cannot_take_the_environments_media_is_refused_up_front(
         (["--max-errors", "0"], "--max-errors must be >= 1, not 0"),
         (["-a", '{"num_example": 2}'], "-a/--env-args: shapes: load_environment takes no "
          "argument 'num_example' (did you mean 'num_examples'?); it takes: num_examples,"),
+        (["-o", "{file}/run"], "-o/--outdir: {file} is a file, not a directory"),
     ],
 )  # fmt: skip
 def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
@@ -176,13 +177,16 @@ def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
 ):
     """-S used to be checked by the first rollout: a traceback, after metadata.json held
     the bad configuration, and the directory refused the next try."""
-    out = tmp_path / "out"
+    out, file = tmp_path / "out", tmp_path / "a-file"
+    file.write_text("not a run")
+    args = [a.replace("{file}", str(file)) for a in args]
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "shapes", "-o", str(out), *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("vf-mm eval: ") and err.count("\n") == 1 and said in err, err
-    assert not out.exists()
+    assert err.startswith("vf-mm eval: ") and err.count("\n") == 1, err
+    assert said.replace("{file}", str(file)) in err, err
+    assert not out.exists() and file.read_text() == "not a run"
 
 
 @pytest.mark.parametrize("resume", [[], ["--resume"]])

@@ -198,6 +198,12 @@ def check_run_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not ok(value):
             _refuse(args, f"{flag} must be {rule}, not {value}")
+    outdir = getattr(args, "outdir", None)  # vf-mm eval's run directory
+    for path in (outdir, *outdir.parents) if outdir is not None else ():
+        if path.exists():  # the nearest that exists must be a directory to write under
+            if not path.is_dir():
+                _refuse(args, f"-o/--outdir: {path} is a file, not a directory")
+            break
     from vf_mm.inference import SamplingParams
 
     known = sorted(SamplingParams.__dataclass_fields__)
