@@ -216,12 +216,12 @@ async def _eval(args: argparse.Namespace, count: RunCount) -> int:
     if aggregates.get("stopped"):
         console.print(f"[red]{aggregates['stopped']}[/]; --resume continues the run")
         return EXIT_STOPPED
-    count, errors = aggregates.get("count") or 0, aggregates.get("errors") or 0
-    if count and errors == count:  # a script must not take a run that measured nothing
+    rollouts, errors = aggregates.get("count") or 0, aggregates.get("errors") or 0
+    if rollouts and errors == rollouts:  # a script must not take a run that measured nothing
         kinds = aggregates.get("error_kinds") or {}
         first = next(iter(kinds.items()), None)
         why = f" (first: {first[0]}: {first[1].get('first', '')})" if first else ""
-        console.print(f"[red]every rollout failed ({errors} of {count}){escape(why)}[/]")
+        console.print(f"[red]every rollout failed ({errors} of {rollouts}){escape(why)}[/]")
         return 1
     return 0
 
