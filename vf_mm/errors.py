@@ -16,6 +16,8 @@ against the standard exceptions keeps working.
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
     │   ├── EnvironmentLoadError               its module fails to import, or load_environment raises
+    │   │   ├── EnvironmentArgsError (TypeError)  env_args load_environment does not take (an unknown
+    │   │   │                                  keyword, a required one missing): names it and the rest
     │   │   └── UnsupportedEnvironmentError    another framework's environment vf_mm cannot run (a
     │   │                                      verifiers env on the completions API, verifiers v1)
     │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
@@ -92,6 +94,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "EnvError",
+    "EnvironmentArgsError",
     "EnvironmentCheckError",
     "EnvironmentLoadError",
     "EnvironmentNotFoundError",
@@ -273,6 +276,31 @@ class EnvironmentLoadError(EnvError):
     """An environment was found but could not be made: importing its module failed, or its
     ``load_environment(**env_args)`` raised. The message names the environment, the
     arguments and where the original exception (chained as ``__cause__``) was raised."""
+
+
+class EnvironmentArgsError(EnvironmentLoadError, TypeError):
+    """``env_args`` that the environment's ``load_environment`` does not take: ``name`` is
+    a keyword it does not know (``unknown``) or a required one not given (``missing``),
+    ``accepted`` the keywords it names (``passes_on``: the callable its ``**kwargs`` went
+    to, which did not take ``name`` either), ``suggestion`` the nearest accepted one. A
+    mistake in the arguments, not in the environment: the CLI exits 2 with it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        kind: str,
+        accepted: list[str],
+        suggestion: str | None = None,
+        passes_on: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.kind = kind
+        self.accepted = accepted
+        self.suggestion = suggestion
+        self.passes_on = passes_on
 
 
 class UnsupportedEnvironmentError(EnvironmentLoadError):

@@ -375,6 +375,25 @@ def test_an_empty_existing_outdir_is_fine(tmp_path):
         writer.write(output(0), rollout_index=0)
 
 
+def test_a_run_that_stopped_before_its_first_rollout_is_reused_with_or_without_resume(tmp_path):
+    """Bad settings or an interrupt before the first rollout leave metadata.json and an
+    empty results.jsonl: nothing to lose, so the next try (with other settings, with or
+    without resume) takes the directory; once a rollout is in, it is a run to keep."""
+    new_writer(tmp_path).close()  # stopped before its first rollout
+    other = {"config": {**CONFIG, "sampling_args": {"max_tokens": 8}}}
+    new_writer(tmp_path, metadata=other).close()
+    assert read_metadata(tmp_path)["config"] == other["config"]
+    third = {"config": {**CONFIG, "seed": 3}}
+    with new_writer(tmp_path, resume=True, metadata=third) as writer:
+        assert writer.done == frozenset() and not writer.resumed
+        writer.write(output(0), rollout_index=0)
+    assert read_metadata(tmp_path)["config"] == third["config"]
+    with pytest.raises(ResultsError, match=r"already holds results\.jsonl and metadata\.json"):
+        new_writer(tmp_path, metadata=third)
+    with pytest.raises(ResumeMismatchError, match="seed"):
+        new_writer(tmp_path, resume=True, metadata=other)
+
+
 def test_a_second_writer_on_the_same_outdir_is_refused(tmp_path):
     with new_writer(tmp_path), pytest.raises(ResultsError, match="another ResultsWriter"):
         new_writer(tmp_path, resume=True)

@@ -662,6 +662,18 @@ def test_bad_groups_are_refused_when_packing():
         pack_group(bad)
 
 
+def test_an_empty_group_is_refused_by_name_whoever_builds_it():
+    """No rollouts, or a rollout with nothing in it (an agent's session whose every call
+    was refused): never a frame a trainer would receive. A rollout that failed before its
+    first turn still goes, with its error."""
+    with pytest.raises(GroupFrameError, match=r"no rollouts \(example 'agent-1'\)"):
+        pack_group([], example_id="agent-1")
+    with pytest.raises(GroupFrameError, match=r"example 'agent-1', rollout 3 is empty"):
+        pack_group([RolloutOutput("agent-1", [], [])], rollout_indices=[3])
+    failed = RolloutOutput(0, [], [], error=RolloutError("ValueError", "no", "making the prompt"))
+    assert pack_group([failed])["rollouts"][0]["steps"] == []
+
+
 def test_a_stream_cut_mid_frame_gives_every_whole_group_then_a_torn_frame_error(tmp_path):
     world = World(8)
     made = [plain_group(world, 3, rollouts=2) for _ in range(3)]

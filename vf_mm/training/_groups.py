@@ -135,6 +135,10 @@ def pack_group(
 
     The frame holds references to the rollouts' own arrays (nothing is copied here);
     ``packb`` copies each distinct image's and video's tensors once.
+
+    An empty group never reaches a trainer, whoever builds it: no rollouts, or a rollout
+    with no message, no step and no error (an agent's session whose every call was
+    refused), is a ``GroupFrameError`` naming the example and rollout.
     """
     if group_id is not None:
         group_id = check_group_id(group_id)
@@ -156,6 +160,9 @@ def pack_group(
             store = store if isinstance(store, ImageStore) else ImageStore(store)
     outputs = list(outputs)
     n = len(outputs)
+    if n == 0:  # refused whoever builds it: a trainer must never receive an empty group
+        where = "" if example_id is None else f" (example {example_id!r})"
+        raise GroupFrameError(f"pack_group got no rollouts{where}: an empty group is never sent")
     ids = {o.example_id for o in outputs}
     if example_id is None:
         if len(ids) != 1:
@@ -190,6 +197,11 @@ def pack_group(
     rollouts = []
     for r, output in enumerate(outputs):
         where = f"example {example_id!r}, rollout {indices[r]}"
+        if not (output.trajectory or output.prompt or output.completion) and output.error is None:
+            raise GroupFrameError(  # what an empty recorded session would be: refused
+                f"{where} is empty (no message, no model turn, no error): nothing to train on "
+                "or to skip; a rollout that did not run is sent with its error"
+            )
         entry: dict[str, Any] = {
             "rollout_index": indices[r],
             "reward": output.reward,
