@@ -344,6 +344,7 @@ def make_client(
     base_url: str | Sequence[str] | None = None,
     api_key: str | Sequence[str] | None = None,
     image_backend: str = "auto",
+    image_cache_bytes: int | None = None,
     renderers: int | None = None,
     sampling: SamplingParams | None = None,
     backend_options: Mapping[str, Any] | None = None,
@@ -365,6 +366,8 @@ def make_client(
         api_key: the key (one per server for several vLLM servers, or one for all).
         image_backend: the renderer's image processing: ``"auto"`` (what transformers'
             ``AutoProcessor`` and vLLM use here), ``"pil"`` or ``"torchvision"``.
+        image_cache_bytes: the processed-image cache the pool's renderers share (default:
+            ``load_renderer``'s).
         renderers: how many renderers the pool holds (concurrent renders); default
             ``min(8, max(2, cpu_count))``.
         sampling: the client's default ``SamplingParams``.
@@ -401,7 +404,10 @@ def make_client(
     if not isinstance(backend, str) and not hasattr(backend, "generate"):
         return RendererClient(backend, None, sampling=sampling)  # a ChatBackend
     size = renderers if renderers is not None else max(2, min(8, os.cpu_count() or 2))
-    pool = RendererPool(lambda: load_renderer(name, image_backend=image_backend), size=size)
+    cache = {} if image_cache_bytes is None else {"cache_bytes": image_cache_bytes}
+    pool = RendererPool(
+        lambda: load_renderer(name, image_backend=image_backend, **cache), size=size
+    )
     engine: Backend
     if backend == "vllm":
         from vf_mm.inference import VLLMBackend

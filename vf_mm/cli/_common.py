@@ -14,7 +14,6 @@ import contextlib
 import difflib
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -526,34 +525,19 @@ def _refuse(args: argparse.Namespace, message: str) -> NoReturn:
 
 
 def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
-    """A ``RendererClient`` over the backend ``args`` name (close it with ``aclose``)."""
-    from vf_mm.renderers import RendererPool, load_renderer
-
-    if args.backend == "openai":
-        from vf_mm.inference import OpenAIChatBackend
-
-        base = args.base_url[0] if args.base_url else None
-        keys = args.api_key or []
-        return vf_mm.RendererClient(
-            OpenAIChatBackend(model, base_url=base, api_key=keys[0] if keys else None), None
-        )
-    backend = args.image_backend
-    cache_bytes = getattr(args, "image_cache_mb", IMAGE_CACHE_MB) << 20  # shared by the pool
-    pool = RendererPool(
-        lambda: load_renderer(model, image_backend=backend, cache_bytes=cache_bytes),
-        size=max(2, min(8, os.cpu_count() or 2)),
+    """``vf_mm.make_client`` with what the flags say (close it with ``aclose``)."""
+    keys = args.api_key or []  # their count was checked with the other flags
+    if args.backend == "vllm" and not args.base_url:
+        raise SystemExit("--backend vllm needs -b BASE_URL")
+    return vf_mm.make_client(
+        model,
+        backend=args.backend,
+        base_url=args.base_url or None,
+        api_key=keys if len(keys) > 1 else (keys[0] if keys else None),
+        image_backend=args.image_backend,
+        image_cache_bytes=getattr(args, "image_cache_mb", IMAGE_CACHE_MB) << 20,
+        backend_options=local_backend_options(args) if args.backend == "local" else None,
     )
-    if args.backend == "vllm":
-        from vf_mm.inference import VLLMBackend
-
-        if not args.base_url:
-            raise SystemExit("--backend vllm needs -b BASE_URL")
-        keys = args.api_key or []  # their count was checked with the other flags
-        api_key = keys if len(keys) > 1 else (keys[0] if keys else None)
-        return vf_mm.RendererClient(VLLMBackend(args.base_url, model=model, api_key=api_key), pool)
-    from vf_mm.inference import LocalBackend
-
-    return vf_mm.RendererClient(LocalBackend(model, **local_backend_options(args)), pool)
 
 
 #: exit status of a run that ``--max-errors`` stopped
