@@ -27,6 +27,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -594,11 +595,11 @@ class PlainProgress:
     def __exit__(self, *exc: object) -> None:
         self._print()
 
-    def add_task(self, description: str, **fields: Any) -> int:
+    def add_task(self, description: str, **fields: Any) -> TaskID:
         self._fields = {"description": description, "completed": 0, **fields}
-        return 0
+        return TaskID(0)
 
-    def update(self, task: int, **fields: Any) -> None:
+    def update(self, task: TaskID, **fields: Any) -> None:
         self._fields.update(fields)
         now = time.monotonic()
         if now - self._last >= self.every_s or self._done():
