@@ -248,3 +248,25 @@ def test_a_forward_out_of_gpu_memory_fails_its_rows_and_the_backend_goes_on(chec
     assert isinstance(failed, BackendOutOfMemoryError) and "kv_pool_bytes" in str(failed)
     assert len(after.completion_ids) == GREEDY.max_tokens
     assert free < capacity  # the second request's entry; the failed one's range came back
+
+
+def test_a_requests_banned_ids_hold_for_it_alone_in_the_pool_engine(checkpoints):
+    """A request's ``banned_token_ids`` (beyond the backend's own) are never sampled,
+    prefill or decode, while a neighbour in the same steps samples as it would alone."""
+    path = checkpoints("text")
+    prompt = list(range(1, 25))
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+
+    async def go(backend):
+        free = await backend.generate(GenerateRequest(prompt, greedy))
+        banned = tuple(sorted(set(free.completion_ids)))
+        both = await asyncio.gather(
+            backend.generate(GenerateRequest(prompt, greedy, banned_token_ids=banned)),
+            backend.generate(GenerateRequest(prompt, greedy)),
+        )
+        return free, banned, both
+
+    (free, banned, (held, other)), _ = serve(path, go, batch_window_ms=50, **POOL)
+    assert not set(held.completion_ids) & set(banned)
+    assert other.completion_ids == free.completion_ids
+    assert held.logprobs[0] < free.logprobs[0]  # the raw logprob of a lesser token

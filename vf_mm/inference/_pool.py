@@ -302,7 +302,7 @@ class PoolEngine:
         fed = [len(r.prompt) + len(r.completion) + r.unread for r in rows]  # after this step
         counters = [len(r.completion) + r.unread for r in rows]
         resample = None
-        if any(uses_filters(r.sampling) for r in rows):
+        if any(uses_filters(r.sampling) or r.banned for r in rows):  # not in the graph
             resample = lambda logits: self._draw(rows, logits, counters)  # noqa: E731
         launched = self.decoder.launch(
             ids=[r.completion[-1] if not r.unread else 0 for r in rows],
@@ -353,6 +353,7 @@ class PoolEngine:
             counters=torch.tensor(counters, device=device),
             suppress=self.decoder.suppress,
             filters=params if any(uses_filters(p) for p in params) else None,
+            row_suppress=[r.banned for r in rows],
         )
 
     # -- retirement ------------------------------------------------------------------------

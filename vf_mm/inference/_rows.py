@@ -44,6 +44,7 @@ class Row:
     seed: int  # the request's seed, else one drawn from the backend's
     generator: torch.Generator | None  # the batch engine's random stream (from ``seed``)
     stop_ids: set[int]
+    banned: tuple[int, ...] = ()  # the request's banned ids beyond the backend's own
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str = "length"

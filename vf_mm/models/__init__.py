@@ -25,14 +25,15 @@ random-weight checkpoints in about a second with no network (the same files a re
 checkpoint has, so every loader in vf_mm, transformers and vLLM read them);
 ``tiny_tokenizer()`` / ``qwen_tokenizer()`` are their tokenizers and
 ``CHAT_TEMPLATES`` their chat templates, which render what the real models' do.
-``embedded_model()`` is the tiny Qwen2.5-VL ``vf-mm eval`` runs when given no model,
-built once into ``$VF_MM_CACHE`` (default ``~/.cache/vf_mm``).
+``cached_tiny_vlm(family)`` is a family's tiny checkpoint built once into ``$VF_MM_CACHE``
+(default ``~/.cache/vf_mm``) and reused; ``embedded_model()`` is the tiny Qwen2.5-VL
+``vf-mm eval`` runs when given no model, built the same way.
 
 Importing this module loads neither torch nor transformers; each function imports
 what it needs.
 """
 
-from vf_mm.models._embedded import embedded_model
+from vf_mm.models._embedded import cached_tiny_vlm, embedded_model
 from vf_mm.models._families import (
     IMAGE_BACKENDS,
     QWEN_VL_FAMILIES,
@@ -82,6 +83,7 @@ __all__ = [
     "VisionFamily",
     "build_tiny_lm",
     "build_tiny_vlm",
+    "cached_tiny_vlm",
     "embedded_model",
     "expand_image",
     "expand_video",
