@@ -209,3 +209,30 @@ def test_grpo_loss_is_finite_and_has_gradients(setup):
     loss.backward()
     assert torch.isfinite(loss) and stats["tokens"] == float(batch.loss_mask.sum())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_a_wrong_image_token_id_is_refused_not_trained_as_text():
+    """With an id that is not the model's image token, no image position would be marked
+    (mm_token_type_ids 0): the forward runs the images as text and nothing fails."""
+    import pytest
+
+    from vf_mm.errors import TrajectoryError
+    from vf_mm.types import MultiModalData, PlaceholderRange, ResponseTokens, TrajectoryStep
+
+    pad = 9
+    item = {"pixel_values": np.zeros((4, 2), np.float32), "image_grid_thw": np.array([[1, 2, 2]])}
+    mm = MultiModalData({"image": ["h"]}, {"image": [PlaceholderRange(1, 4)]}, {"image": [item]})
+    tokens = ResponseTokens(
+        prompt_ids=[1, pad, pad, pad, pad, 2],
+        completion_ids=[5, 6],
+        completion_logprobs=[-0.1, -0.2],
+        completion_mask=[1, 1],
+        finish_reason="stop",
+        multi_modal_data=mm,
+    )
+    rollout = {"example_id": 0, "rollout_index": 0, "trajectory": [TrajectoryStep([], [], tokens)]}
+    assert build_samples(rollout, advantage=1.0, image_token_id=pad)[0].mm_token_type_ids.sum() == 4
+    with pytest.raises(TrajectoryError, match=r"image_token_id=7 does not mark the tokens"):
+        build_samples(rollout, advantage=1.0, image_token_id=7)
+    with pytest.raises(TypeError, match="image_token_id must be a token id"):
+        build_samples(rollout, advantage=1.0, image_token_id=None)

@@ -224,6 +224,11 @@ def build_samples(
     failed rollout has none (its reward is None) and is skipped, not trained on.
     ``example_id`` / ``rollout_index`` name the rollout in errors (default: the
     rollout's own)."""
+    for name, value in (("image_token_id", image_token_id), ("video_token_id", video_token_id)):
+        if value is None and name == "video_token_id":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"build_samples: {name} must be a token id (an int), not {value!r}")
     if example_id is None:
         example_id = _field(rollout, "example_id")
     if rollout_index is None:
@@ -381,6 +386,23 @@ def _merge(
         if video_token_id == image_token_id:  # SmolVLM's frames hold the image token
             for p in video_placeholders:
                 types[p.embed_positions()] = 2
+        # every position an item's embeddings fill must be marked as that item's kind: a
+        # wrong token id marks none of them, and the trainer's forward would then run the
+        # images as text with no error (logprobs off, nothing refused)
+        for code, name, given, ranges in (
+            (1, "image_token_id", image_token_id, placeholders),
+            (2, "video_token_id", video_token_id, video_placeholders),
+        ):
+            for p in ranges:
+                marked = types[p.embed_positions()]
+                if not bool((marked == code).all()):
+                    found = sorted({int(t) for t in input_ids[p.embed_positions()]})
+                    raise TrajectoryError(
+                        f"{where}: {name}={given!r} does not mark the tokens of the item at "
+                        f"offset {p.offset} (they are {found[:3]}): pass the model's own id "
+                        "(the renderer's vision spec, or the model config's "
+                        f"{name.removesuffix('_id')}_index)"
+                    )
     return Sample(
         input_ids=input_ids,
         loss_mask=loss_mask,
