@@ -27,7 +27,7 @@ from vf_mm.errors import RenderError
 from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
 from vf_mm.renderers import load_renderer
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4")
 MODES = ("RGB", "L", "RGBA", "P", "LA")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
@@ -56,19 +56,27 @@ def conversation(family: str, seed: int) -> list[dict[str, Any]]:
     """Alternating user / assistant turns ending on a user turn (the shape every family's
     template takes), sometimes after a system message; SmolVLM's and LLaVA-OneVision's
     templates also take images in system and tool messages, so their conversations have
-    them."""
+    them. Gemma 4 writes a tool message only as the result of the call before it, so its
+    assistant turns before a tool message make that call (and may end a conversation on
+    it: the model turn stays open for the model to go on)."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = []
     system_images = family in ("smolvlm", "llava_onevision")
-    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5")
+    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4")
     if rng.random() < 0.5:
         system = user_content(rng, 0) if system_images else "You count shapes.  "
         messages.append({"role": "system", "content": system})
     for turn in range(rng.randint(1, 4)):
-        if turn:
+        tool = tool_turns and turn and rng.random() < 0.3
+        if turn and tool and family == "gemma4":  # a call, as the model writes it: no text
+            call = {"id": f"c{turn}", "type": "function",
+                    "function": {"name": "zoom", "arguments": {"x": turn}}}  # fmt: skip
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif turn:
             messages.append({"role": "assistant", "content": f"There are {turn} circles."})
-        if tool_turns and turn and rng.random() < 0.3:
-            messages.append({"role": "tool", "content": user_content(rng, turn)})
+        if tool:
+            messages.append({"role": "tool", "tool_call_id": f"c{turn}", "name": "zoom",
+                             "content": user_content(rng, turn)})  # fmt: skip
         else:
             messages.append({"role": "user", "content": user_content(rng, turn)})
     return messages
@@ -282,6 +290,14 @@ def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
             assert list(renderer.bridge_refusals) == [NOT_PREFIX_STABLE[family]]
             rendered = full
             continue
+        if family == "gemma4" and turn == 0 and messages[-3]["role"] == "tool":
+            # the model went on inside its turn after tool results: without the messages
+            # the bridge cannot see how the template closes it, and says so
+            assert bridged is None
+            assert list(renderer.bridge_refusals)[-1].startswith("the previous prompt ends inside")
+            renderer.bridge_refusals.clear()
+            rendered = full
+            continue
         assert bridged is not None, dict(renderer.bridge_refusals)
         assert bridged.token_ids == full.token_ids
         assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
@@ -373,7 +389,9 @@ def test_a_loaded_qwen3_5_processor_is_told_from_qwen3_vl(tiny):
 @pytest.mark.parametrize(
     ("family", "text"),
     [("gemma3", "look: <image_soft_token>"), ("llava_onevision", "a <video> here"),
-     ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here")],
+     ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here"),
+     ("gemma4", "look: <|image>"), ("gemma4", "a <|video|> here"), ("gemma4", "say <|audio|>"),
+     ("gemma4", "end <audio|>")],
 )  # fmt: skip
 def test_a_reserved_token_written_in_text_is_refused(tiny, family, text):
     """Written literally, an image or video token would be an embedding position no image
@@ -421,7 +439,7 @@ def sampled_turn(renderer, messages, text, new, **kwargs):
 @pytest.mark.parametrize(
     ("family", "text"),
     [("gemma3", "Two circles.\n"), ("gemma3", " Two circles."), ("qwen3_5", "Two circles.  "),
-     ("smolvlm", "Two circles.")],
+     ("smolvlm", "Two circles."), ("gemma4", " Two circles.")],
 )  # fmt: skip
 def test_a_sampled_turn_the_template_rewrites_is_not_bridged(tiny, family, text):
     """Gemma 3 and Qwen3.5 trim the content; SmolVLM writes a space the completion lacks:

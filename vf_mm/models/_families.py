@@ -45,7 +45,7 @@ class VisionFamily:
 
     ``token_types`` is the per-token input the model needs with images (1 on image
     embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
-    Gemma 4), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
+    Gemma 4: bidirectional attention over each image in the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
     None (SmolVLM, LLaVA-OneVision find image tokens by id).
     """
 
@@ -66,6 +66,13 @@ class VisionFamily:
     # the forward takes a clip's frames as images, in the images' inputs (SmolVLM): images
     # and clips then go in one sequence, in the order their tokens appear
     frames_as_images: bool = False
+    # the processor's audio feature extractor class (Gemma 4's processor needs one even
+    # for images), loaded from the checkpoint beside the image processor
+    feature_extractor: str | None = None
+    # tokens text may never hold besides the image placeholder and embedding tokens the
+    # processor names (markers, video and audio tokens vf_mm does not expand): the
+    # renderer refuses them in text, the backends never sample them
+    reserved_tokens: tuple[str, ...] = ()
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -104,6 +111,13 @@ _FAMILIES = {
                      pad_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "image_sizes", "batch_num_images"),
                      video_inputs=("pixel_values_videos",)),
+        VisionFamily("gemma4", "Gemma 4", "Gemma4Processor", "Gemma4ImageProcessor",
+                     "Gemma4ForConditionalGeneration", "mm_token_type_ids",
+                     "google/gemma-4-E2B-it", ("<turn|>", "<|tool_response>", "<eos>"),
+                     tool_format="gemma4", image_inputs=("pixel_values", "image_position_ids"),
+                     feature_extractor="Gemma4AudioFeatureExtractor",
+                     reserved_tokens=("<|image>", "<image|>", "<|image|>", "<|video|>",
+                                      "<|audio>", "<audio|>", "<|audio|>")),
     )
 }  # fmt: skip
 
@@ -224,6 +238,17 @@ def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
     cls = processor_class(family)
     if "video_processor" in cls.get_attributes():
         options["video_processor"] = None
+    extractor = family_info(family).feature_extractor
+    if extractor is not None:
+        import transformers
+
+        try:
+            options["feature_extractor"] = getattr(transformers, extractor).from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise UnsupportedModelError(
+                f"{path}: the {family_info(family).label} processor needs its audio feature "
+                f"extractor's settings (processor_config.json), which do not load: {exc}"
+            ) from None
     try:
         return cls(
             image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **options
@@ -245,7 +270,8 @@ def _processor_options(path: Path) -> dict[str, Any]:
         saved = json.loads(file.read_text())
     except ValueError as exc:
         raise UnsupportedModelError(f"{file}: not valid JSON ({exc})") from None
-    skip = {"processor_class", "chat_template", "image_processor", "video_processor", "tokenizer"}
+    skip = {"processor_class", "chat_template", "image_processor", "video_processor", "tokenizer",
+            "feature_extractor"}  # fmt: skip
     return {k: v for k, v in saved.items() if k not in skip and not k.startswith("_")}
 
 

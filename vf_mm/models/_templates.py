@@ -75,6 +75,39 @@ LLaVA-OneVision (``llava-hf/llava-onevision-qwen2-*-ov-hf``):
 - ``<|im_start|>assistant\\n`` as the generation prompt, while an assistant turn in the
   history is ``<|im_start|>assistant \\n`` + text: the template is not prefix-stable, so
   every turn is rendered in full (the bridge says so and declines).
+
+Gemma 4 (``google/gemma-4-E2B-it`` / ``E4B-it`` at five Hub revisions, and the 26B / 31B
+checkpoints), one template text per variant (``TEMPLATE_VARIANTS``), differing by the
+two settings at its top:
+
+- ``<bos>``; a system turn ``<|turn>system\n...<turn|>\n`` when thinking is on (it
+  opens with ``<|think|>``), tools are given, or the first message is a system or
+  developer message (its text trimmed; a list of parts is read as each part's text
+  plus a space from 6b7e72c on, and as Python text before it); each tool as
+  ``<|tool>declaration:NAME{...}<tool|>`` in Gemma 4's schema dialect (strings between
+  ``<|"|>`` quotes, keys sorted and unquoted, types upper-cased; the dialect's details
+  changed at b446025 and 6b7e72c);
+- each turn ``<|turn>{role}\n`` ... ``<turn|>\n`` (``model`` for the assistant), text
+  trimmed, a model turn's ``<|channel>...<channel|>`` blocks removed from its content;
+  images ``<|image|>`` (``\n\n<|image|>\n\n`` at the release revision), audio
+  ``<|audio|>``, video ``<|video|>``;
+- calls as ``<|tool_call>call:NAME{key:value,...}<tool_call|>`` (arguments sorted; from
+  8995379 on a string of arguments is refused, before it it is written verbatim);
+- release revision (4742fe8): a ``tool`` message is a turn of its own, images included;
+  no reasoning is rendered; no generation prompt after Gemma-native ``tool_responses``;
+- from b446025 on: ``tool`` messages are the results of the assistant turn before them,
+  written into that model turn as ``<|tool_response>response:NAME{value:...}
+  <tool_response|>`` (NAME from the matching call), text parts only (b446025, 6b7e72c:
+  images, audio and video in a tool message are dropped; from 905e84b on they are
+  written after the result); a ``tool`` message after anything else is dropped; the
+  model turn stays open after its results (no generation prompt: the model goes on);
+  reasoning is rendered as ``<|channel>thought\n...\n<channel|>`` only for turns after
+  the last user message, and before 8995379 only on turns with tool calls;
+- 8995379 (current): ``null`` for None (``None`` before), ``preserve_thinking``, a
+  turn that continues into the next assistant message stays open, and after tool
+  results with thinking on the generation prompt is ``<|channel>thought\n``;
+- 26B / 31B: as 8995379, with an empty thought block (``<|channel>thought\n<channel|>``)
+  after the generation prompt when thinking is off.
 """
 
 from __future__ import annotations
@@ -399,6 +432,449 @@ LLAVA_ONEVISION_TEMPLATE = r"""
 {%- endif -%}
 """
 
+# Gemma 4: one Jinja body, two settings per variant (see the module docstring).
+_GEMMA4_BODY = r"""
+{#- vf_mm's Gemma 4 chat template: what google/gemma-4-*-it render at the revision set
+    above (vf_mm/models/_templates.py says what each revision does). -#}
+{%- set q = '<|"|>' -%}
+{%- macro value_text(value, quote_keys=true) -%}
+    {#- a value in Gemma 4's argument dialect: strings between <|"|> quotes, keys sorted,
+        booleans as true/false, null only from the current revision on -#}
+    {%- if value is none and revision >= 5 -%}
+        {{- 'null' -}}
+    {%- elif value is string -%}
+        {{- q + value + q -}}
+    {%- elif value is boolean -%}
+        {{- 'true' if value else 'false' -}}
+    {%- elif value is mapping -%}
+        {{- '{' -}}
+        {%- for key, item in value | dictsort -%}
+            {{- (q + key + q if quote_keys else key) ~ ':' ~ value_text(item, quote_keys) -}}
+            {{- ',' if not loop.last -}}
+        {%- endfor -%}
+        {{- '}' -}}
+    {%- elif value is sequence -%}
+        {{- '[' -}}
+        {%- for item in value -%}
+            {{- value_text(item, quote_keys) -}}{{- ',' if not loop.last -}}
+        {%- endfor -%}
+        {{- ']' -}}
+    {%- else -%}
+        {{- value -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro quoted_list(items) -%}
+    {%- for item in items -%}{{- q ~ item ~ q -}}{{- ',' if not loop.last -}}{%- endfor -%}
+{%- endmacro -%}
+{%- macro schema_properties(properties, filtered=false) -%}
+    {#- a JSON schema's properties: NAME:{description,enum / items / nullable / properties,
+        required,type}; the schema's own keywords are skipped where `filtered` (always
+        before revision 3) -#}
+    {%- set skip = ['description', 'type', 'properties', 'required', 'nullable'] -%}
+    {%- set seen = namespace(any=false) -%}
+    {%- for key, value in properties | dictsort -%}
+        {%- if not ((filtered or revision < 3) and key in skip) -%}
+            {{- ',' if seen.any -}}
+            {%- set seen.any = true -%}
+            {%- set field = namespace(count=0) -%}
+            {{- key ~ ':{' -}}
+            {%- if value['description'] -%}
+                {{- 'description:' ~ q ~ value['description'] ~ q -}}
+                {%- set field.count = 1 -%}
+            {%- endif -%}
+            {%- set kind = value['type'] | upper -%}
+            {%- if revision < 2 and value['nullable'] -%}
+                {{- ',' if field.count -}}{%- set field.count = 1 -%}{{- 'nullable:true' -}}
+            {%- endif -%}
+            {%- if kind == 'STRING' -%}
+                {%- if value['enum'] -%}
+                    {{- ',' if field.count -}}{%- set field.count = 1 -%}
+                    {{- 'enum:' ~ value_text(value['enum']) -}}
+                {%- endif -%}
+            {%- elif kind == 'OBJECT' and revision < 2 -%}
+                {#- the release revision writes a comma here even as the first field -#}
+                {{- ',properties:{' -}}
+                {%- if value['properties'] is defined and value['properties'] is mapping -%}
+                    {{- schema_properties(value['properties']) -}}
+                {%- elif value is mapping -%}
+                    {{- schema_properties(value) -}}
+                {%- endif -%}
+                {{- '}' -}}
+                {%- if value['required'] -%}
+                    {{- ',required:[' ~ quoted_list(value['required'] | default([])) ~ ']' -}}
+                {%- endif -%}
+            {%- elif kind == 'ARRAY' -%}
+                {%- if value['items'] is mapping and value['items'] -%}
+                    {%- if revision < 2 -%}
+                        {{- ',items:{' -}}
+                    {%- else -%}
+                        {{- ',' if field.count -}}{%- set field.count = 1 -%}{{- 'items:{' -}}
+                    {%- endif -%}
+                    {%- set inner = namespace(any=false) -%}
+                    {%- for item_key, item_value in value['items'] | dictsort -%}
+                        {%- if item_value is not none -%}
+                            {{- ',' if inner.any -}}
+                            {%- set inner.any = true -%}
+                            {%- if item_key == 'properties' -%}
+                                {{- 'properties:{' -}}
+                                {%- if item_value is mapping -%}
+                                    {{- schema_properties(item_value) -}}
+                                {%- endif -%}
+                                {{- '}' -}}
+                            {%- elif item_key == 'required' -%}
+                                {{- 'required:[' ~ quoted_list(item_value) ~ ']' -}}
+                            {%- elif item_key == 'type' and item_value is string -%}
+                                {{- 'type:' ~ value_text(item_value | upper) -}}
+                            {%- elif item_key == 'type' -%}
+                                {{- 'type:' ~ value_text(item_value | map('upper') | list) -}}
+                            {%- else -%}
+                                {{- item_key ~ ':' ~ value_text(item_value) -}}
+                            {%- endif -%}
+                        {%- endif -%}
+                    {%- endfor -%}
+                    {{- '}' -}}
+                {%- endif -%}
+            {%- endif -%}
+            {%- if revision >= 2 and value['nullable'] -%}
+                {{- ',' if field.count -}}{%- set field.count = 1 -%}{{- 'nullable:true' -}}
+            {%- endif -%}
+            {%- if revision >= 2 and kind == 'OBJECT' -%}
+                {%- if value['properties'] is defined and value['properties'] is mapping -%}
+                    {{- ',' if field.count -}}{%- set field.count = 1 -%}
+                    {{- 'properties:{' ~ schema_properties(value['properties']) ~ '}' -}}
+                {%- elif value is mapping -%}
+                    {{- ',' if field.count -}}{%- set field.count = 1 -%}
+                    {{- 'properties:{' ~ schema_properties(value, true) ~ '}' -}}
+                {%- endif -%}
+                {%- if value['required'] -%}
+                    {{- ',' if field.count -}}{%- set field.count = 1 -%}
+                    {{- 'required:[' ~ quoted_list(value['required'] | default([])) ~ ']' -}}
+                {%- endif -%}
+            {%- endif -%}
+            {{- ',' if field.count -}}
+            {{- 'type:' ~ q ~ kind ~ q ~ '}' -}}
+        {%- endif -%}
+    {%- endfor -%}
+{%- endmacro -%}
+{%- macro declaration(tool) -%}
+    {#- one tool: declaration:NAME{description,parameters:{properties,required,type},response} -#}
+    {%- set function = tool['function'] -%}
+    {{- 'declaration:' ~ function['name'] ~ '{description:' ~ q ~ function['description'] ~ q -}}
+    {%- set params = function['parameters'] -%}
+    {%- if params -%}
+        {{- ',parameters:{' -}}
+        {%- if params['properties'] -%}
+            {{- 'properties:{' ~ schema_properties(params['properties']) ~ '},' -}}
+        {%- endif -%}
+        {%- if params['required'] -%}
+            {{- 'required:[' ~ quoted_list(params['required']) ~ '],' -}}
+        {%- endif -%}
+        {%- if params['type'] -%}
+            {{- 'type:' ~ q ~ params['type'] | upper ~ q ~ '}' -}}
+        {%- endif -%}
+    {%- endif -%}
+    {%- if 'response' in function -%}
+        {%- set response = function['response'] -%}
+        {{- ',response:{' -}}
+        {%- if response['description'] -%}
+            {{- 'description:' ~ q ~ response['description'] ~ q ~ ',' -}}
+        {%- endif -%}
+        {%- if response['type'] | upper == 'OBJECT' -%}
+            {{- 'type:' ~ q ~ response['type'] | upper ~ q ~ '}' -}}
+        {%- endif -%}
+    {%- endif -%}
+    {{- '}' -}}
+{%- endmacro -%}
+{%- macro call_text(call) -%}
+    {#- <|tool_call>call:NAME{key:value,...}<tool_call|>, arguments a mapping (a string is
+        written verbatim before the current revision, refused from it on) -#}
+    {%- set function = call['function'] -%}
+    {{- '<|tool_call>call:' + function['name'] + '{' -}}
+    {%- if function['arguments'] is mapping -%}
+        {%- for key, value in function['arguments'] | dictsort -%}
+            {{- key ~ ':' ~ value_text(value, false) -}}{{- ',' if not loop.last -}}
+        {%- endfor -%}
+    {%- elif revision < 5 and function['arguments'] is string -%}
+        {{- function['arguments'] -}}
+    {%- elif revision >= 5 and function['arguments'] is not none -%}
+        {{- raise_exception('tool call arguments must be a mapping, not a string') -}}
+    {%- endif -%}
+    {{- '}<tool_call|>' -}}
+{%- endmacro -%}
+{%- macro response_text(name, response) -%}
+    {#- <|tool_response>response:NAME{key:value,...}<tool_response|>; a value that is not
+        a mapping is written as {value:...} -#}
+    {{- '<|tool_response>' -}}
+    {%- if response is mapping -%}
+        {{- 'response:' + name + '{' -}}
+        {%- for key, value in response | dictsort -%}
+            {{- key ~ ':' ~ value_text(value, false) -}}{{- ',' if not loop.last -}}
+        {%- endfor -%}
+        {{- '}' -}}
+    {%- else -%}
+        {{- 'response:' + name + '{value:' + value_text(response, false) + '}' -}}
+    {%- endif -%}
+    {{- '<tool_response|>' -}}
+{%- endmacro -%}
+{%- macro without_thoughts(text) -%}
+    {#- a model turn's text without its <|channel>...<channel|> blocks, trimmed -#}
+    {%- set kept = namespace(text='') -%}
+    {%- for piece in text.split('<channel|>') -%}
+        {%- set kept.text = kept.text + piece.split('<|channel>')[0] -%}
+    {%- endfor -%}
+    {{- kept.text | trim -}}
+{%- endmacro -%}
+{%- macro is_image(part) -%}
+    {{- 'y' if part.get('type') == 'image' or (revision >= 5 and part.get('type') == 'image_url') -}}
+{%- endmacro -%}
+{%- macro is_audio(part) -%}
+    {{- 'y' if part.get('type') == 'audio' or (revision >= 5 and part.get('type') == 'input_audio') -}}
+{%- endmacro -%}
+{%- set thinking = enable_thinking is defined and enable_thinking -%}
+{%- set keep_thinking = revision >= 5 and preserve_thinking is defined and preserve_thinking -%}
+{%- set state = namespace(last=None, previous_role=None) -%}
+{%- set turns = messages -%}
+{{- bos_token -}}
+{#- the system turn: thinking switch, system text, tool declarations -#}
+{%- set system_first = (messages or revision < 5) and messages[0]['role'] in ['system', 'developer'] -%}
+{%- if thinking or tools or system_first -%}
+    {{- '<|turn>system\n' -}}
+    {%- if thinking -%}
+        {{- '<|think|>' if revision < 2 else '<|think|>\n' -}}
+        {%- set state.last = 'think' -%}
+    {%- endif -%}
+    {%- if system_first -%}
+        {%- set system = messages[0]['content'] -%}
+        {%- if revision < 3 or system is string -%}
+            {{- system | trim -}}
+        {%- elif system is sequence -%}
+            {%- for part in system -%}{{- (part['text'] | trim) + ' ' -}}{%- endfor -%}
+        {%- endif -%}
+        {%- set turns = messages[1:] -%}
+    {%- endif -%}
+    {%- for tool in tools or [] -%}
+        {{- '<|tool>' + (declaration(tool) | trim) + '<tool|>' -}}
+        {%- set state.last = 'tool' -%}
+    {%- endfor -%}
+    {{- '<turn|>\n' -}}
+{%- endif -%}
+{%- if revision < 2 -%}
+    {#- the release revision: every message a turn of its own, tool results included;
+        images between blank lines; no reasoning -#}
+    {%- for message in turns -%}
+        {%- set state.last = None -%}
+        {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+        {{- '<|turn>' + role + '\n' -}}
+        {%- for call in message['tool_calls'] or [] -%}
+            {{- call_text(call) -}}{%- set state.last = 'tool_call' -%}
+        {%- endfor -%}
+        {%- for result in message['tool_responses'] or [] -%}
+            {{- response_text(result['name'] | default('unknown'), result['response']) -}}
+            {%- set state.last = 'tool_response' -%}
+        {%- endfor -%}
+        {%- set content = message['content'] -%}
+        {%- if content is string -%}
+            {{- without_thoughts(content) if role == 'model' else content | trim -}}
+        {%- elif content is sequence -%}
+            {%- for part in content -%}
+                {%- if part['type'] == 'text' -%}
+                    {{- without_thoughts(part['text']) if role == 'model' else part['text'] | trim -}}
+                {%- elif part['type'] in ['image', 'audio', 'video'] -%}
+                    {%- set token = '<|' + part['type'] + '|>' -%}
+                    {{- token if part['type'] == 'audio' else '\n\n' + token + '\n\n' -}}
+                    {%- set state.last = part['type'] -%}
+                {%- endif -%}
+            {%- endfor -%}
+        {%- endif -%}
+        {%- if not (message['tool_responses'] and not content) -%}
+            {{- '<turn|>\n' -}}
+        {%- endif -%}
+    {%- endfor -%}
+{%- else -%}
+    {#- later revisions: tool messages are results merged into the model turn that called
+        them; reasoning kept after the last user message -#}
+    {%- set last_user = namespace(index=-1) -%}
+    {%- for message in turns -%}
+        {%- if message['role'] == 'user' -%}{%- set last_user.index = loop.index0 -%}{%- endif -%}
+    {%- endfor -%}
+    {%- for message in turns -%}
+        {%- set index = loop.index0 -%}
+        {%- if message['role'] != 'tool' -%}
+            {%- set state.last = None -%}
+            {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+            {%- set calls = message.get('tool_calls') -%}
+            {%- if not (role == 'model' and state.previous_role == 'assistant') -%}
+                {{- '<|turn>' + role + '\n' -}}
+            {%- endif -%}
+            {%- set thought = message.get('reasoning') or message.get('reasoning_content') -%}
+            {%- if revision >= 5 -%}
+                {%- set shown = index > last_user.index or (keep_thinking and calls) -%}
+            {%- else -%}
+                {%- set shown = index > last_user.index and calls -%}
+            {%- endif -%}
+            {%- if thought and shown -%}
+                {{- '<|channel>thought\n' + thought + '\n<channel|>' -}}
+            {%- endif -%}
+            {%- for call in calls or [] -%}
+                {{- call_text(call) -}}{%- set state.last = 'tool_call' -%}
+            {%- endfor -%}
+            {%- set answered = namespace(any=false, open=true) -%}
+            {%- if message.get('tool_responses') -%}
+                {%- for result in message.get('tool_responses') -%}
+                    {%- if revision >= 5 -%}
+                        {%- set name = result['name'] | default('unknown', true) -%}
+                    {%- else -%}
+                        {%- set name = result['name'] | default('unknown') -%}
+                    {%- endif -%}
+                    {{- response_text(name, result['response']) -}}
+                    {%- set answered.any = true -%}{%- set state.last = 'tool_response' -%}
+                {%- endfor -%}
+            {%- elif calls -%}
+                {%- for follow in turns[index + 1:] -%}
+                    {%- if follow['role'] != 'tool' -%}{%- set answered.open = false -%}{%- endif -%}
+                    {%- if answered.open -%}
+                        {%- if revision >= 5 -%}
+                            {%- set who = namespace(name=follow.get('name') or 'unknown') -%}
+                        {%- else -%}
+                            {%- set who = namespace(name=follow.get('name') | default('unknown')) -%}
+                        {%- endif -%}
+                        {%- for call in calls -%}
+                            {%- if call.get('id') == follow.get('tool_call_id') -%}
+                                {%- set who.name = call['function']['name'] -%}
+                            {%- endif -%}
+                        {%- endfor -%}
+                        {%- set body = follow.get('content') -%}
+                        {%- if body is string or body is not sequence -%}
+                            {{- response_text(who.name, body) -}}
+                        {%- else -%}
+                            {%- set text = namespace(all='') -%}
+                            {%- for part in body if part.get('type') == 'text' -%}
+                                {%- set text.all = text.all + (part.get('text') | default('')) -%}
+                            {%- endfor -%}
+                            {{- response_text(who.name, text.all) -}}
+                            {%- if revision >= 4 -%}
+                                {%- for part in body -%}
+                                    {%- if is_image(part) -%}{{- '<|image|>' -}}
+                                    {%- elif is_audio(part) -%}{{- '<|audio|>' -}}
+                                    {%- elif part.get('type') == 'video' -%}{{- '<|video|>' -}}
+                                    {%- endif -%}
+                                {%- endfor -%}
+                            {%- endif -%}
+                        {%- endif -%}
+                        {%- set answered.any = true -%}{%- set state.last = 'tool_response' -%}
+                    {%- endif -%}
+                {%- endfor -%}
+            {%- endif -%}
+            {%- set content = message.get('content') -%}
+            {%- set written -%}
+                {%- if content is string -%}
+                    {{- without_thoughts(content) if role == 'model' else content | trim -}}
+                {%- elif content is sequence -%}
+                    {%- for part in content -%}
+                        {%- if part.get('type') == 'text' -%}
+                            {{- without_thoughts(part['text']) if role == 'model' else part['text'] | trim -}}
+                        {%- elif is_image(part) -%}
+                            {{- '<|image|>' -}}
+                        {%- elif is_audio(part) -%}
+                            {{- '<|audio|>' -}}
+                        {%- elif part.get('type') == 'video' -%}
+                            {{- '<|video|>' -}}
+                        {%- endif -%}
+                    {%- endfor -%}
+                {%- endif -%}
+            {%- endset -%}
+            {{- written -}}
+            {%- if revision < 5 and content is sequence and content is not string -%}
+                {#- before the current revision an image, audio or video part is the last
+                    thing written, and closes the turn even after a call -#}
+                {%- for part in content -%}
+                    {%- if is_image(part) -%}{%- set state.last = 'image' -%}
+                    {%- elif is_audio(part) -%}{%- set state.last = 'audio' -%}
+                    {%- elif part.get('type') == 'video' -%}{%- set state.last = 'video' -%}
+                    {%- endif -%}
+                {%- endfor -%}
+            {%- endif -%}
+            {%- set next = namespace(role=None) -%}
+            {%- for later in turns[index + 1:] if later['role'] != 'tool' -%}
+                {%- if loop.first -%}{%- set next.role = later['role'] -%}{%- endif -%}
+            {%- endfor -%}
+            {%- if revision < 3 -%}
+                {%- set empty = not message.get('content') -%}
+            {%- else -%}
+                {%- set empty = (written | trim | length) == 0 -%}
+            {%- endif -%}
+            {%- if state.last == 'tool_call' and not answered.any -%}
+                {{- '<|tool_response>' -}}
+            {%- elif revision >= 5 and role == 'model' and next.role == 'assistant'
+                     and (not calls or answered.any) -%}
+            {%- elif revision >= 5 and answered.any and empty and next.role is none -%}
+            {%- elif revision < 5 and answered.any and empty -%}
+            {%- else -%}
+                {{- '<turn|>\n' -}}
+            {%- endif -%}
+            {%- set state.previous_role = message['role'] -%}
+        {%- endif -%}
+    {%- endfor -%}
+{%- endif -%}
+{%- if add_generation_prompt -%}
+    {%- if state.last != 'tool_response' and (revision < 2 or state.last != 'tool_call') -%}
+        {{- '<|turn>model\n' -}}
+        {%- if empty_thought_prefill and not thinking -%}{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}
+    {%- elif revision >= 5 and state.last == 'tool_response' and thinking -%}
+        {{- '<|channel>thought\n' -}}
+    {%- endif -%}
+{%- endif -%}
+"""
+
+#: Gemma 4's template variants: (revision number, empty thought block in the generation
+#: prompt when thinking is off). Revisions of google/gemma-4-E2B-it (E4B-it ships the
+#: same templates): 4742fe8 (release), b446025, 6b7e72c, 905e84b, 8995379 (current);
+#: "31b" and "26b-a4b" are the 31B and 26B-A4B checkpoints' template (8995379's, with
+#: the prefill): one text, two tiny architectures (dense; mixture of experts).
+_GEMMA4_VARIANTS = {
+    "8995379": (5, False),
+    "905e84b": (4, False),
+    "6b7e72c": (3, False),
+    "b446025": (2, False),
+    "4742fe8": (1, False),
+    "31b": (5, True),
+    "26b-a4b": (5, True),
+}
+
+
+def _gemma4_template(variant: str) -> str:
+    revision, prefill = _GEMMA4_VARIANTS[variant]
+    settings = (
+        f"{{%- set revision = {revision} -%}}"
+        f"{{%- set empty_thought_prefill = {'true' if prefill else 'false'} -%}}"
+    )
+    return settings + _GEMMA4_BODY
+
+
+#: Each family's template variants, the default first (``build_tiny_vlm(..., variant=)``).
+TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
+    "gemma4": {name: _gemma4_template(name) for name in _GEMMA4_VARIANTS},
+}
+
+
+def chat_template(family: str, variant: str | None = None) -> str:
+    """The tiny checkpoints' chat template of ``family`` (a ``model_type``), in
+    ``variant`` where the family has several (None: its default, the first of
+    ``TEMPLATE_VARIANTS[family]``)."""
+    variants = TEMPLATE_VARIANTS.get(family)
+    if variants is None:
+        if variant is not None:
+            raise ValueError(f"{family} has one chat template; variant={variant!r} is not one")
+        return CHAT_TEMPLATES[family]
+    if variant is None:
+        return next(iter(variants.values()))
+    if variant not in variants:
+        raise ValueError(
+            f"{family} has no template variant {variant!r}; choose one of {', '.join(variants)}"
+        )
+    return variants[variant]
+
+
 CHAT_TEMPLATES = {
     "qwen2_vl": QWEN2_VL_TEMPLATE,
     "qwen2_5_vl": QWEN2_VL_TEMPLATE,
@@ -407,4 +883,5 @@ CHAT_TEMPLATES = {
     "smolvlm": SMOLVLM_TEMPLATE,
     "llava_onevision": LLAVA_ONEVISION_TEMPLATE,
     "qwen3_5": QWEN3_5_TEMPLATE,
+    "gemma4": TEMPLATE_VARIANTS["gemma4"]["8995379"],
 }

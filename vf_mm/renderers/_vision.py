@@ -104,6 +104,8 @@ class VisionSpec:
     options (``processor_kwargs`` of ``load_renderer``), the ones the engine is given too
     (vLLM's ``mm_processor_kwargs``). ``video``: the checkpoint's video settings (None:
     video parts are refused); ``video_limits`` bound what a clip may cost to load.
+    ``reserved_tokens``: the family's other tokens text may not hold (its registry
+    record's: begin/end markers, audio tokens), beside the image and video tokens.
     ``cache``: where processed images and clips are kept (an ``ImageCache``, which a
     ``RendererPool`` shares between its renderers; entries are keyed behind
     ``namespace``, the digest of everything processing depends on besides the pixels);
@@ -120,6 +122,7 @@ class VisionSpec:
         options: dict[str, Any] | None = None,
         video: VideoSettings | None = None,
         video_limits: VideoLimits | None = None,
+        reserved_tokens: tuple[str, ...] = (),
     ) -> None:
         self.processor = processor
         self.options = dict(options or {})
@@ -135,6 +138,8 @@ class VisionSpec:
         self.policy = policy
         self.video = video
         self.video_limits = video_limits
+        vocab = self.tokenizer.get_vocab()
+        self._reserved = frozenset(vocab[t] for t in reserved_tokens if t in vocab)
         self.video_token: str | None = getattr(processor, "video_token", None)
         self.video_token_id: int | None = None
         if self.video_token is not None:
@@ -185,7 +190,7 @@ class VisionSpec:
         even where no video is expanded). Written literally in a message, they would be
         embedding positions no image or video explains."""
         video = {self.video_token_id} if self.video_token_id is not None else set()
-        return self.marker_token_ids | video
+        return self.marker_token_ids | video | self._reserved
 
     @property
     def placeholders(self) -> dict[str, str]:
