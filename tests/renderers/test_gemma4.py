@@ -188,8 +188,10 @@ def test_stop_tokens_are_the_turn_end_the_tool_response_and_eos(renderer_of):
 
 
 def completion(renderer: Any, text: str, stop: str) -> list[int]:
+    """``text``'s ids closed by ``stop`` (unless the text ends with it)."""
     ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return [*ids, renderer.tokenizer.convert_tokens_to_ids(stop)]
+    stop_id = renderer.tokenizer.convert_tokens_to_ids(stop)
+    return ids if ids and ids[-1] == stop_id else [*ids, stop_id]
 
 
 def test_a_thought_and_calls_parse_into_reasoning_and_tool_calls(renderer_of):
@@ -234,7 +236,7 @@ def test_format_tool_calls_writes_what_parse_reads(renderer_of):
     calls = [("zoom", {"where": "top, left", "Deep": {"b": [1, None], "A": False}, "n": 1.5})]
     text = renderer.format_tool_calls(calls)
     assert text == ('<|tool_call>call:zoom{Deep:{A:false,b:[1,null]},n:1.5,'
-                    'where:<|"|>top, left<|"|>}<tool_call|>')  # fmt: skip
+                    'where:<|"|>top, left<|"|>}<tool_call|><|tool_response>')  # fmt: skip
     parsed = renderer.parse_response(completion(renderer, text, "<|tool_response>"))
     assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == calls[0][1]
 
@@ -341,3 +343,33 @@ def test_a_checkpoint_without_the_feature_extractor_settings_is_refused_by_name(
 
     with pytest.raises(UnsupportedModelError, match="audio feature extractor"):
         load_renderer(path, image_backend="pil")
+
+
+def test_a_tool_env_rollout_bridges_every_turn_and_shows_the_tools_image(variant_paths):
+    """End to end through RendererClient, as a scripted policy (``check_environment``'s)
+    samples: a call written by ``format_tool_calls`` (closed by ``<|tool_response>``, as
+    the model closes it), the tool's image in its result, the answer inside the same
+    model turn. Every turn after the first bridges, and the image reaches the prompt."""
+    import asyncio
+
+    import vf_mm as vf
+    from vf_mm.inference import ScriptedBackend
+
+    def zoom(x: int) -> list:
+        """Zoom in.
+
+        Args:
+            x: where
+        """
+        return [picture(7, (60, 40)), f"zoomed at {x}"]
+
+    renderer = load_renderer(variant_paths("8995379"), image_backend="pil")
+    env = vf.ToolEnv(tools=[zoom], dataset=[{"question": "look", "image": picture(8)}],
+                     max_turns=3)  # fmt: skip
+    backend = ScriptedBackend(renderer, [renderer.format_tool_calls([("zoom", {"x": 1})]), "Done."])
+    client = vf.RendererClient(backend, renderer)
+    state = asyncio.run(env.rollout(client, env.get_dataset()[0]))
+    assert [m["role"] for m in state["completion"]] == ["assistant", "tool", "assistant"]
+    assert client.stats.bridges == 1 and dict(renderer.bridge_refusals) == {}
+    last = backend.requests[-1]
+    assert len(last.multi_modal_data.mm_placeholders["image"]) == 2  # the question's, the tool's

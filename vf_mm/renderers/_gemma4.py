@@ -26,6 +26,7 @@ CHANNEL_START = "<|channel>"
 CHANNEL_END = "<channel|>"
 CALL_START = "<|tool_call>"
 CALL_END = "<tool_call|>"
+RESULTS_NEXT = "<|tool_response>"  # what ends a turn of calls: the results come next
 _CALL = re.compile(re.escape(CALL_START) + r"(.*?)(?:" + re.escape(CALL_END) + r"|\Z)", re.DOTALL)
 _SCALARS: dict[str, Any] = {"true": True, "false": False, "null": None, "None": None}
 

@@ -133,11 +133,13 @@ def format_tool_calls(
     calls: Sequence[tuple[str, Mapping[str, Any]]], *, tool_format: str = "json"
 ) -> str:
     """The text a model writes to make ``calls`` (``(name, arguments)`` pairs), in the
-    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples."""
+    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples.
+    Gemma 4's ends with the stop token its model closes a turn of calls with."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {list(TOOL_FORMATS)}, not {tool_format!r}")
-    if tool_format == "gemma4":
-        return "".join(_gemma4.format_call(name, arguments) for name, arguments in calls)
+    if tool_format == "gemma4":  # the model ends a turn of calls with <|tool_response>
+        text = "".join(_gemma4.format_call(name, arguments) for name, arguments in calls)
+        return text + _gemma4.RESULTS_NEXT
     if tool_format == "xml":
         return "\n".join(
             f"<tool_call>\n<function={name}>\n"
