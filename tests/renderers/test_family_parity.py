@@ -498,3 +498,96 @@ def test_malformed_messages_are_render_errors_not_silent(tiny, family):
         renderer.render([{"role": "user", "content": part}]).token_ids
         == renderer.render([{"role": "user", "content": [part]}]).token_ids
     )
+
+
+# -- Qwen3.5's template variants (Qwen3.5 small / large, Qwen3.6, Qwen3.8) ------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_variant(tiny, tmp_path_factory):
+    """A renderer of the tiny Qwen3.5 checkpoint carrying one template variant (the
+    checkpoint copied, its template swapped: the tokenizer and processor are shared)."""
+    import shutil
+
+    from vf_mm.models import chat_template
+
+    root = tmp_path_factory.mktemp("qwen3_5_variants")
+    made: dict[tuple[str, str], Any] = {}
+
+    def get(variant: str, **template_kwargs: Any) -> Any:
+        key = (variant, json.dumps(template_kwargs, sort_keys=True))
+        if key not in made:
+            path = root / f"{variant}-{len(made)}"
+            shutil.copytree(tiny["qwen3_5"], path)
+            (path / "chat_template.jinja").write_text(chat_template("qwen3_5", variant))
+            made[key] = load_renderer(path, image_backend="pil", template_kwargs=template_kwargs)
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("variant", "options", "bridges"),
+    [("nothink", {"enable_thinking": True}, False), ("think", {}, False),
+     ("qwen3.6", {}, False), ("qwen3.6", {"preserve_thinking": True}, True),
+     ("qwen3.8", {}, True), ("qwen3.8", {"preserve_thinking": False}, False),
+     ("qwen3.8", {"enable_thinking": False}, True)],
+)  # fmt: skip
+def test_a_new_question_bridges_where_the_variant_keeps_earlier_reasoning(
+    qwen3_5_variant, variant, options, bridges
+):
+    """Qwen3.5's templates drop a turn's reasoning (or empty think block) once a later
+    user query exists, so a new question is rendered in full; Qwen3.6 keeps it with
+    ``preserve_thinking``, Qwen3.8 unless ``preserve_thinking`` is false: there the
+    bridge equals a full render."""
+    renderer = qwen3_5_variant(variant, **options)
+    thinking = options.get("enable_thinking", variant != "nothink")
+    text = "count them\n</think>\n\nThree." if thinking else "Three."
+    messages = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    new = [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]
+    bridged, full = sampled_turn(renderer, messages, text, new)
+    if bridges:
+        assert bridged is not None, dict(renderer.bridge_refusals)
+        assert bridged.token_ids == full.token_ids
+    else:
+        assert bridged is None
+        assert set(renderer.bridge_refusals) <= {
+            "the template drops the reasoning of earlier turns",
+            "the template renders earlier turns differently once later turns exist",
+        }
+
+
+@pytest.mark.parametrize(
+    ("variant", "bridges"), [("think", False), ("qwen3.6", True), ("qwen3.8", True)]
+)
+def test_json_argument_values_bridge_from_qwen3_6_on(qwen3_5_variant, variant, bridges):
+    """Qwen3.6 and 3.8 write argument values other than strings as JSON (``true``,
+    ``null``, ``2.5``), as their models do: a call sampled that way parses back and
+    re-renders as sampled. Qwen3.5 writes them as Python (``True``): not bridged."""
+    renderer = qwen3_5_variant(variant)
+    tools = [{"type": "function", "function": {"name": "zoom", "description": "Zoom.",
+              "parameters": {"type": "object", "properties": {"deep": {"type": "boolean"}}}}}]  # fmt: skip
+    text = ("<tool_call>\n<function=zoom>\n<parameter=deep>\ntrue\n</parameter>\n"
+            "<parameter=skip>\nnull\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+    messages = [{"role": "user", "content": "zoom in"}]
+    bridged, full = sampled_turn(renderer, messages, "\n</think>\n\n" + text, [
+        {"role": "tool", "content": "done"}], tools=tools)  # fmt: skip
+    parsed = renderer.parse_response(
+        renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"deep": True, "skip": None}
+    assert (bridged is not None) == bridges, dict(renderer.bridge_refusals)
+    if bridges:
+        assert bridged.token_ids == full.token_ids
+
+
+def test_qwen3_8_writes_its_reasoning_effort_unless_thinking_is_off(qwen3_5_variant):
+    user = [{"role": "user", "content": "Hi"}]
+    decode = lambda r: r.tokenizer.decode(r.render(user).token_ids)  # noqa: E731
+    assert "Reasoning effort is set to xhigh" in decode(qwen3_5_variant("qwen3.8"))
+    assert "Reasoning effort is set to low" in decode(
+        qwen3_5_variant("qwen3.8", reasoning_effort="low")
+    )
+    assert "Reasoning effort" not in decode(qwen3_5_variant("qwen3.8", enable_thinking=False))
+    with pytest.raises(RenderError, match="Unexpected reasoning effort"):
+        qwen3_5_variant("qwen3.8", reasoning_effort="max").render(user)

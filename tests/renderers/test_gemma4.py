@@ -373,3 +373,21 @@ def test_a_tool_env_rollout_bridges_every_turn_and_shows_the_tools_image(variant
     assert client.stats.bridges == 1 and dict(renderer.bridge_refusals) == {}
     last = backend.requests[-1]
     assert len(last.multi_modal_data.mm_placeholders["image"]) == 2  # the question's, the tool's
+
+
+def test_build_tiny_vlm_refuses_a_variant_by_name(tmp_path):
+    """An unknown variant, or one for a family without variants, is refused before
+    anything is written, naming the choices."""
+    with pytest.raises(ValueError, match="no template variant 'v2'; choose one of 8995379"):
+        build_tiny_vlm(tmp_path / "a", "gemma4", variant="v2")
+    with pytest.raises(ValueError, match="qwen2_vl has no variants"):
+        build_tiny_vlm(tmp_path / "b", "qwen2_vl", variant="think")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_variant_checkpoint_carries_that_variants_template(tmp_path):
+    path = build_tiny_vlm(tmp_path / "q", "qwen3_5", variant="qwen3.8")
+    assert (path / "chat_template.jinja").read_text() == chat_template("qwen3_5", "qwen3.8")
+    assert load_renderer(path, image_backend="pil").tokenizer.chat_template == chat_template(
+        "qwen3_5", "qwen3.8"
+    )

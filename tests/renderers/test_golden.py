@@ -483,18 +483,74 @@ def text(value: str) -> dict[str, Any]:
 IMAGE = {"type": "image"}
 
 
-@pytest.mark.parametrize("key", [k for k in RENDERINGS if k.startswith("gemma4@")])
-def test_gemma4_rendition_equals_the_real_revision_on_generated_conversations(tokenizers, key):
-    """Beyond the golden cases: on 60 generated conversations per revision, vf_mm's
-    template writes what the real one writes, or both refuse the conversation (a
-    template error: a tool name that is missing, string arguments at 8995379, ...)."""
+def qwen3_5_conversation(rng: random.Random) -> dict[str, Any]:
+    """A conversation of the shapes Qwen3.5's variants branch on: system text (empty,
+    a string, parts), images and video, reasoning given as a field or in the content,
+    tool calls with arguments of every type (none, an empty mapping), tool results with
+    images, a tool-response-looking user text, and the thinking, preserve_thinking,
+    reasoning_effort and add_vision_id settings."""
+
+    def content() -> Any:
+        if rng.random() < 0.3:
+            return rng.choice(["  Hello  ", "How many?\n", "<tool_response>x</tool_response>"])
+        choices = [IMAGE, {"type": "video"}, text(" count "), text("them\n")]
+        return [rng.choice(choices) for _ in range(rng.randint(1, 3))]
+
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append(
+            {"role": "system", "content": rng.choice(["  You count. ", "", [text(" s ")]])}
+        )
+    for _ in range(rng.randint(1, 3)):
+        messages.append({"role": "user", "content": content()})
+        answer: dict[str, Any] = {"role": "assistant", "content": rng.choice(
+            ["Three.", "  x ", "", "<think>\nr0\n</think>\n\nAns", "<think>r</think>B"])}  # fmt: skip
+        if rng.random() < 0.4:
+            answer["reasoning_content"] = rng.choice(["think", "  r  ", ""])
+        messages.append(answer)
+        if rng.random() < 0.4:
+            answer["tool_calls"] = [
+                {"type": "function", "function": {"name": "zoom", "arguments": rng.choice(
+                    [{k: rng.choice([*VALUES, ""]) for k in rng.sample(["x", "y", "z"], 2)}, {}])}}
+                for _ in range(rng.randint(1, 2))
+            ]  # fmt: skip
+            for _ in answer["tool_calls"]:
+                messages.append(
+                    {"role": "tool", "content": rng.choice(["done", [text("ok"), IMAGE]])}
+                )
+    if rng.random() < 0.6:
+        messages.append({"role": "user", "content": content()})
+    options: dict[str, Any] = {}
+    for name, values, chance in (("enable_thinking", [True, False], 0.6),
+                                 ("preserve_thinking", [True, False], 0.3),
+                                 ("reasoning_effort", ["xhigh", "medium", "low", "odd"], 0.3),
+                                 ("add_vision_id", [True], 0.1)):  # fmt: skip
+        if rng.random() < chance:
+            options[name] = rng.choice(values)
+    return {"messages": messages, "tools": TOOLS if rng.random() < 0.4 else None,
+            "template_kwargs": options, "add_generation_prompt": rng.random() < 0.8}  # fmt: skip
+
+
+TOOLS = [{"type": "function", "function": {"name": "zoom", "description": "Zoom in.",
+          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]  # fmt: skip
+GENERATORS = {"gemma4": gemma4_conversation, "qwen3_5": qwen3_5_conversation}
+
+
+@pytest.mark.parametrize("key", [k for k in RENDERINGS if "@" in k])
+def test_each_variant_equals_its_real_template_on_generated_conversations(tokenizers, key):
+    """Beyond the golden cases: on 60 generated conversations per template variant
+    (Gemma 4's revisions, Qwen3.5's and Qwen3.6/3.8's), vf_mm's template writes what the
+    real one writes, or both refuse the conversation (a template error: a tool name that
+    is missing, string arguments at Gemma 4's 8995379, an image in a Qwen system
+    message, an unknown reasoning effort, ...)."""
+    family, _variant = family_of(key)
     real = template(SOURCES[key]["file"])
     ours = chat_template(*family_of(key))
     tokenizer = tokenizers[key]
     rng = random.Random(key)
     rendered = 0
     for _ in range(60):
-        case = gemma4_conversation(rng)
+        case = GENERATORS[family](rng)
         outcomes = []
         for chat in (real, ours):
             try:

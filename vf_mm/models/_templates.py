@@ -48,7 +48,8 @@ SmolVLM (``HuggingFaceTB/SmolVLM2-*-Instruct``):
   ``reasoning_content`` are not rendered;
 - ``Assistant:`` as the generation prompt (the model writes the space).
 
-Qwen3.5 (``Qwen/Qwen3.5-0.8B``):
+Qwen3.5 (``Qwen/Qwen3.5-0.8B``; and as variants, the larger Qwen3.5 checkpoints',
+Qwen3.6's and Qwen3.8's templates, which the same processor renders):
 
 - with ``tools``, a system turn listing them as JSON in ``<tools></tools>`` and
   explaining the XML call format (``<tool_call>\\n<function=NAME>\\n<parameter=P>\\n
@@ -64,7 +65,14 @@ Qwen3.5 (``Qwen/Qwen3.5-0.8B``):
   values raw, others as JSON);
 - runs of ``tool`` messages become ``<tool_response>`` blocks in one user turn;
 - ``<|im_start|>assistant\\n`` then ``<think>\\n`` when ``enable_thinking`` is true,
-  else an empty think block, as the generation prompt.
+  else an empty think block, as the generation prompt;
+- variants: ``think`` (Qwen3.5-4B and larger): thinking unless ``enable_thinking`` is
+  false; ``qwen3.6`` (Qwen3.6-27B, 35B-A3B): as ``think``, with ``preserve_thinking``
+  (reasoning kept on every turn) and argument values other than strings as JSON
+  (``true``, ``null``); ``qwen3.8`` (Qwen3.8-27B): as ``qwen3.6`` with reasoning kept on
+  every turn unless ``preserve_thinking`` is false, no reasoning read out of the content,
+  and a system line for ``reasoning_effort`` (``xhigh``, the default, or ``low``; none for
+  ``medium``) whenever thinking is not switched off.
 
 LLaVA-OneVision (``llava-hf/llava-onevision-qwen2-*-ov-hf``):
 
@@ -80,16 +88,16 @@ Gemma 4 (``google/gemma-4-E2B-it`` / ``E4B-it`` at five Hub revisions, and the 2
 checkpoints), one template text per variant (``TEMPLATE_VARIANTS``), differing by the
 two settings at its top:
 
-- ``<bos>``; a system turn ``<|turn>system\n...<turn|>\n`` when thinking is on (it
+- ``<bos>``; a system turn ``<|turn>system\\n...<turn|>\\n`` when thinking is on (it
   opens with ``<|think|>``), tools are given, or the first message is a system or
   developer message (its text trimmed; a list of parts is read as each part's text
   plus a space from 6b7e72c on, and as Python text before it); each tool as
   ``<|tool>declaration:NAME{...}<tool|>`` in Gemma 4's schema dialect (strings between
   ``<|"|>`` quotes, keys sorted and unquoted, types upper-cased; the dialect's details
   changed at b446025 and 6b7e72c);
-- each turn ``<|turn>{role}\n`` ... ``<turn|>\n`` (``model`` for the assistant), text
+- each turn ``<|turn>{role}\\n`` ... ``<turn|>\\n`` (``model`` for the assistant), text
   trimmed, a model turn's ``<|channel>...<channel|>`` blocks removed from its content;
-  images ``<|image|>`` (``\n\n<|image|>\n\n`` at the release revision), audio
+  images ``<|image|>`` (``\\n\\n<|image|>\\n\\n`` at the release revision), audio
   ``<|audio|>``, video ``<|video|>``;
 - calls as ``<|tool_call>call:NAME{key:value,...}<tool_call|>`` (arguments sorted; from
   8995379 on a string of arguments is refused, before it it is written verbatim);
@@ -101,12 +109,12 @@ two settings at its top:
   images, audio and video in a tool message are dropped; from 905e84b on they are
   written after the result); a ``tool`` message after anything else is dropped; the
   model turn stays open after its results (no generation prompt: the model goes on);
-  reasoning is rendered as ``<|channel>thought\n...\n<channel|>`` only for turns after
+  reasoning is rendered as ``<|channel>thought\\n...\\n<channel|>`` only for turns after
   the last user message, and before 8995379 only on turns with tool calls;
 - 8995379 (current): ``null`` for None (``None`` before), ``preserve_thinking``, a
   turn that continues into the next assistant message stays open, and after tool
-  results with thinking on the generation prompt is ``<|channel>thought\n``;
-- 26B / 31B: as 8995379, with an empty thought block (``<|channel>thought\n<channel|>``)
+  results with thinking on the generation prompt is ``<|channel>thought\\n``;
+- 26B / 31B: as 8995379, with an empty thought block (``<|channel>thought\\n<channel|>``)
   after the generation prompt when thinking is off.
 """
 
@@ -297,7 +305,7 @@ SMOLVLM_TEMPLATE = r"""
 {%- endif -%}
 """
 
-QWEN3_5_TEMPLATE = r"""
+_QWEN3_5_BODY = r"""
 {%- set seen = namespace(images=0, videos=0) -%}
 {%- macro show(content, counting, in_system=false) -%}
     {%- if content is string -%}
@@ -326,8 +334,20 @@ QWEN3_5_TEMPLATE = r"""
     {%- endif -%}
 {%- endmacro -%}
 {%- if not messages -%}{{- raise_exception('No messages provided.') -}}{%- endif -%}
+{%- set instructions = '' -%}
+{%- if qwen_version >= 38 and (enable_thinking is undefined or enable_thinking is true) -%}
+    {%- set effort = reasoning_effort | default('xhigh') -%}
+    {%- if effort not in ('xhigh', 'medium', 'low') -%}
+        {{- raise_exception('Unexpected reasoning effort ' ~ reasoning_effort ~ '. Supported types are xhigh (default), medium, and low.') -}}
+    {%- elif effort == 'xhigh' -%}
+        {%- set instructions = 'Reasoning effort is set to xhigh. Please think carefully through the task, validate key assumptions, consider plausible alternatives, and prioritize correctness, consistency, and clarity in the final answer.' -%}
+    {%- elif effort == 'low' -%}
+        {%- set instructions = 'Reasoning effort is set to low. Keep your thinking brief and focused, moving directly to the conclusion without unnecessary elaboration.' -%}
+    {%- endif -%}
+{%- endif -%}
+{%- set lead = instructions + '\n\n' if instructions else '' -%}
 {%- if tools and tools is iterable and tools is not mapping -%}
-    {{- '<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>' -}}
+    {{- '<|im_start|>system\n' + lead + '# Tools\n\nYou have access to the following functions:\n\n<tools>' -}}
     {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
     {{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n'
         '<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n'
@@ -345,7 +365,14 @@ QWEN3_5_TEMPLATE = r"""
     {%- endif -%}
     {{- '<|im_end|>\n' -}}
 {%- elif messages[0].role == 'system' -%}
-    {{- '<|im_start|>system\n' + (show(messages[0].content, false, true) | trim) + '<|im_end|>\n' -}}
+    {%- set system = show(messages[0].content, false, true) | trim -%}
+    {%- if qwen_version < 38 or system -%}
+        {{- '<|im_start|>system\n' + lead + system + '<|im_end|>\n' -}}
+    {%- elif instructions -%}
+        {{- '<|im_start|>system\n' + instructions + '<|im_end|>\n' -}}
+    {%- endif -%}
+{%- elif instructions -%}
+    {{- '<|im_start|>system\n' + instructions + '<|im_end|>\n' -}}
 {%- endif -%}
 {%- set state = namespace(searching=true, last_query=messages|length - 1) -%}
 {%- for message in messages[::-1] -%}
@@ -368,11 +395,16 @@ QWEN3_5_TEMPLATE = r"""
         {%- set thought = '' -%}
         {%- if message.reasoning_content is string -%}
             {%- set thought = message.reasoning_content -%}
-        {%- elif '</think>' in body -%}
+        {%- elif qwen_version < 38 and '</think>' in body -%}
             {%- set thought = body.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') -%}
             {%- set body = body.split('</think>')[-1].lstrip('\n') -%}
         {%- endif -%}
-        {%- if loop.index0 > state.last_query -%}
+        {%- if qwen_version >= 38 -%}
+            {%- set kept = preserve_thinking is undefined or preserve_thinking is true -%}
+        {%- else -%}
+            {%- set kept = qwen_version >= 36 and preserve_thinking is defined and preserve_thinking is true -%}
+        {%- endif -%}
+        {%- if kept or loop.index0 > state.last_query -%}
             {{- '<|im_start|>assistant\n<think>\n' + (thought | trim) + '\n</think>\n\n' + body -}}
         {%- else -%}
             {{- '<|im_start|>assistant\n' + body -}}
@@ -386,10 +418,12 @@ QWEN3_5_TEMPLATE = r"""
                     {{- '\n\n' -}}
                 {%- endif -%}
                 {{- '<tool_call>\n<function=' + fn.name + '>\n' -}}
-                {%- if fn.arguments is defined -%}
+                {%- if fn.arguments is defined and (qwen_version < 38 or fn.arguments != '') -%}
                     {%- for name, value in fn.arguments | items -%}
                         {{- '<parameter=' + name + '>\n' -}}
-                        {%- if value is mapping or (value is sequence and value is not string) -%}
+                        {%- if qwen_version >= 36 and value is not string -%}
+                            {{- value | tojson -}}
+                        {%- elif value is mapping or (value is sequence and value is not string) -%}
                             {{- value | tojson -}}
                         {%- else -%}
                             {{- value | string -}}
@@ -411,13 +445,31 @@ QWEN3_5_TEMPLATE = r"""
 {%- endfor -%}
 {%- if add_generation_prompt -%}
     {{- '<|im_start|>assistant\n' -}}
-    {%- if enable_thinking is defined and enable_thinking is true -%}
-        {{- '<think>\n' -}}
+    {%- if thinks_by_default -%}
+        {%- set open = not (enable_thinking is defined and enable_thinking is false) -%}
     {%- else -%}
-        {{- '<think>\n\n</think>\n\n' -}}
+        {%- set open = enable_thinking is defined and enable_thinking is true -%}
     {%- endif -%}
+    {{- '<think>\n' if open else '<think>\n\n</think>\n\n' -}}
 {%- endif -%}
 """
+
+#: Qwen3.5's template variants: (version, thinking unless switched off): the 0.8B and 2B
+#: checkpoints' (the default), the 4B and larger ones', Qwen3.6's and Qwen3.8's.
+_QWEN3_5_VARIANTS = {"nothink": (35, False), "think": (35, True), "qwen3.6": (36, True),
+                     "qwen3.8": (38, True)}  # fmt: skip
+
+
+def _qwen3_5_template(variant: str) -> str:
+    version, thinks = _QWEN3_5_VARIANTS[variant]
+    settings = (
+        f"{{%- set qwen_version = {version} -%}}"
+        f"{{%- set thinks_by_default = {'true' if thinks else 'false'} -%}}"
+    )
+    return settings + _QWEN3_5_BODY
+
+
+QWEN3_5_TEMPLATE = _qwen3_5_template("nothink")
 
 LLAVA_ONEVISION_TEMPLATE = r"""
 {%- for message in messages -%}
@@ -853,6 +905,7 @@ def _gemma4_template(variant: str) -> str:
 
 #: Each family's template variants, the default first (``build_tiny_vlm(..., variant=)``).
 TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
+    "qwen3_5": {name: _qwen3_5_template(name) for name in _QWEN3_5_VARIANTS},
     "gemma4": {name: _gemma4_template(name) for name in _GEMMA4_VARIANTS},
 }
 

