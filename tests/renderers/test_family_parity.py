@@ -591,3 +591,50 @@ def test_qwen3_8_writes_its_reasoning_effort_unless_thinking_is_off(qwen3_5_vari
     assert "Reasoning effort" not in decode(qwen3_5_variant("qwen3.8", enable_thinking=False))
     with pytest.raises(RenderError, match="Unexpected reasoning effort"):
         qwen3_5_variant("qwen3.8", reasoning_effort="max").render(user)
+
+
+# -- the MoE siblings: Qwen3-VL-MoE (Qwen3-VL-Instruct's template), Qwen3.5-MoE ----------
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    return {f: build_tiny_vlm(root / f, f) for f in ("qwen3_vl_moe", "qwen3_5_moe")}
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_moe_families_match_the_processor(moe, family, seed):
+    """Their processor and vision tower are their dense siblings'; ids, every input and
+    the placeholders equal the processor's on generated conversations (tool results
+    with images, a system message, modes and sizes that force a resize)."""
+    renderer = load_renderer(moe[family], image_backend="pil")
+    processor = load_processor(moe[family], image_backend="pil")
+    messages = conversation("qwen3_5", seed + 3)
+    assert_matches(family, renderer.render(messages), reference(processor, messages), processor)
+
+
+def test_qwen3_vl_instruct_writes_content_verbatim_so_a_new_question_bridges(moe):
+    """Qwen3-VL-Instruct's template writes an assistant's content as it is, ``<think>``
+    and all, and no empty think block: every turn bridges to exactly a full render."""
+    renderer = load_renderer(moe["qwen3_vl_moe"], image_backend="pil")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    new = [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]
+    bridged, full = sampled_turn(renderer, messages, "<think>\ncount\n</think>\n\nThree.", new)
+    assert bridged is not None, dict(renderer.bridge_refusals)
+    assert bridged.token_ids == full.token_ids
+    assert "<think>\ncount\n</think>" in renderer.tokenizer.decode(full.token_ids)
+
+
+def test_qwen3_vl_instruct_refuses_what_it_would_drop(moe):
+    """It writes only a system message that opens the conversation, and only its text."""
+    renderer = load_renderer(moe["qwen3_vl_moe"], image_backend="pil")
+    later = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "?"}]  # fmt: skip
+    with pytest.raises(RenderError, match=r"message 2 \(system\) is not the first message"):
+        renderer.render(later)
+    picture = Image.fromarray(np.zeros((40, 40, 3), dtype=np.uint8))
+    first = [{"role": "system", "content": [{"type": "image", "image": picture}]},
+             {"role": "user", "content": "hi"}]  # fmt: skip
+    with pytest.raises(RenderError, match=r"message 0 \(system\) holds an image"):
+        renderer.render(first)

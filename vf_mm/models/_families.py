@@ -118,6 +118,12 @@ _FAMILIES = {
                      feature_extractor="Gemma4AudioFeatureExtractor",
                      reserved_tokens=("<|image>", "<image|>", "<|image|>", "<|video|>",
                                       "<|audio>", "<audio|>", "<|audio|>")),
+        VisionFamily("qwen3_vl_moe", "Qwen3-VL-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen3VLMoeForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen3-VL-30B-A3B-Instruct", video_inputs=_QWEN_VIDEO),
+        VisionFamily("qwen3_5_moe", "Qwen3.5-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen3_5MoeForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen3.5-35B-A3B", tool_format="xml", video_inputs=_QWEN_VIDEO),
     )
 }  # fmt: skip
 

@@ -12,7 +12,10 @@ Qwen2-VL and Qwen2.5-VL share one format:
   ``tool_calls`` are not rendered (the model writes its calls into its content);
 - ``<|im_start|>assistant\\n`` as the generation prompt.
 
-Qwen3-VL follows Qwen3:
+Qwen3-VL (the default, ``"reasoning"``) follows Qwen3 (a rendition checked against no
+published Qwen3-VL file; ``"instruct"`` is Qwen3-VL-*-Instruct's published template: the
+system text and tools as below, every assistant content verbatim, no reasoning handling,
+no system message but the first, no empty think block):
 
 - no default system turn; with ``tools``, a system turn that lists them as JSON in
   ``<tools></tools>`` and explains the ``<tool_call>`` format;
@@ -248,6 +251,70 @@ QWEN3_VL_TEMPLATE = r"""
         {{- '<think>\n\n</think>\n\n' -}}
     {%- endif -%}
 {%- endif -%}
+"""
+
+# Qwen3-VL-*-Instruct's template as published (no reasoning handling: an assistant's
+# content, ``<think>`` and all, is written verbatim; prefix-preserving).
+QWEN3_VL_INSTRUCT_TEMPLATE = r"""
+{%- set seen = namespace(images=0, videos=0) -%}
+{%- macro text_of(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- else -%}
+        {%- for part in content if 'text' in part -%}{{- part.text -}}{%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro shown(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part.type == 'image' or 'image' in part or 'image_url' in part -%}
+                {%- set seen.images = seen.images + 1 -%}
+                {%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+            {%- elif part.type == 'video' or 'video' in part -%}
+                {%- set seen.videos = seen.videos + 1 -%}
+                {%- if add_vision_id -%}{{- 'Video ' ~ seen.videos ~ ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+            {%- elif 'text' in part -%}
+                {{- part.text -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}
+    {{- '<|im_start|>system\n' -}}
+    {%- if messages[0].role == 'system' -%}{{- text_of(messages[0].content) + '\n\n' -}}{%- endif -%}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n'
+        'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+    {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments '
+        'within <tool_call></tool_call> XML tags:\n<tool_call>\n'
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+    {{- '<|im_start|>system\n' + text_of(messages[0].content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- if message.role == 'user' -%}
+        {{- '<|im_start|>user\n' + shown(message.content) + '<|im_end|>\n' -}}
+    {%- elif message.role == 'assistant' -%}
+        {{- '<|im_start|>assistant\n' + text_of(message.content) -}}
+        {%- for call in message.tool_calls or [] -%}
+            {%- if not loop.first or message.content -%}{{- '\n' -}}{%- endif -%}
+            {%- set fn = call.function if call.function else call -%}
+            {{- '<tool_call>\n{"name": "' + fn.name + '", "arguments": ' -}}
+            {{- fn.arguments if fn.arguments is string else fn.arguments | tojson -}}
+            {{- '}\n</tool_call>' -}}
+        {%- endfor -%}
+        {{- '<|im_end|>\n' -}}
+    {%- elif message.role == 'tool' -%}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+        {{- '\n<tool_response>\n' + shown(message.content) + '\n</tool_response>' -}}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
 """
 
 GEMMA3_TEMPLATE = r"""
@@ -905,7 +972,16 @@ def _gemma4_template(variant: str) -> str:
 
 #: Each family's template variants, the default first (``build_tiny_vlm(..., variant=)``).
 TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
+    # Qwen3-VL: "reasoning" (vf_mm's Qwen3-style rendition, earlier reasoning dropped on a
+    # new query; checked against no published file) stays the default; "instruct" is
+    # Qwen3-VL-*-Instruct's template, golden-checked (Qwen3-VL-MoE's default)
+    "qwen3_vl": {"reasoning": QWEN3_VL_TEMPLATE, "instruct": QWEN3_VL_INSTRUCT_TEMPLATE},
+    "qwen3_vl_moe": {"instruct": QWEN3_VL_INSTRUCT_TEMPLATE, "reasoning": QWEN3_VL_TEMPLATE},
     "qwen3_5": {name: _qwen3_5_template(name) for name in _QWEN3_5_VARIANTS},
+    # the Qwen3.5 / 3.6 MoE checkpoints are the large ones: thinking by default
+    "qwen3_5_moe": {
+        name: _qwen3_5_template(name) for name in ("think", "nothink", "qwen3.6", "qwen3.8")
+    },
     "gemma4": {name: _gemma4_template(name) for name in _GEMMA4_VARIANTS},
 }
 
@@ -937,4 +1013,6 @@ CHAT_TEMPLATES = {
     "llava_onevision": LLAVA_ONEVISION_TEMPLATE,
     "qwen3_5": QWEN3_5_TEMPLATE,
     "gemma4": TEMPLATE_VARIANTS["gemma4"]["8995379"],
+    "qwen3_vl_moe": QWEN3_VL_INSTRUCT_TEMPLATE,
+    "qwen3_5_moe": TEMPLATE_VARIANTS["qwen3_5_moe"]["think"],
 }

@@ -43,6 +43,8 @@ Family = Literal[
     "smolvlm",
     "llava_onevision",
     "gemma4",
+    "qwen3_vl_moe",
+    "qwen3_5_moe",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -52,7 +54,12 @@ _PIXELS = {
     "qwen2_5_vl": dict(patch_size=14, min_tokens=4, max_tokens=256),
     "qwen3_vl": dict(patch_size=16, min_tokens=4, max_tokens=256),
     "qwen3_5": dict(patch_size=16, min_tokens=4, max_tokens=256),
+    "qwen3_vl_moe": dict(patch_size=16, min_tokens=4, max_tokens=256),
+    "qwen3_5_moe": dict(patch_size=16, min_tokens=4, max_tokens=256),
 }
+# the families built as Qwen3-VL's and Qwen3.5's (their MoE siblings share processor,
+# vision tower and template; only the text stack's MLPs differ)
+_QWEN3 = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe")
 
 TEXT_SHAPE = dict(
     hidden_size=128,
@@ -108,7 +115,7 @@ def build_tiny_vlm(
 
 
 def _build_qwen(path: Path, family: str, vocab: str, seed: int, template: str) -> Path:
-    if family == "qwen3_5":
+    if family in ("qwen3_5", "qwen3_5_moe"):
         tokenizer = qwen3_5_tokenizer()
     else:
         tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
@@ -122,11 +129,11 @@ def _build_qwen(path: Path, family: str, vocab: str, seed: int, template: str) -
         temporal_patch_size=2,
         size={"shortest_edge": px["min_tokens"] * unit, "longest_edge": px["max_tokens"] * unit},
     )
-    if family in ("qwen3_vl", "qwen3_5"):
+    if family in _QWEN3:
         image_kwargs.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     image_processor_class(family)(**image_kwargs).save_pretrained(path)
     _write_processor_config(path, family)
-    if family in ("qwen3_vl", "qwen3_5"):
+    if family in _QWEN3:
         # the real Qwen3-VL and Qwen3.5 ship a video processor config (without one,
         # transformers would pick Qwen2-VL's video processor from the image config);
         # Qwen2-VL and Qwen2.5-VL ship none and take the image config's settings
@@ -374,7 +381,7 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
             spatial_merge_size=2, temporal_patch_size=2, window_size=112,
             out_hidden_size=text["hidden_size"], fullatt_block_indexes=[1],
         )  # fmt: skip
-    elif family == "qwen3_5":
+    elif family in ("qwen3_5", "qwen3_5_moe"):
         # a hybrid stack, as the real one: a Gated DeltaNet (linear attention) layer and a
         # full-attention layer; rotary on a quarter of each head (16 of 32 dims: 8 pairs);
         # DeltaNet heads of 64 (vLLM's CPU kernel takes no smaller)
@@ -398,6 +405,11 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
             spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
             num_position_embeddings=64, deepstack_visual_indexes=[0],
         )  # fmt: skip
+    if family == "qwen3_5_moe":  # experts beside a shared expert in every layer
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                    shared_expert_intermediate_size=64)  # fmt: skip
+    elif family == "qwen3_vl_moe":  # experts in place of the MLP in every layer
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
     return AutoConfig.for_model(
         family, text_config=text, vision_config=vision, tie_word_embeddings=False, **ids
     )

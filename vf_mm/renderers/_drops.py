@@ -4,7 +4,8 @@ Some real templates drop content without a word: Gemma 4's at b446025 and 6b7e72
 only the text of a tool result (its images vanish), and from b446025 on a ``tool``
 message that does not follow an assistant's tool call is not written at all; Gemma 3's
 and Gemma 4's write no image of a system message; Gemma 4's before 6b7e72c write a system
-message given as a list of parts as Python text (``[{'type': 'text', ...}]``). A
+message given as a list of parts as Python text (``[{'type': 'text', ...}]``);
+Qwen3-VL-Instruct's writes no system message but the first. A
 renderer that passed such a conversation through would train on a prompt that lacks
 what the data holds. So each template is probed once, when the renderer loads, with
 conversations holding a sentinel text and an image in each of those places, and what it
@@ -37,13 +38,15 @@ class TemplateDrops:
     ``system_images``: an image in the (first) system message gets none;
     ``tool_without_call``: a tool message after a user message is not written, while
     one after an assistant's tool call is; ``system_parts_as_python``: a system message
-    given as a list of parts is written as Python text.
+    given as a list of parts is written as Python text; ``later_system``: a system
+    message after the first message is not written (Qwen3-VL-Instruct's).
     """
 
     tool_images: bool | None = None
     system_images: bool | None = None
     tool_without_call: bool = False
     system_parts_as_python: bool = False
+    later_system: bool = False
 
 
 def probe_drops(
@@ -70,6 +73,7 @@ def probe_drops(
     after_call = attempt([_USER, called, {**answer, "content": _TEXT}])
     after_user = attempt([_USER, {**answer, "content": _TEXT}])
     system = attempt([{"role": "system", "content": [text]}, _USER])
+    later = attempt([_USER, {"role": "system", "content": _TEXT}, _USER])
     tool_images = system_images = None
     if placeholder is not None:
         tool = attempt([_USER, called, {**answer, "content": [image, text]}])
@@ -88,6 +92,7 @@ def probe_drops(
             and _TEXT not in after_user
         ),
         system_parts_as_python=system is not None and f"'text': '{_TEXT}'" in system,
+        later_system=later is not None and _TEXT not in later,
     )
 
 
@@ -123,6 +128,12 @@ def refuse_dropped(
                     "drops (it writes no placeholder for it): vf_mm refuses rather than lose "
                     "it; put it in a user message"
                 )
+        if role == "system" and i > 0 and drops.later_system:
+            raise RenderError(
+                f"{where} is not the first message, and the chat template of {name} writes "
+                "only a system message that opens the conversation (this one would be "
+                "dropped): move its text into the first system message or a user message"
+            )
         if role == "tool":
             if drops.tool_without_call and follows_call is False:
                 raise RenderError(

@@ -443,6 +443,41 @@ QWEN3_5_VARIANT_CASES = [
 ]
 
 
+# Qwen3-VL-Instruct: the Qwen2-VL conversations (the same ChatML, but no default system
+# turn, tools in the system turn, tool results in <tool_response> user turns) and what
+# it leaves out: a system message's images, a system message after the first,
+# reasoning_content.
+QWEN3_VL_INSTRUCT_CASES = [
+    *qwen2_cases(upstream=False),
+    case(
+        "tools_calls_and_tool_results",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {
+                "role": "assistant",
+                "content": "Zooming.",
+                "reasoning_content": "ignored",
+                "tool_calls": [call("zoom", {"x": 1, "y": 2}), call("zoom", '{"x": 3}')],
+            },
+            {"role": "tool", "content": [IMAGE, text("zoomed")]},
+            {"role": "tool", "content": "second result"},
+        ],
+        tools=TOOLS,
+    ),
+    case(
+        "system_image_and_a_later_system_message",
+        [
+            {"role": "system", "content": [text("Reference: "), IMAGE]},
+            {"role": "user", "content": [text("Compare"), IMAGE]},
+            {"role": "assistant", "content": "Same."},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Sure?"},
+        ],
+    ),
+]
+
+
 GEMMA4_TOOLS = [
     TOOLS[0],
     {
@@ -631,6 +666,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "gemma3": GEMMA3_CASES,
     "smolvlm": SMOLVLM_CASES,
     "llava_onevision": LLAVA_ONEVISION_CASES,
+    "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
     **{f"qwen3_5@{variant}": QWEN3_5_VARIANT_CASES
        for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
