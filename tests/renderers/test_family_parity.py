@@ -27,7 +27,7 @@ from vf_mm.errors import RenderError
 from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
 from vf_mm.renderers import load_renderer
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4")
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
 MODES = ("RGB", "L", "RGBA", "P", "LA")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
@@ -95,13 +95,13 @@ def family(request) -> str:
 
 def reference(processor: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
     """The processor's own output. SmolVLM's and LLaVA-OneVision's ``apply_chat_template``
-    need a video processor (torchvision), so for them the same two steps are taken by
-    hand: the chat template (string content as one text part, as vf_mm gives it), then
-    the processor. LLaVA-OneVision's images go to the processor as a flat list: every
+    need a video processor (torchvision), and LLaVA-NeXT's template reads only lists of
+    parts, so for them the same two steps are taken by hand: the chat template (string
+    content as one text part, as vf_mm gives it), then the processor. LLaVA-OneVision's images go to the processor as a flat list: every
     image in single-image (anyres) mode, which is what vLLM computes (given as one
     sample's list, transformers switches a multi-image prompt to its multi-image mode)."""
     name = type(processor).__name__
-    if name.startswith(("SmolVLM", "LlavaOnevision")):
+    if name.startswith(("SmolVLM", "LlavaOnevision", "LlavaNext")):
         flat = name.startswith("LlavaOnevision")
         return by_hand(processor, messages, flat=flat, **kwargs.get("processor_kwargs", {}))
     return processor.apply_chat_template(
@@ -306,9 +306,10 @@ def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
     assert stable == (not renderer.bridge_refusals)
 
 
-# SmolVLM's generation prompt is "Assistant:" and its history "Assistant: " + content:
-# the model writes the space, and a completion that does not is not bridged.
-SAMPLED_LEAD = {"smolvlm": " "}
+# SmolVLM's generation prompt is "Assistant:" and its history "Assistant: " + content,
+# LLaVA-NeXT's " [/INST]" and " " + content: the model writes the space, and a
+# completion that does not is not bridged.
+SAMPLED_LEAD = {"smolvlm": " ", "llava_next": " "}
 
 # Templates that rewrite earlier turns once a new user query comes: LLaVA-OneVision's
 # generation prompt is "<|im_start|>assistant\n", its history "<|im_start|>assistant \n"
@@ -389,6 +390,7 @@ def test_a_loaded_qwen3_5_processor_is_told_from_qwen3_vl(tiny):
 @pytest.mark.parametrize(
     ("family", "text"),
     [("gemma3", "look: <image_soft_token>"), ("llava_onevision", "a <video> here"),
+     ("llava_next", "an <image> here"),
      ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here"),
      ("gemma4", "look: <|image>"), ("gemma4", "a <|video|> here"), ("gemma4", "say <|audio|>"),
      ("gemma4", "end <audio|>")],

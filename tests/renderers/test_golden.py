@@ -266,12 +266,13 @@ def renderers() -> dict[tuple[str, str], Any]:
 
 def reference_ids(processor: Any, family: str, messages: list[dict[str, Any]], case: dict) -> list:
     """The processor's token ids with images expanded. SmolVLM's and LLaVA-OneVision's
-    ``apply_chat_template`` need a video processor (torchvision, absent here), so for them
-    the same two steps are taken by hand: the real template, then the processor (LLaVA-
+    ``apply_chat_template`` need a video processor (torchvision, absent here), and
+    LLaVA-NeXT's template reads only lists of parts, so for them the same two steps are
+    taken by hand: the real template, then the processor (LLaVA-
     OneVision's images as one flat list: each in single-image mode, as vLLM computes)."""
     kwargs = dict(tools=case.get("tools"), add_generation_prompt=case["add_generation_prompt"])
     kwargs.update(case.get("template_kwargs", {}))
-    if family_of(family)[0] not in ("smolvlm", "llava_onevision"):
+    if family_of(family)[0] not in ("smolvlm", "llava_onevision", "llava_next"):
         out = processor.apply_chat_template(
             messages, tokenize=True, return_dict=True, return_tensors="np", **kwargs
         )
@@ -292,13 +293,26 @@ def reference_ids(processor: Any, family: str, messages: list[dict[str, Any]], c
 
 
 # What the renderer refuses under a real template, because the template would lose it
-# (``vf_mm.renderers._drops``): (golden key, case) -> what the refusal says.
+# (``vf_mm.renderers._drops``): (golden key, case) -> (what the refusal says, what the
+# golden string lacks: "images" when it holds fewer image placeholders than the case has
+# images, "python" when it holds Python text, else a text the case gives).
 REFUSED = {
-    ("gemma4@4742fe8", "system_parts"): "as Python text",
-    ("gemma4@b446025", "system_parts"): "as Python text",
-    ("gemma4@b446025", "tool_result_with_images_then_answer"): "drops from tool results",
-    ("gemma4@6b7e72c", "tool_result_with_images_then_answer"): "drops from tool results",
-    ("qwen3_vl@instruct", "system_image_and_a_later_system_message"): r"message 0 \(system\) holds",
+    ("gemma4@4742fe8", "system_parts"): ("as Python text", "python"),
+    ("gemma4@b446025", "system_parts"): ("as Python text", "python"),
+    ("gemma4@b446025", "tool_result_with_images_then_answer"): (
+        "drops from tool results",
+        "images",
+    ),
+    ("gemma4@6b7e72c", "tool_result_with_images_then_answer"): (
+        "drops from tool results",
+        "images",
+    ),
+    ("qwen3_vl@instruct", "system_image_and_a_later_system_message"): (
+        r"message 0 \(system\) holds",
+        "images",
+    ),
+    ("llava_next", "system_image_dropped"): (r"message 0 \(system\) holds", "images"),
+    ("llava_next", "assistant_parts_after_the_first_dropped"): ("only the first part", "Dropped."),
 }
 
 
@@ -326,12 +340,18 @@ def test_renderer_ids_equal_the_processor_with_the_real_template(
     messages = with_images(case["messages"], seed=len(case["name"]))
     refused = REFUSED.get((family, case["name"]))
     if refused is not None:
-        with pytest.raises(RenderError, match=refused):
+        reason, lost = refused
+        with pytest.raises(RenderError, match=reason):
             renderer.render(messages, tools=case.get("tools"),
                             add_generation_prompt=case["add_generation_prompt"])  # fmt: skip
-        # and the real template does lose it: Python text, or fewer images than given
-        shown = case["text"].count(renderer.vision.image_token)
-        assert "[{'type'" in case["text"] or shown < image_parts(case["messages"])
+        # and the real template does lose it
+        if lost == "images":
+            shown = case["text"].count(renderer.vision.image_token)
+            assert shown < image_parts(case["messages"])
+        elif lost == "python":
+            assert "[{'type'" in case["text"]
+        else:
+            assert lost in json.dumps(case["messages"]) and lost not in case["text"]
         return
     rendered = renderer.render(
         messages, tools=case.get("tools"), add_generation_prompt=case["add_generation_prompt"]

@@ -124,6 +124,10 @@ _FAMILIES = {
         VisionFamily("qwen3_5_moe", "Qwen3.5-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3_5MoeForConditionalGeneration", "mm_token_type_ids",
                      "Qwen/Qwen3.5-35B-A3B", tool_format="xml", video_inputs=_QWEN_VIDEO),
+        VisionFamily("llava_next", "LLaVA-NeXT", "LlavaNextProcessor", "LlavaNextImageProcessor",
+                     "LlavaNextForConditionalGeneration", None,
+                     "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1,
+                     content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
     )
 }  # fmt: skip
 

@@ -551,6 +551,27 @@ LLAVA_ONEVISION_TEMPLATE = r"""
 {%- endif -%}
 """
 
+# LLaVA-NeXT (llava-hf/llava-v1.6-mistral-7b-hf): Mistral's [INST] format; a message's
+# images before its text; no generation prompt (the model writes " " and its answer after
+# " [/INST]"); the system text and an assistant's text are their first part's.
+LLAVA_NEXT_TEMPLATE = r"""
+{%- for message in messages -%}
+    {%- if message['role'] == 'system' -%}
+        {{- '<<SYS>>\n' + message['content'][0]['text'] + '\n<</SYS>>\n\n' -}}
+    {%- elif message['role'] == 'user' -%}
+        {{- '[INST] ' -}}
+        {%- for part in message['content'] if part['type'] == 'image' -%}{{- '<image>\n' -}}{%- endfor -%}
+        {%- for part in message['content'] if part['type'] == 'text' -%}{{- part['text'] -}}{%- endfor -%}
+        {{- ' [/INST]' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- ' ' + message['content'][0]['text'] + '</s> ' -}}
+    {%- else -%}
+        {{- raise_exception('Only user and assistant roles are supported!') -}}
+    {%- endif -%}
+{%- endfor -%}
+"""
+
+
 # Gemma 4: one Jinja body, two settings per variant (see the module docstring).
 _GEMMA4_BODY = r"""
 {#- vf_mm's Gemma 4 chat template: what google/gemma-4-*-it render at the revision set
@@ -1015,4 +1036,5 @@ CHAT_TEMPLATES = {
     "gemma4": TEMPLATE_VARIANTS["gemma4"]["8995379"],
     "qwen3_vl_moe": QWEN3_VL_INSTRUCT_TEMPLATE,
     "qwen3_5_moe": TEMPLATE_VARIANTS["qwen3_5_moe"]["think"],
+    "llava_next": LLAVA_NEXT_TEMPLATE,
 }

@@ -27,6 +27,7 @@ from vf_mm.models._templates import CHAT_TEMPLATES, TEMPLATE_VARIANTS, chat_temp
 from vf_mm.models._vocab import (
     gemma4_tokenizer,
     gemma_tokenizer,
+    llava_next_tokenizer,
     llava_onevision_tokenizer,
     qwen3_5_tokenizer,
     qwen_tokenizer,
@@ -45,6 +46,7 @@ Family = Literal[
     "gemma4",
     "qwen3_vl_moe",
     "qwen3_5_moe",
+    "llava_next",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -111,6 +113,8 @@ def build_tiny_vlm(
         return _build_llava_onevision(path, seed)
     if family == "gemma4":
         return _build_gemma4(path, seed, template, variant or "8995379")
+    if family == "llava_next":
+        return _build_llava_next(path, seed)
     return _build_qwen(path, family, vocab, seed, template)
 
 
@@ -486,4 +490,45 @@ def _build_gemma4(path: Path, seed: int, template: str, variant: str) -> Path:
     config = Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **ids)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<eos>", "<turn|>", "<|tool_response>")]
     _save_model(path, config, "gemma4", seed, stops, tokenizer.pad_token_id)
+    return path
+
+
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf): the real processor cuts each image into 336x336
+# tiles (CLIP ViT-L/14: 576 patches each, the CLS token dropped) on a grid chosen from 5
+# pinpoints up to 1008 pixels, plus the whole image resized; the tiny one makes 32x32
+# tiles (patch 8: 16 tokens each) on the same grid shapes scaled to 32 pixels a tile.
+_LLAVA_NEXT = dict(
+    tile=32, patch_size=8, pinpoints=[[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+)
+
+
+def _build_llava_next(path: Path, seed: int) -> Path:
+    from transformers import LlavaNextConfig
+
+    tokenizer = llava_next_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["llava_next"])
+    tile, pins = _LLAVA_NEXT["tile"], _LLAVA_NEXT["pinpoints"]
+    image_processor_class("llava_next")(
+        size={"shortest_edge": tile}, crop_size={"height": tile, "width": tile},
+        image_grid_pinpoints=pins,
+    ).save_pretrained(path)  # fmt: skip
+    _write_processor_config(
+        path, "llava_next", patch_size=_LLAVA_NEXT["patch_size"],
+        vision_feature_select_strategy="default", num_additional_image_tokens=1,
+    )  # fmt: skip
+    text = _text_config(tokenizer, model_type="mistral", sliding_window=None)
+    vision = dict(
+        _SIGLIP, num_hidden_layers=2, model_type="clip_vision_model", image_size=tile,
+        patch_size=_LLAVA_NEXT["patch_size"], projection_dim=64,
+    )  # fmt: skip
+    config = LlavaNextConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=pins,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+        tie_word_embeddings=False,
+    )
+    _save_model(path, config, "llava_next", seed, [tokenizer.eos_token_id], tokenizer.pad_token_id)
     return path

@@ -308,18 +308,42 @@ GEMMA4_SPECIAL_TOKENS = (
 )
 
 
+# LLaVA-NeXT (Mistral)'s specials, in its order (the real ids: <unk> 0, <s> 1, </s> 2,
+# <image> 32000); <unk> pads.
+LLAVA_NEXT_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<image>")
+
+
+def llava_next_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Mistral-style tokenizer (SentencePiece-style BPE as ``gemma_tokenizer``'s,
+    with Llama/Mistral's ``<s>``, ``</s>``, ``<unk>`` and LLaVA's ``<image>``)."""
+    return gemma_tokenizer(
+        vocab_size,
+        specials=LLAVA_NEXT_SPECIAL_TOKENS,
+        named={"image_token": "<image>"},
+        bos="<s>",
+        eos="</s>",
+        pad="<unk>",
+        unk="<unk>",
+    )
+
+
 def gemma_tokenizer(
     vocab_size: int = 2000,
     *,
     specials: tuple[str, ...] = GEMMA3_SPECIAL_TOKENS,
     named: dict[str, str] | None = None,
+    bos: str = "<bos>",
+    eos: str = "<eos>",
+    pad: str = "<pad>",
+    unk: str = "<unk>",
 ) -> Any:
     """A small Gemma-style tokenizer, built offline (see the module docstring).
 
     Its named tokens are ``bos``/``eos``/``pad``/``unk`` and ``named`` (by default Gemma
     3's: the ``image_token`` (``<image_soft_token>``), ``boi_token``
     (``<start_of_image>``) and ``eoi_token`` (``<end_of_image>``) attributes the Gemma 3
-    processor reads); ``specials`` are the added special tokens, in order.
+    processor reads); ``specials`` are the added special tokens, in order; ``bos``,
+    ``eos``, ``pad`` and ``unk`` name four of them.
     """
     from tokenizers import (
         AddedToken,
@@ -364,10 +388,10 @@ def gemma_tokenizer(
     bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token=unk,
         extra_special_tokens=dict(GEMMA3_NAMED_TOKENS if named is None else named),
     )
 

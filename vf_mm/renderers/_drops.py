@@ -5,7 +5,8 @@ only the text of a tool result (its images vanish), and from b446025 on a ``tool
 message that does not follow an assistant's tool call is not written at all; Gemma 3's
 and Gemma 4's write no image of a system message; Gemma 4's before 6b7e72c write a system
 message given as a list of parts as Python text (``[{'type': 'text', ...}]``);
-Qwen3-VL-Instruct's writes no system message but the first. A
+Qwen3-VL-Instruct's writes no system message but the first; Gemma 3's and LLaVA-NeXT's
+write only the first part of a system (LLaVA-NeXT: and assistant) message. A
 renderer that passed such a conversation through would train on a prompt that lacks
 what the data holds. So each template is probed once, when the renderer loads, with
 conversations holding a sentinel text and an image in each of those places, and what it
@@ -39,7 +40,9 @@ class TemplateDrops:
     ``tool_without_call``: a tool message after a user message is not written, while
     one after an assistant's tool call is; ``system_parts_as_python``: a system message
     given as a list of parts is written as Python text; ``later_system``: a system
-    message after the first message is not written (Qwen3-VL-Instruct's).
+    message after the first message is not written (Qwen3-VL-Instruct's);
+    ``first_part_only``: the roles whose messages are written from their first part
+    alone (Gemma 3's system message, LLaVA-NeXT's system and assistant messages).
     """
 
     tool_images: bool | None = None
@@ -47,6 +50,7 @@ class TemplateDrops:
     tool_without_call: bool = False
     system_parts_as_python: bool = False
     later_system: bool = False
+    first_part_only: frozenset[str] = frozenset()
 
 
 def probe_drops(
@@ -74,6 +78,15 @@ def probe_drops(
     after_user = attempt([_USER, {**answer, "content": _TEXT}])
     system = attempt([{"role": "system", "content": [text]}, _USER])
     later = attempt([_USER, {"role": "system", "content": _TEXT}, _USER])
+    second = {"type": "text", "text": _TEXT + " second"}
+    first_only = set()
+    for role, messages in (
+        ("system", [{"role": "system", "content": [text, second]}, _USER]),
+        ("assistant", [_USER, {"role": "assistant", "content": [text, second]}, _USER]),
+    ):
+        out = attempt(messages)
+        if out is not None and _TEXT in out and second["text"] not in out:
+            first_only.add(role)
     tool_images = system_images = None
     if placeholder is not None:
         tool = attempt([_USER, called, {**answer, "content": [image, text]}])
@@ -93,6 +106,7 @@ def probe_drops(
         ),
         system_parts_as_python=system is not None and f"'text': '{_TEXT}'" in system,
         later_system=later is not None and _TEXT not in later,
+        first_part_only=frozenset(first_only),
     )
 
 
@@ -128,6 +142,12 @@ def refuse_dropped(
                     "drops (it writes no placeholder for it): vf_mm refuses rather than lose "
                     "it; put it in a user message"
                 )
+        if role in drops.first_part_only and isinstance(content, list) and len(content) > 1:
+            raise RenderError(
+                f"{where} has {len(content)} parts, and the chat template of {name} writes "
+                f"only the first part of a {role} message (the rest would be dropped): give "
+                "it one text part"
+            )
         if role == "system" and i > 0 and drops.later_system:
             raise RenderError(
                 f"{where} is not the first message, and the chat template of {name} writes "

@@ -478,6 +478,49 @@ QWEN3_VL_INSTRUCT_CASES = [
 ]
 
 
+LLAVA_NEXT_CASES = [
+    case("text_only", [{"role": "user", "content": [text("Hello there, how many?")]}]),
+    case(
+        "system_and_images_after_text",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [text("How many circles?"), IMAGE, text(" Now."), IMAGE]},
+        ],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": [text("There are 3 circles.")]},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "assistant_parts_after_the_first_dropped",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three."), text(" Dropped.")]},
+            {"role": "user", "content": [text("Sure?")]},
+        ],
+    ),
+    case(
+        "system_image_dropped",
+        [
+            {"role": "system", "content": [text("Reference:"), IMAGE]},
+            {"role": "user", "content": [text("Compare."), IMAGE]},
+        ],
+    ),
+]
+
+
 GEMMA4_TOOLS = [
     TOOLS[0],
     {
@@ -667,6 +710,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "smolvlm": SMOLVLM_CASES,
     "llava_onevision": LLAVA_ONEVISION_CASES,
     "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
+    "llava_next": LLAVA_NEXT_CASES,
     **{f"qwen3_5@{variant}": QWEN3_5_VARIANT_CASES
        for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
@@ -682,6 +726,7 @@ VOCAB = {
     "gemma3": "tiny",
     "smolvlm": "tiny",
     "llava_onevision": "tiny",
+    "llava_next": "tiny",
     **{key: "tiny" for key in CASES if "@" in key},
 }
 
