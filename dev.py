@@ -111,6 +111,8 @@ JOBS = {
     "test": [
         [PY, ROOT / "dev.py", "browser"],
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
+        # the docs site and the API reference from the docstrings: a broken link fails
+        [BIN / "mkdocs", "build", "--strict"],  # (--quiet would hide the warnings that fail it)
         [PY, "-m", "pytest", "-q", "-m", OTHER_TIERS],
     ],
     "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"], [PY, "bench/client_overhead.py"]],

@@ -9,7 +9,11 @@ Each step:
      logprobs, group-normalised advantages, pixel_values / image_grid_thw) and packs them
      into micro-batches;
   4. the policy (a separate copy of the model) takes a GRPO step (importance ratio
-     against the sampler's logprobs, clipping);
+     against the sampler's logprobs, clipping); before it, the policy's logprobs of the
+     sampled tokens are compared with the sampler's (``mkl``: the masked k3 mismatch KL,
+     ``max|d|``: the largest logprob difference; ``logprob_mismatch``): the two hold the
+     same weights, so both stay near 0 and a jump means the trainer computes something
+     other than what was sampled;
   5. the new weights go back into the local backend in place, and the trainer commits
      the step's groups: only now may their senders forget them (a trainer that died
      before this point would get them again, and skip any it had committed).
@@ -114,7 +118,8 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
     run_id = f"grpo-tiny-seed{args.seed}"  # group ids: f"{run_id}/{step}/{example_id}"
     rows = env.get_dataset()
     curve = []
-    print(f"{'step':>4} {'reward':>7} {'exact':>6} {'loss':>8} {'kl':>8} {'s':>5}")
+    print(f"{'step':>4} {'reward':>7} {'exact':>6} {'loss':>8} {'kl':>8} {'mkl':>8} "
+          f"{'max|d|':>7} {'s':>5}")  # fmt: skip
     try:
         for step in range(args.steps):
             start = time.perf_counter()
@@ -140,7 +145,7 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
                     if rollout.error is None and rollout.advantage:
                         samples += build_samples(rollout, advantage=rollout.advantage,
                                                  image_token_id=image_token_id)  # fmt: skip
-            stats = {"loss": 0.0, "kl": 0.0}
+            stats = {"loss": 0.0, "kl": 0.0, "mismatch_kl": 0.0, "max_abs_diff": 0.0}
             if samples:
                 policy.train()
                 batches = make_batches(samples, token_budget=8192, pad_token_id=pad_id,
@@ -149,10 +154,12 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
                 optimizer.zero_grad()
                 total = sum(float(b.loss_mask.sum()) for b in batches)
                 for b in batches:
+                    # s holds logprob_mismatch(b, token_logprobs(policy, b)) of this forward
                     loss, s = grpo_loss(policy, b)
                     (loss * s["tokens"] / total).backward()
-                    stats["loss"] += s["loss"] * s["tokens"] / total
-                    stats["kl"] += s["kl"] * s["tokens"] / total
+                    for key in ("loss", "kl", "mismatch_kl"):
+                        stats[key] += s[key] * s["tokens"] / total
+                    stats["max_abs_diff"] = max(stats["max_abs_diff"], s["max_abs_diff"])
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
                 optimizer.step()
                 backend.load_weights(
@@ -167,7 +174,8 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
             }
             curve.append(point)
             print(f"{step:>4} {point['reward']:>7.3f} {point['exact']:>6.2f} {point['loss']:>8.4f} "
-                  f"{point['kl']:>8.4f} {time.perf_counter() - start:>5.1f}", flush=True)  # fmt: skip
+                  f"{point['kl']:>8.4f} {point['mismatch_kl']:>8.1e} {point['max_abs_diff']:>7.4f} "
+                  f"{time.perf_counter() - start:>5.1f}", flush=True)  # fmt: skip
     finally:
         sender.close()
         receiver.close()

@@ -90,9 +90,14 @@ def _home(path: Path) -> str | None:
     return None
 
 
-def _private_reach(name: str, home: str | None) -> bool:
+def _private_reach(name: str, home: str | None, *, library: bool = False) -> bool:
+    """Whether importing ``name`` from ``home`` reaches into another package's private
+    modules. Library code (``library``) may import a sibling's ``_internal`` module: the
+    documented internal tier, what packages share that users need not see."""
     parts = name.split(".")
     if len(parts) < 3:  # vf_mm.x: a top-level module or package, public or the root's own
+        return False
+    if library and parts[2] == "_internal":
         return False
     private = any(p.startswith("_") and not p.startswith("__") for p in parts[2:])
     return private and ".".join(parts[:2]) != home
@@ -104,7 +109,7 @@ def test_no_code_imports_a_private_module_of_another_subpackage():
             f"{path.relative_to(ROOT)}:{line}"
             for path in _python_files("vf_mm", "tests", "bench", "examples", "environments")
             for line, name in _imports(path)
-            if _private_reach(name, _home(path))
+            if _private_reach(name, _home(path), library=path.parts[len(ROOT.parts)] == "vf_mm")
         }
     )
     assert offenders == [], "use the subpackage's public names instead:\n" + "\n".join(offenders)
@@ -123,6 +128,12 @@ def test_no_code_imports_a_private_module_of_another_subpackage():
 )
 def test_what_counts_as_a_private_reach(name, home, reaches):
     assert _private_reach(name, home) is reaches
+
+
+def test_only_library_code_reaches_the_internal_tier():
+    assert not _private_reach("vf_mm.images._internal", "vf_mm.videos", library=True)
+    assert _private_reach("vf_mm.images._internal", "vf_mm.videos")  # a test of videos
+    assert _private_reach("vf_mm.images._source", "vf_mm.videos", library=True)
 
 
 def test_the_architecture_map_names_every_module_and_nothing_else():

@@ -149,3 +149,83 @@ def test_a_model_that_cannot_take_the_environments_media_is_refused_up_front(
     said = " ".join(capsys.readouterr().out.split())
     assert "is a text model, but shapes's prompts hold images" in said
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-S", '{"max_token": 8}'], "-S/--sampling-args: unknown sampling arg 'max_token' "
+         "(did you mean 'max_tokens'?); known: logprobs, max_tokens"),
+        (["-S", '{"max_tokens": "8"}'], "-S/--sampling-args: max_tokens: sampling arg "
+         "max_tokens must be an int, not str ('8')"),
+        (["-S", '{"top_p": 2}'], "-S/--sampling-args: top_p: top_p must be in (0, 1], got 2.0"),
+        (["-S", '{"stop_token_ids": 5}'], "stop_token_ids must be a list of ids, not 5"),
+        (["-n", "0"], "-n/--num-examples must be a number of rows >= 1, or -1 for all of them, "
+         "not 0"),
+        (["-n", "-3"], "-n/--num-examples must be a number of rows >= 1"),
+        (["-r", "0"], "-r/--rollouts-per-example must be >= 1, not 0"),
+        (["-c", "0"], "-c/--max-concurrent must be >= 1, not 0"),
+        (["--workers", "0"], "--workers must be >= 1, not 0"),
+        (["--max-errors", "0"], "--max-errors must be >= 1, not 0"),
+        (["-a", '{"num_example": 2}'], "-a/--env-args: shapes: load_environment takes no "
+         "argument 'num_example' (did you mean 'num_examples'?); it takes: num_examples,"),
+        (["-o", "{file}/run"], "-o/--outdir: {file} is a file, not a directory"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
+    tmp_path, capsys, args, said
+):
+    """-S used to be checked by the first rollout: a traceback, after metadata.json held
+    the bad configuration, and the directory refused the next try."""
+    out, file = tmp_path / "out", tmp_path / "a-file"
+    file.write_text("not a run")
+    args = [a.replace("{file}", str(file)) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "shapes", "-o", str(out), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vf-mm eval: ") and err.count("\n") == 1, err
+    assert said.replace("{file}", str(file)) in err, err
+    assert not out.exists() and file.read_text() == "not a run"
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_run_directory_holding_no_results_is_reused(tmp_path, resume):
+    """What a run that stopped before its first rollout leaves (metadata.json with its
+    configuration, an empty results.jsonl) never blocks the next try, with or without
+    --resume, whatever that configuration was."""
+    from vf_mm.results import ResultsWriter
+
+    out = tmp_path / "run"
+    bad = {"env_id": "shapes", "sampling_args": {"max_token": 8}}
+    ResultsWriter(out, metadata={"config": bad}).close()
+    args = ["eval", "shapes", "-n", "1", "-r", "1", "-o", str(out), "-S", '{"max_tokens": 4}']
+    assert main([*args, *resume]) == 0
+    assert len(read_results(out)) == 1
+    assert read_metadata(out)["config"]["sampling_args"]["max_tokens"] == 4
+
+
+def test_ctrl_c_saves_what_is_done_says_so_in_one_line_and_resume_is_exact(tmp_path):
+    """A real SIGINT once the first rollout is saved (the others wait on a gate): one
+    line, exit 130, the results file intact; --resume then runs only what is missing,
+    and gives what an uninterrupted run gives."""
+    from tests._interrupt import gated_environment, interrupt_at
+
+    module, gate = gated_environment(tmp_path)
+    out = tmp_path / "run"
+    args = ["eval", str(module), "-n", "3", "-r", "1", "-c", "1", "-a",
+            json.dumps({"gate": str(gate)}), "-S", '{"max_tokens": 3}']  # fmt: skip
+    done = interrupt_at([*args, "-o", str(out)], gate.with_suffix(".reached"))
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = f"vf-mm eval: interrupted: 1/3 rollouts saved in {out}; continue with --resume"
+    assert line in done.stderr.splitlines()
+    assert keys(out) == [(0, 0)]
+    first = (out / "results.jsonl").read_text()
+    gate.touch()
+    assert main([*args, "-o", str(out), "--resume"]) == 0
+    assert keys(out) == [(0, 0), (1, 0), (2, 0)]
+    assert (out / "results.jsonl").read_text().startswith(first)  # appended, not rewritten
+    assert main([*args, "-o", str(tmp_path / "whole")]) == 0  # never interrupted
+    said = {(r["example_id"]): r["completion"] for r in read_results(out)}
+    assert said == {(r["example_id"]): r["completion"] for r in read_results(tmp_path / "whole")}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vf_mm.cli import main
-from vf_mm.training import GroupReceiver, read_groups, unpack_group
+from vf_mm.training import GroupReceiver, group_advantages, read_groups, unpack_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = '{"max_tokens": 8}'
@@ -32,6 +32,10 @@ def check_groups(groups):
     assert sorted(g["example_id"] for g in groups) == [0, 1, 2]
     for g in groups:
         assert g["format"] == "vf_mm.group/1"
+        assert g["advantage_method"] == "grpo"  # filled by default: the trainer can use them
+        assert [r["advantage"] for r in g["rollouts"]] == group_advantages(
+            [r["reward"] for r in g["rollouts"]]
+        )
         assert [r["rollout_index"] for r in g["rollouts"]] == [0, 1]
         (h,) = g["images"]  # one picture per example: its tensors once per group
         assert count_key(g, "pixel_values") == 1
@@ -98,6 +102,17 @@ def test_failed_rollouts_are_sent_with_their_error(tmp_path):
         assert len(g["rollouts"]) == 2
         assert all(r["error"]["type"] == "PromptTooLongError" for r in g["rollouts"])
         assert all(r["error"]["where"] == "turn 1: model" for r in g["rollouts"])
+        assert [r["advantage"] for r in g["rollouts"]] == [None, None]  # never NaN
+
+
+def test_advantages_none_leaves_them_to_the_trainer(tmp_path, capsys):
+    path = tmp_path / "groups.vfs"
+    args = ["rollout", "shapes", "-n", "1", "-r", "2", "--stream", str(path), "-S", SAMPLING]
+    assert main([*args, "--advantages", "none"]) == 0
+    (group,) = read_groups(path)
+    assert "advantage_method" not in group
+    assert all("advantage" not in r for r in group["rollouts"])
+    assert "advantages" in capsys.readouterr().out
 
 
 def test_an_unsupported_stream_target_is_a_clear_error(capsys):
@@ -247,3 +262,110 @@ def test_an_image_store_that_cannot_be_one_exits_2(tmp_path, store, capsys):
     reasons = ("cannot be https", "fsspec cannot open", "this process only", "without '//'",
                "names a path under its root", "No such file", "not an empty string")  # fmt: skip
     assert any(why in out for why in reasons), out
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-S", '{"max_tokns": 8}'], "-S/--sampling-args: unknown sampling arg 'max_tokns' "
+         "(did you mean 'max_tokens'?)"),
+        (["-S", '{"temperature": -1}'], "temperature: temperature must be >= 0, got -1"),
+        (["-n", "0"], "-n/--num-examples must be a number of rows >= 1, or -1 for all of them"),
+        (["-r", "0"], "-r/--rollouts-per-example must be >= 1, not 0"),
+        (["-c", "-2"], "-c/--max-concurrent must be >= 1, not -2"),
+        (["--hwm", "0"], "--hwm must be >= 1, not 0"),
+        (["--send-timeout", "0"], "--send-timeout must be a number of seconds > 0, not 0.0"),
+        (["--workers", "0"], "--workers must be >= 1, not 0"),
+        (["-a", '{"difficuly": "easy"}'], "-a/--env-args: shapes: load_environment takes no "
+         "argument 'difficuly' (did you mean 'difficulty'?)"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_exits_2_in_one_line_before_anything_is_written(
+    tmp_path, capsys, args, said
+):
+    path = tmp_path / "groups.vfs"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rollout", "shapes", "--stream", str(path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vf-mm rollout: ") and err.count("\n") == 1 and said in err, err
+    assert not path.exists()
+
+
+def test_ctrl_c_keeps_the_stream_whole_says_so_in_one_line_and_a_rerun_sends_the_same(tmp_path):
+    """A real SIGINT once the first group is written (the others wait on a gate): one
+    line, exit 130, and a stream that holds the whole first group. The same command
+    sends the same groups again, under the same ids (a trainer with a ledger takes each
+    once)."""
+    import json
+
+    from tests._interrupt import gated_environment, interrupt_at
+
+    module, gate = gated_environment(tmp_path)
+    path = tmp_path / "groups.vfs"
+    args = ["rollout", str(module), "-n", "3", "-r", "2", "-c", "1", "-a",
+            json.dumps({"gate": str(gate)}), "-S", SAMPLING]  # fmt: skip
+    done = interrupt_at([*args, "--stream", str(path)], gate.with_suffix(".reached"))
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = (f"vf-mm rollout: interrupted: 1/3 groups written to {path}, each whole; the same "
+            "command writes the file anew, every group under the same group id")  # fmt: skip
+    assert line in done.stderr.splitlines()
+    (first,) = read_groups(path)  # no torn frame after it
+    gate.touch()
+    again = tmp_path / "again.vfs"
+    assert main([*args, "--stream", str(again)]) == 0
+    groups = {g["group_id"]: g for g in read_groups(again)}
+    assert len(groups) == 3
+    same = groups[first["group_id"]]
+    for a, b in zip(first["rollouts"], same["rollouts"], strict=True):
+        assert [list(s["completion_ids"]) for s in a["steps"]] == [
+            list(s["completion_ids"]) for s in b["steps"]
+        ]
+
+
+def test_an_interrupted_rollout_to_a_trainer_says_what_the_same_command_does(monkeypatch, capsys):
+    """To an endpoint, the line says the groups sent and that the same command sends them
+    again under the same ids (Ctrl-C stood in for by the interrupt it becomes)."""
+    import vf_mm.training
+    from vf_mm.training import RolloutProgress
+
+    async def interrupted(env, client, sender, *, on_progress, **options):
+        on_progress(RolloutProgress(total_groups=3, groups=2))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vf_mm.training, "stream_rollouts", interrupted)
+    args = ["rollout", "shapes", "-n", "3", "--stream", "tcp://127.0.0.1:9"]
+    try:
+        code = main([*args, "--send-timeout", "0.5"])
+    except KeyboardInterrupt:  # a failure of this test, not the end of the test run
+        pytest.fail("the interrupt escaped vf-mm's main")
+    assert code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "vf-mm rollout: interrupted: 2/3 groups sent to tcp://127.0.0.1:9; the same command "
+        "sends every group again, under the same group ids (a trainer with a ledger takes "
+        "each once)"
+    )
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_help_describes_the_command_and_says_each_default_once(command, capsys, monkeypatch):
+    """The run options are shared: rollout's help named the openai backend, results that
+    land here and vf-mm merge, none of which it has; and a default in the text was said
+    twice, or said as None."""
+    monkeypatch.setenv("COLUMNS", "10000")  # one line per option
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    options = [line for line in out.splitlines() if line.startswith("  -")]
+    assert len(options) > 20
+    for line in options:
+        assert line.count("default") <= 1 and "(default: None)" not in line, line
+        assert "(default: False)" not in line and "(default: [])" not in line, line
+    if command == "rollout":
+        assert not [line for line in options if "openai" in line or "merge" in line]
+        assert not [line for line in options if "results" in line]
+        text = " ".join(out.split())
+        assert "every group is still packed and sent from here, once" in text
+        assert "their group ids (RUN_ID/EXAMPLE_ID) never collide" in text
+        assert "130 interrupted" in text and "There is no resume" in text

@@ -78,6 +78,13 @@ def test_a_recorded_session_lands_in_dir_as_a_row_and_a_group(checkpoint, tmp_pa
         ]
         assert httpx.post(f"{base}/v1/sessions/agent-1/end").json()["turns"] == 3
         assert httpx.post(f"{base}/v1/sessions/agent-1/end").status_code == 404
+        # a call refused with 400 (a corrupt image) records nothing: no session, no row,
+        # no group (it used to land as an empty one)
+        corrupt = {"role": "user", "content": [{"type": "image_url", "image_url": {
+            "url": "data:image/png;base64,iVBORw0KGgoAAAAA"}}]}  # fmt: skip
+        refused = httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-ID": "agent-3"},
+                             json={"model": str(checkpoint), "messages": [corrupt]})  # fmt: skip
+        assert refused.status_code == 400, refused.text
         # a second session, still open when the server stops: it lands too
         oai.chat.completions.create(model=str(checkpoint), messages=[user(9)], max_tokens=4,
                                     extra_headers={"X-Session-ID": "agent-2"})  # fmt: skip
@@ -119,3 +126,40 @@ def test_serve_arguments_that_do_not_go_together_exit_2(extra, message, checkpoi
 
     assert main(["serve", "--model", str(checkpoint), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_model_embedded_serves_the_embedded_tiny_model_under_that_name(monkeypatch):
+    """``--model embedded``: the embedded tiny model, which clients name ``embedded``."""
+    import asyncio
+
+    import uvicorn
+
+    from vf_mm.cli import main
+
+    answers = []
+
+    def serve(app, **options):  # uvicorn.run, in process: ask the app, then stop
+        async def ask():
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                models = (await http.get("/v1/models")).json()
+                body = {"model": "embedded", "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+                chat = await http.post("/v1/chat/completions", json=body)
+                return models, chat.status_code
+
+        answers.append(asyncio.run(ask()))
+
+    monkeypatch.setattr(uvicorn, "run", serve)
+    assert main(["serve", "--model", "embedded", "--log-level", "warning"]) == 0
+    ((models, status),) = answers
+    assert [m["id"] for m in models["data"]] == ["embedded"] and status == 200
+
+
+def test_model_embedded_next_to_a_folder_of_that_name_is_refused(tmp_path, monkeypatch, capsys):
+    from vf_mm.cli import main
+
+    (tmp_path / "embedded").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--model", "embedded"]) == 2
+    assert "write ./embedded to serve that folder" in capsys.readouterr().err

@@ -17,8 +17,13 @@ from vf_mm.testing import ScriptedBackend, ScriptedChatBackend, build_tiny_vlm
 
 
 @pytest.fixture(scope="module")
-def renderer(tmp_path_factory):
-    return load_renderer(build_tiny_vlm(tmp_path_factory.mktemp("client") / "m", "qwen2_5_vl"))
+def model_dir(tmp_path_factory):
+    return build_tiny_vlm(tmp_path_factory.mktemp("client") / "m", "qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def renderer(model_dir):
+    return load_renderer(model_dir)
 
 
 def image(seed):
@@ -201,3 +206,163 @@ def test_a_renderer_with_the_core_bridge_signature_works_alone_and_in_a_pool(ren
     client = RendererClient(ScriptedBackend(renderer, ["left", "up"]), used)
     _, _, outs = rollout(client, 3)
     assert [o.bridged for o in outs] == [False, True, True] and core.bridged == 2
+
+
+# -- tokens the family reserves for images and videos -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def family_renderers(tmp_path_factory):
+    """Every family the project renders, one tiny checkpoint each (PIL image processing)."""
+    from vf_mm.models import VISION_FAMILIES
+
+    root = tmp_path_factory.mktemp("families")
+    return {
+        f: load_renderer(build_tiny_vlm(root / f, f), image_backend="pil") for f in VISION_FAMILIES
+    }
+
+
+def reserved_token(renderer):
+    """The literal a model of this family may sample by mistake: its video placeholder
+    (a random SmolVLM wrote <video>, a Qwen3-VL run sampled <|video_pad|>), else its
+    image one."""
+    placeholders = renderer.vision.placeholders
+    return placeholders.get("video", placeholders["image"])
+
+
+def ask(text="What now?"):
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "smolvlm", "llava_onevision"],
+)
+def test_a_sampled_reserved_token_fails_its_turn_naming_token_turn_and_reason(
+    family_renderers, family
+):
+    """A completion holding the family's placeholder (a backend that ignored the ban, a
+    scripted or recorded reply) fails the turn that sampled it, naming the token, the turn
+    and why; no later turn is rendered, so none crashes on it or trains on it."""
+    from vf_mm.errors import ReservedTokenError
+
+    renderer = family_renderers[family]
+    token = reserved_token(renderer)
+    backend = ScriptedBackend(renderer, ["Two circles.", f"I see {token} here"])
+    client = RendererClient(backend, renderer)
+
+    async def main():
+        messages, trajectory = [ask()], []
+        first = await client.generate(messages, trajectory=trajectory)
+        trajectory.append(first.step(messages))
+        messages = [*messages, first.message, ask("And now?")]
+        return await client.generate(messages, trajectory=trajectory)
+
+    with pytest.raises(ReservedTokenError) as caught:
+        asyncio.run(main())
+    message = str(caught.value)
+    assert caught.value.token == token
+    assert message.startswith("turn 2: ") and f"sampled {token}" in message
+    assert "ignored the ban" in message and renderer.vision.family_label in message
+    assert len(backend.requests) == 2  # nothing was asked after the refused turn
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "smolvlm", "llava_onevision"],
+)
+def test_every_request_bans_the_familys_image_and_video_tokens(family_renderers, family):
+    renderer = family_renderers[family]
+    backend = ScriptedBackend(renderer, ["ok"])
+    asyncio.run(RendererClient(backend, renderer).generate([ask()]))
+    banned = set(backend.requests[0].banned_token_ids)
+    tokens = set(renderer.tokenizer.convert_ids_to_tokens(sorted(banned)))
+    assert set(renderer.vision.placeholders.values()) <= tokens
+    assert renderer.vision.reserved_token_ids <= banned
+    markers = {
+        "qwen2_vl": {"<|vision_start|>", "<|vision_end|>"},
+        "gemma3": {"<end_of_image>", "<image_soft_token>"},
+        "smolvlm": {"<fake_token_around_image>", "<global-img>", "<row_1_col_1>"},
+        "llava_onevision": set(),
+    }.get(family, {"<|vision_start|>", "<|vision_end|>"})
+    assert markers <= tokens
+    assert not banned & set(renderer.stop_token_ids)  # the turn can still end
+
+
+def test_a_completion_spelling_a_placeholder_in_ordinary_tokens_fails_its_turn(renderer):
+    """Ordinary tokens can spell <|video_pad|> without sampling its id: the bridge keeps
+    the ids, but any render of the history would read the text as a video placeholder."""
+    from vf_mm.errors import ReservedTokenError
+    from vf_mm.inference import GenerateResult, Usage
+
+    tokenizer = renderer.tokenizer
+    pieces = [tokenizer("<|video", add_special_tokens=False)["input_ids"],
+              tokenizer("_pad|>", add_special_tokens=False)["input_ids"]]  # fmt: skip
+    ids = [*pieces[0], *pieces[1], renderer.stop_token_ids[0]]
+    assert not set(ids) & renderer.vision.banned_token_ids
+    assert tokenizer.decode(ids[:-1]) == "<|video_pad|>"
+
+    class Spelling:
+        name, max_model_len = "spelling", None
+
+        async def generate(self, request):
+            return GenerateResult(ids, [-0.5] * len(ids), "stop", Usage(1, len(ids)))
+
+        async def aclose(self):
+            return None
+
+    client = RendererClient(Spelling(), renderer)
+    with pytest.raises(
+        ReservedTokenError, match=r"^turn 1: the completion's text spells <\|video_pad\|>"
+    ):
+        asyncio.run(client.generate([ask()]))
+
+
+# -- make_client: the one-call factory ------------------------------------------------
+
+
+def test_make_client_builds_the_embedded_local_client_and_closes_it():
+    import vf_mm as vf
+    from vf_mm.inference import LocalBackend
+    from vf_mm.renderers import RendererPool
+
+    async def main():
+        async with vf.make_client(renderers=1) as client:
+            assert isinstance(client.backend, LocalBackend)
+            assert isinstance(client.renderer, RendererPool)
+            turn = await client.generate([user(0)], sampling=SamplingParams(max_tokens=3))
+            assert turn.tokens is not None and len(turn.tokens.completion_ids) <= 3
+
+    asyncio.run(main())
+
+
+def test_make_client_takes_a_backend_object_and_renders_for_it(renderer, model_dir):
+    import vf_mm as vf
+
+    backend = ScriptedBackend(renderer, ["ok"])
+    client = vf.make_client(model_dir, backend=backend, renderers=1)
+    assert client.backend is backend and client.token_level
+    chat = vf.make_client("gpt-x", backend=ScriptedChatBackend(["hi"]))
+    assert chat.renderer is None and not chat.token_level
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"backend": "vlm"}, "backend must be one of local, vllm, openai"),
+        ({"backend": "vllm"}, "needs model="),
+        ({"model": "m", "backend": "local", "base_url": "http://x"}, "base_url is for"),
+    ],
+)
+def test_make_client_refuses_arguments_that_do_not_go_together(kwargs, match):
+    import vf_mm as vf
+
+    with pytest.raises(ValueError, match=match):
+        vf.make_client(**kwargs)
+
+
+def test_make_client_vllm_needs_a_server(model_dir):
+    import vf_mm as vf
+
+    with pytest.raises(ValueError, match="needs base_url="):
+        vf.make_client(model_dir, backend="vllm", renderers=1)

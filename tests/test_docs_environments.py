@@ -43,21 +43,30 @@ def run_command(line: str, where: str, cwd: Path) -> None:
         raise AssertionError(f"{where}: {line!r} is not a command this test can run")
 
 
-def test_every_block_of_the_environments_guide_runs(tmp_path, monkeypatch):
+def run_guide(guide: Path, tmp_path: Path, monkeypatch) -> list[tuple[str, str, int]]:
+    """Run every python and bash block of ``guide`` in order, in ``tmp_path`` (``text``
+    blocks are diagrams, not run); returns the blocks found. Shared by every guide's
+    test (docs/training.md's too)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VF_MM_ENV_PATH", str(REPO / "environments"))
-    found = blocks(GUIDE.read_text(encoding="utf-8"))
-    assert {lang for lang, _, _ in found} <= {"python", "bash"}
-    assert sum(lang == "python" for lang, _, _ in found) >= 8
+    found = blocks(guide.read_text(encoding="utf-8"))
+    assert {lang for lang, _, _ in found} <= {"python", "bash", "text"}
     namespace: dict = {"__name__": "guide"}
     for lang, code, line in found:
-        where = f"docs/environments.md, block at line {line}"
+        where = f"docs/{guide.name}, block at line {line}"
         if lang == "python":
             exec(compile(code, where, "exec"), namespace)
-        else:
+        elif lang == "bash":
             for command in code.splitlines():
                 if command.strip() and not command.lstrip().startswith("#"):
                     run_command(command, where, tmp_path)
+    return found
+
+
+def test_every_block_of_the_environments_guide_runs(tmp_path, monkeypatch):
+    found = run_guide(GUIDE, tmp_path, monkeypatch)
+    assert {lang for lang, _, _ in found} <= {"python", "bash"}
+    assert sum(lang == "python" for lang, _, _ in found) >= 8
 
 
 def test_the_readme_links_the_guide():

@@ -34,3 +34,8 @@ def test_grpo_tiny_runs_one_step(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "reward_curve.png").exists()
+    # the step's row: step reward exact loss kl mkl max|d| s; the sampler and the policy
+    # hold the same weights, so the trainer's logprobs are the sampler's (up to rounding)
+    header, row = (line.split() for line in out.stdout.splitlines()[:2])
+    assert header[5:7] == ["mkl", "max|d|"], out.stdout[-2000:]
+    assert 0 <= float(row[5]) < 1e-6 and float(row[6]) < 1e-3, out.stdout[-2000:]

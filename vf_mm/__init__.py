@@ -11,7 +11,7 @@ loads a verifiers classic environment, wrapped as a ``vf_mm.adapters.VerifiersEn
 
 from vf_mm import errors
 from vf_mm.adapters import load_environment  # vf_mm's environments, and verifiers'
-from vf_mm.client import ClientStats, ModelTurn, RendererClient
+from vf_mm.client import ClientStats, ModelTurn, RendererClient, make_client
 from vf_mm.envs import (
     Environment,
     LazyRows,
@@ -47,5 +47,6 @@ __all__ = [
     "check_environment",
     "errors",
     "load_environment",
+    "make_client",
     "stop",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import time
 from array import array
 from collections import Counter
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vf_mm.errors import BackendProtocolError, PromptTooLongError
+from vf_mm.errors import BackendProtocolError, PromptTooLongError, ReservedTokenError
 from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
 from vf_mm.renderers import Renderer, bridge
 from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
@@ -92,6 +93,21 @@ class RendererClient:
         self.token_level = hasattr(backend, "generate")
         if self.token_level and renderer is None:
             raise ValueError(f"backend {backend.name} works on token ids: pass a renderer")
+        banned = getattr(self.vision, "banned_token_ids", None) or ()
+        #: ids every request bans from sampling: the renderer's image and video tokens
+        self.banned_token_ids: tuple[int, ...] = tuple(sorted(banned))
+
+    async def aclose(self) -> None:
+        """Close the backend (its connections, its engine's threads); the client is done."""
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def __aenter__(self) -> RendererClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     @property
     def vision(self) -> Any:
@@ -160,6 +176,7 @@ class RendererClient:
                 rendered.multi_modal_data,
                 messages=prompt,
                 session_id=session_id,
+                banned_token_ids=self.banned_token_ids,
             )
         )
         self.stats.backend_s += time.perf_counter() - start
@@ -175,6 +192,7 @@ class RendererClient:
                 backend=self.backend.name,
             )
         parsed = await asyncio.to_thread(self.renderer.parse_response, result.completion_ids)  # type: ignore[union-attr]
+        self._check_reserved(result.completion_ids, parsed.text, turn=len(trajectory) + 1)
         tokens = ResponseTokens(
             prompt_ids=result.prompt_ids if result.prompt_ids is not None else rendered.token_ids,
             completion_ids=list(result.completion_ids),
@@ -199,6 +217,20 @@ class RendererClient:
             bridged=bridged,
             tool_call_errors=parsed.tool_call_errors,
         )
+
+    def _check_reserved(self, completion_ids: Sequence[int], text: str, *, turn: int) -> None:
+        """A completion holding an image or video token (a backend that ignored the ban, a
+        scripted or recorded reply) fails its turn here, naming the token and why: kept,
+        it would crash a later turn's render or train on a placeholder no image explains."""
+        check = getattr(self.vision, "sampled_reserved", None)
+        found = check(completion_ids, text) if check is not None else None
+        if found is not None:
+            token, reason = found
+            raise ReservedTokenError(
+                f"turn {turn}: {reason}; the rollout fails here rather than crash a later "
+                "turn or train on a placeholder no image explains",
+                token=token,
+            )
 
     def end_session(self, session_id: str) -> None:
         """The rollout ``session_id`` named is over: a backend that routes sessions (one
@@ -299,3 +331,95 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (str, int, float, bool, type(None), bytes)):
         return a == b
     return False  # distinct image objects: treat as different (a full render is always correct)
+
+
+#: the backends ``make_client`` builds by name
+BACKENDS = ("local", "vllm", "openai")
+
+
+def make_client(
+    model: str | os.PathLike[str] | None = None,
+    *,
+    backend: str | Backend | ChatBackend = "local",
+    base_url: str | Sequence[str] | None = None,
+    api_key: str | Sequence[str] | None = None,
+    image_backend: str = "auto",
+    image_cache_bytes: int | None = None,
+    renderers: int | None = None,
+    sampling: SamplingParams | None = None,
+    backend_options: Mapping[str, Any] | None = None,
+) -> RendererClient:
+    """A ``RendererClient`` in one call: the renderer pool, the backend and the client that
+    ``vf-mm eval`` builds from its flags. Close it with ``await client.aclose()``.
+
+    Args:
+        model: a checkpoint directory (or, for ``"vllm"`` / ``"openai"``, the model name
+            the server knows; the renderer then loads from ``model`` too, so give vLLM the
+            directory it serves). ``None``: the embedded tiny model, built offline on first
+            use (``"local"`` only).
+        backend: ``"local"`` (an in-process transformers model, ``LocalBackend``),
+            ``"vllm"`` (``VLLMBackend`` on ``base_url``: one URL or several, one rollout
+            sticking to one server), ``"openai"`` (``OpenAIChatBackend``: messages only, no
+            renderer), or a backend object you built (its renderer is still made here
+            from ``model``, unless it is a ``ChatBackend``).
+        base_url: the server(s) of ``"vllm"`` (required) and ``"openai"`` (optional).
+        api_key: the key (one per server for several vLLM servers, or one for all).
+        image_backend: the renderer's image processing: ``"auto"`` (what transformers'
+            ``AutoProcessor`` and vLLM use here), ``"pil"`` or ``"torchvision"``.
+        image_cache_bytes: the processed-image cache the pool's renderers share (default:
+            ``load_renderer``'s).
+        renderers: how many renderers the pool holds (concurrent renders); default
+            ``min(8, max(2, cpu_count))``.
+        sampling: the client's default ``SamplingParams``.
+        backend_options: keyword arguments for the backend's constructor (``device``,
+            ``dtype`` for ``LocalBackend``; timeouts and routing for ``VLLMBackend``).
+
+    Raises:
+        ValueError: an unknown backend name, or arguments that do not go together.
+    """
+    from vf_mm.renderers import RendererPool, load_renderer
+
+    options = dict(backend_options or {})
+    if isinstance(backend, str) and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    if model is None:
+        if backend != "local":
+            raise ValueError(f"backend {backend!r} needs model= (the embedded model is local)")
+        from vf_mm.models import embedded_model
+
+        model = embedded_model()
+    name = os.fspath(model)
+    if backend == "openai":
+        from vf_mm.inference import OpenAIChatBackend
+
+        url = base_url if base_url is None or isinstance(base_url, str) else base_url[0]
+        key = api_key if api_key is None or isinstance(api_key, str) else api_key[0]
+        return RendererClient(
+            OpenAIChatBackend(name, base_url=url, api_key=key, **options), None, sampling=sampling
+        )
+    if backend == "local" and base_url is not None:
+        raise ValueError("base_url is for the vllm and openai backends, not the local one")
+    if backend == "vllm" and not base_url:
+        raise ValueError("backend 'vllm' needs base_url= (the server's URL, or several)")
+    if not isinstance(backend, str) and not hasattr(backend, "generate"):
+        return RendererClient(backend, None, sampling=sampling)  # a ChatBackend
+    size = renderers if renderers is not None else max(2, min(8, os.cpu_count() or 2))
+    cache = {} if image_cache_bytes is None else {"cache_bytes": image_cache_bytes}
+    pool = RendererPool(
+        lambda: load_renderer(name, image_backend=image_backend, **cache), size=size
+    )
+    engine: Backend
+    if backend == "vllm":
+        from vf_mm.inference import VLLMBackend
+
+        assert base_url is not None
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        engine = VLLMBackend(urls, model=name, api_key=api_key, **options)
+    elif backend == "local":
+        from vf_mm.inference import LocalBackend
+
+        engine = LocalBackend(name, **options)
+    else:
+        assert not isinstance(backend, str)
+        engine = backend  # type: ignore[assignment]
+    return RendererClient(engine, pool, sampling=sampling)

@@ -16,11 +16,15 @@ against the standard exceptions keeps working.
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
     │   ├── EnvironmentLoadError               its module fails to import, or load_environment raises
+    │   │   ├── EnvironmentArgsError (TypeError)  env_args load_environment does not take (an unknown
+    │   │   │                                  keyword, a required one missing): names it and the rest
     │   │   └── UnsupportedEnvironmentError    another framework's environment vf_mm cannot run (a
     │   │                                      verifiers env on the completions API, verifiers v1)
     │   ├── EnvironmentCheckError (AssertionError)  check_environment found problems (all listed)
     │   ├── MessageError (ValueError)          a message from environment code that is not a message
-    │   └── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
+    │   ├── MissingColumnError (KeyError)      a reward function names a column its dataset row lacks
+    │   └── RewardFunctionError (TypeError)    a reward function the rubric cannot call: an argument
+    │                                          name it does not supply, a value that is not callable
     ├── GroupFrameError (ValueError)           a training group frame (pack_group / unpack_group) refused:
     │   │                                      one hash for two tensors, a missing image, bad placeholders
     │   └── ImageRebuildError                  the trainer could not rebuild an image of an encoded/ref group
@@ -28,14 +32,22 @@ against the standard exceptions keeps working.
     │       │                                  bytes do not match its sha256 (or an encoded image corrupt)
     │       └── ProcessingMismatchError        rebuilt inputs differ from the sampler's: names which of
     │                                          config, backend or versions differ
-    ├── ImageError (ValueError)                an image that vf_mm.images cannot load
-    │   ├── UnsafeImageSourceError             the ImagePolicy refused where it comes from
-    │   ├── ImageFetchError                    reading it failed (network, HTTP status, timeout)
-    │   ├── ImageDecodeError                   the bytes are not a whole image we decode
-    │   └── ImageTooLargeError                 over the policy's byte or pixel limit
+    ├── MediaError (ValueError)                an image or a video that cannot be loaded
+    │   ├── ImageError                         an image that vf_mm.images cannot load
+    │   │   ├── UnsafeImageSourceError         the ImagePolicy refused where it comes from
+    │   │   ├── ImageFetchError                reading it failed (network, HTTP status, timeout)
+    │   │   ├── ImageDecodeError               the bytes are not a whole image we decode
+    │   │   └── ImageTooLargeError             over the policy's byte or pixel limit
+    │   └── VideoError                         a video that vf_mm.videos cannot load
+    │       ├── UnsafeVideoSourceError         the ImagePolicy's guard refused where it comes from
+    │       ├── VideoFetchError                reading it failed (network, HTTP status, timeout, no file)
+    │       ├── VideoDecodeError               not a whole video we decode, or frames/arrays we refuse
+    │       └── VideoTooLargeError             over a VideoLimits limit (bytes, frames, pixels, duration)
     ├── MissingDependencyError (ImportError)   an optional library is needed for this input
     ├── MultiModalDataError (ValueError)       a step's multi-modal data (its sidecar) breaks its rules
     ├── RenderError (ValueError)               messages a renderer cannot turn into tokens
+    │   ├── ReservedTokenError                 text (a message's, or a sampled completion's) holding a
+    │   │                                      token the family reserves for images and videos
     │   └── UnsupportedModelError              a checkpoint vf_mm has no renderer for
     ├── ResultsError (ValueError)              an evaluation results store (vf_mm.results) refused:
     │   │                                      a non-JSON value, an outdir in use, a corrupt line
@@ -45,17 +57,14 @@ against the standard exceptions keeps working.
     │   └── MergeError                         merge_runs refused: sources that are not shards of one
     │                                          run (configs, shard numbers, overlapping rows), a
     │                                          missing shard, a bad asset, an outdir in use
-    ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values
+    ├── TrajectoryError (ValueError)           token lists of a step that disagree in length or values;
+    │                                          a sample or batch a trainer cannot use (a missing or
+    │                                          non-finite advantage, reward or logprob)
     ├── TransportError                         the trainer hop (vf_mm.training): a target or socket unusable
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
     │   ├── LedgerError                        a receiver's ledger of committed group ids: held by another
     │   │                                      receiver, not a ledger, or a corrupt line before the last
     │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
-    ├── VideoError (ValueError)                a video that vf_mm.videos cannot load
-    │   ├── UnsafeVideoSourceError             the ImagePolicy's guard refused where it comes from
-    │   ├── VideoFetchError                    reading it failed (network, HTTP status, timeout, no file)
-    │   ├── VideoDecodeError                   not a whole video we decode, or frames/arrays we refuse
-    │   └── VideoTooLargeError                 over a VideoLimits limit (bytes, frames, pixels, duration)
     ├── WorkerError                            rollout workers (vf_mm.workers, --workers / --ray)
     │   ├── WorkerStartError                   a worker could not build its environment or client
     │   └── WorkerLostError                    a worker died (or its Ray actor) with groups in flight
@@ -85,6 +94,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "EnvError",
+    "EnvironmentArgsError",
     "EnvironmentCheckError",
     "EnvironmentLoadError",
     "EnvironmentNotFoundError",
@@ -97,6 +107,7 @@ __all__ = [
     "ImageRefError",
     "ImageTooLargeError",
     "LedgerError",
+    "MediaError",
     "MergeError",
     "MessageError",
     "MissingColumnError",
@@ -106,8 +117,10 @@ __all__ = [
     "PromptTooLongError",
     "ReceiveTimeout",
     "RenderError",
+    "ReservedTokenError",
     "ResultsError",
     "ResumeMismatchError",
+    "RewardFunctionError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
@@ -142,17 +155,24 @@ class MultiModalDataError(VfMmError, ValueError):
 
 
 class TrajectoryError(VfMmError, ValueError):
-    """Token-level trajectory data whose parallel lists disagree or hold bad values."""
+    """Token-level trajectory data whose parallel lists disagree or hold bad values; a
+    training sample or batch whose advantages, rewards or logprobs are missing or not
+    finite (they would make the loss NaN without an error)."""
 
 
-class ImageError(VfMmError, ValueError):
-    """An image that could not be loaded: refused, unreadable, undecodable or too large.
+class MediaError(VfMmError, ValueError):
+    """An image or a video that could not be loaded: refused, unreadable, undecodable or
+    too large. ``ImageError`` and ``VideoError`` are its two kinds; catch this one for
+    either.
 
-    ``reason`` says what went wrong; ``source`` is a short description of the image's
-    source (a shortened URL or path, never a whole base64 payload, with any query string
-    and credentials left out); ``where`` is its place in a conversation (``"message 2,
-    part 1"``) when the caller gave one. ``str(error)`` puts the three together.
+    ``reason`` says what went wrong; ``source`` is a short description of the source (a
+    shortened URL or path, never a whole base64 payload, with any query string and
+    credentials left out; ``<array (8, 48, 64, 3) uint8>`` for raw frames); ``where`` is
+    its place in a conversation (``"message 2, part 1"``) when the caller gave one.
+    ``str(error)`` puts the three together, led by the medium (``image`` / ``video``).
     """
+
+    medium = "media"
 
     def __init__(self, reason: str, *, source: str | None = None, where: str | None = None) -> None:
         super().__init__(reason)
@@ -163,22 +183,14 @@ class ImageError(VfMmError, ValueError):
     def __str__(self) -> str:
         if self.source is None and self.where is None:
             return self.reason
-        label = "image" if self.source is None else f"image {self.source}"
+        label = self.medium if self.source is None else f"{self.medium} {self.source}"
         if self.where is not None:
             label += f" ({self.where})"
         return f"{label}: {self.reason}"
 
 
-class UnsafeImageSourceError(ImageError):
-    """The ``ImagePolicy`` refused the source before anything was read: a scheme other
-    than http(s)/file/data, network access off, a host outside ``allowed_domains``, a
-    loopback/private/link-local/reserved address, credentials in the URL, or a path
-    outside ``local_roots``."""
-
-
-class ImageFetchError(ImageError):
-    """Reading the image failed: DNS, connection, TLS, an HTTP error status (``status``),
-    a timeout, too many redirects, a body over ``max_bytes``, or a missing local file."""
+class _FetchFailure(MediaError):
+    """Reading a medium's bytes failed; ``status`` is the HTTP status when there was one."""
 
     def __init__(
         self,
@@ -190,6 +202,25 @@ class ImageFetchError(ImageError):
     ) -> None:
         super().__init__(reason, source=source, where=where)
         self.status = status
+
+
+class ImageError(MediaError):
+    """An image that could not be loaded (``MediaError``'s ``reason``, ``source``,
+    ``where``)."""
+
+    medium = "image"
+
+
+class UnsafeImageSourceError(ImageError):
+    """The ``ImagePolicy`` refused the source before anything was read: a scheme other
+    than http(s)/file/data, network access off, a host outside ``allowed_domains``, a
+    loopback/private/link-local/reserved address, credentials in the URL, or a path
+    outside ``local_roots``."""
+
+
+class ImageFetchError(_FetchFailure, ImageError):
+    """Reading the image failed: DNS, connection, TLS, an HTTP error status (``status``),
+    a timeout, too many redirects, a body over ``max_bytes``, or a missing local file."""
 
 
 class ImageDecodeError(ImageError):
@@ -202,29 +233,11 @@ class ImageTooLargeError(ImageError):
     found before the pixels are decoded."""
 
 
-class VideoError(VfMmError, ValueError):
-    """A video that could not be loaded: refused, unreadable, undecodable or too large.
+class VideoError(MediaError):
+    """A video that could not be loaded (``MediaError``'s ``reason``, ``source``,
+    ``where``)."""
 
-    ``reason`` says what went wrong; ``source`` is a short description of the video's
-    source (a shortened URL or path with any query string and credentials left out, never
-    a whole base64 payload; ``<array (8, 48, 64, 3) uint8>`` for raw frames); ``where`` is
-    its place in a conversation (``"message 2, part 1"``) when the caller gave one.
-    ``str(error)`` puts the three together, as ``ImageError`` does.
-    """
-
-    def __init__(self, reason: str, *, source: str | None = None, where: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.source = source
-        self.where = where
-
-    def __str__(self) -> str:
-        if self.source is None and self.where is None:
-            return self.reason
-        label = "video" if self.source is None else f"video {self.source}"
-        if self.where is not None:
-            label += f" ({self.where})"
-        return f"{label}: {self.reason}"
+    medium = "video"
 
 
 class UnsafeVideoSourceError(VideoError):
@@ -233,20 +246,9 @@ class UnsafeVideoSourceError(VideoError):
     the same rules as ``UnsafeImageSourceError``, which is chained as ``__cause__``."""
 
 
-class VideoFetchError(VideoError):
+class VideoFetchError(_FetchFailure, VideoError):
     """Reading the video's bytes failed: DNS, connection, TLS, an HTTP error status
     (``status``), a timeout, too many redirects, or a missing local file."""
-
-    def __init__(
-        self,
-        reason: str,
-        *,
-        source: str | None = None,
-        where: str | None = None,
-        status: int | None = None,
-    ) -> None:
-        super().__init__(reason, source=source, where=where)
-        self.status = status
 
 
 class VideoDecodeError(VideoError):
@@ -274,6 +276,31 @@ class EnvironmentLoadError(EnvError):
     """An environment was found but could not be made: importing its module failed, or its
     ``load_environment(**env_args)`` raised. The message names the environment, the
     arguments and where the original exception (chained as ``__cause__``) was raised."""
+
+
+class EnvironmentArgsError(EnvironmentLoadError, TypeError):
+    """``env_args`` that the environment's ``load_environment`` does not take: ``name`` is
+    a keyword it does not know (``unknown``) or a required one not given (``missing``),
+    ``accepted`` the keywords it names (``passes_on``: the callable its ``**kwargs`` went
+    to, which did not take ``name`` either), ``suggestion`` the nearest accepted one. A
+    mistake in the arguments, not in the environment: the CLI exits 2 with it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        kind: str,
+        accepted: list[str],
+        suggestion: str | None = None,
+        passes_on: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.kind = kind
+        self.accepted = accepted
+        self.suggestion = suggestion
+        self.passes_on = passes_on
 
 
 class UnsupportedEnvironmentError(EnvironmentLoadError):
@@ -309,6 +336,14 @@ class MissingColumnError(EnvError, KeyError):
         return str(self.args[0])
 
 
+class RewardFunctionError(EnvError, TypeError):
+    """A reward function the rubric cannot call: it asks for an argument the rubric does
+    not supply (a typo such as ``answr``), takes one only by position, has no readable
+    signature, or is not callable at all. Refused when the ``Rubric`` is built, so a
+    mistake costs no rollout; the message names the function, the argument and the names
+    it can ask for."""
+
+
 class EnvironmentCheckError(EnvError, AssertionError):
     """``check_environment`` found problems; ``problems`` lists every one of them."""
 
@@ -319,6 +354,18 @@ class EnvironmentCheckError(EnvError, AssertionError):
 
 class RenderError(VfMmError, ValueError):
     """Messages a renderer cannot turn into tokens (an image for a text-only model, ...)."""
+
+
+class ReservedTokenError(RenderError):
+    """Text holding a token the model family reserves for images and videos (a
+    placeholder, a pad, a vision marker): in a message (``where`` names it), or in a
+    completion the model sampled (a backend that ignored the ban on those tokens).
+    Rendered again, the text would be read as an image or video no input explains, so
+    the rollout fails instead. ``token`` is the literal token."""
+
+    def __init__(self, message: str, *, token: str) -> None:
+        super().__init__(message)
+        self.token = token
 
 
 class UnsupportedModelError(RenderError):

@@ -285,7 +285,7 @@ def video_part_source(part: Mapping[str, Any]) -> Any:
 def text_of(message: Mapping[str, Any]) -> str:
     """The message's text parts joined with no separator (images are skipped)."""
     return "".join(
-        part["text"]
+        str(part.get("text", ""))
         for part in content_parts(message)
         if isinstance(part, Mapping) and part.get("type") == "text"
     )
@@ -498,13 +498,12 @@ class MultiModalData:
         ``validate`` on the result to check they do not overlap.
         """
         out = self.copy()
-        for src, dst in (
-            (other.mm_hashes, out.mm_hashes),
-            (other.mm_placeholders, out.mm_placeholders),
-            (other.mm_items, out.mm_items),
-        ):
-            for m, values in src.items():
-                dst.setdefault(m, []).extend(values)
+        for m, hashes in other.mm_hashes.items():
+            out.mm_hashes.setdefault(m, []).extend(hashes)
+        for m, ranges in other.mm_placeholders.items():
+            out.mm_placeholders.setdefault(m, []).extend(ranges)
+        for m, items in other.mm_items.items():
+            out.mm_items.setdefault(m, []).extend(items)
         return out
 
     def shifted(self, delta: int) -> MultiModalData:
@@ -683,6 +682,11 @@ class RolloutOutput:
     A rollout that failed is recorded with ``error`` set (a ``RolloutError``: type,
     message, where; and whatever it had produced), never dropped, so a run's results line
     up with its examples.
+
+    ``truncated``: the rollout ran out of context (its next prompt, after at least one
+    model turn, was longer than the model takes: ``PromptTooLongError``). It ended there
+    and was scored on the turns it has, like any finished rollout (no ``error``); the
+    flag lets a trainer or a summary tell it apart (verifiers calls it ``is_truncated``).
     """
 
     example_id: int | str
@@ -695,6 +699,35 @@ class RolloutOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     error: RolloutError | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        reward: float | None,
+        metrics: dict[str, float],
+        error: RolloutError | None,
+    ) -> RolloutOutput:
+        """The output of a finished rollout's state (an environment's ``State``: its
+        ``example_id``, ``prompt``, ``completion``, ``answer``, ``info``, ``trajectory``,
+        ``timing`` and ``truncated``), scored ``reward`` / ``metrics``. The one place a
+        state becomes an output, so every environment (vf_mm's own and adapted ones)
+        carries the same fields."""
+        return cls(
+            example_id=state["example_id"],
+            prompt=state["prompt"],
+            completion=state["completion"],
+            answer=state.get("answer"),
+            info=state.get("info") or {},
+            trajectory=state["trajectory"],
+            reward=reward,
+            metrics=metrics,
+            error=error,
+            timing=dict(state["timing"]),
+            truncated=bool(state.get("truncated")),
+        )
 
     @property
     def ok(self) -> bool:

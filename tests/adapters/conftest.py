@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import importlib
 import signal
-import sys
 from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -28,23 +25,11 @@ def _signal_handlers_restored():
 
 @pytest.fixture(scope="session")
 def vf():
-    """verifiers, with its classic API loaded.
-
-    pytest puts ``tests/`` on ``sys.path`` (the suite's ``conftest.py`` sits in a folder
-    without ``__init__.py``), where the test package ``tests/renderers`` would shadow the
-    ``renderers`` package verifiers imports. So ``tests/`` is left out of ``sys.path``
-    while verifiers loads (its dependencies are then cached in ``sys.modules``)."""
-    shadow = sys.modules.get("renderers")
-    if shadow is not None and TESTS in Path(getattr(shadow, "__file__", "/")).resolve().parents:
-        pytest.skip("tests/renderers was collected as 'renderers': run this tier on its own")
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != TESTS]
-    try:
-        verifiers = pytest.importorskip("verifiers")
-        for name in ("Environment", "ToolEnv", "Rubric", "OpenAIChatCompletionsClient"):
-            getattr(verifiers, name)  # the classic API loads lazily: load it now
-    finally:
-        sys.path[:] = saved
+    """verifiers, with its classic API loaded. (``tests`` is a package, so no test folder
+    such as ``tests/renderers`` shadows the ``renderers`` package verifiers imports.)"""
+    verifiers = pytest.importorskip("verifiers")
+    for name in ("Environment", "ToolEnv", "Rubric", "OpenAIChatCompletionsClient"):
+        getattr(verifiers, name)  # the classic API loads lazily: load it now
     return verifiers
 
 

@@ -312,3 +312,43 @@ def test_an_args_section_ends_at_the_next_header_and_takes_continuation_lines(ti
     env = vf.ToolEnv(dataset=[{"question": "q"}], tools=[zoom],
                      rubric=vf.Rubric([lambda completion: 1.0]))  # fmt: skip
     assert vf.check_environment(env, model_dir=tiny)["warnings"] == []  # 'image' is no arg
+
+
+# -- the family the environment targets -------------------------------------------------
+
+
+def test_the_check_renders_with_the_family_it_is_given():
+    """A literal ``<image>`` in a question is text to Qwen2.5-VL (the default) and a
+    placeholder to LLaVA-OneVision, which has one image for two placeholders: the check
+    on that family finds it, and a tool environment on Gemma 3 (no tool role) too."""
+    rows = [{"question": "What is in <image>?", "image": picture(1), "answer": "a"}]
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([lambda completion: 1.0]))
+    assert vf.check_environment(env)["family"] == "qwen2_5_vl"
+    with pytest.raises(EnvironmentCheckError) as info:
+        vf.check_environment(env, family="llava_onevision")
+    problem = info.value.problems[0]
+    assert (
+        "ReservedTokenError: message 0 (user)" in problem and "holds <image> literally" in problem
+    )
+
+    def look(corner: str):
+        """Look at a corner.
+
+        Args:
+            corner: which corner
+        """
+        return "a corner"
+
+    tools = vf.ToolEnv(dataset=[{"question": "q"}], tools=[look],
+                       rubric=vf.Rubric([lambda completion: 1.0]), max_turns=3)  # fmt: skip
+    assert vf.check_environment(tools, family="qwen3_5")["tool_calls"] == {"look": 2}  # xml calls
+    with pytest.raises(EnvironmentCheckError, match="roles must alternate"):
+        vf.check_environment(tools, family="gemma3")
+
+
+def test_an_unknown_family_or_two_models_are_refused_before_anything_runs(tiny):
+    env = vf.SingleTurnEnv(dataset=[{"question": "q"}], rubric=vf.Rubric([lambda: 1.0]))
+    with pytest.raises(ValueError, match=r"'llava' .*\(did you mean 'llava_onevision'\?"):
+        vf.check_environment(env, family="llava")
+    with pytest.raises(ValueError, match="family= or model_dir=, not both"):
+        vf.check_environment(env, family="gemma3", model_dir=tiny)

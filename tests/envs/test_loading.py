@@ -8,7 +8,7 @@ import pytest
 
 import vf_mm as vf
 from vf_mm.cli import main
-from vf_mm.errors import EnvironmentLoadError, EnvironmentNotFoundError
+from vf_mm.errors import EnvironmentArgsError, EnvironmentLoadError, EnvironmentNotFoundError
 
 ENV_SOURCE = """
 import vf_mm as vf
@@ -115,6 +115,51 @@ def test_load_environment_raising_names_the_arguments_and_the_line(tmp_path, mon
     assert main(["eval", "picky", "-a", '{"difficulty": "nightmare"}']) == 1
     err = capsys.readouterr().err
     assert "EnvironmentLoadError" in err and "Traceback" not in err
+
+
+STRICT_SOURCE = """
+import vf_mm as vf
+
+def load_environment(path, num_examples=3):
+    return vf.SingleTurnEnv(dataset=[{"question": path}] * num_examples)
+"""
+
+FORWARDING_SOURCE = """
+import vf_mm as vf
+
+def load_environment(num_examples=3, **kwargs):
+    return vf.SingleTurnEnv(dataset=[{"question": "q"}] * num_examples, **kwargs)
+"""
+
+
+def test_arguments_load_environment_does_not_take_are_named_with_the_nearest(tmp_path):
+    """A typo in env_args fails at load, naming the keyword, the nearest one it takes
+    and all of them: for a load_environment without **kwargs before it runs, for one
+    that passes its **kwargs on when what it passed them to refuses the keyword."""
+    for name, source in (("strict", STRICT_SOURCE), ("forwarding", FORWARDING_SOURCE)):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    strict, forwarding = str(tmp_path / "strict.py"), str(tmp_path / "forwarding.py")
+    with pytest.raises(EnvironmentArgsError) as info:
+        vf.load_environment(strict, path="x", num_example=2)
+    error = info.value
+    assert (error.name, error.kind, error.suggestion) == ("num_example", "unknown", "num_examples")
+    assert error.accepted == ["path", "num_examples"] and error.__cause__ is None
+    assert str(error) == (
+        f"{strict}: load_environment takes no argument 'num_example' (did you mean "
+        "'num_examples'?); it takes: path, num_examples"
+    )
+    assert isinstance(error, TypeError) and isinstance(error, EnvironmentLoadError)
+    with pytest.raises(EnvironmentArgsError, match="needs the argument 'path'") as info:
+        vf.load_environment(strict, num_examples=2)
+    assert (info.value.name, info.value.kind) == ("path", "missing")
+    assert len(vf.load_environment(forwarding, timeout_s=5).get_eval_dataset()) == 3
+    with pytest.raises(EnvironmentArgsError) as info:
+        vf.load_environment(forwarding, num_example=2)
+    assert info.value.suggestion == "num_examples"
+    assert "passes on to Environment.__init__(), which does not take 'num_example'" in str(
+        info.value
+    )
+    assert isinstance(info.value.__cause__, TypeError)
 
 
 def test_an_importable_module_that_fails_to_import_is_a_load_error_not_not_found(

@@ -133,3 +133,76 @@ def test_video_numbers_must_be_finite():
                        ("frame_rate", float("inf")), ("max_pixels", 1e999)):  # fmt: skip
         with pytest.raises(MessageError, match="finite positive"):
             check([{"role": "user", "content": [{"type": "video", "video": clip, key: value}]}])
+
+
+# -- text that is not text ------------------------------------------------------------------
+
+SURROGATE = "caf\udce9 dots?"  # what errors="surrogateescape" makes of b"caf\xe9 dots?"
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"role": "user", "content": SURROGATE}, "message 0, field 'content'"),
+        ({"role": "tool", "tool_call_id": "c", "content": ["look", SURROGATE]},
+         "message 0, content part 1"),
+        ({"role": "user", "content": [{"type": "text", "text": SURROGATE}]},
+         "message 0, content part 0, field 'text'"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_refused_naming_the_field_and_the_fix(message, field):
+    """No tokenizer takes it: it used to fail deep inside one with 'TextInputSequence must
+    be str', naming neither the row nor the field."""
+    with pytest.raises(MessageError) as info:
+        check([message])
+    text = str(info.value)
+    assert text.startswith(f"{WHERE}, {field}: the text holds a lone surrogate ('\\udce9' at ")
+    assert 'raw.decode("utf-8")' in text
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"), [(b"caf\xe9 dots?", "bytes"), (3, "int"), ({"a": 1}, "dict")]
+)
+def test_a_text_part_that_is_not_a_str_is_refused_not_stringified(text, kind):
+    with pytest.raises(MessageError, match=f"a text part needs a str, not {kind}") as info:
+        check([{"role": "user", "content": [{"type": "text", "text": text}]}])
+    if kind == "bytes":
+        assert 'value.decode("utf-8")' in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ({"question": b"caf\xe9 dots?"}, 'the text needs a str, not bytes (decode it where it is '
+                                         'read: value.decode("utf-8")'),
+        ({"question": SURROGATE}, "the text holds a lone surrogate"),
+        ({"question": 42}, "the text needs a str, not int (42)"),
+        ({"question": {"text": "hi"}}, "the text needs a str, not dict"),
+        ({"prompt": SURROGATE}, "the prompt of example 1, message 0, field 'content': the text "
+                                "holds a lone surrogate"),
+    ],
+)  # fmt: skip
+def test_a_question_that_is_not_text_fails_its_rollout_naming_the_row_and_the_fix(row, problem):
+    """A bytes question was rendered as its repr ("b'caf\\xe9 dots?'"), an int as its
+    digits; both now fail that rollout alone, naming the example and the column."""
+    import asyncio
+
+    import vf_mm as vf
+    from vf_mm.testing import ScriptedChatBackend
+
+    env = vf.SingleTurnEnv(dataset=[{"question": "fine"}, row], env_id="quiz")
+    outs = asyncio.run(env.evaluate(vf.RendererClient(ScriptedChatBackend(["ok"]))))
+    assert outs[0].error is None
+    error = outs[1].error
+    assert error.type == "MessageError" and problem in error.message
+    if "question" in row:
+        assert error.message.startswith("example 1: quiz: the 'question' column: ")
+
+
+def test_a_system_prompt_that_is_not_text_is_refused_when_the_env_is_made():
+    import vf_mm as vf
+
+    with pytest.raises(MessageError, match=r"quiz: system_prompt: the text needs a str, not bytes"):
+        vf.SingleTurnEnv(dataset=[{"question": "q"}], system_prompt=b"Be brief.", env_id="quiz")
+    with pytest.raises(MessageError, match="lone surrogate"):
+        vf.SingleTurnEnv(dataset=[{"question": "q"}], system_prompt=SURROGATE)

@@ -459,6 +459,69 @@ def test_a_tool_returning_a_clip_gives_the_model_a_video_and_a_bare_array_says_h
     assert "vf_mm.videos.Video(frames, fps)" in state["error"].message
 
 
+def test_a_tool_returning_an_array_gives_an_image_and_a_float_array_says_how(renderer):
+    """A uint8 (H, W, 3) array is a picture, as in a content part; a float one is refused
+    with the content-part path's own fix (never PIL.Image.fromarray, which fails on
+    floats), naming the tool; a 2-D array is data or a grey image: the tool must say."""
+    import numpy as np
+
+    pixels = np.random.default_rng(3).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+
+    def look():
+        """Look closer."""
+        return [pixels, "closer"]
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[look], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("look")), rows(1)[0]))
+    assert state["error"] is None
+    tool = state["completion"][1]
+    assert [p["type"] for p in tool["content"]] == ["image", "text"]
+    assert np.array_equal(np.asarray(tool["content"][0]["image"]), pixels)
+    assert state["trajectory"][1].tokens.multi_modal_data.num_items("image") == 2
+
+    for array, fix in (
+        (pixels / 255.0, "(array * 255).round().astype(np.uint8)"),
+        (pixels.transpose(2, 0, 1).copy(), "channels first? transpose it to (H, W, C)"),
+        (pixels[..., 0], "array[..., None]"),
+    ):
+
+        def heatmap(array=array):
+            """A heat map."""
+            return array
+
+        env = vf.ToolEnv(dataset=rows(1), tools=[heatmap], max_turns=3)
+        state = asyncio.run(env.rollout(client(renderer, _one_call("heatmap")), rows(1)[0]))
+        assert state["error"].type == "MessageError", state["error"]
+        assert "tool 'heatmap' returned" in state["error"].message
+        assert fix in state["error"].message and "fromarray" not in state["error"].message
+
+
+def test_a_tool_returning_text_that_is_not_text_fails_the_rollout(renderer):
+    def read():
+        """Read a file name."""
+        return "caf\udce9.png"
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[read], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("read")), rows(1)[0]))
+    assert state["error"].type == "MessageError"
+    assert state["error"].message.startswith("tool 'read' returned: the text holds a lone")
+
+
+def test_a_reply_holding_a_video_pad_fails_that_turn_not_a_later_one(renderer):
+    """A Qwen3-VL GRPO run died at step 44 when the policy sampled <|video_pad|>: the
+    next turn's render failed with an error naming neither the message nor the cause.
+    Now the turn that holds it fails its rollout, naming the token, the turn and why;
+    the step is not kept (nothing trains on it) and no later turn runs."""
+    backend = ScriptedBackend(renderer, ["left", "I pick <|video_pad|> now", "yes"])
+    env = Echo(dataset=rows(1), max_turns=5)
+    state = asyncio.run(env.rollout(vf.RendererClient(backend, renderer), rows(1)[0]))
+    error = state["error"]
+    assert error.type == "ReservedTokenError" and error.where == "turn 2: model"
+    assert error.message.startswith("turn 2: the model sampled <|video_pad|> (id ")
+    assert "Qwen2.5-VL reserves for images and videos" in error.message
+    assert len(state["trajectory"]) == 1 and len(backend.requests) == 2
+
+
 def test_each_rollout_is_one_session_ended_when_it_ends(renderer):
     """Every model turn of a rollout names the rollout's session (a backend with several
     servers keeps them on one); the session ends with the rollout, failed or not."""
@@ -487,3 +550,47 @@ def test_each_rollout_is_one_session_ended_when_it_ends(renderer):
     assert len(sessions) == 4 and None not in sessions  # one per rollout
     assert all(backend.turns.count(s) == 3 for s in sessions)  # every turn of it
     assert sorted(backend.ended) == sorted(sessions)  # each ended once
+
+
+class Long(Echo):
+    """Echo that records whether finish_state ran (it must not after a truncation)."""
+
+    def finish_state(self, state):
+        state["finished"] = state["turn"]
+
+
+def turns_taken(state) -> float:
+    return float(state["turn"])
+
+
+def out_of_context(renderer, overflow_turn: int):
+    """Echo rollouts (never 'yes') on a backend whose context ends at ``overflow_turn``'s
+    prompt: measured on a run without a limit, so the limit falls between two turns."""
+    env = Long(dataset=rows(1), max_turns=6, rubric=vf.Rubric([turns_taken]),
+               sampling_args={"max_tokens": 4})  # fmt: skip
+    free = ScriptedBackend(renderer, ["left"])
+    asyncio.run(env.rollout(vf.RendererClient(free, renderer), rows(1)[0]))
+    lengths = [len(r.prompt_ids) for r in free.requests]
+    limit = lengths[overflow_turn - 1] + 4 - 1  # that turn's prompt + max_tokens: one too many
+    backend = ScriptedBackend(renderer, ["left"], max_model_len=limit)
+    return env, vf.RendererClient(backend, renderer)
+
+
+def test_a_rollout_that_runs_out_of_context_is_scored_on_its_turns_and_marked_truncated(renderer):
+    """It once ended with PromptTooLongError, reward None: every turn's work was lost."""
+    env, c = out_of_context(renderer, overflow_turn=3)
+    (out,) = asyncio.run(env.evaluate(c, rollouts_per_example=1))
+    assert out.error is None and out.truncated
+    assert out.reward == 2.0  # scored on the two turns it has
+    assert len(out.trajectory) == 2
+    assert [m["role"] for m in out.completion] == ["assistant", "user", "assistant", "user"]
+    state = asyncio.run(env.rollout(c, rows(1)[0]))
+    assert state["truncated"] and "finished" not in state  # turn 2 had its env_response
+
+
+def test_a_rollout_within_its_context_is_not_truncated_and_a_first_prompt_too_long_fails(renderer):
+    env, c = out_of_context(renderer, overflow_turn=1)
+    (out,) = asyncio.run(env.evaluate(c, rollouts_per_example=1))
+    assert out.error.type == "PromptTooLongError" and out.reward is None and not out.truncated
+    ok = asyncio.run(env.evaluate(client(renderer, ["left"]), rollouts_per_example=1))
+    assert ok[0].error is None and not ok[0].truncated and ok[0].reward == 6.0

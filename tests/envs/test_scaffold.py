@@ -17,24 +17,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    ("flags", "kind", "module"),
+    ("flags", "kind", "family"),
     [
-        ([], "single-turn", "my_env"),
-        (["--multi-turn"], "multi-turn", "my_env"),
-        (["--tools"], "tools", "my_env"),
+        ([], "single-turn", "qwen2_5_vl"),
+        (["--multi-turn", "--family", "smolvlm"], "multi-turn", "smolvlm"),
+        (["--tools", "--family", "qwen3_5"], "tools", "qwen3_5"),  # XML tool calls
     ],
 )
 def test_init_writes_an_environment_that_evals_and_passes_its_own_tests(
-    tmp_path, monkeypatch, capsys, flags, kind, module
+    tmp_path, monkeypatch, capsys, flags, kind, family
 ):
     monkeypatch.chdir(tmp_path)
     assert main(["init", "my-env", *flags]) == 0
     folder = tmp_path / "environments" / "my-env"
+    module = "my_env"
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == [
         "README.md", f"{module}.py", "pyproject.toml", f"tests/test_{module}.py"
     ]  # fmt: skip
     out = capsys.readouterr().out
-    assert f"({kind})" in out and "vf-mm eval my-env" in out and "pytest environments" in out
+    assert f"({kind}, checked on {family})" in out
+    assert "vf-mm eval my-env" in out and "pytest environments" in out
+    test = (folder / "tests" / f"test_{module}.py").read_text()
+    assert f'FAMILY = "{family}"' in test and test.count("family=FAMILY") == 2
     pyproject = (folder / "pyproject.toml").read_text()
     assert '[project.entry-points."vf_mm.environments"]' in pyproject
     assert 'my-env = "my_env:load_environment"' in pyproject
@@ -108,3 +112,20 @@ def test_multi_turn_and_tools_are_one_choice(capsys):
     with pytest.raises(SystemExit):
         main(["init", "x", "--multi-turn", "--tools"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_an_unknown_family_is_a_usage_error_naming_the_nearest(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["init", "x", "--family", "gema3"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("vf-mm init: error: argument --family: model type 'gema3'")
+    assert "(did you mean 'gemma3'? supported: qwen2_vl, " in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tools_for_a_family_without_a_tool_role_are_refused_and_nothing_is_written(tmp_path):
+    with pytest.raises(ValueError, match="Gemma 3's chat template has no tool role"):
+        scaffold_environment("x", kind="tools", directory=tmp_path, family="gemma3")
+    assert list(tmp_path.iterdir()) == []

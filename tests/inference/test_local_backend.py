@@ -150,6 +150,38 @@ def test_never_samples_image_or_vision_tokens(checkpoint, renderer):
     assert not set(out.completion_ids) & set(b.suppress_token_ids)
 
 
+def test_a_requests_banned_ids_are_never_sampled_and_logprobs_stay_raw(checkpoint, renderer):
+    """``banned_token_ids`` (what RendererClient sends: the renderer's image and video
+    tokens) hold for that request only, batched with others or not; the tokens sampled
+    instead keep their raw log-probabilities (no renormalisation over what is left)."""
+    prompt = text_prompt(renderer).token_ids
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+
+    async def go(b):
+        free = await b.generate(GenerateRequest(prompt, greedy))
+        banned = tuple(sorted(set(free.completion_ids)))
+        both = await asyncio.gather(
+            b.generate(GenerateRequest(prompt, greedy, banned_token_ids=banned)),
+            b.generate(GenerateRequest(prompt, greedy)),
+        )
+        return free, banned, both
+
+    free, banned, (held, other) = with_backend(checkpoint, go)
+    assert not set(held.completion_ids) & set(banned)
+    assert other.completion_ids == free.completion_ids  # a neighbour's ban is not its own
+    assert held.logprobs[0] < free.logprobs[0]  # the raw logprob of a lesser token
+
+
+def test_banned_ids_outside_the_vocabulary_are_refused(checkpoint, renderer):
+    prompt = text_prompt(renderer).token_ids
+
+    async def go(b):
+        return await b.generate(GenerateRequest(prompt, banned_token_ids=(10**7,)))
+
+    with pytest.raises(ValueError, match=r"banned_token_ids \[10000000\] are outside"):
+        with_backend(checkpoint, go)
+
+
 def test_load_weights_changes_the_policy_between_batches(checkpoint, renderer):
     prompt = text_prompt(renderer)
     request = GenerateRequest(prompt.token_ids, SamplingParams(max_tokens=5, temperature=0))

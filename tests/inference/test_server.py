@@ -565,6 +565,61 @@ def test_vllm_backend_speaks_to_vf_mm_serve(backend, renderer):
     asyncio.run(main())
 
 
+def test_a_ban_vllm_backend_sends_reaches_the_local_engine(backend, renderer):
+    """VLLMBackend sends a request's banned ids as logit_bias -100 (vLLM's field for token
+    ids); vf-mm serve honours it on the local engine, where it used to refuse the field."""
+    app = create_app(backend, renderer=renderer, model_name=MODEL)
+    prompt = _text_ids(renderer)
+    sampling = SamplingParams(max_tokens=4, temperature=0)
+
+    async def main():
+        client = VLLMBackend(
+            "http://vf-mm.test", model=MODEL, transport=httpx.ASGITransport(app=app)
+        )
+        try:
+            free = await client.generate(GenerateRequest(prompt, sampling))
+            banned = tuple(sorted(set(free.completion_ids)))
+            held = await client.generate(GenerateRequest(prompt, sampling, banned_token_ids=banned))
+        finally:
+            await client.aclose()
+        return banned, held
+
+    banned, held = asyncio.run(main())
+    assert banned and not set(held.completion_ids) & set(banned)
+
+
+def test_a_logit_bias_other_than_a_ban_is_refused_by_name(client, renderer):
+    body = {"token_ids": _text_ids(renderer), "sampling_params": {"max_tokens": 2}}
+    body["sampling_params"]["logit_bias"] = {"5": 2.5}
+    message = _error(_generate(client, body))
+    assert "logit_bias={'5': 2.5} is not supported by vf-mm serve (only bans" in message
+    body["sampling_params"]["logit_bias"] = {str(10**7): -100}
+    assert "out of vocabulary" in _error(_generate(client, body))
+
+
+def test_every_route_bans_the_renderers_image_and_video_tokens(renderer):
+    """A raw client that sends no ban still gets the family's: the server adds its
+    renderer's banned ids to every request it hands the engine."""
+    seen = []
+
+    class Recording:
+        name, max_model_len, vocab_size = "recording", 2048, None
+
+        async def generate(self, request):
+            seen.append(request.banned_token_ids)
+            return GenerateResult([1], [-0.5], "length", Usage(1, 1))
+
+        async def aclose(self):
+            return None
+
+    with TestClient(create_app(Recording(), renderer=renderer, model_name=MODEL)) as c:
+        body = {"token_ids": _text_ids(renderer), "sampling_params": {"max_tokens": 1}}
+        assert _generate(c, body).status_code == 200
+        assert _chat(c, [{"role": "user", "content": "hi"}]).status_code == 200
+    assert len(seen) == 2
+    assert all(set(ids) == renderer.vision.banned_token_ids for ids in seen)
+
+
 def test_malformed_bodies_are_400(client):
     for raw in (b"{not json", b"", b"\xff\xfe", b"[1, 2]", b'"text"'):
         r = client.post("/inference/v1/generate", content=raw)

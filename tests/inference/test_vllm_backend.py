@@ -204,6 +204,15 @@ def test_sampling_defaults_map_to_vllm_values(server: fs.FaultyServer) -> None:
     assert result.logprobs is None
 
 
+def test_banned_ids_are_sent_as_a_logit_bias_that_bans(server: fs.FaultyServer) -> None:
+    """vLLM honours token ids through ``logit_bias`` (``bad_words`` are strings a
+    tokens-only server cannot tokenize); -100 is the OpenAI API's ban and within vLLM's clamp."""
+    request = GenerateRequest([1, 2], SamplingParams(max_tokens=2), banned_token_ids=(9, 7))
+    run(lambda: generate_once(backend(server.url), request))
+    (body,) = server.generate_bodies
+    assert body["sampling_params"]["logit_bias"] == {"9": -100.0, "7": -100.0}
+
+
 def test_send_kwargs_data_false_sends_null(
     server: fs.FaultyServer, fake_encoder: list[Any]
 ) -> None:

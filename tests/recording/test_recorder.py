@@ -149,7 +149,7 @@ def test_only_the_renderers_image_policy_decides_what_is_read(renderer, checkpoi
         assert status == 400, error
         message = error["error"]["message"]
         assert "policy" in message.lower() and url in message
-    assert recorder.client.stats.turns == 2 and not recorder.sessions["s"].steps
+    assert recorder.client.stats.turns == 2 and "s" not in recorder.sessions
     # a policy that allows a folder: its files are read, and nothing outside it
     Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(tmp_path / "ok.png")
     allowed = load_renderer(checkpoint, image_policy=ImagePolicy.dataset(roots=[tmp_path]))
@@ -158,6 +158,25 @@ def test_only_the_renderers_image_policy_decides_what_is_read(renderer, checkpoi
         call(recorder, image_call((tmp_path / "ok.png").as_uri()), {"X-Session-ID": "s"})[0] == 200
     )
     assert call(recorder, image_call("file:///etc/hostname"), {"X-Session-ID": "s"})[0] == 400
+
+
+def test_a_refused_call_records_nothing_and_opens_no_session(renderer):
+    """A call refused with 400 (a corrupt image here) is no turn: it opens no session, so
+    nothing empty is listed, ended or handed to ``on_end`` (which writes rows and groups);
+    in a session already open it adds no step."""
+    ended = []
+    recorder = recorder_for(renderer, on_end=ended.append)
+    corrupt = image_call("data:image/png;base64," + "iVBORw0KGgo" + "A" * 40)
+    status, error = call(recorder, corrupt, {"X-Session-ID": "bad"})
+    assert status == 400, error
+    assert recorder.sessions == {} and recorder._locks == {} and recorder._callers == {}
+    assert asyncio.run(recorder.end("bad")) is None and asyncio.run(recorder.aclose()) == []
+    assert ended == []
+    fine = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert call(recorder, fine, {"X-Session-ID": "s"})[0] == 200
+    assert call(recorder, corrupt, {"X-Session-ID": "s"})[0] == 400
+    assert [len(s.steps) for s in asyncio.run(recorder.aclose())] == [1]
+    assert [s.session_id for s in ended] == ["s"]
 
 
 def test_ended_sessions_go_to_on_end_and_a_reused_id_starts_anew(renderer):

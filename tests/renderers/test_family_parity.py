@@ -24,7 +24,14 @@ import torch
 from PIL import Image
 
 from vf_mm.errors import RenderError
-from vf_mm.models import build_tiny_vlm, family_info, image_token_ids, load_processor, model_inputs
+from vf_mm.models import (
+    VISION_FAMILIES,
+    build_tiny_vlm,
+    family_info,
+    image_token_ids,
+    load_processor,
+    model_inputs,
+)
 from vf_mm.renderers import load_renderer
 
 FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
@@ -258,6 +265,25 @@ def test_gemma3_template_refuses_a_tool_turn_by_name(tiny):
         renderer.render(messages)
 
 
+@pytest.mark.parametrize("name", VISION_FAMILIES)
+def test_the_registry_says_which_templates_take_a_tool_message(tiny, checkpoints, name, tmp_path):
+    """``VisionFamily.tool_role`` (what ``vf-mm init --tools`` relies on) is what the
+    family's template does with a tool result."""
+    path = tiny.get(name) or checkpoints.get(name) or build_tiny_vlm(tmp_path / name, name)
+    renderer = load_renderer(path, image_backend="pil")
+    call = {"id": "c", "type": "function", "function": {"name": "zoom", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "zoom"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "done"},
+    ]
+    if family_info(name).tool_role:
+        assert renderer.render(messages).token_ids
+    else:  # the template's own refusal (Gemma 3's, LLaVA-NeXT's)
+        with pytest.raises(RenderError, match=r"alternate|Only user and assistant"):
+            renderer.render(messages)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
     """Turn after turn, the bridged prompt equals rendering the whole conversation, with
@@ -392,8 +418,7 @@ def test_a_loaded_qwen3_5_processor_is_told_from_qwen3_vl(tiny):
     [("gemma3", "look: <image_soft_token>"), ("llava_onevision", "a <video> here"),
      ("llava_next", "an <image> here"),
      ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here"),
-     ("gemma4", "look: <|image>"), ("gemma4", "a <|video|> here"), ("gemma4", "say <|audio|>"),
-     ("gemma4", "end <audio|>")],
+     ("gemma4", "a <|video|> here"), ("gemma4", "say <|audio|>")],
 )  # fmt: skip
 def test_a_reserved_token_written_in_text_is_refused(tiny, family, text):
     """Written literally, an image or video token would be an embedding position no image
@@ -401,6 +426,37 @@ def test_a_reserved_token_written_in_text_is_refused(tiny, family, text):
     renderer = load_renderer(tiny[family], image_backend="pil")
     with pytest.raises(RenderError, match="literally"):
         renderer.render([{"role": "user", "content": [{"type": "text", "text": text}]}])
+
+
+@pytest.mark.parametrize(
+    ("family", "token", "label"),
+    [("gemma3", "<start_of_image>", "Gemma 3"), ("llava_onevision", "<image>", "LLaVA-OneVision"),
+     ("qwen3_5", "<|video_pad|>", "Qwen3.5"), ("smolvlm", "<video>", "SmolVLM")],
+)  # fmt: skip
+def test_a_placeholder_in_a_message_names_the_message_its_role_the_token_and_the_family(
+    tiny, family, token, label
+):
+    """The error names what the user must fix: which message (index and role), where in
+    it, the literal placeholder, and the family at hand only (SmolVLM's once spoke of
+    Gemma 3's system message). An assistant reply holding one (a model that sampled it)
+    is refused the same way when the history is rendered again."""
+    from vf_mm.errors import ReservedTokenError
+
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    history = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]},
+               {"role": "assistant", "content": f"I see {token} there."},
+               {"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]  # fmt: skip
+    with pytest.raises(ReservedTokenError) as caught:
+        renderer.render(history)
+    message = str(caught.value)
+    assert message.startswith(f"message 1 (assistant), field 'content': the text holds {token} ")
+    assert label in message and caught.value.token == token
+    others = {"Gemma 3", "SmolVLM", "LLaVA-OneVision", "Qwen3.5"} - {label}
+    assert not any(other in message for other in others)
+    user = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                         {"type": "text", "text": f"b {token}"}]}]  # fmt: skip
+    with pytest.raises(ReservedTokenError, match=r"^message 0 \(user\), content part 1: "):
+        renderer.render(user)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -391,3 +391,16 @@ def test_a_variant_checkpoint_carries_that_variants_template(tmp_path):
     assert load_renderer(path, image_backend="pil").tokenizer.chat_template == chat_template(
         "qwen3_5", "qwen3.8"
     )
+
+
+def test_the_image_audio_and_video_markup_is_never_sampled(renderer_of):
+    """Every token of an image's, a clip's or an audio's markup is banned from sampling
+    (``banned_token_ids``, sent with every request): the soft tokens, the begin/end
+    markers, the video and audio placeholders; the audio placeholder is also refused in
+    text (vf_mm renders no audio, so it would be a position no audio explains)."""
+    renderer = renderer_of()
+    names = ["<|image>", "<image|>", "<|image|>", "<|video|>", "<|audio>", "<audio|>", "<|audio|>"]
+    ids = set(renderer.tokenizer.convert_tokens_to_ids(names))
+    assert ids <= renderer.vision.banned_token_ids
+    audio = renderer.tokenizer.convert_tokens_to_ids("<|audio|>")
+    assert audio in renderer.vision.reserved_token_ids

@@ -417,7 +417,10 @@ def test_an_asset_that_does_not_match_its_hash_is_refused(tmp_path, shards):
         merge_runs(tmp_path / "all", shards)
     assert_nothing_written(tmp_path / "all")
     (shards[1] / ASSETS_DIR / name).unlink()
-    with pytest.raises(MergeError, match=rf"{name} \(referred to by example 5 rollout 0\) cannot"):
+    with pytest.raises(
+        MergeError,
+        match=rf"{name} \(referred to by example 5 rollout 0, prompt, message \d+, part \d+\) cannot",
+    ):
         merge_runs(tmp_path / "all", shards)
     assert_nothing_written(tmp_path / "all")
 

@@ -112,6 +112,7 @@ def test_results_line_schema(tmp_path):
         "reward": 0.25,
         "metrics": {"correct": 0.0, "format": 1.0},
         "error": None,
+        "truncated": False,
         "num_turns": 2,
         "prompt_tokens": 25,
         "completion_tokens": 7,
@@ -140,6 +141,15 @@ def test_token_counts_are_null_without_token_level_steps(tmp_path):
     assert (a["num_turns"], a["prompt_tokens"], a["completion_tokens"]) == (3, None, None)
     assert (b["num_turns"], b["prompt_tokens"], b["completion_tokens"]) == (2, None, None)
     assert (c["num_turns"], c["prompt_tokens"], c["completion_tokens"]) == (2, None, None)
+
+
+def test_a_truncated_rollout_says_so_in_its_row(tmp_path):
+    with new_writer(tmp_path) as writer:
+        cut = writer.write(output(0, truncated=True), rollout_index=0)
+        whole = writer.write(output(1), rollout_index=0)
+    assert cut["truncated"] is True and cut["reward"] == 1.0 and cut["error"] is None
+    assert whole["truncated"] is False
+    assert [json.loads(line)["truncated"] for line in raw_lines(tmp_path)] == [True, False]
 
 
 def test_unicode_is_written_as_utf8_and_line_separators_stay_inside_the_line(tmp_path):
@@ -363,6 +373,25 @@ def test_an_empty_existing_outdir_is_fine(tmp_path):
     (tmp_path / "out").mkdir()
     with new_writer(tmp_path / "out") as writer:
         writer.write(output(0), rollout_index=0)
+
+
+def test_a_run_that_stopped_before_its_first_rollout_is_reused_with_or_without_resume(tmp_path):
+    """Bad settings or an interrupt before the first rollout leave metadata.json and an
+    empty results.jsonl: nothing to lose, so the next try (with other settings, with or
+    without resume) takes the directory; once a rollout is in, it is a run to keep."""
+    new_writer(tmp_path).close()  # stopped before its first rollout
+    other = {"config": {**CONFIG, "sampling_args": {"max_tokens": 8}}}
+    new_writer(tmp_path, metadata=other).close()
+    assert read_metadata(tmp_path)["config"] == other["config"]
+    third = {"config": {**CONFIG, "seed": 3}}
+    with new_writer(tmp_path, resume=True, metadata=third) as writer:
+        assert writer.done == frozenset() and not writer.resumed
+        writer.write(output(0), rollout_index=0)
+    assert read_metadata(tmp_path)["config"] == third["config"]
+    with pytest.raises(ResultsError, match=r"already holds results\.jsonl and metadata\.json"):
+        new_writer(tmp_path, metadata=third)
+    with pytest.raises(ResumeMismatchError, match="seed"):
+        new_writer(tmp_path, resume=True, metadata=other)
 
 
 def test_a_second_writer_on_the_same_outdir_is_refused(tmp_path):

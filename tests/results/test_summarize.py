@@ -83,6 +83,16 @@ def test_counts_reward_metrics_tokens_and_turns():
     assert summary["mean_turns"] == pytest.approx(7 / 3)
 
 
+def test_truncated_rollouts_are_counted_and_scored_like_others():
+    """A rollout that ran out of context is a scored row marked truncated (older files
+    have no such key: not truncated)."""
+    cut = {**row(0, 0.5, turns=9), "truncated": True}
+    summary = summarize([cut, {**row(0, 1.0), "truncated": False}, row(1, 0.0)])
+    assert summary["truncated"] == 1 and summary["errors"] == 0
+    assert summary["reward"]["count"] == 3
+    assert summarize(ROWS)["truncated"] == 0
+
+
 def test_errors_counted_in_the_hand_example():
     summary = summarize(ROWS)
     assert summary["errors"] == 1

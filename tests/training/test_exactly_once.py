@@ -33,8 +33,8 @@ from vf_mm.training import (
     stream_rollouts,
     unpack_group,
 )
+from vf_mm.training._acks import ANSWER, ANSWER_MAGIC, HELLO, HELLO_MAGIC
 from vf_mm.training._ledger import LEDGER_FORMAT, Ledger
-from vf_mm.training._transport import ANSWER, ANSWER_MAGIC, HELLO, HELLO_MAGIC
 from vf_mm.types import (
     MultiModalData,
     PlaceholderRange,

@@ -31,6 +31,7 @@ from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 from vf_mm.training import (
     GROUP_FORMAT,
     TrainingRollout,
+    group_advantages,
     pack_group,
     unpack_group,
 )
@@ -407,8 +408,8 @@ def test_frame_schema_and_group_fields():
     assert set(frame) == {"format", "example_id", "images", "rollouts"}
     rollout = frame["rollouts"][0]
     assert set(rollout) == {
-        "rollout_index", "reward", "metrics", "error", "answer", "info", "advantage",
-        "prompt", "completion", "steps",
+        "rollout_index", "reward", "metrics", "error", "truncated", "answer", "info",
+        "advantage", "prompt", "completion", "steps",
     }  # fmt: skip
     step = rollout["steps"][1]
     assert set(step) == {
@@ -434,6 +435,38 @@ def test_frame_schema_and_group_fields():
     assert got[0].trajectory[2].tokens is None and not got[0].trainable and got[1].trainable
     assert "advantage" not in pack_group(outputs)["rollouts"][0]
     assert unpack_group(unpackb(packb(pack_group(outputs))))[0].advantage is None
+
+
+def test_a_truncated_rollout_is_marked_in_its_group_and_old_frames_read_as_not():
+    outputs = plain_group(World(4), 1, rollouts=2)
+    outputs[1].truncated = True
+    frame = pack_group(outputs)
+    assert [r["truncated"] for r in frame["rollouts"]] == [False, True]
+    assert [r.truncated for r in unpack_group(unpackb(packb(frame)))] == [False, True]
+    for entry in frame["rollouts"]:  # a frame written before the field
+        del entry["truncated"]
+    assert [r.truncated for r in unpack_group(frame)] == [False, False]
+
+
+def test_a_failed_rollouts_advantage_travels_as_none_and_nan_is_refused():
+    """group_advantages gives None for a failed rollout: the frame carries it as None (a
+    float() of it once failed the whole group); a NaN advantage never reaches a trainer."""
+    outputs = plain_group(World(4), 1, rollouts=3)
+    outputs[1].reward, outputs[1].error = None, RolloutError("BackendError", "down", "turn 1")
+    outputs[0].reward, outputs[2].reward = 1.0, 0.0
+    advantages = group_advantages([o.reward for o in outputs])
+    frame = pack_group(outputs, advantages=advantages, advantage_method="grpo")
+    assert frame["advantage_method"] == "grpo"
+    got = unpack_group(unpackb(packb(frame)))
+    assert [g.advantage is None for g in got] == [False, True, False]
+    assert got[0].advantage == pytest.approx(1, abs=1e-3)
+    assert {g.advantage_method for g in got} == {"grpo"}
+    assert unpack_group(unpackb(packb(pack_group(outputs))))[0].advantage_method is None
+    for bad in (math.nan, math.inf, "0.5"):
+        with pytest.raises(GroupFrameError, match="advantage 2 is"):
+            pack_group(outputs, advantages=[1.0, None, bad])
+    with pytest.raises(GroupFrameError, match="pass both"):
+        pack_group(outputs, advantage_method="grpo")
 
 
 def test_empty_sidecars_keep_their_shape():
@@ -627,6 +660,18 @@ def test_bad_groups_are_refused_when_packing():
     mm.mm_placeholders["image"][1] = PlaceholderRange(mm.mm_placeholders["image"][0].offset, 1)
     with pytest.raises(GroupFrameError, match=r"rollout 0, step 1: .*overlaps"):
         pack_group(bad)
+
+
+def test_an_empty_group_is_refused_by_name_whoever_builds_it():
+    """No rollouts, or a rollout with nothing in it (an agent's session whose every call
+    was refused): never a frame a trainer would receive. A rollout that failed before its
+    first turn still goes, with its error."""
+    with pytest.raises(GroupFrameError, match=r"no rollouts \(example 'agent-1'\)"):
+        pack_group([], example_id="agent-1")
+    with pytest.raises(GroupFrameError, match=r"example 'agent-1', rollout 3 is empty"):
+        pack_group([RolloutOutput("agent-1", [], [])], rollout_indices=[3])
+    failed = RolloutOutput(0, [], [], error=RolloutError("ValueError", "no", "making the prompt"))
+    assert pack_group([failed])["rollouts"][0]["steps"] == []
 
 
 def test_a_stream_cut_mid_frame_gives_every_whole_group_then_a_torn_frame_error(tmp_path):

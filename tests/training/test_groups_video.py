@@ -147,7 +147,10 @@ def test_images_and_videos_round_trip_each_once_per_group(seed, rollouts, shared
     for plan in rollouts:
         seen, steps = list(base_seen), list(base_steps)
         play(plan, seen, steps)
-        outputs.append(RolloutOutput("ex", [], [], trajectory=steps))
+        # a prompt: a plan may add no step, and a rollout with nothing in it is refused
+        outputs.append(
+            RolloutOutput("ex", [{"role": "user", "content": "go"}], [], trajectory=steps)
+        )
     frame = pack_group(outputs)
     items = distinct(outputs)
     assert set(frame["images"]) == set(items)  # images and videos: one table, each once

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vf_mm.errors import TrajectoryError
 from vf_mm.training import MicroBatch, grpo_loss, token_logprobs
 
 VOCAB = 11
@@ -184,3 +185,15 @@ def test_the_mean_is_over_tokens_not_over_sequences():
     per_sequence = -(4.0 / 1 + 3.0 / 3) / 2
     assert loss.item() == pytest.approx(per_token, abs=1e-6)
     assert per_token != pytest.approx(per_sequence)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("field", ["advantages", "logprobs"])
+def test_a_non_finite_advantage_or_logprob_is_refused_by_name_not_a_nan_loss(field, bad):
+    """A None advantage once became NaN here and the loss tensor(nan), silently."""
+    model = TableModel(4)
+    ids, mask = [[0, 5, 2, 7], [1, 1, 1, 1]], [[0, 1, 1, 0], [0, 1, 0, 0]]
+    batch = on_policy(model, ids, mask, [[0.0, 1.0, -1.0, 0.0], [0.0, 0.5, 0.0, 0.0]])
+    getattr(batch, field)[1, 1] = bad
+    with pytest.raises(TrajectoryError, match=rf"row 1: the batch's {field} hold .* at token 1"):
+        grpo_loss(model, batch)

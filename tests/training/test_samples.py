@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -140,6 +141,59 @@ def test_never_truncated_through_an_image(setup):
 def test_group_advantages():
     assert group_advantages([1.0, 0.0, 1.0, 0.0]) == pytest.approx([1, -1, 1, -1], abs=1e-3)
     assert group_advantages([0.5, 0.5]) == [0.0, 0.0]
+    assert group_advantages([3.0, 1.0], scale=False) == [1.0, -1.0]
+    assert group_advantages([True, False], scale=False) == [0.5, -0.5]
+    assert group_advantages(torch.tensor([3.0, 1.0]), scale=False) == [1.0, -1.0]
+    assert group_advantages(np.array([3.0, 1.0]), scale=False) == [1.0, -1.0]
+
+
+def test_group_advantages_skip_failed_rollouts_never_averaging_them_in():
+    """An errored rollout's reward is None: its advantage is None and the others are
+    normalised among themselves (it once made every advantage of the group NaN)."""
+    got = group_advantages([1.0, None, 0.0, None])
+    assert got[1] is None and got[3] is None
+    assert got[0] == pytest.approx(1, abs=1e-3) and got[2] == pytest.approx(-1, abs=1e-3)
+    assert group_advantages([None, None]) == [None, None]
+
+
+@pytest.mark.parametrize("eps", [1e-4, 0.0])
+def test_a_group_with_no_spread_has_zero_advantages_not_nan(eps):
+    assert group_advantages([0.7], eps=eps) == [0.0]
+    assert group_advantages([0.1, 0.1, 0.1], eps=eps) == [0.0, 0.0, 0.0]
+    assert group_advantages([0.1, None], eps=eps) == [0.0, None]
+    assert group_advantages([], eps=eps) == []
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "1.0", torch.tensor(math.nan), [1.0]])
+def test_a_reward_that_is_not_a_finite_number_is_refused_naming_it(bad):
+    with pytest.raises(TrajectoryError, match="reward 1 of the group"):
+        group_advantages([1.0, bad, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("rollout", "advantage", "says"),
+    [
+        ({"example_id": 3, "rollout_index": 1, "steps": []}, None, "group_advantages"),
+        ({"example_id": 3, "rollout_index": 1, "steps": [], "error": "BackendError: down"},
+         None, "the rollout failed .*BackendError"),
+        ({"example_id": 3, "rollout_index": 1, "steps": []}, math.nan, "nan, not a finite"),
+        ({"example_id": 3, "rollout_index": 1, "steps": []}, "0.5", "not str"),
+    ],
+)  # fmt: skip
+def test_build_samples_refuses_a_missing_or_non_finite_advantage(rollout, advantage, says):
+    """Groups streamed without advantages carry None: build_samples once filled the
+    samples with NaN, and the loss became NaN without an error."""
+    with pytest.raises(TrajectoryError, match=rf"example 3, rollout 1: advantage .*{says}"):
+        build_samples(rollout, advantage=advantage, image_token_id=5)
+
+
+def test_a_sample_with_nan_advantages_is_refused_when_batched(setup):
+    _, renderer = setup
+    pad = renderer.vision.image_token_id
+    (sample,) = build_samples(rollout(renderer, turns=1), advantage=1.0, image_token_id=pad)
+    sample.advantages[sample.loss_mask == 1] = np.nan  # a hand-made sample
+    with pytest.raises(TrajectoryError, match="advantages are not all finite"):
+        make_batches([sample], token_budget=10_000, pad_token_id=0, image_token_id=pad)
 
 
 def test_grpo_loss_is_finite_and_has_gradients(setup):

@@ -30,7 +30,7 @@ from vf_mm.errors import (
     TransportError,
 )
 from vf_mm.training import GroupReceiver, GroupSender, is_endpoint, read_groups
-from vf_mm.training._transport import ACK, ACK_MAGIC
+from vf_mm.training._acks import ACK, ACK_MAGIC
 from vf_mm.wire import (
     FRAME_HEADER_SIZE,
     STREAM_HEADER_SIZE,

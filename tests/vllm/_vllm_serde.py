@@ -19,7 +19,6 @@ import sys
 
 import torch
 from transformers import BatchFeature
-
 from vllm.entrypoints.scale_out.token_in_token_out.mm_serde import (
     decode_mm_kwargs_item,
     encode_mm_kwargs_item,

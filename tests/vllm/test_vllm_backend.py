@@ -158,3 +158,46 @@ def test_vl_features_and_content_parts_agree(vl_server, vl_case) -> None:
     assert b.multi_modal_data is not None
     assert b.multi_modal_data.mm_placeholders == rendered.multi_modal_data.mm_placeholders
     assert b.usage.prompt_tokens == len(rendered.token_ids)
+
+
+def test_banned_ids_are_never_sampled_and_logprobs_stay_raw(vl_server, vl_case, checkpoint_dirs):
+    """What ``VLLMBackend`` sends as a ban (``logit_bias`` -100 per id) is honoured by a
+    real vLLM server: ids it would pick greedily are not sampled, the logprobs are the
+    raw ones (vLLM takes them before the bias), and through ``RendererClient`` a random
+    model never samples the family's image and video tokens."""
+    from vf_mm import RendererClient
+
+    renderer = load_renderer(checkpoint_dirs["vl"])
+    rendered = vl_case["rendered"]
+    prompt = list(rendered.token_ids)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    messages = [{"role": "user", "content": [vl_case["part"], {"type": "text", "text": "Go."}]}]
+
+    async def go():
+        async with VLLMBackend(vl_server.base_url, mode="features") as backend:
+            free = await backend.generate(
+                GenerateRequest(prompt, greedy, multi_modal_data=rendered.multi_modal_data)
+            )
+            banned = tuple(sorted(set(free.completion_ids) | renderer.vision.banned_token_ids))
+            held = await backend.generate(
+                GenerateRequest(
+                    prompt, greedy, multi_modal_data=rendered.multi_modal_data,
+                    banned_token_ids=banned,
+                )
+            )  # fmt: skip
+            client = RendererClient(backend, renderer)
+            turns = await asyncio.gather(
+                *(
+                    client.generate(
+                        messages, sampling=SamplingParams(max_tokens=32, temperature=1.0, seed=s)
+                    )
+                    for s in SEEDS
+                )
+            )
+            return free, banned, held, turns
+
+    free, banned, held, turns = _run(go())
+    assert not set(held.completion_ids) & set(banned)
+    assert held.logprobs[0] <= free.logprobs[0] + 1e-4  # raw, not renormalised after the ban
+    for turn in turns:
+        assert not set(turn.tokens.completion_ids) & renderer.vision.banned_token_ids

@@ -57,13 +57,13 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vf_mm._text import shorten
 from vf_mm.envs import Environment, State
 from vf_mm.errors import UnsupportedEnvironmentError
 from vf_mm.recording import Recorder, openai_client
-from vf_mm.types import Messages, RolloutError, RolloutOutput
+from vf_mm.types import Message, Messages, RolloutError, RolloutOutput
 
 #: the model name the environment's calls carry (the in-process endpoint serves this one)
 MODEL = "vf-mm"
@@ -131,7 +131,7 @@ class VerifiersEnv(Environment):
             return [{"role": "user", "content": prompt}]
         if not isinstance(prompt, Sequence):
             raise ValueError("a verifiers dataset row needs a 'prompt' column (messages)")
-        return [_clean_message(m) for m in prompt]
+        return [cast(Message, _clean_message(m)) for m in prompt]
 
     async def rollout(
         self,
@@ -304,18 +304,9 @@ class VerifiersEnv(Environment):
             reward = float(vstate.get("reward") or 0.0)
             metrics = {str(k): float(v) for k, v in (vstate.get("metrics") or {}).items()}
         state["timing"]["scoring_s"] = scoring_s
-        return RolloutOutput(
-            example_id=state["example_id"],
-            prompt=state["prompt"],
-            completion=state["completion"],
-            answer=state.get("answer"),
-            info=state.get("info") or {},
-            trajectory=state["trajectory"],
-            reward=reward,
-            metrics=metrics,
-            error=state["error"],
-            timing=dict(state["timing"]),
-        )
+        if vstate is not None:  # verifiers' name for a rollout that ran out of context
+            state["truncated"] = bool(vstate.get("is_truncated"))
+        return RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=state["error"])
 
 
 class _RewardFailures:
@@ -436,7 +427,7 @@ def _chat_client_class() -> type:
     remembers which tool-call replies had ``""`` and sends those back with ``""``."""
     import verifiers
 
-    class RecordingChatClient(verifiers.OpenAIChatCompletionsClient):  # type: ignore[misc, name-defined]
+    class RecordingChatClient(verifiers.OpenAIChatCompletionsClient):
         def __init__(self, client: Any) -> None:
             super().__init__(client)
             self.empty_replies: set[tuple[str, ...]] = set()  # their tool-call ids
@@ -520,7 +511,7 @@ def _rollout_error(exc: BaseException, where: str) -> RolloutError:
             where,
         )
     base = RolloutError.from_exception(exc, where=where)
-    causes = []
+    causes: list[str] = []
     seen = {id(exc)}
     cause = exc.__cause__ or exc.__context__
     while cause is not None and id(cause) not in seen and len(causes) < 4:

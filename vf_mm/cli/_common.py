@@ -9,14 +9,17 @@ The commands stay thin: each parses its own few options, builds the environment 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import difflib
 import json
-import os
+import math
 import re
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.progress import (
@@ -43,16 +46,33 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each option's default, but only where it tells something:
+    not for a help line that already says its default, nor a default of None, False or
+    an empty list or object (an option left out)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        left_out = default is None or default is False or default == [] or default == {}
+        if "default" in text or left_out or default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
 def add_run_arguments(
     p: argparse.ArgumentParser,
     *,
     backends: tuple[str, ...],
     num_examples: tuple[int, str],
     rollouts_per_example: tuple[int, str],
+    output: str,
 ) -> None:
     """The arguments every command that runs an environment takes: which environment,
     which model on which backend, how many rollouts, and the environment's and
-    sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help)."""
+    sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help);
+    each help line names only the ``backends`` this command has. ``output`` is what the
+    command writes ("results" or "groups"), for ``--workers`` and ``--shard``."""
     p.add_argument(
         "env",
         help="environment id (installed, or a folder <id>/ under --env-dir, $VF_MM_ENV_PATH or "
@@ -65,11 +85,14 @@ def add_run_arguments(
         metavar="DIR",
         help="a folder of environment folders to look in first (repeatable)",
     )
+    api = "openai" in backends
     p.add_argument(
         "-m",
         "--model",
         help="checkpoint directory (local, and vllm: the renderer needs its tokenizer and "
-        "processor), or the API's model name (openai); default: the embedded tiny model",
+        "processor)"
+        + (", or the API's model name (openai)" if api else "")
+        + "; default: the embedded tiny model",
     )
     kinds = {
         "local": "in-process transformers",
@@ -95,7 +118,9 @@ def add_run_arguments(
         action="append",
         default=None,
         help="the servers' API key, sent as Authorization: Bearer (vllm: once for every "
-        "server, or once per -b in order; openai: default $OPENAI_API_KEY). Never logged",
+        "server, or once per -b in order"
+        + ("; openai: default $OPENAI_API_KEY" if api else "")
+        + "). Never logged",
     )
     if "vllm" in backends:
         p.add_argument(
@@ -124,16 +149,102 @@ def add_run_arguments(
     )
     p.add_argument("-c", "--max-concurrent", type=int, default=32, help="rollouts at once")
     p.add_argument(
-        "-a", "--env-args", type=_json_object, default={}, help="JSON object for load_environment"
+        "-a",
+        "--env-args",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="JSON object of the keyword arguments for the environment's load_environment",
     )
     p.add_argument(
-        "-S", "--sampling-args", type=_json_object, default={}, help="JSON object of sampling args"
+        "-S",
+        "--sampling-args",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="JSON object of sampling args, vLLM's names, e.g. '{\"max_tokens\": 64, "
+        "\"temperature\": 0.7}' (over the environment's own)",
     )
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
     add_image_backend_argument(p)
     add_engine_arguments(p)
     add_memory_arguments(p)
-    add_scale_arguments(p)
+    add_scale_arguments(p, output=output)
+
+
+#: the numbers a run takes: (attribute, flag, what it must be, the check); an attribute a
+#: command lacks, or left unset (None), is not checked
+_NUMBERS: tuple[tuple[str, str, str, Any], ...] = (
+    ("num_examples", "-n/--num-examples", "a number of rows >= 1, or -1 for all of them",
+     lambda v: v == -1 or v >= 1),
+    ("rollouts_per_example", "-r/--rollouts-per-example", ">= 1", lambda v: v >= 1),
+    ("max_concurrent", "-c/--max-concurrent", ">= 1", lambda v: v >= 1),
+    ("workers", "--workers", ">= 1", lambda v: v >= 1),
+    ("gpus_per_server", "--gpus-per-server", ">= 0", lambda v: v >= 0),
+    ("max_errors", "--max-errors", ">= 1", lambda v: v >= 1),
+    ("hwm", "--hwm", ">= 1", lambda v: v >= 1),
+    ("send_timeout", "--send-timeout", "a number of seconds > 0",
+     lambda v: math.isfinite(v) and v > 0),
+)  # fmt: skip
+
+
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """Every number and the sampling arguments of ``vf-mm eval`` / ``vf-mm rollout``,
+    checked before anything is loaded or written: a bad one exits 2 with one line naming
+    the flag (and, for an unknown sampling arg, the nearest known one). A run refused
+    here leaves no directory, stream file or metadata behind to block the next try."""
+    for name, flag, rule, ok in _NUMBERS:
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            _refuse(args, f"{flag} must be {rule}, not {value}")
+    outdir = getattr(args, "outdir", None)  # vf-mm eval's run directory
+    for path in (outdir, *outdir.parents) if outdir is not None else ():
+        if path.exists():  # the nearest that exists must be a directory to write under
+            if not path.is_dir():
+                _refuse(args, f"-o/--outdir: {path} is a file, not a directory")
+            break
+    from vf_mm.inference import SamplingParams
+
+    known = sorted(SamplingParams.__dataclass_fields__)
+    for key in args.sampling_args:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _refuse(
+                args,
+                f"-S/--sampling-args: unknown sampling arg {key!r}{hint}; known: "
+                + ", ".join(known),
+            )
+    for key, value in args.sampling_args.items():  # one at a time: the message names it
+        if key == "stop_token_ids" and not isinstance(value, list):
+            _refuse(
+                args, f"-S/--sampling-args: stop_token_ids must be a list of ids, not {value!r}"
+            )
+        try:
+            SamplingParams.from_dict({key: value})
+        except (TypeError, ValueError) as exc:  # a value of the wrong type or out of range
+            _refuse(args, f"-S/--sampling-args: {key}: {exc}")
+
+
+def load_environment(args: argparse.Namespace) -> Any:
+    """The environment ``args`` name, loaded with ``-a``'s arguments. Arguments its
+    ``load_environment`` does not take exit 2 naming them (a mistake in the command, not
+    in the environment); its own sampling args must make valid ``SamplingParams`` with
+    ``-S`` over them (else ``EnvironmentLoadError``: the environment's mistake)."""
+    from vf_mm.errors import EnvironmentArgsError, EnvironmentLoadError
+
+    try:
+        env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
+    except EnvironmentArgsError as exc:
+        _refuse(args, f"-a/--env-args: {exc}")
+    try:
+        env.sampling(args.sampling_args)
+    except (TypeError, ValueError) as exc:
+        raise EnvironmentLoadError(
+            f"{env.env_id}: its sampling_args {env.sampling_args!r} (with -S over them) are "
+            f"not valid: {exc}"
+        ) from exc
+    return env
 
 
 #: --kv-cache-mb's default on CPU, where the KV cache is in RAM (on a GPU the local
@@ -176,8 +287,14 @@ def _megabytes(text: str) -> int:
     return value
 
 
-def add_scale_arguments(p: argparse.ArgumentParser) -> None:
-    """``--workers``, ``--ray`` and ``--shard``: where the rollouts run."""
+def add_scale_arguments(p: argparse.ArgumentParser, *, output: str) -> None:
+    """``--workers``, ``--ray`` and ``--shard``: where the rollouts run. ``output``:
+    what the command writes, "results" (an eval directory) or "groups" (a stream)."""
+    landing = (
+        "results still land here, once each"
+        if output == "results"
+        else "every group is still packed and sent from here, once"
+    )
     p.add_argument(
         "--workers",
         type=int,
@@ -185,7 +302,7 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
         metavar="W",
         help="run the rollouts in W worker processes, each with its own client (its own "
         "local model, or its own connection to the vLLM servers), so rendering is not "
-        "bound to one process; results still land here, once each (default: in this process)",
+        f"bound to one process; {landing} (default: in this process)",
     )
     p.add_argument(
         "--ray",
@@ -203,7 +320,13 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="i/N",
         help="run only the examples in shard i of N, split by example id (the same split "
-        "on every machine); vf-mm merge joins the shards' output directories",
+        "on every machine); "
+        + (
+            "vf-mm merge joins the shards' output directories"
+            if output == "results"
+            else "the shards share the run id, so their group ids (RUN_ID/EXAMPLE_ID) never "
+            "collide: one trainer may take them all"
+        ),
     )
 
 
@@ -395,45 +518,63 @@ def spawned_servers(args: argparse.Namespace) -> Iterator[None]:
         yield
 
 
-def _refuse(args: argparse.Namespace, message: str) -> None:
+def _refuse(args: argparse.Namespace, message: str) -> NoReturn:
     """Arguments that do not go together: say why, exit 2 (as argparse does)."""
     print(f"vf-mm {args.command}: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
 def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
-    """A ``RendererClient`` over the backend ``args`` name (close it with ``aclose``)."""
-    from vf_mm.renderers import RendererPool, load_renderer
-
-    if args.backend == "openai":
-        from vf_mm.inference import OpenAIChatBackend
-
-        base = args.base_url[0] if args.base_url else None
-        keys = args.api_key or []
-        return vf_mm.RendererClient(
-            OpenAIChatBackend(model, base_url=base, api_key=keys[0] if keys else None), None
-        )
-    backend = args.image_backend
-    cache_bytes = getattr(args, "image_cache_mb", IMAGE_CACHE_MB) << 20  # shared by the pool
-    pool = RendererPool(
-        lambda: load_renderer(model, image_backend=backend, cache_bytes=cache_bytes),
-        size=max(2, min(8, os.cpu_count() or 2)),
+    """``vf_mm.make_client`` with what the flags say (close it with ``aclose``)."""
+    keys = args.api_key or []  # their count was checked with the other flags
+    if args.backend == "vllm" and not args.base_url:
+        raise SystemExit("--backend vllm needs -b BASE_URL")
+    return vf_mm.make_client(
+        model,
+        backend=args.backend,
+        base_url=args.base_url or None,
+        api_key=keys if len(keys) > 1 else (keys[0] if keys else None),
+        image_backend=args.image_backend,
+        image_cache_bytes=getattr(args, "image_cache_mb", IMAGE_CACHE_MB) << 20,
+        backend_options=local_backend_options(args) if args.backend == "local" else None,
     )
-    if args.backend == "vllm":
-        from vf_mm.inference import VLLMBackend
-
-        if not args.base_url:
-            raise SystemExit("--backend vllm needs -b BASE_URL")
-        keys = args.api_key or []  # their count was checked with the other flags
-        api_key = keys if len(keys) > 1 else (keys[0] if keys else None)
-        return vf_mm.RendererClient(VLLMBackend(args.base_url, model=model, api_key=api_key), pool)
-    from vf_mm.inference import LocalBackend
-
-    return vf_mm.RendererClient(LocalBackend(model, **local_backend_options(args)), pool)
 
 
 #: exit status of a run that ``--max-errors`` stopped
 EXIT_STOPPED = 3
+#: exit status of a run that Ctrl-C (SIGINT) stopped, as a shell reports one
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(slots=True)
+class RunCount:
+    """How far a run got, for the line it ends with when interrupted: ``where`` it
+    writes (None until its output is open), ``done`` of ``total`` (None: not known)."""
+
+    where: str | None = None
+    done: int = 0
+    total: int | None = None
+
+    def of_total(self) -> str:
+        return f"{self.done}/{'?' if self.total is None else self.total}"
+
+
+def run_interruptibly(
+    args: argparse.Namespace,
+    command: Callable[[RunCount], Coroutine[Any, Any, int]],
+    interrupted: Callable[[RunCount], str],
+) -> int:
+    """``command(count)`` run to its end in an event loop, inside ``--spawn``'s servers.
+    Ctrl-C (SIGINT) ends it with one line on stderr, ``interrupted(count)`` (what was
+    saved and how to go on), and exit status 130, never a traceback: asyncio cancels the
+    run, and each writer and sender closes on its way out, so what it wrote is whole."""
+    count = RunCount()
+    try:
+        with spawned_servers(args):
+            return asyncio.run(command(count))
+    except KeyboardInterrupt:
+        print(f"vf-mm {args.command}: {interrupted(count)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 class PlainProgress:

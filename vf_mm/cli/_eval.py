@@ -9,7 +9,9 @@ Exit status: 0 when every rollout ran (failed ones are recorded with their error
 when vf_mm refused the run (an environment that does not load, an OUTDIR in use, a
 model that cannot take the environment's images or clips) or when every rollout failed
 (nothing was measured: a server that cannot be reached, say; the rows still hold each
-error), 2 for bad arguments, 3 when ``--max-errors`` stopped it.
+error), 2 for bad arguments (every one checked before anything is written), 3 when
+``--max-errors`` stopped it, 130 when Ctrl-C did (one line says how many rollouts were
+saved; ``--resume`` continues).
 
 A terminal over ``vf_mm.results.evaluate_to_dir``: with no ``-m`` it runs the embedded
 tiny model, so the whole path works on a fresh machine. Each rollout is appended to
@@ -20,7 +22,6 @@ continues an interrupted run without repeating or losing a rollout.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,16 @@ import vf_mm
 from vf_mm._text import shorten
 from vf_mm.cli._common import (
     EXIT_STOPPED,
+    HelpFormatter,
+    RunCount,
     add_run_arguments,
+    check_run_arguments,
+    load_environment,
     make_client,
     progress_bar,
     resolve_model,
     reward_text,
-    spawned_servers,
+    run_interruptibly,
     summary_table,
     worker_pool,
 )
@@ -54,19 +59,22 @@ def register(sub: Any) -> None:
         "Exit status: 0 done, 1 refused (an environment that cannot be found or loaded, an "
         "OUTDIR in use, a resume with other settings, a model that cannot take the "
         "environment's images or clips) or every rollout failed (nothing measured: "
-        "each row keeps its error), 2 arguments that do not parse, 3 stopped "
-        "by --max-errors. Memory does not grow with the run's length: rows are read as "
+        "each row keeps its error), 2 bad arguments (checked before anything is written: "
+        "a directory that holds no rollout is reused, with or without --resume), 3 stopped "
+        "by --max-errors, 130 interrupted (Ctrl-C: the rollouts saved so far are whole, "
+        "and --resume continues). Memory does not grow with the run's length: rows are read as "
         "rollout slots free up (-c), each rollout is written and released, the summary is "
         "read back from results.jsonl, and every cache that lives for the whole run is "
         "bounded in bytes: --image-cache-mb, --kv-cache-mb, and 8 MiB of asset hashes "
         "remembered (docs/long-runs.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_run_arguments(
         p,
         backends=("local", "vllm", "openai"),
         num_examples=(5, "eval rows (-1: all)"),
         rollouts_per_example=(2, "rollouts per row"),
+        output="results",
     )
     p.add_argument(
         "-o",
@@ -96,16 +104,27 @@ def register(sub: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
-        return asyncio.run(_eval(args))
+    check_run_arguments(args)  # exit 2 before anything is loaded or written
+    # --spawn: this run's vLLM servers, stopped when it ends; Ctrl-C: one line, exit 130
+    return run_interruptibly(args, lambda count: _eval(args, count), _interrupted)
 
 
-async def _eval(args: argparse.Namespace) -> int:
+def _interrupted(count: RunCount) -> str:
+    """The line an interrupted eval ends with: the rollouts saved, and how to go on
+    (``--resume`` runs only what is missing; a directory with none is reused as well)."""
+    if count.where is None:
+        return "interrupted before the run started; nothing was written"
+    return (
+        f"interrupted: {count.of_total()} rollouts saved in {count.where}; continue with --resume"
+    )
+
+
+async def _eval(args: argparse.Namespace, count: RunCount) -> int:
     from vf_mm.models import resolve_image_backend
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
     console = Console()
-    env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
+    env = load_environment(args)
     model = resolve_model(args)
     if model is None:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")
@@ -149,6 +168,12 @@ async def _eval(args: argparse.Namespace) -> int:
                 task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0)
 
                 def show(p: EvalProgress) -> None:
+                    # first called once the results store is open: now it holds the run
+                    count.where, count.done, count.total = (
+                        str(outdir),
+                        p.done_before + p.done,
+                        p.total,
+                    )
                     bar.update(
                         task,
                         total=p.total,
@@ -191,12 +216,12 @@ async def _eval(args: argparse.Namespace) -> int:
     if aggregates.get("stopped"):
         console.print(f"[red]{aggregates['stopped']}[/]; --resume continues the run")
         return EXIT_STOPPED
-    count, errors = aggregates.get("count") or 0, aggregates.get("errors") or 0
-    if count and errors == count:  # a script must not take a run that measured nothing
+    rollouts, errors = aggregates.get("count") or 0, aggregates.get("errors") or 0
+    if rollouts and errors == rollouts:  # a script must not take a run that measured nothing
         kinds = aggregates.get("error_kinds") or {}
         first = next(iter(kinds.items()), None)
         why = f" (first: {first[0]}: {first[1].get('first', '')})" if first else ""
-        console.print(f"[red]every rollout failed ({errors} of {count}){escape(why)}[/]")
+        console.print(f"[red]every rollout failed ({errors} of {rollouts}){escape(why)}[/]")
         return 1
     return 0
 
@@ -242,6 +267,8 @@ def _summary(env_id: str, model: str, agg: dict[str, Any]) -> Any:
     ]
     rows += [(f"pass@{k}", value) for k, value in (agg.get("pass_at_k") or {}).items()]
     rows += [("rollouts", agg.get("count", 0)), ("errors", agg.get("errors", 0))]
+    if agg.get("truncated"):  # ran out of context, scored on what they had
+        rows.append(("truncated (out of context)", agg["truncated"]))
     rows += [
         (f"  {kind['count']} × {name}", shorten(kind["first"], 60))  # noqa: RUF001
         for name, kind in (agg.get("error_kinds") or {}).items()

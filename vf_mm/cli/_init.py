@@ -1,4 +1,5 @@
-"""``vf-mm init NAME [--multi-turn | --tools]``: a new environment folder that already works."""
+"""``vf-mm init NAME [--multi-turn | --tools] [--family F]``: a new environment folder that
+already works, its test checking it on the family the author targets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+
+from vf_mm.errors import UnsupportedModelError
+from vf_mm.models import VISION_FAMILIES, family_info
 
 
 def register(sub: Any) -> None:
@@ -41,7 +45,24 @@ def register(sub: Any) -> None:
         default=Path("environments"),
         help="folder to create NAME in (default: ./environments, where vf-mm eval looks)",
     )
+    init.add_argument(
+        "--family",
+        type=family_argument,
+        default="qwen2_5_vl",
+        metavar="F",
+        help=f"the model family you target (a model_type: {', '.join(VISION_FAMILIES)}); the "
+        "test runs check_environment on its tiny checkpoint (default: qwen2_5_vl)",
+    )
     init.set_defaults(run=run_init, kind="single-turn")
+
+
+def family_argument(text: str) -> str:
+    """``text`` if it names a vision family; otherwise a usage error naming the nearest."""
+    try:
+        family_info(text)
+    except UnsupportedModelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def run_init(args: argparse.Namespace, console: Console | None = None) -> int:
@@ -49,12 +70,14 @@ def run_init(args: argparse.Namespace, console: Console | None = None) -> int:
 
     console = console or Console()
     try:
-        files = scaffold_environment(args.name, kind=args.kind, directory=args.dir)
+        files = scaffold_environment(
+            args.name, kind=args.kind, directory=args.dir, family=args.family
+        )
     except (ValueError, FileExistsError) as exc:
         console.print(f"[red]vf-mm init:[/red] {escape(str(exc))}")
         return 1
     folder = files[0].parent
-    console.print(f"Created {escape(str(folder))}/ ({args.kind}):")
+    console.print(f"Created {escape(str(folder))}/ ({args.kind}, checked on {args.family}):")
     for path in files:
         console.print(f"  {escape(str(path.relative_to(folder)))}")
     where = "" if args.dir == Path("environments") else f" --env-dir {escape(str(args.dir))}"

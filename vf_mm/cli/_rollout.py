@@ -21,7 +21,10 @@ inputs), ``encoded`` (each image's encoded bytes; the trainer rebuilds the input
 written once to ``--image-store``, a directory the trainer shares or an object store's
 URL such as ``s3://bucket/images``, and a reference with their sha256 in the group).
 
-With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does).
+With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does). Ctrl-C ends it
+with one line (the groups sent so far, each whole) and exit status 130; there is no
+resume: the same command sends every group again under the same ids, which a trainer
+with a ledger takes once.
 """
 
 from __future__ import annotations
@@ -37,14 +40,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import TextColumn
 
-import vf_mm
 from vf_mm.cli._common import (
+    HelpFormatter,
+    RunCount,
     add_run_arguments,
+    check_run_arguments,
+    load_environment,
     make_client,
     progress_bar,
     resolve_model,
     reward_text,
-    spawned_servers,
+    run_interruptibly,
     summary_table,
     worker_pool,
 )
@@ -60,34 +66,55 @@ def register(sub: Any) -> None:
         description="Run R rollouts (a group) of each of the first N rows of an "
         "environment's train split and send each scored group, as one frame with each "
         "distinct image's tensors once, to a stream file or a ZeroMQ endpoint where a "
-        "trainer listens. A slow trainer blocks the sender (bounded memory).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "trainer listens. A slow trainer blocks the sender (bounded memory). There is no "
+        "resume: the same command sends every group again, under the same group ids, and a "
+        "trainer with a ledger takes each once. Exit status: 0 every group sent (and, to "
+        "an endpoint, taken by the trainer), 1 refused (an environment that cannot be "
+        "found or loaded, a stream target that cannot be one) or a trainer that did not "
+        "take every group, 2 bad arguments (checked before anything is written), 130 "
+        "interrupted (Ctrl-C: the groups written so far are whole).",
+        formatter_class=HelpFormatter,
     )
     add_run_arguments(
         p,
         backends=("local", "vllm"),
         num_examples=(-1, "train rows (-1: all)"),
         rollouts_per_example=(4, "group size"),
+        output="groups",
     )
     p.add_argument(
         "--stream",
         required=True,
-        help="where groups go: a stream file path, tcp://HOST:PORT or ipc://PATH",
+        metavar="PATH|URL",
+        help="where groups go: a stream file path (written anew), tcp://HOST:PORT or "
+        "ipc://PATH (a trainer's vf_mm.training.GroupReceiver)",
     )
-    p.add_argument("--hwm", type=int, default=8, help="groups queued at most (ZeroMQ)")
+    p.add_argument(
+        "--hwm",
+        type=int,
+        default=8,
+        metavar="N",
+        help="ZeroMQ: groups sent and not yet acknowledged by the trainer at most; the next "
+        "send waits",
+    )
     p.add_argument(
         "--send-timeout",
         type=float,
         default=None,
-        help="give up when the trainer takes no group for this many seconds (default: wait)",
+        metavar="S",
+        help="ZeroMQ: give up when the trainer takes no group for this many seconds, and wait "
+        "at most this long for it to take the last ones (default: wait)",
     )
     p.add_argument(
-        "--bind", action="store_true", help="bind the ZeroMQ endpoint (the trainer connects)"
+        "--bind",
+        action="store_true",
+        help="ZeroMQ: bind the endpoint, and the trainer connects (default: the trainer binds)",
     )
     p.add_argument(
         "--secret-key",
         type=Path,
         default=None,
+        metavar="PATH",
         help="this worker's CURVE secret key file (vf-mm keys NAME): with --trainer-key, the "
         "stream is authenticated and encrypted, and goes only to that trainer",
     )
@@ -95,6 +122,7 @@ def register(sub: Any) -> None:
         "--trainer-key",
         type=Path,
         default=None,
+        metavar="PATH",
         help="the trainer's CURVE public key file (its NAME.key)",
     )
     p.add_argument(
@@ -106,6 +134,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--run-id",
         default=None,
+        metavar="ID",
         help="names the run in every group's id (RUN_ID/EXAMPLE_ID): a trainer with a ledger "
         "takes each id once, so a worker restarted with the same arguments resends nothing "
         "twice; default: a hash of this command's whole configuration (model, environment "
@@ -128,23 +157,48 @@ def register(sub: Any) -> None:
         "such as s3://bucket/images (ImageRebuilder(..., stores=[URL]); its fsspec driver "
         "installed, credentials from the environment)",
     )
+    p.add_argument(
+        "--advantages",
+        choices=("grpo", "none"),
+        default="grpo",
+        help="grpo: each group's rollouts carry group-normalised advantages (a failed "
+        "rollout's is none); none: the trainer computes them from the rewards",
+    )
     p.set_defaults(run=run_rollout)
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    with spawned_servers(args):  # --spawn: this run's vLLM servers, stopped when it ends
-        return asyncio.run(_rollout(args))
+    check_run_arguments(args)  # exit 2 before anything is loaded or written
+    # --spawn: this run's vLLM servers, stopped when it ends; Ctrl-C: one line, exit 130
+    return run_interruptibly(args, lambda count: _rollout(args, count), _interrupted)
 
 
-async def _rollout(args: argparse.Namespace) -> int:
+def _interrupted(count: RunCount) -> str:
+    """The line an interrupted rollout ends with: the groups sent, and what running the
+    same command again does (there is no resume: it sends every group again, under the
+    same group ids, so a trainer with a ledger takes each once; a file is written anew)."""
+    if count.where is None:
+        return "interrupted before the first group; nothing was sent"
+    from vf_mm.training import is_endpoint
+
+    if is_endpoint(count.where):
+        return (
+            f"interrupted: {count.of_total()} groups sent to {count.where}; the same command "
+            "sends every group again, under the same group ids (a trainer with a ledger "
+            "takes each once)"
+        )
+    return (
+        f"interrupted: {count.of_total()} groups written to {count.where}, each whole; the "
+        "same command writes the file anew, every group under the same group id"
+    )
+
+
+async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
     from vf_mm.training import GroupSender, is_endpoint
 
     console = Console()
     is_endpoint(args.stream)  # an unsupported target fails before anything loads
-    if args.rollouts_per_example < 1:
-        console.print("[red]-r must be at least 1[/]")
-        return 2
-    env = vf_mm.load_environment(args.env, search_paths=args.env_dir, **args.env_args)
+    env = load_environment(args)
     model = resolve_model(args)
     if model is None:
         console.print(f"[red]--backend {args.backend} needs -m MODEL[/]")
@@ -166,17 +220,19 @@ async def _rollout(args: argparse.Namespace) -> int:
         trainer_key=args.trainer_key,
         insecure=args.insecure,
     )
+    count.where = str(args.stream)  # the sender is open: groups go there from now on
     scaled = args.workers is not None or args.ray is not None
     client = None if scaled else make_client(args, model)
     run_id = args.run_id or _run_id(args, env, model)
     try:
         async with worker_pool(args, model) as workers:
             progress = await _stream(
-                args, env, client, sender, console, run_id, workers, image_modes
+                args, env, client, sender, console, run_id, workers, image_modes, count
             )
     except BaseException as exc:  # tell the trainer why the stream ends early; wait briefly
         sender.linger_s = min(sender.linger_s or _ABORT_LINGER_S, _ABORT_LINGER_S)
-        await sender.aclose(f"{type(exc).__name__}: {exc}")
+        cancelled = isinstance(exc, asyncio.CancelledError)  # Ctrl-C cancels the run
+        await sender.aclose("interrupted" if cancelled else f"{type(exc).__name__}: {exc}")
         if isinstance(exc, (WorkerError, MissingDependencyError)):
             console.print(f"[red]{escape(str(exc))}[/]")
             return 1
@@ -198,7 +254,10 @@ async def _rollout(args: argparse.Namespace) -> int:
         ("rollouts", progress.rollouts),
         ("errors", progress.errors),
         ("images", args.images),
+        ("advantages", args.advantages),
     ]
+    if progress.truncated:
+        rows.append(("truncated (out of context)", progress.truncated))
     if progress.repacked:
         rows.append(("groups sent stripped", progress.repacked))
     rows += [
@@ -294,6 +353,7 @@ async def _stream(
     run_id: str,
     workers: Any,
     image_modes: dict[str, Any],
+    count: RunCount,
 ) -> Any:
     from vf_mm.training import RolloutProgress, stream_rollouts
 
@@ -301,6 +361,7 @@ async def _stream(
         task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0, mb=0.0)
 
         def show(p: RolloutProgress) -> None:
+            count.done, count.total = p.groups, p.total_groups
             bar.update(
                 task,
                 total=p.total_groups,
@@ -324,5 +385,6 @@ async def _stream(
             run_id=run_id,
             workers=workers,
             shard=args.shard,
+            advantages=args.advantages,
             **image_modes,
         )

@@ -6,6 +6,10 @@ or vLLM servers (``--backend vllm -b URL``) and recorded; a session that ends (`
 /v1/sessions/ID/end``), goes idle (``--session-idle-s``) or is open when the server stops
 lands in DIR: a row of DIR/results.jsonl (with its images in DIR/assets/, ``vf-mm view
 DIR`` shows it) and a group frame in DIR/groups.vfmm (a trainer stream file).
+
+``--model embedded`` serves the embedded tiny model (``vf_mm.models.embedded_model``,
+random weights, built offline), under the name ``embedded``: the whole HTTP path on a
+fresh machine, with no download.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from vf_mm.cli._common import (
 )
 from vf_mm.inference import ServerLimits
 
+#: ``--model``'s name for the embedded tiny model (``vf_mm.models.embedded_model``)
+EMBEDDED = "embedded"
+
 
 def register(sub: Any) -> None:
     serve = sub.add_parser(
@@ -42,9 +49,17 @@ def register(sub: Any) -> None:
         "(X-Session-ID header, else the request's user) as exact trajectories, written to DIR "
         "when a session ends (POST /v1/sessions/ID/end), goes idle or the server stops. "
         "Give --api-key (or $VF_MM_API_KEY) before serving beyond 127.0.0.1: every route but "
-        "/health then needs Authorization: Bearer KEY. docs/security.md has the threat model.",
+        "/health then needs Authorization: Bearer KEY. docs/security.md has the threat model. "
+        "--model embedded serves the embedded tiny model (no download), as model `embedded`.",
     )
-    serve.add_argument("--model", required=True, type=Path, help="checkpoint directory")
+    serve.add_argument(
+        "--model",
+        required=True,
+        type=Path,
+        metavar="DIR|embedded",
+        help="checkpoint directory, or `embedded`: the embedded tiny model (random weights, "
+        "built offline on first use, as vf-mm eval runs with no -m), served as `embedded`",
+    )
     serve.add_argument(
         "--backend",
         choices=["local", "vllm"],
@@ -208,6 +223,18 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.backend == "local" and args.base_url:
         print("vf-mm serve: -b is for --backend vllm", file=sys.stderr)
         return 2
+    if str(args.model) == EMBEDDED:
+        if args.model.exists():  # never a silent choice between the two
+            print(
+                f"vf-mm serve: --model {EMBEDDED} is the embedded tiny model, and ./{EMBEDDED} "
+                f"exists here too: write ./{EMBEDDED} to serve that folder",
+                file=sys.stderr,
+            )
+            return 2
+        from vf_mm.models import embedded_model
+
+        args.served_model_name = args.served_model_name or EMBEDDED
+        args.model = embedded_model()
     try:
         # a recording reads chat images through its renderer: under the server's policy
         renderer = load_renderer(

@@ -1,7 +1,9 @@
 """``check_environment``: what an environment author runs in their own tests.
 
 It runs the environment the way ``vf-mm eval`` does, against a scripted policy on an
-offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
+offline tiny VLM of the family the environment is meant for (``family=``: templates and
+processors differ in what they refuse, so a check on one family says little about
+another), and reports every problem at once (``EnvironmentCheckError``):
 
 - **the dataset**: each eval row has a ``question`` or a ``prompt``, formats into valid
   messages whose images load through the image policy, and has every column a reward
@@ -17,20 +19,25 @@ offline tiny VLM, and reports every problem at once (``EnvironmentCheckError``):
   This is checked only when the replies are deterministic (the default policy or a list
   of strings; a callable may sample).
 
+- **the rubric** (``_rubric_check``): an ``answer`` that is a number where a reward
+  function compares parsed text (a problem where a probe proves it, else a warning),
+  a reward-function parameter whose name is a near miss of one the rubric supplies, a
+  reward that gives rollouts with different final replies the same score (warnings).
+
 The report counts what it saw: rows, the dataset's images and videos, the new images
 and videos each model turn was shown (the prompt's on turn 1, environment and tool ones
 after), the tool
 calls made and the tools that answered with an error (``"Error: ..."``), and the rewards.
 Its ``warnings`` say what a tool's schema leaves the model to guess (no description, a
 parameter without a type hint or an ``Args:`` line, an ``Args:`` line naming no
-parameter): the model sees only the schema.
+parameter): the model sees only the schema; and what the rubric checks above could not
+prove wrong but look it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +48,7 @@ from vf_mm._json import to_json_value
 from vf_mm.envs._env import Environment
 from vf_mm.envs._messages import check_messages
 from vf_mm.envs._rubric import asked_columns
+from vf_mm.envs._rubric_check import answer_findings, constant_reward, unsupplied_defaults
 from vf_mm.envs._tools import schema_gaps
 from vf_mm.errors import EnvironmentCheckError, ResultsError, VfMmError
 from vf_mm.types import image_parts, video_parts
@@ -54,13 +62,15 @@ def check_environment(
     num_examples: int = 2,
     replies: Sequence[str] | Callable[[Any], str] | None = None,
     tool_args: Mapping[str, Mapping[str, Any]] | None = None,
+    family: str | None = None,
     model_dir: str | Path | None = None,
     image_policy: Any = None,
 ) -> dict[str, Any]:
     """Run the checks; raise ``EnvironmentCheckError`` listing every problem found, or
     return the report::
 
-        {"rows": rows checked, "images": dataset images loaded,
+        {"family": the model_type rendered with, "rows": rows checked,
+         "images": dataset images loaded,
          "videos": dataset videos loaded,
          "images_per_turn": [[new images at model turn 1, 2, ...] per rollout],
          "videos_per_turn": [[new videos at model turn 1, 2, ...] per rollout],
@@ -73,13 +83,19 @@ def check_environment(
     scripted tool policy described in the module docstring, then ``DEFAULT_ANSWER``.
     ``tool_args``: arguments per tool name for that policy, where the schema's own
     examples (the first enum value, 1, 1.0, "a", ...) would be refused by the tool.
-    ``model_dir``: a checkpoint to render with (default: a tiny Qwen2.5-VL built offline).
+    ``family``: the model family the environment is meant for (a ``model_type``, one of
+    ``vf_mm.models.VISION_FAMILIES``): the rollouts render with that family's tiny
+    checkpoint, built offline once and cached (``vf_mm.models.cached_tiny_vlm``), so
+    what its template or processor refuses (a literal ``<image>`` on LLaVA-OneVision, a
+    ``tool`` message on Gemma 3) is found here. Default: ``qwen2_5_vl``.
+    ``model_dir``: a checkpoint directory to render with instead (not with ``family``).
     """
     from vf_mm.images import ImagePolicy
 
     start = time.perf_counter()
+    model = _checkpoint(family, model_dir)
     problems: list[str] = []
-    report: dict[str, Any] = {"rows": 0, "images": 0, "videos": 0}
+    report: dict[str, Any] = {"family": _family_of(model), "rows": 0, "images": 0, "videos": 0}
     try:
         rows = env.get_eval_dataset(num_examples)
     except Exception as exc:
@@ -95,17 +111,17 @@ def check_environment(
     report["warnings"] = [
         gap for func in getattr(env, "tool_funcs", {}).values() for gap in schema_gaps(func)
     ]
+    answer_problems, answer_warnings = answer_findings(env.rubric, rows, task=env.env_id)
+    problems += answer_problems
+    report["warnings"] += answer_warnings + unsupplied_defaults(env.rubric)
     if tool_args is not None and replies is not None:
         raise ValueError(
             "tool_args sets the default tool policy's arguments; with replies= it is unused"
         )
     deterministic = replies is None or not callable(replies)
     if replies is None:
-        replies = tool_policy(
-            env.tools or [], tool_args=tool_args, tool_format=_tool_format(model_dir)
-        )
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = _scripted_runs(env, rows, replies, model_dir, Path(tmp), 2 if deterministic else 1)
+        replies = tool_policy(env.tools or [], tool_args=tool_args, tool_format=_tool_format(model))
+    runs = _scripted_runs(env, rows, replies, model, 2 if deterministic else 1)
     if isinstance(runs, Exception):
         problems.append(
             f"evaluate() raised instead of recording errors: {type(runs).__name__}: {runs}"
@@ -129,6 +145,7 @@ def check_environment(
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 problems.append(f"{where}: {name} is {value!r}, not a finite number")
         report["rewards"].append(out.reward)
+    report["warnings"] += constant_reward(first.values())
     if len(runs) == 2:
         differ = [
             k for k in first if runs[1].get(k) is None or runs[1][k].reward != first[k].reward
@@ -193,13 +210,32 @@ def tool_policy(
     return reply
 
 
-def _tool_format(model_dir: str | Path | None) -> str:
-    """The tool-call format of the checkpoint the check renders with."""
-    if model_dir is None or not (Path(model_dir) / "config.json").exists():
-        return "json"
-    from vf_mm.models import VISION_FAMILIES, family_info, model_type
+def _checkpoint(family: str | None, model_dir: str | Path | None) -> Path:
+    """The checkpoint the check renders with: ``model_dir``, or ``family``'s cached tiny one."""
+    from vf_mm.models import cached_tiny_vlm
 
-    family = model_type(model_dir)
+    if model_dir is not None:
+        if family is not None:
+            raise ValueError(
+                f"check_environment takes family= or model_dir=, not both: family={family!r} "
+                "builds that family's tiny checkpoint, model_dir= is a checkpoint of your own"
+            )
+        return Path(model_dir)
+    return cached_tiny_vlm("qwen2_5_vl" if family is None else family)
+
+
+def _family_of(model: Path) -> str | None:
+    """The checkpoint's ``model_type`` (None for a directory without a config)."""
+    from vf_mm.models import model_type
+
+    return model_type(model) if (model / "config.json").exists() else None
+
+
+def _tool_format(model: Path) -> str:
+    """The tool-call format of the checkpoint the check renders with."""
+    from vf_mm.models import VISION_FAMILIES, family_info
+
+    family = _family_of(model)
     return family_info(family).tool_format if family in VISION_FAMILIES else "json"
 
 
@@ -278,18 +314,15 @@ def _scripted_runs(
     env: Environment,
     rows: list[dict[str, Any]],
     replies: Sequence[str] | Callable[[Any], str],
-    model_dir: str | Path | None,
-    tmp: Path,
+    model: Path,
     times: int,
 ) -> list[dict[tuple[Any, int], Any]] | Exception:
     """``times`` seeded runs of two rollouts per row, one rollout at a time (so replies
     from a list reach the same turns every run): ``{(example_id, index): output}`` each."""
     from vf_mm.client import RendererClient
     from vf_mm.inference import ScriptedBackend
-    from vf_mm.models import build_tiny_vlm
     from vf_mm.renderers import load_renderer
 
-    model = Path(model_dir) if model_dir else build_tiny_vlm(tmp / "tiny", "qwen2_5_vl")
     renderer = load_renderer(model)
 
     async def run() -> dict[tuple[Any, int], Any]:

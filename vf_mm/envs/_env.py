@@ -12,7 +12,12 @@ has handed over, so a run's memory does not grow with its length.
 
 A rollout that fails (an image that does not load, a backend error, a timeout, an
 exception in environment code) is returned with ``error`` set and reward None: the run
-goes on. Nothing here keeps module-level state; a ``State`` lives for one rollout.
+goes on. A rollout that runs out of context after at least one model turn (its next
+prompt is longer than the model takes: ``PromptTooLongError``) is not a failure: it ends
+there, ``state["truncated"]`` is True, and it is scored on the turns it has (a long
+rollout's work is kept, as verifiers does). Its last model turn already had its
+``env_response``, so ``finish_state`` is not called (it would apply that turn twice). A
+prompt too long for even the first turn is an error: there is nothing to score. Nothing here keeps module-level state; a ``State`` lives for one rollout.
 """
 
 from __future__ import annotations
@@ -24,17 +29,19 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vf_mm.client import RendererClient
-from vf_mm.envs._messages import check_messages
+from vf_mm.envs._messages import check_messages, check_text
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rows import count_rows, iter_rows
 from vf_mm.envs._rubric import Rubric
+from vf_mm.errors import MessageError, PromptTooLongError
 from vf_mm.inference import SamplingParams
 from vf_mm.types import (
     IMAGE_PART_TYPES,
     VIDEO_PART_TYPES,
+    Message,
     Messages,
     RolloutError,
     RolloutOutput,
@@ -61,7 +68,8 @@ class State(dict):
     Keys vf_mm sets: ``prompt``, ``completion``, ``answer``, ``info``, ``example_id``,
     ``rollout_index``, ``task``, ``row`` (the whole dataset row), ``turn`` (model turns
     so far), ``trajectory`` (the ``TrajectoryStep`` list), ``error``, ``timing``,
-    ``session_id`` (unique to the rollout: its model turns go to one inference server).
+    ``session_id`` (unique to the rollout: its model turns go to one inference server),
+    ``truncated`` (True once the rollout ran out of context: module docstring).
     Environments add their own keys.
     """
 
@@ -112,6 +120,8 @@ class Environment:
             raise ValueError(
                 f"timeout_s must be > 0 seconds (or None for no limit), got {timeout_s}"
             )
+        if system_prompt is not None:
+            check_text(system_prompt, where=f"{env_id or type(self).__name__}: system_prompt")
         self.dataset = dataset
         self.eval_dataset = eval_dataset
         self.system_prompt = system_prompt
@@ -175,15 +185,20 @@ class Environment:
 
     def format_prompt(self, row: Mapping[str, Any]) -> Messages:
         """The prompt messages of one dataset row (never mutates the row)."""
+        messages: list[dict[str, Any]]
         if isinstance(row.get("prompt"), str):  # a bare string is the user's text
             messages = [{"role": "user", "content": row["prompt"]}]
         elif row.get("prompt") is not None:  # one message dict, or a list of them
-            messages = check_messages(row["prompt"], where=f"{self.env_id}: the 'prompt' column")
-        elif row.get("question") is not None:
-            messages = [{"role": "user", "content": str(row["question"])}]
+            messages = cast(
+                list[dict[str, Any]],
+                check_messages(row["prompt"], where=f"{self.env_id}: the 'prompt' column"),
+            )
+        elif row.get("question") is not None:  # text, never str()-ed (bytes: decode them)
+            question = check_text(row["question"], where=f"{self.env_id}: the 'question' column")
+            messages = [{"role": "user", "content": question}]
         else:
             raise ValueError("a dataset row needs a 'question' or a 'prompt' column")
-        images = []
+        images: list[Any] = []
         for column in IMAGE_COLUMNS:
             value = row.get(column)
             if value is None:
@@ -202,8 +217,9 @@ class Environment:
             media = [*(_video_part(v) for v in videos), *(_image_part(i) for i in images)]
             messages[first] = {**messages[first], "content": [*media, *parts]}
         if self.system_prompt and (not messages or messages[0].get("role") != "system"):
-            messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        return messages
+            system = check_text(self.system_prompt, where=f"{self.env_id}: system_prompt")
+            messages = [{"role": "system", "content": system}, *messages]
+        return cast(Messages, messages)
 
     def sampling(self, overrides: Mapping[str, Any] | None = None) -> SamplingParams:
         return SamplingParams.from_dict({**self.sampling_args, **dict(overrides or {})})
@@ -325,26 +341,22 @@ class Environment:
         outputs = []
         for state, (reward, metrics) in zip(states, scores, strict=True):
             state["timing"]["scoring_s"] = elapsed
+            # environment code may store an exception or a message in state["error"] itself
+            failure = RolloutError.coerce(state.get("error"))
             outputs.append(
-                RolloutOutput(
-                    example_id=state["example_id"],
-                    prompt=state["prompt"],
-                    completion=state["completion"],
-                    answer=state.get("answer"),
-                    info=state.get("info") or {},
-                    trajectory=state["trajectory"],
-                    reward=reward,
-                    metrics=metrics,
-                    # environment code may store an exception or a message there itself
-                    error=RolloutError.coerce(state.get("error")),
-                    timing=dict(state["timing"]),
-                )
+                RolloutOutput.from_state(state, reward=reward, metrics=metrics, error=failure)
             )
         return outputs
 
     def new_state(self, row: Mapping[str, Any], *, example_id: Any, rollout_index: int) -> State:
+        try:
+            formatted = self.format_prompt(row)
+        except MessageError as exc:  # name the row: format_prompt sees only its columns
+            error = MessageError(f"example {example_id!r}: {exc}", where=exc.where)
+            error.hint = exc.hint
+            raise error from None
         prompt = check_messages(
-            self.format_prompt(row), where=f"{self.env_id}: the prompt of example {example_id!r}"
+            formatted, where=f"{self.env_id}: the prompt of example {example_id!r}"
         )
         return State(
             prompt=prompt,
@@ -357,6 +369,7 @@ class Environment:
             turn=0,
             trajectory=[],
             error=None,
+            truncated=False,
             timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
             row=dict(row),
             missing_columns=self.missing_columns(row),
@@ -443,6 +456,8 @@ class MultiTurnEnv(Environment):
         stage.where = f"{self.env_id}.setup_state"
         await _maybe_await(self.setup_state(state))
         await self._loop(client, state, sampling, stage)
+        if state.get("truncated"):  # its last model turn had its env_response already
+            return
         stage.where = f"{self.env_id}.finish_state"
         await _maybe_await(self.finish_state(state))
 
@@ -460,16 +475,22 @@ class MultiTurnEnv(Environment):
                 params = _with_seed(
                     sampling, zlib.crc32(f"{sampling.seed}:{state['turn']}".encode())
                 )
-            turn = await client.generate(
-                messages,
-                trajectory=state["trajectory"],
-                tools=self.tools,
-                sampling=params,
-                session_id=state.get("session_id"),
-            )
+            try:
+                turn = await client.generate(
+                    messages,
+                    trajectory=state["trajectory"],
+                    tools=self.tools,
+                    sampling=params,
+                    session_id=state.get("session_id"),
+                )
+            except PromptTooLongError:
+                if not state["turn"]:  # not even the prompt fits: nothing to score
+                    raise
+                state["truncated"] = True  # out of context: scored on what it has
+                return
             state["timing"]["generation_s"] += time.perf_counter() - t0
             state["trajectory"].append(turn.step(messages))
-            messages = [*messages, turn.message]
+            messages = [*messages, cast(Message, turn.message)]
             state["turn"] += 1
             state["completion"] = messages[len(state["prompt"]) :]
             stage.where = f"turn {turn_no}: a stop condition"

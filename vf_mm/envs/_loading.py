@@ -22,10 +22,13 @@ adapter that knows it: ``vf_mm.load_environment`` passes ``vf_mm.adapters``' own
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +36,7 @@ from typing import Any
 
 from vf_mm._text import shorten
 from vf_mm.envs._env import Environment
-from vf_mm.errors import EnvironmentLoadError, EnvironmentNotFoundError
+from vf_mm.errors import EnvironmentArgsError, EnvironmentLoadError, EnvironmentNotFoundError
 from vf_mm.types import RolloutError
 
 ENTRY_POINT_GROUP = "vf_mm.environments"
@@ -66,9 +69,13 @@ def load_environment_with(
     never imports upward). Anything no adapter knows is refused as before."""
     env_args = dict(env_args or {})
     factory = _find(env_id, search_paths)
+    _check_env_args(env_id, factory, env_args)
     try:
         env = factory(**env_args)
     except Exception as exc:
+        refused = _refused_keyword(env_id, factory, env_args, exc)
+        if refused is not None:
+            raise refused from exc
         raise _load_error(env_id, f"load_environment({_args_text(env_args)}) raised", exc) from exc
     if not isinstance(env, Environment):
         for adapter in adapters:
@@ -81,6 +88,85 @@ def load_environment_with(
     if env.env_id == type(env).__name__:  # named after how it was found
         env.env_id = _display_id(env_id)
     return env
+
+
+def _named_parameters(factory: Any) -> list[inspect.Parameter] | None:
+    """The parameters ``factory`` takes by keyword, or None when it takes any (``**kwargs``
+    is then reported separately) or cannot be introspected."""
+    try:
+        return [
+            p
+            for p in inspect.signature(factory).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        return None
+
+
+def _takes_any_keyword(factory: Any) -> bool:
+    try:
+        kinds = [p.kind for p in inspect.signature(factory).parameters.values()]
+    except (TypeError, ValueError):
+        return True
+    return inspect.Parameter.VAR_KEYWORD in kinds
+
+
+def _check_env_args(env_id: str, factory: Any, env_args: dict[str, Any]) -> None:
+    """Refuse, before the call, a keyword ``load_environment`` does not name (when it
+    takes no ``**kwargs``) and a required keyword not given: ``EnvironmentArgsError``
+    naming it, the nearest accepted one and all of them."""
+    params = _named_parameters(factory)
+    if params is None:
+        return
+    names = [p.name for p in params]
+    if not _takes_any_keyword(factory):
+        for key in env_args:
+            if key not in names:
+                raise _args_error(env_id, key, "unknown", names)
+    for p in params:
+        if p.default is p.empty and p.name not in env_args:
+            raise _args_error(env_id, p.name, "missing", names)
+
+
+def _refused_keyword(
+    env_id: str, factory: Any, env_args: dict[str, Any], exc: BaseException
+) -> EnvironmentArgsError | None:
+    """For a ``load_environment(**kwargs)`` that passed an env arg on to a callable that
+    does not take it (the ``TypeError`` Python raises for an unexpected keyword): the
+    ``EnvironmentArgsError`` naming it; None for any other failure."""
+    if not isinstance(exc, TypeError):
+        return None
+    match = re.fullmatch(r"(\S+)\(\) got an unexpected keyword argument '(\w+)'", str(exc))
+    params = _named_parameters(factory)
+    if match is None or match.group(2) not in env_args or params is None:
+        return None
+    names = [p.name for p in params]
+    if match.group(2) in names:  # the environment's own code passed it wrongly: its bug
+        return None
+    return _args_error(env_id, match.group(2), "unknown", names, passes_on=f"{match.group(1)}()")
+
+
+def _args_error(
+    env_id: str, name: str, kind: str, accepted: list[str], *, passes_on: str | None = None
+) -> EnvironmentArgsError:
+    close = difflib.get_close_matches(name, accepted, n=1) if kind == "unknown" else []
+    suggestion = close[0] if close else None
+    takes = ", ".join(accepted) if accepted else "no named arguments"
+    if passes_on is not None:
+        takes += f", and keywords it passes on to {passes_on}, which does not take {name!r}"
+    what = (
+        f"takes no argument {name!r}" + (f" (did you mean {suggestion!r}?)" if suggestion else "")
+        if kind == "unknown"
+        else f"needs the argument {name!r}"
+    )
+    return EnvironmentArgsError(
+        f"{env_id}: load_environment {what}; it takes: {takes}",
+        name=name,
+        kind=kind,
+        accepted=list(accepted),
+        suggestion=suggestion,
+        passes_on=passes_on,
+    )
 
 
 def _load_error(env_id: str, what: str, exc: BaseException) -> EnvironmentLoadError:

@@ -15,6 +15,14 @@ Forms a user would reasonably write are normalised, never stringified:
 
 Everything else that is not a message is refused with ``MessageError``. Inputs are never
 mutated: the result is a new list of new dicts (images are shared, not copied).
+
+Text is text (``check_text``): a ``str`` that is valid Unicode. ``bytes`` where text is
+expected are refused with the fix (``.decode("utf-8")``, or the encoding they were
+written in): guessing an encoding would be silently wrong for some rows; ``str(b"...")``
+would render the repr. A string holding a lone surrogate (what ``errors="surrogateescape"``
+makes of undecodable bytes) is refused too: no tokenizer takes it, and it would fail deep
+inside one naming neither the row nor the field. Any other type (a number, None, a dict)
+is refused, never ``str()``-ed.
 """
 
 from __future__ import annotations
@@ -22,13 +30,15 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
+from vf_mm._text import shorten
 from vf_mm.errors import MessageError
 from vf_mm.types import (
     IMAGE_PART_TYPES,
     VIDEO_PART_KEYS,
     VIDEO_PART_TYPES,
+    Messages,
     unknown_video_key,
     video_options,
 )
@@ -37,7 +47,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 PART_TYPES = ("text", *sorted(IMAGE_PART_TYPES), *sorted(VIDEO_PART_TYPES))
 
 
-def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
+def check_messages(value: Any, *, where: str) -> Messages:
     """``value`` as a list of checked, normalised messages; ``MessageError`` naming
     ``where`` (e.g. ``"gridnav.env_response returned, turn 3"``) if it is not one."""
     if isinstance(value, Mapping):
@@ -52,9 +62,11 @@ def check_messages(value: Any, *, where: str) -> list[dict[str, Any]]:
         raise MessageError(
             f"{where}: a {type(value).__name__}, not a list of messages",
             where=where,
-            hint='return [{"role": "user", "content": ...}, ...]',
+            hint=_DECODE_HINT
+            if isinstance(value, (bytes, bytearray))
+            else 'return [{"role": "user", "content": ...}, ...]',
         )
-    return [_message(m, f"{where}, message {i}") for i, m in enumerate(value)]
+    return cast(Messages, [_message(m, f"{where}, message {i}") for i, m in enumerate(value)])
 
 
 def _message(message: Any, where: str) -> dict[str, Any]:
@@ -85,7 +97,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
                 hint='use "" for an empty text',
             )
     elif isinstance(content, str):
-        pass
+        check_text(content, where=f"{where}, field 'content'")
     elif isinstance(content, Mapping):
         out["content"] = [_part(content, f"{where}, field 'content'")]
     elif isinstance(content, (list, tuple)):
@@ -110,7 +122,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
 
 def _part(part: Any, where: str) -> dict[str, Any]:
     if isinstance(part, str):
-        return {"type": "text", "text": part}
+        return {"type": "text", "text": check_text(part, where=where)}
     if _is_image(part):
         return {"type": "image", "image": part}
     if not isinstance(part, Mapping):
@@ -126,12 +138,8 @@ def _part(part: Any, where: str) -> dict[str, Any]:
             where=where,
             hint=_suggest(kind, PART_TYPES) or f"use one of {', '.join(PART_TYPES)}",
         )
-    if kind == "text" and not isinstance(part.get("text"), str):
-        raise MessageError(
-            f"{where}, field 'text': a text part needs a str, not "
-            f"{type(part.get('text')).__name__}",
-            where=where,
-        )
+    if kind == "text":
+        check_text(part.get("text"), where=f"{where}, field 'text'", what="a text part")
     if kind == "image" and all(part.get(k) is None for k in ("image", "url", "path")):
         raise MessageError(
             f"{where}: an image part without an image",
@@ -157,6 +165,43 @@ def _part(part: Any, where: str) -> dict[str, Any]:
     if kind in VIDEO_PART_TYPES:
         _video_options(part, where)
     return dict(part)
+
+
+_DECODE_HINT = (
+    'decode it where it is read: value.decode("utf-8"), or the encoding it was written in; '
+    "vf_mm does not guess one"
+)
+
+
+def check_text(value: Any, *, where: str, what: str = "the text") -> str:
+    """``value`` if it is text a tokenizer takes (a ``str`` of valid Unicode); else
+    ``MessageError`` naming ``where`` (the row or method, the field) and the fix."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                char = value[exc.start]
+                raise MessageError(
+                    f"{where}: the text holds a lone surrogate ({char!r} at character "
+                    f"{exc.start}), which is not Unicode text and no tokenizer takes",
+                    where=where,
+                    hint="bytes decoded with errors='surrogateescape' make these: decode the "
+                    'original bytes with their encoding, e.g. raw.decode("utf-8")',
+                ) from None
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise MessageError(
+            f"{where}: {what} needs a str, not {type(value).__name__}",
+            where=where,
+            hint=_DECODE_HINT,
+        )
+    raise MessageError(
+        f"{where}: {what} needs a str, not {type(value).__name__} ({shorten(repr(value), 60)})",
+        where=where,
+        hint="vf_mm does not str() it: convert it where the value is made, if text is "
+        "what you mean",
+    )
 
 
 def _video_options(part: Mapping[str, Any], where: str) -> None:

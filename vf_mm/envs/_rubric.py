@@ -2,7 +2,9 @@
 
 A reward function declares the arguments it wants by name, from: ``prompt``,
 ``completion``, ``answer``, ``state``, ``info``, ``parser``, ``example_id``, ``task``
-(and ``**kwargs`` for all of them); it may be async. Its weight scales its part of the
+(and ``**kwargs`` for all of them); it may be async. The names are checked when the
+function is added (``RewardFunctionError``): a typo such as ``answr`` fails when the
+environment is built, not after every rollout of a run was generated. Its weight scales its part of the
 reward; weight 0 makes it a *metric*: computed and reported, not rewarded. A group
 reward function (``group=True``) sees the whole group of rollouts for one example at
 once, each argument as a list (``prompts``, ``completions``, ``answers``, ``states``,
@@ -13,8 +15,8 @@ the row lacks (or holds null) fails that rollout with ``MissingColumnError`` ins
 receiving a made-up ``None`` (a parser that finds no answer would "match" it), unless the
 environment lists the column in ``optional_columns``.
 
-A reward function that raises (or returns something that is not a finite number) on one
-rollout fails that rollout, with the function named in its error; the group's other
+A reward function that raises (or returns something that is not a finite number: None,
+NaN, text such as ``"1.0"``) on one rollout fails that rollout, with the function named in its error; the group's other
 rollouts are scored as usual. A group reward function's failure fails the group.
 
 A rollout that failed (its ``state["error"]`` is set) is never passed to reward
@@ -25,14 +27,15 @@ summaries count it as an error and a pass@k failure, and training skips it.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vf_mm.envs._parser import Parser
-from vf_mm.errors import MissingColumnError
+from vf_mm.errors import MissingColumnError, RewardFunctionError
 from vf_mm.types import RolloutError
 
 GROUP_ARGS = {"prompts": "prompt", "completions": "completion", "answers": "answer",
@@ -63,14 +66,28 @@ class Rubric:
             self.add_reward_func(func, weight=1.0 if weights is None else weights[i])
 
     def add_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
-        self.funcs.append(RewardFunc(_callable(func), self._name(func), weight, group=False))
+        self.funcs.append(RewardFunc(self._checked(func, False), self._name(func), weight))
 
     def add_metric(self, func: Callable[..., Any]) -> None:
         """A function that is reported but does not count toward the reward."""
-        self.funcs.append(RewardFunc(_callable(func), self._name(func), 0.0, group=False))
+        self.funcs.append(RewardFunc(self._checked(func, False), self._name(func), 0.0))
 
     def add_group_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
-        self.funcs.append(RewardFunc(_callable(func), self._name(func), weight, group=True))
+        rf = RewardFunc(self._checked(func, True), self._name(func), weight, group=True)
+        self.funcs.append(rf)
+
+    def _supplied(self, *, group: bool = False) -> set[str]:
+        """The argument names this rubric passes to a reward function (``group``: to a
+        group reward function, in the plural)."""
+        if group:
+            return {*GROUP_ARGS, "parser"}
+        return set(self._available({}))
+
+    def _checked(self, func: Any, group: bool) -> Callable[..., Any]:
+        """``func``, if every argument it requires is one the rubric supplies by name: the
+        check scoring makes (``_select``), made before any rollout runs."""
+        _require(_callable(func), self._supplied(group=group))
+        return func
 
     def _name(self, func: Callable[..., Any]) -> str:
         base = getattr(func, "__name__", type(func).__name__)
@@ -82,7 +99,7 @@ class Rubric:
 
     async def score_group(
         self, states: Sequence[dict[str, Any]]
-    ) -> list[tuple[float, dict[str, float]]]:
+    ) -> list[tuple[float | None, dict[str, float]]]:
         """(reward, metrics) for each rollout of one example's group."""
         ok = [i for i, s in enumerate(states) if not s.get("error")]
         metrics: list[dict[str, float]] = [{} for _ in states]
@@ -110,7 +127,7 @@ class Rubric:
                         raise value
                     else:
                         metrics[i][rf.name] = value
-        out = []
+        out: list[tuple[float | None, dict[str, float]]] = []
         for i, state in enumerate(states):
             if state.get("error"):
                 out.append((None, {}))  # not scored: the error is the result
@@ -154,7 +171,7 @@ class Rubric:
 
 def _callable(func: Any) -> Callable[..., Any]:
     if not callable(func):
-        raise TypeError(
+        raise RewardFunctionError(
             f"a reward function must be callable, not a {type(func).__name__} ({func!r}); "
             "pass the function itself, not its name"
         )
@@ -190,20 +207,51 @@ def _check_columns(
     return {k: v for k, v in kwargs.items() if GROUP_ARGS.get(k, k) not in unasked}
 
 
+def _parameters(func: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(func).parameters
+    except (TypeError, ValueError) as exc:  # a builtin or extension without a signature
+        raise RewardFunctionError(
+            f"reward function {_func_name(func)}: its arguments cannot be read ({exc}); "
+            "wrap it in a def that names the arguments it wants"
+        ) from None
+
+
+def _func_name(func: Callable[..., Any]) -> str:
+    return str(getattr(func, "__name__", func))
+
+
+def _require(func: Callable[..., Any], available: Iterable[str]) -> None:
+    """Refuse ``func`` if it requires an argument that is not in ``available`` (names are
+    passed by keyword, so a required positional-only parameter cannot be filled either).
+    ``**kwargs`` functions take whatever is supplied; parameters with defaults keep them."""
+    params = _parameters(func)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    required = {name: p for name, p in params.items() if p.default is inspect.Parameter.empty
+                and p.kind is not inspect.Parameter.VAR_POSITIONAL}  # fmt: skip
+    positional = [n for n, p in required.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    if positional:
+        raise RewardFunctionError(
+            f"reward function {_func_name(func)} takes {positional} only by position; the "
+            "rubric passes arguments by name: drop the '/' from its signature"
+        )
+    missing = [name for name in required if name not in available]
+    if missing:
+        hints = [f"{m!r} -> {close[0]!r}" for m in missing
+                 if (close := difflib.get_close_matches(m, sorted(available), n=1))]  # fmt: skip
+        raise RewardFunctionError(
+            f"reward function {_func_name(func)} asks for {missing}; "
+            f"it can ask for {sorted(available)}"
+            + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+        )
+
+
 def _select(func: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
-    params = inspect.signature(func).parameters
+    _require(func, available)
+    params = _parameters(func)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return dict(available)
-    missing = [
-        name for name, p in params.items()
-        if name not in available and p.default is inspect.Parameter.empty
-        and p.kind not in (inspect.Parameter.VAR_POSITIONAL,)
-    ]  # fmt: skip
-    if missing:
-        raise TypeError(
-            f"reward function {getattr(func, '__name__', func)} asks for {missing}; "
-            f"it can ask for {sorted(available)}"
-        )
     return {name: available[name] for name in params if name in available}
 
 
@@ -215,8 +263,16 @@ async def _call(func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 
 
 def _number(name: str, value: Any) -> float:
+    """``value`` as a finite float: a number (numpy and 0-d torch ones too) or a bool. Text
+    is refused even where ``float`` would read it: a reward function that returns
+    ``"1.0"`` returns what it meant to compare, not a score."""
     if isinstance(value, bool):
         return float(value)
+    if isinstance(value, (str, bytes, bytearray)):
+        raise TypeError(
+            f"reward function {name} returned {value!r} (a {type(value).__name__}), not a "
+            "number: return a float (1.0 for right, 0.0 for wrong)"
+        )
     try:
         number = float(value)
     except (TypeError, ValueError):

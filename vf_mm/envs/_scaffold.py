@@ -1,8 +1,9 @@
 """``scaffold_environment``: a new environment folder that works before it is edited.
 
-``vf-mm init NAME [--multi-turn | --tools]`` writes ``environments/NAME/`` with a
-pyproject (the ``vf_mm.environments`` entry point), a module with ``load_environment``,
-a test that runs ``check_environment`` and a README. Each kind is a small, complete task
+``vf-mm init NAME [--multi-turn | --tools] [--family F]`` writes ``environments/NAME/``
+with a pyproject (the ``vf_mm.environments`` entry point), a module with
+``load_environment``, a test that runs ``check_environment`` on family ``F``'s tiny
+checkpoint (default ``qwen2_5_vl``) and a README. Each kind is a small, complete task
 on synthetic images made in code (no download), so ``vf-mm eval NAME`` and ``pytest
 environments/NAME`` pass at once and the author edits a working example:
 
@@ -219,11 +220,15 @@ from pathlib import Path
 import vf_mm as vf
 __IMPORTS__
 ENV_DIR = Path(__file__).resolve().parents[1]
+# the model family you train and evaluate (vf_mm.models.VISION_FAMILIES): the checks
+# render with its tiny offline checkpoint, so what its template refuses is found here
+FAMILY = "__FAMILY__"
 
 
 def test_check_environment_passes():
     env = vf.load_environment(str(ENV_DIR))
-    report = vf.check_environment(env)  # raises, listing every problem, if one is found
+    # raises, listing every problem, if one is found
+    report = vf.check_environment(env, family=FAMILY)
     assert report["rows"] > 0 and report["images"] > 0
 
 
@@ -232,7 +237,9 @@ def test_a_right_answer_scores_1_and_a_wrong_one_0():
     row = env.get_eval_dataset()[0]  # what check_environment runs with num_examples=1
 __RIGHT__
     for replies, reward in ((right, 1.0), (["<answer>purple</answer>"], 0.0)):
-        report = vf.check_environment(env, num_examples=1, replies=replies)
+        report = vf.check_environment(
+            env, num_examples=1, replies=replies, family=FAMILY
+        )
         assert report["rewards"] == [reward, reward], replies
 '''
 
@@ -243,7 +250,7 @@ the prompt, the reward functions.
 
 ```bash
 vf-mm eval __NAME____ENVDIR__    # the embedded tiny model; -m MODEL for a real one
-pytest __FOLDER__    # check_environment and the reward, offline
+pytest __FOLDER__    # check_environment on a tiny __FAMILY__ and the reward, offline
 pip install -e __FOLDER__   # install it (entry point vf_mm.environments)
 ```
 """
@@ -275,12 +282,13 @@ _RIGHT = {
         '    right = ["<answer>" + c + "</answer>" for c in row["info"]["colours"]]',
     ),
     "tools": (
-        "from vf_mm.renderers import format_tool_calls\n",
+        "from vf_mm.models import family_info\nfrom vf_mm.renderers import format_tool_calls\n",
         """
     def right(request):  # look at the top-left corner, then answer
         if any(m["role"] == "tool" for m in request.messages):
             return "<answer>" + row["answer"] + "</answer>"
-        return format_tool_calls([("look", {"corner": "top-left"})])
+        call = ("look", {"corner": "top-left"})  # in the family's tool-call format
+        return format_tool_calls([call], tool_format=family_info(FAMILY).tool_format)
 """,
     ),
 }
@@ -291,15 +299,29 @@ def scaffold_environment(
     *,
     kind: Literal["single-turn", "multi-turn", "tools"] = "single-turn",
     directory: str | Path = "environments",
+    family: str = "qwen2_5_vl",
 ) -> list[Path]:
     """Write ``directory/name/`` (module, pyproject, test, README) and return the files.
+    The test checks the environment on ``family`` (a ``model_type``): the family the
+    author targets, whose template and processor the checks render with.
 
     Refused with ``ValueError`` (nothing written): a name that is not a valid id, or
-    whose module would shadow an importable module (``json``, ``test``, ``vf_mm``...);
-    ``FileExistsError``: the folder exists.
+    whose module would shadow an importable module (``json``, ``test``, ``vf_mm``...),
+    an unknown family (``UnsupportedModelError``, naming the nearest), ``tools`` for a
+    family whose template has no tool role (Gemma 3); ``FileExistsError``: the folder
+    exists.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, not {kind!r}")
+    from vf_mm.models import family_info
+
+    info = family_info(family)
+    if kind == "tools" and not info.tool_role:
+        raise ValueError(
+            f"{info.label}'s chat template has no tool role (it refuses a 'tool' message), so "
+            "every rollout of a tool environment would fail on it: scaffold --multi-turn and "
+            "answer the model's requests with user messages from env_response"
+        )
     if not _NAME.match(name):
         raise ValueError(
             f"{name!r} is not an environment name: use letters, digits, '-' and '_', "
@@ -335,7 +357,7 @@ def scaffold_environment(
         envdir = "" if Path(directory) == Path("environments") else f" --env-dir {directory}"
         for token, value in (("__ENVDIR__", envdir), ("__FOLDER__", str(folder)),
                              ("__NAME__", name), ("__MODULE__", module), ("__CLASS__", cls),
-                             ("__KIND__", kind)):  # fmt: skip
+                             ("__KIND__", kind), ("__FAMILY__", family)):  # fmt: skip
             text = text.replace(token, value)
         path.write_text(text, encoding="utf-8")
         written.append(path)

@@ -5,13 +5,18 @@ defaults) and its docstring (the first paragraph describes the tool; ``name: tex
 lines under ``Args:`` describe parameters). A parameter named ``state`` is left out of
 the schema and receives the rollout's ``State`` (e.g. the image a ``zoom`` tool crops). After each model turn the environment runs
 the calls it made, in order, and answers with one ``tool`` message per call. A tool
-may return text, a number, JSON-able data, or images (a PIL image, or a list mixing
-images and text): images land in the tool message as image parts, so the model sees
-them on its next turn. A call that fails (unknown tool, bad JSON arguments, the tool
+may return text, a number, JSON-able data, or images (a PIL image, an ``(H, W, 3)``
+uint8 array, or a list mixing images and text): images land in the tool message as
+image parts, so the model sees them on its next turn. An array is read as the
+content-part path reads one (``vf_mm.images.load_image``): a float or channels-first
+array is refused with how to convert it, never cast; a 2-D array is refused too (data
+or a grey image: the tool says which). Text must be text (``check_text``). A call that fails (unknown tool, bad JSON arguments, the tool
 raising) is answered with the error text in its tool message: the model can recover. A
 tool that returns a value JSON cannot hold fails the rollout (``MessageError``): that
 is a bug in the tool, not the model's move.
-The rollout ends when a model turn makes no tool call.
+The rollout ends when a model turn makes no tool call: that is the ``@stop`` method
+``no_tool_calls``, which a subclass redefines to change the rule (without ``@stop`` it is
+no rule at all; a tool may also end the rollout by setting ``state["done"]``).
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vf_mm._json import to_json_value
 from vf_mm.envs._env import MultiTurnEnv, State, _maybe_await, stop
+from vf_mm.envs._messages import check_text
 from vf_mm.errors import MessageError, ResultsError
 from vf_mm.types import Messages
 
@@ -108,8 +114,9 @@ class ToolEnv(MultiTurnEnv):
         return not last.get("tool_calls")
 
     async def env_response(self, messages: Messages, state: State) -> Messages:
-        replies = []
-        for call in messages[-1].get("tool_calls") or []:
+        replies: list[dict[str, Any]] = []
+        calls = cast(list[dict[str, Any]], messages[-1].get("tool_calls") or [])
+        for call in calls:
             replies.append(
                 {
                     "role": "tool",
@@ -118,12 +125,12 @@ class ToolEnv(MultiTurnEnv):
                     "content": await self.call_tool(call, state),
                 }
             )
-        return replies
+        return cast(Messages, replies)
 
     async def call_tool(self, call: Mapping[str, Any], state: State) -> str | list[dict[str, Any]]:
         function = call.get("function") or {}
         name = function.get("name")
-        func = self.tool_funcs.get(name)
+        func = self.tool_funcs.get(name) if isinstance(name, str) else None
         if func is None:
             return f"Error: unknown tool {name!r}; available: {', '.join(self.tool_funcs)}"
         try:
@@ -138,32 +145,62 @@ class ToolEnv(MultiTurnEnv):
             result = await _maybe_await(func(**args))
         except Exception as exc:  # the model sees the error and may try again
             return f"Error: {type(exc).__name__}: {exc}"
-        return _tool_content(
-            result, name
-        )  # a bad return value is the tool's bug: it fails the rollout
+        # a bad return value is the tool's bug: it fails the rollout
+        return _tool_content(result, str(name))
 
 
 def _tool_content(result: Any, name: str) -> str | list[dict[str, Any]]:
-    """A tool's return value as tool-message content: text stays text; images and videos
-    (a ``vf_mm.videos.Video``), and lists mixing them, text and content parts
+    """A tool's return value as tool-message content: text stays text; images (PIL, or
+    an ``(H, W, C)`` array, read now so a float array is refused here naming the tool)
+    and videos (a ``vf_mm.videos.Video``), and lists mixing them, text and content parts
     (``{"type": "image", ...}``, ``{"type": "video", ...}``), become parts; any
     other value is written as JSON. A value JSON cannot hold is refused, never stringified."""
+    where = f"tool {name!r} returned"
     items = result if isinstance(result, (list, tuple)) else [result]
-    if not any(_is_image(r) or _is_video(r) or _is_part(r) for r in items):
-        return result if isinstance(result, str) else _json_text(result, name)
+    if not any(_is_image(r) or _is_image_array(r) or _is_video(r) or _is_part(r) for r in items):
+        return (
+            check_text(result, where=where) if isinstance(result, str) else _json_text(result, name)
+        )
     parts: list[dict[str, Any]] = []
     for item in items:
         if _is_image(item):
             parts.append({"type": "image", "image": item})
+        elif _is_image_array(item):
+            parts.append({"type": "image", "image": _array_image(item, name)})
         elif _is_video(item):
             parts.append({"type": "video", "video": item})
         elif _is_part(item):
             parts.append(dict(item))
         else:
-            parts.append(
-                {"type": "text", "text": item if isinstance(item, str) else _json_text(item, name)}
+            text = (
+                check_text(item, where=where) if isinstance(item, str) else _json_text(item, name)
             )
+            parts.append({"type": "text", "text": text})
     return parts
+
+
+def _is_image_array(value: Any) -> bool:
+    """An ``(H, W, C)`` array (numpy, a tensor): a picture, whatever its dtype (a float
+    one is refused by ``_array_image`` with how to convert it). 2-D arrays are not taken
+    for images: a tool returns grids and tables as arrays too."""
+    shape = getattr(value, "shape", None)
+    return isinstance(shape, tuple) and len(shape) == 3 and hasattr(value, "dtype")
+
+
+def _array_image(array: Any, name: str) -> Any:
+    """The array as an RGB image, read by the rule content parts follow
+    (``load_image``: uint8 only, channels last); a copy, so a tool that later changes
+    its array does not change what the model was shown."""
+    from vf_mm.errors import ImageError
+    from vf_mm.images import load_image
+
+    try:
+        return load_image(array)
+    except ImageError as exc:
+        raise MessageError(
+            f"tool {name!r} returned an array that is not an image: {exc}",
+            where=f"tool {name!r}",
+        ) from None
 
 
 def _is_part(value: Any) -> bool:
@@ -196,8 +233,9 @@ def _json_text(value: Any, name: str) -> str:
         if isinstance(shape, tuple) and len(shape) == 4:  # frames, not data
             hint = ("a (T, H, W, 3) array is a clip: return vf_mm.videos.Video(frames, fps) or "
                     '{"type": "video", "video": frames, "frame_rate": fps}')  # fmt: skip
-        elif isinstance(shape, tuple) and len(shape) in (2, 3):
-            hint = "an (H, W, 3) array is an image: return PIL.Image.fromarray(array)"
+        elif isinstance(shape, tuple) and len(shape) == 2:
+            hint = ("a 2-D array is data or a grey image: return array.tolist() for data, "
+                    "or array[..., None] (an (H, W, 1) uint8 array) for an image")  # fmt: skip
         else:
             hint = ("return a str, a JSON-able value (convert numpy values with .tolist()), a "
                     "PIL image, a vf_mm.videos.Video, or a list of those")  # fmt: skip

@@ -69,11 +69,10 @@ from __future__ import annotations
 from vf_mm.images._data_url import decode_data_url
 from vf_mm.images._encode import encode_png, png_data_url
 from vf_mm.images._fetch import Fetcher, Resolver, system_resolver
-from vf_mm.images._guard import check_local_path, file_url_to_path, is_public_address
+from vf_mm.images._guard import is_public_address
 from vf_mm.images._hash import image_hash
 from vf_mm.images._key import SourceKey, source_key
 from vf_mm.images._load import load_image
-from vf_mm.images._local import read_local_file
 from vf_mm.images._policy import (
     DEFAULT_FORMATS,
     DEFAULT_MAX_BYTES,
@@ -82,12 +81,6 @@ from vf_mm.images._policy import (
     DEFAULT_TIMEOUT_S,
     ImagePolicy,
 )
-
-# The guard's pieces, public so that other media (vf_mm.videos) read their sources under
-# the same rules: how a source string is sorted and named, local paths and files.
-from vf_mm.images._source import Kind as SourceKind
-from vf_mm.images._source import classify as classify_source
-from vf_mm.images._source import describe as describe_source
 
 __all__ = [
     "png_data_url",
@@ -107,10 +100,4 @@ __all__ = [
     "is_public_address",
     "load_image",
     "system_resolver",
-    "SourceKind",
-    "check_local_path",
-    "classify_source",
-    "describe_source",
-    "file_url_to_path",
-    "read_local_file",
 ]

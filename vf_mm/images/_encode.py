@@ -67,7 +67,7 @@ def _unfiltered_rgb_png(image: Image.Image, compress_level: int) -> bytes:
     rows = np.empty((height, width * 3 + 1), dtype=np.uint8)
     rows[:, 0] = 0
     rows[:, 1:] = np.frombuffer(image.tobytes(), dtype=np.uint8).reshape(height, width * 3)
-    stream = memoryview(zlib.compress(rows, compress_level))
+    stream = memoryview(zlib.compress(rows.data, compress_level))
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     parts: list[bytes | memoryview] = [_SIGNATURE, *_chunk(b"IHDR", ihdr)]
     for start in range(0, len(stream), _MAX_IDAT):

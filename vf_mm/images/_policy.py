@@ -93,7 +93,8 @@ def _root_of_url(url: str) -> Path:
 
 
 def _positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+    of_kind = isinstance(value, kind) and not isinstance(value, bool)
+    if not of_kind or not value > 0:
         raise ValueError(f"ImagePolicy.{name} must be a positive number, got {value!r}")
 
 

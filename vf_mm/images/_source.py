@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 from PIL import Image
 
 from vf_mm._text import shorten
-from vf_mm.errors import ImageDecodeError, UnsafeImageSourceError
+from vf_mm.errors import ImageDecodeError, UnsafeImageSourceError, VideoDecodeError
 
-__all__ = ["Kind", "Source", "classify", "describe", "looks_like_bare_base64"]
+__all__ = ["Kind", "Source", "classify", "describe", "looks_like_bare_base64", "unwrap_part"]
 
 _MAX_SHOWN = 120  # characters of a URL or path shown in an error
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -43,35 +43,49 @@ class Source:
     value: Any  # Image.Image | numpy array | bytes-like | str | os.PathLike
 
 
-def _unwrap_part(part: dict[str, Any]) -> Any:
-    """The source inside a content part: OpenAI ``{"type": "image_url", "image_url":
-    {"url": ...}}`` (or ``"image_url": "..."``), vf_mm ``{"type": "image", "image":
-    ...}``, or transformers' ``{"type": "image", "url" | "path": ...}``."""
+#: each medium's two part types: the OpenAI-style URL part, and vf_mm's / transformers' own
+_PART_TYPES = {"image": ("image_url", "image"), "video": ("video_url", "video")}
+
+
+def unwrap_part(part: dict[str, Any], *, medium: str = "image") -> Any:
+    """The source inside a content part of ``medium`` (``"image"`` or ``"video"``):
+    OpenAI ``{"type": "image_url", "image_url": {"url": ...}}`` (or ``"image_url":
+    "..."``), vf_mm ``{"type": "image", "image": ...}``, or transformers' ``{"type":
+    "image", "url" | "path": ...}`` (exactly one of the three); likewise ``video_url`` /
+    ``video``. Anything else is that medium's ``DecodeError`` naming the part's shape."""
+    url_type, own_type = _PART_TYPES[medium]
+    refuse = ImageDecodeError if medium == "image" else VideoDecodeError
     kind = part.get("type")
-    if kind == "image_url":
-        inner = part.get("image_url")
+    if kind == url_type:
+        inner = part.get(url_type)
         if isinstance(inner, dict):
             inner = inner.get("url")
         if not isinstance(inner, str):
-            raise ImageDecodeError(
-                'an "image_url" content part needs {"image_url": {"url": "..."}}, '
-                f"got {_shape(part)}"
+            raise refuse(
+                f'{_article(url_type)} "{url_type}" content part needs '
+                f'{{"{url_type}": {{"url": "..."}}}}, got {_shape(part)}'
             )
         return inner
-    if kind == "image":
-        present = [k for k in ("image", "url", "path") if part.get(k) is not None]
+    if kind == own_type:
+        present = [k for k in (own_type, "url", "path") if part.get(k) is not None]
         if len(present) != 1:
-            raise ImageDecodeError(
-                'an "image" content part needs exactly one of "image", "url" or "path", '
-                f"got {_shape(part)}"
+            raise refuse(
+                f'{_article(own_type)} "{own_type}" content part needs exactly one of '
+                f'"{own_type}", "url" or "path", got {_shape(part)}'
             )
         inner = part[present[0]]
         if isinstance(inner, dict):
-            raise ImageDecodeError('an "image" content part cannot hold another content part')
+            raise refuse(
+                f'{_article(own_type)} "{own_type}" content part cannot hold another content part'
+            )
         return inner
-    raise ImageDecodeError(
-        f'a content part of type {kind!r} holds no image (expected "image" or "image_url")'
+    raise refuse(
+        f'a content part of type {kind!r} holds no {medium} (expected "{own_type}" or "{url_type}")'
     )
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
 
 
 def _shape(part: dict[str, Any]) -> str:
@@ -83,7 +97,7 @@ def classify(source: Any) -> Source:
     ``ImageDecodeError`` for a value that is no image source and
     ``UnsafeImageSourceError`` for a URL scheme we never read."""
     if isinstance(source, dict):
-        source = _unwrap_part(source)
+        source = unwrap_part(source)
     if isinstance(source, Image.Image):
         return Source(Kind.PIL, source)
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -173,7 +187,7 @@ def describe(source: Any) -> str:
     """A short, secret-free name for ``source`` in an error message."""
     if isinstance(source, dict):
         try:
-            return describe(_unwrap_part(source))
+            return describe(unwrap_part(source))
         except ImageDecodeError:
             return f"<content part {shorten(_shape(source), 80, keep_end=True)}>"
     if isinstance(source, Image.Image):

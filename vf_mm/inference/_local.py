@@ -104,6 +104,7 @@ class _Row:
     sampling: SamplingParams
     generator: torch.Generator
     stop_ids: set[int]
+    banned: tuple[int, ...] = ()  # the request's banned ids beyond the backend's own
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str = "length"
@@ -186,7 +187,8 @@ class LocalBackend:
             self._pixels["video"] = (info.video_inputs or ("pixel_values_videos",))[0]
             if info.frames_as_images:
                 self.video_token_id = self.image_token_id
-        # the model must never sample an image's own tokens: they need image inputs
+        # the model must never sample an image's own tokens: they need image inputs (a
+        # request adds its renderer's: GenerateRequest.banned_token_ids)
         self.suppress_token_ids = [
             i
             for i in (
@@ -203,6 +205,8 @@ class LocalBackend:
             if i is not None
         ]
         self._suppress = torch.tensor(sorted(set(self.suppress_token_ids)), dtype=torch.long)
+        self._suppress_set = frozenset(self.suppress_token_ids)
+        self._vocab_size: int | None = getattr(text_config, "vocab_size", None)
         from transformers import GenerationConfig
 
         eos = self.model.generation_config.eos_token_id
@@ -276,6 +280,7 @@ class LocalBackend:
                 backend=self.name,
             )
         self._check_images(request)  # a bad request fails alone, before it joins a batch
+        self._check_banned(request)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[GenerateResult] = loop.create_future()
         self._queue.put(_Pending(request, future, loop))
@@ -466,6 +471,7 @@ class LocalBackend:
                 sampling=params,
                 generator=self._generator(params),
                 stop_ids=self.eos_token_ids | set(params.stop_token_ids),
+                banned=self._extra_bans(request),
             )
         except Exception as exc:
             _answer(pending, self._failure(exc))
@@ -597,6 +603,7 @@ class LocalBackend:
             [rows[i].sampling for i in live],
             [rows[i].generator for i in live],
             self._suppress,
+            [rows[i].banned for i in live],
         )
         for i, token, logprob in zip(live, tokens, logprobs, strict=True):
             row = rows[i]
@@ -758,7 +765,9 @@ class LocalBackend:
             inputs.update(self._media_inputs(input_ids, media))
         sampling = [r.sampling for r in requests]
         generators = [self._generator(s) for s in sampling]
-        sampler = RowSampler(sampling, generators, self.suppress_token_ids)
+        sampler = RowSampler(
+            sampling, generators, self.suppress_token_ids, [self._extra_bans(r) for r in requests]
+        )
         stop_ids = [self.eos_token_ids | set(s.stop_token_ids) for s in sampling]
         stopper = RowStopper(stop_ids, [s.max_tokens for s in sampling], width)
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -797,6 +806,22 @@ class LocalBackend:
                 )
             )
         return results
+
+    def _check_banned(self, request: GenerateRequest) -> None:
+        """Banned ids must be the model's: one outside its vocabulary is a caller's bug
+        (a renderer of another checkpoint), refused before the request joins a batch."""
+        vocab = self._vocab_size
+        outside = [t for t in request.banned_token_ids if vocab is not None and not 0 <= t < vocab]
+        if outside:
+            raise ValueError(
+                f"banned_token_ids {outside[:5]} are outside the model's vocabulary of "
+                f"{vocab} ids (is the renderer for this checkpoint?)"
+            )
+
+    def _extra_bans(self, request: GenerateRequest) -> tuple[int, ...]:
+        """The request's banned ids that the backend's own ban does not cover."""
+        own = self._suppress_set
+        return tuple(t for t in request.banned_token_ids if t not in own)
 
     def _check_images(self, request: GenerateRequest) -> None:
         data = request.multi_modal_data

@@ -5,7 +5,8 @@ tokens. ``sample_rows`` samples every row of a ``(rows, vocab)`` score tensor by
 own request's rules, with the request's own ``torch.Generator`` (so a seeded request
 repeats whatever else shares its batch), and returns each sampled token's raw
 log-probability (before temperature and filters, vLLM's ``raw_logprobs``). Suppressed
-tokens (an image's own tokens: they need image inputs) are never sampled. Greedy rows
+tokens (an image's own tokens: they need image inputs), for every row and each row's
+own (a request's ``banned_token_ids``), are never sampled. Greedy rows
 are one batched ``argmax``; rows that sample are filtered in one batch and each draws
 its noise from its own generator.
 
@@ -30,9 +31,12 @@ def sample_rows(
     sampling: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     suppress: torch.Tensor,
+    row_suppress: Sequence[Sequence[int]] = (),
 ) -> tuple[torch.Tensor, list[int], list[float]]:
     """One token per row of ``scores`` (``(rows, vocab)``): the chosen ids as a tensor on
     the scores' device, and as Python ints with their raw log-probabilities.
+    ``suppress``: ids no row samples; ``row_suppress`` (empty, or one sequence per row):
+    ids that row does not sample besides.
 
     Rows that sample are filtered together (temperature, top-k, min-p, top-p, each row
     by its own values) and drawn by an exponential race: row r takes
@@ -42,6 +46,11 @@ def sample_rows(
     raw = torch.log_softmax(logits, dim=-1)
     if suppress.numel():
         logits = logits.index_fill(1, suppress.to(logits.device), float("-inf"))
+    if any(row_suppress):
+        rows = [r for r, ids in enumerate(row_suppress) for _ in ids]
+        cols = [t for ids in row_suppress for t in ids]
+        where = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+        logits = logits.index_put(where, torch.tensor(float("-inf"), device=logits.device))
     chosen = logits.argmax(dim=-1)
     hot = [i for i, params in enumerate(sampling) if params.temperature != 0]
     if hot:
@@ -91,14 +100,18 @@ class RowSampler:
         sampling: Sequence[SamplingParams],
         generators: Sequence[torch.Generator],
         suppress_token_ids: Sequence[int],
+        row_suppress: Sequence[Sequence[int]] = (),
     ) -> None:
         self.sampling = list(sampling)
         self.generators = list(generators)
         self.suppress = torch.tensor(sorted(set(suppress_token_ids)), dtype=torch.long)
+        self.row_suppress = [list(ids) for ids in row_suppress]
         self.logprobs: list[list[float]] = [[] for _ in self.sampling]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        chosen, _, picked = sample_rows(scores, self.sampling, self.generators, self.suppress)
+        chosen, _, picked = sample_rows(
+            scores, self.sampling, self.generators, self.suppress, self.row_suppress
+        )
         for row, value in enumerate(picked):
             self.logprobs[row].append(value)
         out = torch.full_like(scores, float("-inf"))

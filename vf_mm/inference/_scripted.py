@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vf_mm.inference._types import GenerateRequest, GenerateResult, Usage
+from vf_mm.inference._types import GenerateRequest, GenerateResult, Usage, check_prompt_length
 
 
 class ScriptedBackend:
@@ -28,6 +28,9 @@ class ScriptedBackend:
     ``GenerateRequest`` returning the text: it sees the prompt's token ids
     (``request.prompt_ids``) and, from a ``RendererClient``, the conversation they were
     rendered from (``request.messages``), so a scripted policy can answer what it was shown. Every sampled token gets logprob ``-0.5``.
+    ``max_model_len``: a prompt that cannot fit with its ``max_tokens`` is refused
+    (``PromptTooLongError``) as a real backend refuses it, so a test can make a rollout
+    run out of context at a chosen turn.
     ``requests`` keeps what was asked, for assertions; ``record=False`` keeps nothing (each
     request holds its images' model inputs: a long run, a soak test or a benchmark of
     memory must not keep them).
@@ -48,6 +51,9 @@ class ScriptedBackend:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.record:
             self.requests.append(request)
+        check_prompt_length(
+            len(request.prompt_ids), request.sampling, self.max_model_len, backend=self.name
+        )
         text = self._replies(request) if callable(self._replies) else next(self._replies)
         ids = list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
         if not ids or ids[-1] not in self._stops:  # a reply may end with its own stop token

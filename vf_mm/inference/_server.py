@@ -49,7 +49,10 @@ unknown model is 404 ``"NotFoundError"``; a backend failure is 500
 ``"InternalServerError"`` with its message.
 
 What the local engine cannot do is refused by name with a 400, never silently dropped:
-``n > 1``, stop strings, penalties, ``output_mode="text"``, video.
+``n > 1``, stop strings, penalties, ``output_mode="text"``, video, a ``logit_bias``
+other than bans (-100, what ``VLLMBackend`` sends for the family's image and video
+tokens: honoured). Every request, whichever route, also bans the renderer's image and
+video tokens (``VisionSpec.banned_token_ids``).
 Logprobs are the sampled tokens' only: with ``sampling_params.logprobs = k > 0`` each
 entry's ``top_logprobs`` holds just the sampled token (``rank`` is None).
 
@@ -68,6 +71,7 @@ on 127.0.0.1 (the default) or to trusted clients only: there is no authenticatio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -110,6 +114,7 @@ from vf_mm.inference._server_models import (
     GenerateRequestModel,
 )
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
+from vf_mm.inference._vllm_protocol import BAN_BIAS
 from vf_mm.models import QWEN_VL_FAMILIES, VISION_FAMILIES, family_info
 from vf_mm.types import MultiModalData, PlaceholderRange
 from vf_mm.videos import load_video
@@ -234,6 +239,7 @@ class _Server:
             vocab = len(tokenizer) if tokenizer is not None else None
         self.vocab_size: int | None = vocab
         self.stop_token_ids: tuple[int, ...] = tuple(getattr(renderer, "stop_token_ids", ()) or ())
+        self.banned_token_ids = frozenset(getattr(vision, "banned_token_ids", None) or ())
 
     # -- GET routes ----------------------------------------------------------------------
 
@@ -286,6 +292,7 @@ class _Server:
         self._check_limits(prompt_tokens=len(req.token_ids), items=items, param="token_ids")
         sp = req.sampling_params
         self._check_tokens(sp.stop_token_ids or [], "sampling_params.stop_token_ids")
+        banned = self._logit_bias_bans(sp.model_extra or {})
         token_ids = req.token_ids
         if req.content_parts:
             token_ids, mm = await run_in_threadpool(
@@ -313,6 +320,7 @@ class _Server:
                 sampling=sampling,
                 multi_modal_data=mm,
                 request_id=req.request_id,
+                banned_token_ids=banned,
             )
         )
         logprobs = None
@@ -382,11 +390,42 @@ class _Server:
         if sp.logprobs == -1:
             refuse("sampling_params.logprobs=-1 (the whole vocabulary)", "logprobs")
         for name, value in (sp.model_extra or {}).items():
+            if name == "logit_bias":  # bans are honoured (_logit_bias_bans)
+                continue
             defaults = UNSUPPORTED_SAMPLING.get(name)
             if defaults is not None and not any(
                 value == d and type(value) is type(d) for d in defaults
             ):
                 refuse(f"sampling_params.{name}={value!r}", name)
+
+    def _logit_bias_bans(self, extra: dict[str, Any]) -> tuple[int, ...]:
+        """The ids a request's ``logit_bias`` bans (a bias of -100 or less, as
+        ``VLLMBackend`` sends the family's image and video tokens); any other bias is
+        refused: the local engine applies bans only."""
+        bias = extra.get("logit_bias")
+        if bias is None or bias == {}:
+            return ()
+        if not isinstance(bias, dict):
+            raise RequestError("sampling_params.logit_bias must be an object", param="logit_bias")
+        banned: list[int] = []
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                token = -1
+            if token < 0:
+                raise RequestError(
+                    f"sampling_params.logit_bias: {key!r} is not a token id", param="logit_bias"
+                )
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value > BAN_BIAS:
+                raise RequestError(
+                    f"sampling_params.logit_bias={{{key!r}: {value!r}}} is not supported by "
+                    f"vf-mm serve (only bans, a bias of {BAN_BIAS:g} or less)",
+                    param="logit_bias",
+                )
+            banned.append(token)
+        self._check_tokens(banned, "sampling_params.logit_bias")
+        return tuple(banned)
 
     async def _multi_modal_data(self, req: GenerateRequestModel) -> MultiModalData | None:
         features = req.features
@@ -959,6 +998,10 @@ class _Server:
             )
 
     async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        if not self.banned_token_ids.issubset(request.banned_token_ids):
+            # every route bans the renderer's image and video tokens, asked or not
+            banned = self.banned_token_ids.union(request.banned_token_ids)
+            request = dataclasses.replace(request, banned_token_ids=tuple(sorted(banned)))
         try:
             return await self.backend.generate(request)
         except PromptTooLongError as exc:

@@ -329,8 +329,9 @@ class VLLMServers:
             *self.extra_args,
         ]  # fmt: skip
         env = {**os.environ, **self.env}
-        if self.devices[i] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.devices[i]
+        devices = self.devices[i]
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
         path = self.log_dir / f"server-{i}.log"
         log = open(path, "wb")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)

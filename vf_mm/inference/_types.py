@@ -46,7 +46,8 @@ class SamplingParams:
             value = getattr(self, name)
             if name == "seed" and value is None:
                 continue
-            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            fits = isinstance(value, kind)  # apart: narrowing by a runtime type says nothing
+            if isinstance(value, bool) != (kind is bool) or not fits:
                 raise TypeError(
                     f"sampling arg {name} must be {label}, not {type(value).__name__} ({value!r})"
                 )
@@ -107,6 +108,12 @@ class GenerateRequest:
     # session on one server, whose prefix cache holds its earlier turns; never sent to a
     # server, and ignored by backends with one engine
     session_id: str | None = None
+    # ids the backend must never sample: the family's image and video tokens (pads,
+    # placeholders, vision markers), which text cannot hold (RendererClient fills it from
+    # its renderer). Model backends honour it: the local engine masks them, vLLM gets a
+    # logit_bias of -100 on each (the OpenAI convention for a ban). A scripted backend
+    # replays its text; RendererClient refuses a completion holding one, whatever made it
+    banned_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

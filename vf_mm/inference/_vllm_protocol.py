@@ -14,7 +14,8 @@ Request (vLLM's ``GenerateRequest``; only the fields we send)::
          "max_tokens", "temperature", "top_p", "top_k" (0 = off), "min_p",
          "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
          "seed" (if set), "stop_token_ids", "logprobs": 0 (if wanted),
-         "skip_special_tokens": false, "detokenize": false},
+         "skip_special_tokens": false, "detokenize": false,
+         "logit_bias": {"<id>": -100.0, ...} (the request's banned_token_ids, if any)},
      "model": str (if given), "request_id": str (if given),
      # either (features mode)
      "features": {"mm_hashes": {"image": [str]},
@@ -29,6 +30,14 @@ Every sampling field is sent, penalties included, so a server's generation-confi
 defaults (``repetition_penalty`` 1.05 in some Qwen checkpoints) never change what is
 sampled. ``logprobs: 0`` returns the sampled token's log-probability only (vLLM always
 includes the sampled token in each position's logprob dict).
+
+``banned_token_ids`` (the family's image and video tokens) go as ``logit_bias`` of
+``BAN_BIAS`` each: of vLLM's SamplingParams fields that could ban ids, it is the one that
+works on a tokens-only server (``bad_words`` are strings the server must tokenize, and a
+``--tokens-only`` server has no tokenizer; ``allowed_token_ids`` would have to list the
+whole rest of the vocabulary). vLLM checks each id against the vocabulary, adds the bias
+after the raw logprobs are taken (so logprobs are the model's, as without it), and -100,
+the OpenAI API's ban value, is within every range vLLM clamps biases to.
 
 ``features``: per image (and per clip, under ``"video"``) its hash, its placeholder range in ``token_ids`` and its model
 inputs (``kwargs_data``: base64 of vLLM's msgpack ``MultiModalKwargsItem``, made by
@@ -93,6 +102,8 @@ from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingPara
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 GENERATE_PATH = "/inference/v1/generate"
+#: the logit bias that bans a token (the OpenAI API's convention; vLLM's clamp keeps it)
+BAN_BIAS = -100.0
 
 _MAX_DETAIL_CHARS = 500
 _FINISH_REASONS = frozenset({"stop", "length", "abort"})
@@ -133,7 +144,7 @@ def encode_request(
     decoded and encoded here."""
     body: dict[str, Any] = {
         "token_ids": request.prompt_ids,
-        "sampling_params": _sampling_params(request.sampling),
+        "sampling_params": _sampling_params(request.sampling, request.banned_token_ids),
     }
     if model is not None:
         body["model"] = model
@@ -154,7 +165,7 @@ def encode_request(
     return RequestBody(encoded, media_hashes)
 
 
-def _sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+def _sampling_params(sampling: SamplingParams, banned: Sequence[int] = ()) -> dict[str, Any]:
     params: dict[str, Any] = {
         "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
@@ -172,15 +183,18 @@ def _sampling_params(sampling: SamplingParams) -> dict[str, Any]:
         params["seed"] = sampling.seed
     if sampling.logprobs:
         params["logprobs"] = 0  # the sampled token's logprob only
+    if banned:  # JSON keys are strings; vLLM reads them as token ids
+        params["logit_bias"] = {str(int(t)): BAN_BIAS for t in banned}
     return params
 
 
 def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> dict[str, Any]:
     modalities = list(mmd.mm_placeholders)
+    # without kwargs_data the items are only counted: empty ones stand in for them
     items = (
         mmd.mm_items
         if send_kwargs_data
-        else {m: [None] * len(mmd.mm_placeholders[m]) for m in modalities}
+        else {m: [{}] * len(mmd.mm_placeholders[m]) for m in modalities}
     )
     MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
     sparse = [m for m in modalities if any(r.is_embed is not None for r in mmd.mm_placeholders[m])]

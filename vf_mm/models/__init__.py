@@ -27,14 +27,15 @@ checkpoint has, so every loader in vf_mm, transformers and vLLM read them);
 ``CHAT_TEMPLATES`` their chat templates, which render what the real models' do
 (``TEMPLATE_VARIANTS`` / ``chat_template(family, variant)``: the variants of families
 whose checkpoints ship several, e.g. Gemma 4's Hub revisions).
-``embedded_model()`` is the tiny Qwen2.5-VL ``vf-mm eval`` runs when given no model,
-built once into ``$VF_MM_CACHE`` (default ``~/.cache/vf_mm``).
+``cached_tiny_vlm(family)`` is a family's tiny checkpoint built once into ``$VF_MM_CACHE``
+(default ``~/.cache/vf_mm``) and reused; ``embedded_model()`` is the tiny Qwen2.5-VL
+``vf-mm eval`` runs when given no model, built the same way.
 
 Importing this module loads neither torch nor transformers; each function imports
 what it needs.
 """
 
-from vf_mm.models._embedded import embedded_model
+from vf_mm.models._embedded import cached_tiny_vlm, embedded_model
 from vf_mm.models._families import (
     IMAGE_BACKENDS,
     QWEN_VL_FAMILIES,
@@ -91,6 +92,7 @@ __all__ = [
     "VisionFamily",
     "build_tiny_lm",
     "build_tiny_vlm",
+    "cached_tiny_vlm",
     "chat_template",
     "embedded_model",
     "expand_image",

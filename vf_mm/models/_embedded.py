@@ -1,25 +1,36 @@
-"""``embedded_model``: the checkpoint ``vf-mm eval`` runs when given no model.
+"""Tiny checkpoints built once into the cache: ``cached_tiny_vlm(family)``, and
+``embedded_model``, the one ``vf-mm eval`` runs when given no model.
 
-It is ``build_tiny_vlm``'s Qwen2.5-VL with the tiny vocabulary and seed 0: deterministic
-and offline, so the command works on a fresh machine without a download. It is built
-on first use into the cache and reused; the name carries a version, so a change to
-the recipe must bump it rather than silently reuse an older build.
+Each is ``build_tiny_vlm``'s checkpoint of its family with the tiny vocabulary and seed
+0: deterministic and offline, so a fresh machine needs no download, and built on first
+use into the cache and reused (``check_environment(env, family=...)`` in a test suite
+builds each family once, not once per call). The names carry a version, so a change to
+a recipe must bump it rather than silently reuse an older build.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from vf_mm.models._cache import build_once
-from vf_mm.models._tiny_vlm import build_tiny_vlm
+from vf_mm.models._families import family_info
+from vf_mm.models._tiny_vlm import Family, build_tiny_vlm
 
 EMBEDDED_FAMILY = "qwen2_5_vl"
 
 
-def embedded_model() -> Path:
-    """The embedded tiny model's checkpoint directory (built offline on first use)."""
+def cached_tiny_vlm(family: str = EMBEDDED_FAMILY) -> Path:
+    """The tiny ``family`` checkpoint's directory (built offline on first use). An unknown
+    family is refused (``UnsupportedModelError``, naming the nearest known one)."""
+    family_info(family)
     return build_once(
-        f"tiny-{EMBEDDED_FAMILY}-v1",
-        lambda path: build_tiny_vlm(path, EMBEDDED_FAMILY),
+        f"tiny-{family}-v1",
+        lambda path: build_tiny_vlm(path, cast(Family, family)),  # checked just above
         marker="config.json",
     )
+
+
+def embedded_model() -> Path:
+    """The embedded tiny model's checkpoint directory (built offline on first use)."""
+    return cached_tiny_vlm(EMBEDDED_FAMILY)

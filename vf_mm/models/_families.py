@@ -27,7 +27,9 @@ everything is loaded by concrete class.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -60,6 +62,7 @@ class VisionFamily:
     image_axis: int = 0  # the axis along which a forward takes several images' inputs
     pad_axis: int | None = None  # an axis padded with zeros to the batch's largest image
     tool_format: str = "json"  # tool calls: "json" (<tool_call>{...}) or "xml" (<function=...>)
+    tool_role: bool = True  # the template renders a "tool" message (Gemma 3's refuses one)
     content_as_parts: bool = False  # the template renders only list content (drops strings)
     image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
     video_inputs: tuple[str, ...] = ()  # one video's inputs (empty: no video support)
@@ -69,42 +72,52 @@ class VisionFamily:
     # the processor's audio feature extractor class (Gemma 4's processor needs one even
     # for images), loaded from the checkpoint beside the image processor
     feature_extractor: str | None = None
-    # tokens text may never hold besides the image placeholder and embedding tokens the
-    # processor names (markers, video and audio tokens vf_mm does not expand): the
-    # renderer refuses them in text, the backends never sample them
-    reserved_tokens: tuple[str, ...] = ()
+    # tokens that only an image's or video's markup holds besides its placeholder and pads
+    # (which the processor names itself): the template's vision start/end markers, the
+    # processor's tile and crop markers. A model must never sample them (``VisionSpec``'s
+    # ``banned_token_ids``); tokens a tokenizer lacks are skipped
+    marker_tokens: tuple[str, ...] = ()
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _QWEN_VIDEO = ("pixel_values_videos", "video_grid_thw")
+_QWEN_MARKERS = ("<|vision_start|>", "<|vision_end|>")
+# SmolVLM writes a split image's tiles as <row_R_col_C> (R, C up to 6 in its vocabulary)
+_SMOLVLM_MARKERS = ("<fake_token_around_image>", "<global-img>",
+                    *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))  # fmt: skip
 
 _FAMILIES = {
     f.model_type: f
     for f in (
         VisionFamily("qwen2_vl", "Qwen2-VL", "Qwen2VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen2VLForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen2-VL-2B-Instruct", video_inputs=_QWEN_VIDEO),
+                     "Qwen/Qwen2-VL-2B-Instruct", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
         VisionFamily("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen2_5_VLForConditionalGeneration", "mm_token_type_ids",
                      "Qwen/Qwen2.5-VL-3B-Instruct",
-                     video_inputs=(*_QWEN_VIDEO, "second_per_grid_ts")),
+                     video_inputs=(*_QWEN_VIDEO, "second_per_grid_ts"),
+                     marker_tokens=_QWEN_MARKERS),
         VisionFamily("qwen3_vl", "Qwen3-VL", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3VLForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen3-VL-2B-Instruct", video_inputs=_QWEN_VIDEO),
+                     "Qwen/Qwen3-VL-2B-Instruct", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
         VisionFamily("qwen3_5", "Qwen3.5", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3_5ForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen3.5-0.8B", tool_format="xml", video_inputs=_QWEN_VIDEO),
+                     "Qwen/Qwen3.5-0.8B", tool_format="xml", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
         VisionFamily("gemma3", "Gemma 3", "Gemma3Processor", "Gemma3ImageProcessor",
                      "Gemma3ForConditionalGeneration", "token_type_ids",
-                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"),
-                     image_inputs=("pixel_values",)),
+                     "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"), tool_role=False,
+                     image_inputs=("pixel_values",),
+                     marker_tokens=("<start_of_image>", "<end_of_image>")),
         VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
                      "SmolVLMForConditionalGeneration", None,
                      "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
                      image_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "pixel_attention_mask"),
                      video_inputs=("pixel_values", "pixel_attention_mask"),
-                     frames_as_images=True),
+                     frames_as_images=True, marker_tokens=_SMOLVLM_MARKERS),
         VisionFamily("llava_onevision", "LLaVA-OneVision", "LlavaOnevisionProcessor",
                      "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
                      None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
@@ -116,17 +129,19 @@ _FAMILIES = {
                      "google/gemma-4-E2B-it", ("<turn|>", "<|tool_response>", "<eos>"),
                      tool_format="gemma4", image_inputs=("pixel_values", "image_position_ids"),
                      feature_extractor="Gemma4AudioFeatureExtractor",
-                     reserved_tokens=("<|image>", "<image|>", "<|image|>", "<|video|>",
-                                      "<|audio>", "<audio|>", "<|audio|>")),
+                     marker_tokens=("<|image>", "<image|>", "<|video|>", "<|audio>", "<audio|>",
+                                    "<|audio|>")),
         VisionFamily("qwen3_vl_moe", "Qwen3-VL-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3VLMoeForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen3-VL-30B-A3B-Instruct", video_inputs=_QWEN_VIDEO),
+                     "Qwen/Qwen3-VL-30B-A3B-Instruct", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
         VisionFamily("qwen3_5_moe", "Qwen3.5-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3_5MoeForConditionalGeneration", "mm_token_type_ids",
-                     "Qwen/Qwen3.5-35B-A3B", tool_format="xml", video_inputs=_QWEN_VIDEO),
+                     "Qwen/Qwen3.5-35B-A3B", tool_format="xml", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
         VisionFamily("llava_next", "LLaVA-NeXT", "LlavaNextProcessor", "LlavaNextImageProcessor",
                      "LlavaNextForConditionalGeneration", None,
-                     "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1,
+                     "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1, tool_role=False,
                      content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
     )
 }  # fmt: skip
@@ -141,10 +156,25 @@ def family_info(family: str) -> VisionFamily:
     try:
         return _FAMILIES[family]
     except KeyError:
+        close = _nearest_family(family)
         raise UnsupportedModelError(
             f"model type {family!r} is not a vision family vf_mm renders "
-            f"(supported: {', '.join(VISION_FAMILIES)})"
+            + (f"(did you mean {close!r}? " if close else "(")
+            + f"supported: {', '.join(VISION_FAMILIES)})"
         ) from None
+
+
+def _nearest_family(name: object) -> str | None:
+    """The family a mistyped or model-card name most likely means: ``"Qwen2.5-VL-3B"``,
+    ``"llava"`` or ``"gema3"`` give ``qwen2_5_vl``, ``llava_onevision``, ``gemma3``; None
+    when nothing is close."""
+    text = re.sub(r"[-. ]", "_", str(name).lower())
+    if len(text) >= 3:
+        for family in VISION_FAMILIES:
+            if family.startswith(text) or text.startswith(family):
+                return family
+    close = difflib.get_close_matches(text, VISION_FAMILIES, n=1)
+    return close[0] if close else None
 
 
 def torchvision_available() -> bool:

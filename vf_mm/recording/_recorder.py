@@ -126,6 +126,8 @@ class Recorder:
         self.on_end = on_end
         self._sessions: dict[tuple[str | None, str], RecordedSession] = {}
         self._locks: dict[tuple[str | None, str], asyncio.Lock] = {}
+        # calls holding or waiting for each key's lock: its lock goes once none is left
+        self._callers: dict[tuple[str | None, str], int] = {}
         # session id -> sessions of that id ended so far
         self._ended: dict[str, int] = dict(recorded or {})
 
@@ -150,26 +152,38 @@ class Recorder:
     ) -> Any:
         """One model turn of ``session_id`` (``owner``'s) on ``messages``: the
         ``ModelTurn`` (its ``message`` is the reply to return), recorded as the
-        session's next step. A prompt over ``max_prompt_tokens`` is refused
-        (``PromptTooLongError``) before generation, and nothing is recorded."""
+        session's next step. A call that fails (a prompt over ``max_prompt_tokens``, an
+        image that does not load, a backend error) records nothing: the session gets no
+        step, and a session is opened only by its first call that succeeds, so no
+        session is ever empty (an empty one would reach a trainer as a group with
+        nothing to train on)."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("a session id is a non-empty string")
         key = (owner, session_id)
         lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            session = self._sessions.get(key)
-            if session is None:
-                session = RecordedSession(session_id, owner=owner)
-                session.index = self._ended.get(session.name, 0)
-                self._sessions[key] = session
-            prompt = _with_recorded_history(messages, session.messages)
-            turn = await self.client.generate(
-                prompt, trajectory=session.steps, tools=tools, sampling=sampling,
-                session_id=session_id, max_prompt_tokens=max_prompt_tokens,
-            )  # fmt: skip
-            session.steps.append(turn.step(prompt))
-            session.last_call = time.monotonic()
-            return turn
+        self._callers[key] = self._callers.get(key, 0) + 1
+        try:
+            async with lock:
+                session = self._sessions.get(key)
+                started = time.time()
+                prompt = _with_recorded_history(messages, session.messages if session else [])
+                turn = await self.client.generate(
+                    prompt, trajectory=session.steps if session else [], tools=tools,
+                    sampling=sampling, session_id=session_id, max_prompt_tokens=max_prompt_tokens,
+                )  # fmt: skip
+                if session is None:
+                    session = RecordedSession(session_id, owner=owner, started=started)
+                    session.index = self._ended.get(session.name, 0)
+                    self._sessions[key] = session
+                session.steps.append(turn.step(prompt))
+                session.last_call = time.monotonic()
+                return turn
+        finally:
+            self._callers[key] -= 1
+            if not self._callers[key]:  # nobody else waits on this key's lock
+                del self._callers[key]
+                if key not in self._sessions and self._locks.get(key) is lock:
+                    del self._locks[key]  # a refused first call leaves nothing behind
 
     async def end(self, session_id: str, *, owner: str | None = None) -> RecordedSession | None:
         """End ``owner``'s ``session_id`` (None if no such session is open) and hand it to

@@ -131,7 +131,7 @@ def _from_processor(
         options=processor_kwargs,
         video=video,
         video_limits=video_limits,
-        reserved_tokens=family_info(family).reserved_tokens,
+        family=family,
     )
     return ChatTemplateRenderer(
         tokenizer,

@@ -30,7 +30,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from vf_mm.errors import RenderError
+from vf_mm.errors import RenderError, ReservedTokenError
 from vf_mm.models import VIDEO_FAMILIES
 from vf_mm.renderers._drops import TemplateDrops, probe_drops, refuse_dropped
 from vf_mm.renderers._parse import (
@@ -482,7 +482,7 @@ class ChatTemplateRenderer:
             prompt = self._template(history[:-1], tools, True, template)
             full = self._template([*history, *new_messages], tools, True, template)
         else:  # only the sampled turn can differ: render it after a probe user turn
-            (turn,), _ = self._prepare(previous_messages[-1:])
+            (turn,), _ = self._prepare(previous_messages[-1:], first=len(previous_messages) - 1)
             user = {"role": "user", "content": _USER}
             prompt = self._probe_prompt(user, tools, template)
             full = self._template([user, turn, *new_messages], tools, True, template)
@@ -518,7 +518,7 @@ class ChatTemplateRenderer:
             prompt = self._template(history[:-1], tools, True, template)
             full = self._template([*history, *new_messages], tools, True, template)
         else:
-            (turn,), _ = self._prepare(previous_messages[-1:])
+            (turn,), _ = self._prepare(previous_messages[-1:], first=len(previous_messages) - 1)
             if self._chatml[template] and not tools:
                 tail = _chatml_tail(turn, new_messages, self._decode(completion))
                 if tail is not None:
@@ -682,6 +682,8 @@ class ChatTemplateRenderer:
         for i, message in enumerate(messages, start=first):
             if not isinstance(message.get("role"), str):
                 raise RenderError(f"message {i} has no role (a string: user, assistant, ...)")
+            if self.vision is not None:
+                self._refuse_reserved(message, i)
             content = message.get("content")
             if isinstance(content, Mapping):  # one part given without its list
                 content = [content]
@@ -729,6 +731,25 @@ class ChatTemplateRenderer:
             out.append(message)
         return out, parts
 
+    def _refuse_reserved(self, message: Mapping[str, Any], index: int) -> None:
+        """A message whose text holds a reserved token literally (``<image>``,
+        ``<|video_pad|>``, ...) is refused, naming the message, its role, the field and
+        the token: the template writes one placeholder per image and video part itself,
+        and a literal one would be an image or video no input explains."""
+        vision = self.vision
+        assert vision is not None
+        for field, text in _message_texts(message):
+            token = vision.reserved_in(text)
+            if token is not None:
+                raise ReservedTokenError(
+                    f"message {index} ({message.get('role')}), {field}: the text holds {token} "
+                    f"literally, a placeholder {vision.family_label} reserves for images and "
+                    "videos (its template writes one for each image or video part): remove it "
+                    "from the text, and give the image or video as a content part (or a "
+                    "dataset row's image/video column)",
+                    token=token,
+                )
+
     def _encode(self, pieces: list[str]) -> list[list[int]]:
         """Each piece's ids, without special tokens: what ``tokenizer(pieces,
         add_special_tokens=False)`` gives. A fast tokenizer's Rust backend is called
@@ -771,15 +792,18 @@ class ChatTemplateRenderer:
         written = found[1::2]
         wanted = [modality for _, _, modality in parts]
         if any(written.count(m) != wanted.count(m) for m in placeholders):
+            # text holding a placeholder was refused by _prepare: the template itself
+            # dropped or repeated an item (Gemma 3's drops a system message's images)
             counts = ", ".join(
                 f"{written.count(m)} {placeholders[m]} for {wanted.count(m)} {m}s"
                 for m in placeholders
                 if written.count(m) or wanted.count(m)
             )
             raise RenderError(
-                f"the chat template wrote placeholders that do not match the images and videos "
-                f"({counts}): the text holds a placeholder literally, or the "
-                f"{self.name or 'this'} template drops an item (Gemma 3's system message)"
+                f"the {self.vision.family_label} chat template wrote placeholders that do not "
+                f"match the images and videos ({counts}): it drops or repeats an image or "
+                "video of these messages (one in a message of a role it does not render "
+                "with images?)"
             )
         # each modality's placeholders take its items in order, as the processors pair them
         # (LLaVA-OneVision's template writes a message's images before its videos)
@@ -800,9 +824,10 @@ class ChatTemplateRenderer:
                 token = self.tokenizer.convert_ids_to_tokens(
                     next(t for t in piece if t in reserved)
                 )
-                raise RenderError(
-                    f"the text holds {token} literally: {self.name or 'this model'} reserves it "
-                    "for images (or videos) the renderer expands itself"
+                raise ReservedTokenError(
+                    f"the text holds {token} literally: {self.vision.family_label} reserves it "
+                    "for images (or videos) the renderer expands itself",
+                    token=str(token),
                 )
         ids: list[int] = list(encoded[0])
         data = MultiModalData()
@@ -862,6 +887,33 @@ def _ends_with(ids: Sequence[int], suffix: list[int] | None) -> bool:
     if suffix is None:
         return True
     return len(ids) >= len(suffix) and list(ids[len(ids) - len(suffix) :]) == suffix
+
+
+def _message_texts(message: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every text of ``message`` a template may write, with the field it is in: the
+    content (a string, or its text parts), and any other string the message holds
+    (reasoning, tool calls and their arguments, names), however deep."""
+    out: list[tuple[str, str]] = []
+    for key, value in message.items():
+        if key == "role":
+            continue
+        if key == "content" and isinstance(value, (list, Mapping)):
+            for j, part in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(part, str):
+                    out.append((f"content part {j}", part))
+                elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    out.append((f"content part {j}", part["text"]))
+            continue
+        stack: list[Any] = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                out.append((f"field {key!r}", item))
+            elif isinstance(item, Mapping):
+                stack.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+    return out
 
 
 def _plain_decode(tokenizer: Any) -> bool:

@@ -38,7 +38,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from vf_mm.models import (
     VideoSettings,
     expand_image,
     expand_video,
+    family_info,
     image_backend_of,
     image_kwargs,
     image_token_ids,
@@ -104,12 +105,13 @@ class VisionSpec:
     options (``processor_kwargs`` of ``load_renderer``), the ones the engine is given too
     (vLLM's ``mm_processor_kwargs``). ``video``: the checkpoint's video settings (None:
     video parts are refused); ``video_limits`` bound what a clip may cost to load.
-    ``reserved_tokens``: the family's other tokens text may not hold (its registry
-    record's: begin/end markers, audio tokens), beside the image and video tokens.
     ``cache``: where processed images and clips are kept (an ``ImageCache``, which a
     ``RendererPool`` shares between its renderers; entries are keyed behind
     ``namespace``, the digest of everything processing depends on besides the pixels);
-    a cache of its own bounded to ``cache_bytes`` when None.
+    a cache of its own bounded to ``cache_bytes`` when None. ``family``: the processor's
+    family (a ``model_type``); its other vision markup tokens
+    (``vf_mm.models.VisionFamily.marker_tokens``) are banned from sampling with the
+    reserved ones (``banned_token_ids``), and errors name it.
     """
 
     def __init__(
@@ -122,7 +124,7 @@ class VisionSpec:
         options: dict[str, Any] | None = None,
         video: VideoSettings | None = None,
         video_limits: VideoLimits | None = None,
-        reserved_tokens: tuple[str, ...] = (),
+        family: str | None = None,
     ) -> None:
         self.processor = processor
         self.options = dict(options or {})
@@ -138,8 +140,12 @@ class VisionSpec:
         self.policy = policy
         self.video = video
         self.video_limits = video_limits
-        vocab = self.tokenizer.get_vocab()
-        self._reserved = frozenset(vocab[t] for t in reserved_tokens if t in vocab)
+        # an audio placeholder (Gemma 4's <|audio|>): vf_mm renders no audio, so text may
+        # not hold it either (written literally it would be a position no audio explains)
+        audio = getattr(processor, "audio_token", None)
+        self._audio_ids = frozenset(
+            {self.tokenizer.get_vocab()[audio]} if audio in self.tokenizer.get_vocab() else ()
+        )
         self.video_token: str | None = getattr(processor, "video_token", None)
         self.video_token_id: int | None = None
         if self.video_token is not None:
@@ -154,9 +160,13 @@ class VisionSpec:
             "fake_image_token": getattr(processor, "fake_image_token", ""),
             "global_image_token": getattr(processor, "global_image_token", ""),
         }
-        self._added = sorted(
-            {str(t) for t in self.tokenizer.get_added_vocab()}, key=len, reverse=True
-        )
+        added = self.tokenizer.get_added_vocab()
+        self._added = sorted({str(t) for t in added}, key=len, reverse=True)
+        info = family_info(family) if family is not None else None
+        self.family = family
+        self.family_label = info.label if info is not None else "this model"
+        markers = info.marker_tokens if info is not None else ()
+        self._marker_ids = frozenset(added[t] for t in markers if t in added)
         # shared with every renderer whose cache this is (a RendererPool's): entries are
         # keyed behind ``namespace``, so renderers that process differently never share one
         self.cache = ImageCache(cache_bytes) if cache is None else cache
@@ -187,10 +197,54 @@ class VisionSpec:
     @functools.cached_property
     def reserved_token_ids(self) -> frozenset[int]:
         """Ids that text may not hold: the image's and the video's tokens (the video's
-        even where no video is expanded). Written literally in a message, they would be
-        embedding positions no image or video explains."""
+        even where no video is expanded), and an audio placeholder. Written literally in a
+        message, they would be embedding positions no image, video or audio explains."""
         video = {self.video_token_id} if self.video_token_id is not None else set()
-        return self.marker_token_ids | video | self._reserved
+        return self.marker_token_ids | video | self._audio_ids
+
+    @functools.cached_property
+    def banned_token_ids(self) -> frozenset[int]:
+        """Ids a model of this family must never sample: the reserved ones (an image's and
+        a video's placeholder and pads) and the other markup of images and videos (vision
+        start/end, tile markers). Every backend is sent them with each request
+        (``GenerateRequest.banned_token_ids``); a completion holding one anyway is refused
+        by ``sampled_reserved``."""
+        return self.reserved_token_ids | self._marker_ids
+
+    @functools.cached_property
+    def reserved_tokens(self) -> tuple[str, ...]:
+        """The literal text of the reserved ids, longest first: text holding one is read
+        as an image or video when tokenized (``reserved_in``)."""
+        tokens = self.tokenizer.convert_ids_to_tokens(sorted(self.reserved_token_ids))
+        return tuple(sorted({str(t) for t in tokens}, key=len, reverse=True))
+
+    def reserved_in(self, text: str) -> str | None:
+        """The first reserved token ``text`` holds literally (None: none)."""
+        found = [(text.find(t), t) for t in self.reserved_tokens if t in text]
+        return min(found)[1] if found else None
+
+    def sampled_reserved(self, completion_ids: Sequence[int], text: str) -> tuple[str, str] | None:
+        """Why a sampled completion cannot stay in a conversation, as ``(token, reason)``;
+        None when it can. A banned id means the backend ignored the ban; reserved text
+        (an id, or ordinary tokens that spell one) would be read back as an image or video
+        placeholder when the conversation is rendered again, so no later turn would see
+        the tokens that were sampled."""
+        banned = self.banned_token_ids
+        for token_id in completion_ids:
+            if token_id in banned:
+                token = str(self.tokenizer.convert_ids_to_tokens(int(token_id)))
+                return token, (
+                    f"the model sampled {token} (id {token_id}), which {self.family_label} "
+                    "reserves for images and videos and which the backend was asked never "
+                    "to sample: the backend ignored the ban"
+                )
+        spelled = self.reserved_in(text)
+        if spelled is not None:
+            return spelled, (
+                f"the completion's text spells {spelled}, which {self.family_label} reads as an "
+                "image or video placeholder: rendered again, it would not be the tokens sampled"
+            )
+        return None
 
     @property
     def placeholders(self) -> dict[str, str]:

@@ -19,7 +19,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vf_mm._text import shorten
 from vf_mm.errors import ImageError, MissingDependencyError, VideoError
@@ -96,6 +96,14 @@ class _Video:
         return "frame rate unknown" if self.fps is None else f"{self.fps:.4g} fps"
 
 
+class AssetViews(Protocol):
+    """What a rollout's card needs of its assets: the view of an image or a video
+    reference. ``_Assets`` embeds them (one file), ``_LinkedAssets`` links them (pages)."""
+
+    def view(self, ref: Any) -> dict[str, Any]: ...
+    def video_view(self, ref: Any, *, frame_rate: Any = None) -> dict[str, Any]: ...
+
+
 class _Assets:
     """Resolves image and video references to embedded assets (deduplicated by content)."""
 
@@ -137,6 +145,7 @@ class _Assets:
         return {"type": "asset", "asset": got, "w": tw, "h": th, "pixelated": pix}
 
     def _load(self, ref: str) -> _Asset | str:
+        data_or_err: bytes | str
         if ref.lower().startswith("data:"):
             try:
                 data_or_err = decode_data_url(ref, max_bytes=ASSET_MAX_BYTES)

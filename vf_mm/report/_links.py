@@ -32,6 +32,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from vf_mm._asset_refs import image_asset_hash, video_asset_hash
 from vf_mm._text import shorten
 from vf_mm.report._assets import (
     _BROWSER_MIME,
@@ -45,16 +46,13 @@ from vf_mm.report._assets import (
 )
 from vf_mm.report._videos import STRIP_MAX_H, STRIP_MAX_W, browser_mime
 from vf_mm.results import ASSETS_DIR
-from vf_mm.videos import VIDEO_EXTENSIONS, video_extension
+from vf_mm.videos import video_extension
 
 #: references whose resolution is remembered (a repeat within them costs no file access)
 MEMO_ENTRIES = 4096
 #: the folder (inside the report's folder) that holds the videos' strip frames
 FRAMES_DIR = "frames"
 
-_IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "gif", "webp", "bmp")
-_IMAGE_REF = re.compile(rf"{ASSETS_DIR}/([0-9a-f]{{8,128}})\.({'|'.join(_IMAGE_EXTENSIONS)})")
-_VIDEO_REF = re.compile(rf"{ASSETS_DIR}/([0-9a-f]{{8,128}})\.({'|'.join(VIDEO_EXTENSIONS)})")
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
 
 
@@ -141,8 +139,8 @@ class _LinkedAssets:
         return path
 
     def _load_image(self, ref: str) -> _Asset | str:
-        match = _IMAGE_REF.fullmatch(ref)
-        if match is None:
+        digest = image_asset_hash(ref)
+        if digest is None:
             return _not_linked(ref, "image")
         path = self._confined(ref)
         if isinstance(path, str):
@@ -160,9 +158,8 @@ class _LinkedAssets:
             return f"a {fmt} image, which browsers do not show (--single-file converts it)"
         if width < 1 or height < 1:
             return "empty image (0 pixels)"
-        digest, ext = match.groups()
         return _Asset(
-            cls=f"i{digest}{ext}",
+            cls=f"i{digest}png",
             mime=mime,
             b64="",
             width=width,
@@ -172,9 +169,10 @@ class _LinkedAssets:
         )
 
     def _load_video(self, ref: str, rate: float | None) -> _Video | str:
-        match = _VIDEO_REF.fullmatch(ref)
-        if match is None:
+        found = video_asset_hash(ref)
+        if found is None:
             return _not_linked(ref, "video")
+        digest = found[0]
         path = self._confined(ref)
         if isinstance(path, str):
             return path
@@ -208,7 +206,6 @@ class _LinkedAssets:
             )
             frames.append({"index": index, "asset": asset, "w": w, "h": h, "pixelated": pix})
         mime = browser_mime(data)
-        digest = match.group(1)
         return _Video(
             cls=f"v{digest}{'' if rate is None else str(rate).replace('.', '_')}",
             num_frames=video.num_frames,

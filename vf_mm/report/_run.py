@@ -151,10 +151,11 @@ class _Run:
         ``summarize`` of every row, over the values that are finite numbers)."""
         stored = self.stored_aggregates
         tally = _Tally(max_rollouts, page_size)
+        warnings: list[str] = []
         if stored is not None:
             for row in self.rows():
                 tally.add(row)
-            aggregates, computed, warnings = stored, False, []
+            aggregates, computed = stored, False
         else:
             left_out = [0]
             summable = (_summable(tally.add(row), left_out) for row in self.rows())
@@ -162,7 +163,6 @@ class _Run:
             if tally.total == 0:
                 aggregates = {}
             computed = tally.total > 0
-            warnings = []
             if left_out[0]:
                 warnings.append(
                     f"{left_out[0]} value(s) in {RESULTS_FILE} are not finite numbers "

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from vf_mm._text import shorten
-from vf_mm.report._assets import _Assets
+from vf_mm.report._assets import AssetViews
 from vf_mm.types import RolloutError
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -93,7 +93,7 @@ def _text(s: Any) -> dict[str, Any]:
     return {"head": s[:cut], "tail": s[cut:], "omitted": omitted, "total": total}
 
 
-def _part_views(content: Any, assets: _Assets) -> list[dict[str, Any]]:
+def _part_views(content: Any, assets: AssetViews) -> list[dict[str, Any]]:
     if content is None:
         return []
     if isinstance(content, str):
@@ -146,7 +146,8 @@ def _video_caption(view: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]
 def _tool_call_view(call: Any) -> dict[str, Any]:
     if not isinstance(call, dict):
         return {"name": "?", "id": "", "args": _text(_json(call)), "invalid": True}
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    inner = call.get("function")
+    fn: dict[str, Any] = inner if isinstance(inner, dict) else call
     name, args = fn.get("name", "?"), fn.get("arguments")
     invalid = False
     if isinstance(args, str):
@@ -164,7 +165,7 @@ def _tool_call_view(call: Any) -> dict[str, Any]:
     }
 
 
-def _messages(messages: Any, assets: _Assets, default_role: str) -> list[dict[str, Any]]:
+def _messages(messages: Any, assets: AssetViews, default_role: str) -> list[dict[str, Any]]:
     """Message views; a bare string (completion-format environments) is one message."""
     if messages is None:
         return []
@@ -214,7 +215,7 @@ def _reward_view(reward: Any, lo: float, hi: float) -> dict[str, str]:
     }
 
 
-def _card(i: int, row: dict[str, Any], assets: _Assets, lo: float, hi: float) -> dict[str, Any]:
+def _card(i: int, row: dict[str, Any], assets: AssetViews, lo: float, hi: float) -> dict[str, Any]:
     prompt = _messages(row.get("prompt"), assets, "user")
     completion = _messages(row.get("completion"), assets, "assistant")
     warnings = []
@@ -236,8 +237,8 @@ def _card(i: int, row: dict[str, Any], assets: _Assets, lo: float, hi: float) ->
         if msg["role"] == "assistant":
             turn += 1
             msg["turn"] = turn
-    metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
-    timing = row.get("timing") if isinstance(row.get("timing"), dict) else {}
+    metrics: dict[str, Any] = row["metrics"] if isinstance(row.get("metrics"), dict) else {}
+    timing: dict[str, Any] = row["timing"] if isinstance(row.get("timing"), dict) else {}
     error = row.get("error")
     tokens = [
         f"{_fmt(row[k])} {label}"

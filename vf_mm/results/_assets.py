@@ -35,16 +35,25 @@ import re
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from PIL import Image
 
+from vf_mm._asset_refs import (
+    ASSETS_DIR,
+    image_asset_hash,
+    image_asset_ref,
+    video_asset_hash,
+    video_asset_ref,
+)
 from vf_mm._files import fsync_dir
 from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
-from vf_mm.images import ImagePolicy, describe_source, encode_png, image_hash, load_image
+from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
+from vf_mm.images._internal import describe_source
 from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source, video_part_source
 from vf_mm.videos import (
     VIDEO_EXTENSIONS,
@@ -67,12 +76,8 @@ __all__ = [
     "to_json_value",
 ]
 
-#: The folder (inside OUTDIR) that holds the image and video assets.
-ASSETS_DIR = "assets"
 
 _TMP_MARK = ".tmp-"
-_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
-_VIDEO_ASSET_URL = re.compile(rf"^assets/([0-9a-f]{{32}})\.({'|'.join(VIDEO_EXTENSIONS)})$")
 _HTTP_URL = re.compile(r"^https?://", re.IGNORECASE)
 # keys of an image part that hold the image itself (vf_mm, OpenAI and transformers forms)
 _IMAGE_SOURCE_KEYS = frozenset({"type", "image", "image_url", "url", "path"})
@@ -266,7 +271,7 @@ class AssetStore:
     @staticmethod
     def url(digest: str) -> str:
         """The asset's URL relative to OUTDIR, as results.jsonl holds it."""
-        return f"{ASSETS_DIR}/{digest}.png"
+        return image_asset_ref(digest)
 
     def __contains__(self, digest: object) -> bool:
         if not isinstance(digest, str):
@@ -304,7 +309,7 @@ class AssetStore:
             self._known.put(digest)
         return self.url(digest)
 
-    def _write_new(self, final: Path, write: Callable[[IO[bytes]], None]) -> bool:
+    def _write_new(self, final: Path, write: Callable[[IO[bytes]], object]) -> bool:
         """Write ``final`` through a fsynced temporary file and a rename, unless another
         thread stored it meanwhile (theirs is kept); True when this call wrote it."""
         fd, tmp = _temp_in(self.dir, final.name)
@@ -337,7 +342,7 @@ class AssetStore:
         for ext in VIDEO_EXTENSIONS:
             if (self.dir / f"{digest}.{ext}").is_file():
                 with self._lock:
-                    return self._videos.put(digest, f"{ASSETS_DIR}/{digest}.{ext}")
+                    return self._videos.put(digest, video_asset_ref(digest, ext))
         return None
 
     def add_video(
@@ -389,7 +394,7 @@ class AssetStore:
         digest = video_hash(video)
         url = self.video_url(digest)
         if url is None:
-            url = f"{ASSETS_DIR}/{digest}.{video_extension(data)}"
+            url = video_asset_ref(digest, video_extension(data))
             self._write_new(self.root / url, lambda f: f.write(data))
             with self._lock:
                 url = self._videos.put(digest, url)
@@ -403,7 +408,7 @@ class AssetStore:
         if url is not None:
             return url
         data = encode_lossless(video, limits=self.video_limits)
-        url = f"{ASSETS_DIR}/{digest}.mkv"
+        url = video_asset_ref(digest, "mkv")
         self._write_new(self.root / url, lambda f: f.write(data))
         with self._lock:
             return self._videos.put(digest, url)
@@ -583,8 +588,8 @@ class AssetStore:
             return None
         if _HTTP_URL.match(url):
             return url
-        match = _ASSET_URL.match(url)
-        if match and match.group(1) in self:
+        digest = image_asset_hash(url)
+        if digest is not None and digest in self:
             return url
         return None
 
@@ -596,9 +601,45 @@ class AssetStore:
             return None
         if _HTTP_URL.match(url):
             return url
-        if _VIDEO_ASSET_URL.match(url) and (self.root / url).is_file():
+        if video_asset_hash(url) is not None and (self.root / url).is_file():
             return url
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class AssetRef:
+    """One asset reference in a results row: its URL, whether a video, the part's frame
+    rate (part of a video's hash; ``None`` when the part holds no number) and where in
+    the row it is (for errors)."""
+
+    url: str
+    video: bool
+    frame_rate: int | float | None
+    where: str
+
+
+def asset_refs(row: Mapping[str, Any], *, prefix: str = "") -> Iterator[AssetRef]:
+    """The ``assets/`` references of a row's messages in reading order (prompt, then
+    completion; each message's parts in order), each ``where`` starting with ``prefix``."""
+    for name in ("prompt", "completion"):
+        messages = row.get(name)
+        for m, message in enumerate(messages if isinstance(messages, list) else ()):
+            content = message.get("content") if isinstance(message, dict) else None
+            for p, part in enumerate(content if isinstance(content, list) else ()):
+                if not isinstance(part, dict):
+                    continue
+                where = f"{prefix}{name}, message {m}, part {p}"
+                kind = part.get("type")
+                if kind == "image_url":
+                    url = image_part_source(part)
+                    if image_asset_hash(url) is not None:
+                        yield AssetRef(url, False, None, where)
+                elif kind == "video_url":
+                    url = video_part_source(part)
+                    if video_asset_hash(url) is not None:
+                        rate = part.get("frame_rate")
+                        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                        yield AssetRef(url, True, rate if number else None, where)
 
 
 def _part_source(part: Mapping[str, Any]) -> Any:

@@ -18,6 +18,8 @@ column                 feature                     holds
 ``reward``             float64 or null             null: the rollout failed
 ``metrics``            string (JSON text) or null  ``{name: float | null}``
 ``error``              string (JSON text) or null  ``{"type", "message", "where"}``; null: none
+``truncated``          bool or null                ran out of context (null: a file from
+                                                   before the field)
 ``num_turns``          int64 or null
 ``prompt_tokens``      int64 or null               token counts (sums over the turns); null
 ``completion_tokens``  int64 or null               when the backend gave no tokens
@@ -111,14 +113,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from vf_mm.errors import AssetError, ImageError, ResultsError, VideoError
 from vf_mm.images import ImagePolicy
 from vf_mm.results._assets import (
-    _ASSET_URL,
-    _VIDEO_ASSET_URL,
+    AssetRef,
     asset_name_hash,
+    asset_refs,
     stored_content_hash,
 )
 from vf_mm.results._format import RESULTS_FILE, ROW_KEYS
 from vf_mm.results._reader import BadLinePolicy, ResultsScan, _final_records, scan_results
-from vf_mm.types import image_part_source, video_part_source
 from vf_mm.videos import VideoLimits
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def _write(
             raise
 
     made = cache_dir is None
-    folder = Path(tempfile.mkdtemp(prefix=_CACHE_PREFIX)) if made else Path(cache_dir)
+    folder = Path(tempfile.mkdtemp(prefix=_CACHE_PREFIX)) if cache_dir is None else Path(cache_dir)
     try:
         with _no_progress_bars():
             dataset = datasets.Dataset.from_generator(
@@ -357,6 +358,7 @@ def _features(id_kind: str) -> datasets.Features:
         "reward": datasets.Value("float64"),
         "metrics": text,
         "error": text,
+        "truncated": datasets.Value("bool"),
         "num_turns": datasets.Value("int64"),
         "prompt_tokens": datasets.Value("int64"),
         "completion_tokens": datasets.Value("int64"),
@@ -414,10 +416,11 @@ def _record(row: Mapping[str, Any], id_kind: str, assets: _AssetReader) -> dict[
     out["reward"] = _real(row.get("reward"), label, "reward", assets.file)
     for name in _INT_COLUMNS:
         out[name] = _count(row.get(name), label, name, assets.file)
+    out["truncated"] = _flag(row.get("truncated"), label, "truncated", assets.file)
     extra = {k: v for k, v in row.items() if k not in ROW_KEYS}
     out["extra"] = _json_text(extra) if extra else None
     images, urls, videos = [], [], []
-    for ref in _asset_refs(row):
+    for ref in asset_refs(row):
         if ref.video:
             rate = None if ref.frame_rate is None else float(ref.frame_rate)
             videos.append({"url": ref.url, "frame_rate": rate, "bytes": assets.get(ref, key)})
@@ -427,6 +430,14 @@ def _record(row: Mapping[str, Any], id_kind: str, assets: _AssetReader) -> dict[
             urls.append(ref.url)
     out["images"], out["image_urls"], out["videos"] = images, urls, videos
     return out
+
+
+def _flag(value: Any, label: str, name: str, file: Path) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ResultsError(
+        f"{file}: {label}, field {name!r}: {value!r} is not true, false or null", path=str(file)
+    )
 
 
 def _real(value: Any, label: str, name: str, file: Path) -> float | None:
@@ -452,41 +463,6 @@ def _count(value: Any, label: str, name: str, file: Path) -> int | None:
 # -- assets -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Ref:
-    """One asset reference in a row: its URL, whether a clip, the part's frame rate (part
-    of a clip's hash) and where in the row it is."""
-
-    url: str
-    video: bool
-    frame_rate: int | float | None  # as the part holds it
-    where: str
-
-
-def _asset_refs(row: Mapping[str, Any]) -> Iterator[_Ref]:
-    """The row's ``assets/`` references in reading order: prompt, then completion; each
-    message's parts in order."""
-    for name in ("prompt", "completion"):
-        messages = row.get(name)
-        for m, message in enumerate(messages if isinstance(messages, list) else ()):
-            content = message.get("content") if isinstance(message, dict) else None
-            for p, part in enumerate(content if isinstance(content, list) else ()):
-                if not isinstance(part, dict):
-                    continue
-                where = f"{name}, message {m}, part {p}"
-                kind = part.get("type")
-                if kind == "image_url":
-                    url = image_part_source(part)
-                    if isinstance(url, str) and _ASSET_URL.fullmatch(url):
-                        yield _Ref(url, False, None, where)
-                elif kind == "video_url":
-                    url = video_part_source(part)
-                    if isinstance(url, str) and _VIDEO_ASSET_URL.fullmatch(url):
-                        rate = part.get("frame_rate")
-                        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
-                        yield _Ref(url, True, rate if number else None, where)
-
-
 @dataclass(slots=True)
 class _AssetReader:
     """The asset files of one export, each checked once however many rows refer to it,
@@ -508,15 +484,15 @@ class _AssetReader:
     limits: VideoLimits | None
     _done: dict[tuple[str, int | float | None], bytes | bool | str] = field(default_factory=dict)
 
-    def get(self, ref: _Ref, key: tuple[Any, int]) -> bytes | None:
+    def get(self, ref: AssetRef, key: tuple[Any, int]) -> bytes | None:
         """The asset's bytes; None when it cannot be used and ``skip`` is set, else
         ``AssetError``."""
         # a clip's hash covers its frame rate: each (file, rate) is checked
         slot = (ref.url, ref.frame_rate)
         verdict = self._done.get(slot)
-        data = None if verdict is None or isinstance(verdict, str) else self._again(ref, verdict)
-        if isinstance(data, bytes):
-            return data
+        again = None if verdict is None or isinstance(verdict, str) else self._again(ref, verdict)
+        if isinstance(again, bytes):
+            return again
         if not isinstance(verdict, str):  # not seen yet, or changed since its check
             data = self._read(ref)
             if isinstance(data, bytes):
@@ -546,7 +522,7 @@ class _AssetReader:
             path=str(self.file),
         )
 
-    def _again(self, ref: _Ref, verdict: bytes | bool) -> bytes | None:
+    def _again(self, ref: AssetRef, verdict: bytes | bool) -> bytes | None:
         """A file that passed, read again: its bytes when they are the ones that passed
         (any bytes when nothing is checked), else None (changed, or gone, since)."""
         try:
@@ -555,7 +531,7 @@ class _AssetReader:
             return None
         return data if verdict is True or _digest(data) == verdict else None
 
-    def _read(self, ref: _Ref) -> bytes | str:
+    def _read(self, ref: AssetRef) -> bytes | str:
         """The file's bytes, or why it cannot be used."""
         try:
             data = (self.root / ref.url).read_bytes()

@@ -1,46 +1,11 @@
 """The run directory's file formats: ``results.jsonl`` + ``metadata.json`` + ``assets/``;
-file names, row keys, and encoding and checking one line.
+file names, row keys, and encoding and checking one line. The formats and their crash
+safety are specified in ``docs/formats/results.md``.
 
-Layout of an OUTDIR (what ``vf-mm eval -o OUTDIR`` writes and ``vf-mm view`` reads)::
-
-    OUTDIR/
-      metadata.json    the run: the caller's metadata (``config``: env id, env args, model,
-                       sampling args, num examples, rollouts per example, ...) plus
-                       ``results_format``, ``started_at``, ``finished_at`` (null until
-                       ``finalize``) and ``results`` (``summarize`` aggregates, null until
-                       ``finalize``); always replaced atomically
-      results.jsonl    one JSON object per line, one line per (example_id, rollout_index)
-      assets/<hash>.png  each distinct image once (see ``_assets.py``)
-      assets/<hash>.<ext>  each distinct video once: mp4, mov, webm, mkv, avi or ts, its
-                       container (see ``_assets.py`` and ``vf_mm.videos.encode_lossless``)
-
-One line of ``results.jsonl`` (``ROW_KEYS``, then the caller's ``extra`` keys)::
-
-    {"example_id": int | str, "rollout_index": int,
-     "prompt": [message, ...], "completion": [message, ...],   # images, videos: asset refs
-     "answer": JSON, "info": {...}, "reward": float | null, "metrics": {name: float | null},
-     "error": {"type": str, "message": str, "where": str} | null, "num_turns": int, "prompt_tokens": int | null,
-     "completion_tokens": int | null, "timing": {...}, ...extra}
-
-Crash safety (a ``kill -9`` at any moment, then ``resume=True``):
-
-- a line is appended with one ``write()`` on an ``O_APPEND`` file (a loop only if the
-  kernel takes part of it), so a killed writer leaves at most one torn line: the last.
-  Opening with ``resume=True`` truncates it away (``truncated_bytes``, and a log warning);
-  a corrupt line anywhere else is an error naming its line number, never skipped.
-- the assets a line refers to are written (atomically) before the line.
-- ``metadata.json`` is written at the start (``finished_at: null``) and by ``finalize``,
-  each time to a temporary file that is fsynced and renamed over it.
-- ``done`` is read back from the file, and ``write`` refuses a key already in it, so each
-  (example, rollout) is in the file once. An OUTDIR is locked (``flock``) by its writer:
-  a second writer on the same OUTDIR is refused.
-- ``os.fsync`` of ``results.jsonl`` (after the assets folder) every ``fsync_every`` lines
-  and on ``close``/``finalize``: a killed *process* loses nothing the kernel has; fsync is
-  for power loss.
-
-Numbers: JSON has no NaN or infinity, so a NaN/inf reward, metric or any other value is
-refused with ``ResultsError`` (record a failed score as ``None``/null instead): a results
-file that other JSON readers cannot parse is worse than a loud error.
+Invariants this module keeps: a row has ``ROW_KEYS`` (then the caller's extra keys), one
+line per (example_id, rollout_index); JSON has no NaN or infinity, so a non-finite number
+anywhere in a row is refused with ``ResultsError`` (record a failed score as None) rather
+than written as a file other JSON readers cannot parse.
 """
 
 from __future__ import annotations
@@ -69,6 +34,7 @@ ROW_KEYS = (
     "reward",
     "metrics",
     "error",
+    "truncated",
     "num_turns",
     "prompt_tokens",
     "completion_tokens",
@@ -90,7 +56,7 @@ def _example_id(value: Any) -> int | str:
 
 
 def _rollout_index(value: Any) -> int:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
         return int(value)
     raise ResultsError(f"rollout_index must be an int >= 0, got {value!r}")
 

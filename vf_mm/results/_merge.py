@@ -47,24 +47,24 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import shutil
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from vf_mm._shard import Shard, parse_shard
 from vf_mm._text import shorten
 from vf_mm.errors import ImageError, MergeError, ResultsError, VideoError
 from vf_mm.images import ImagePolicy
 from vf_mm.results._assets import (
-    _ASSET_URL,
-    _VIDEO_ASSET_URL,
     ASSETS_DIR,
+    AssetRef,
     asset_name_hash,
+    asset_refs,
     atomic_write_bytes,
     fsync_dir,
     stored_content_hash,
@@ -72,7 +72,6 @@ from vf_mm.results._assets import (
 from vf_mm.results._format import METADATA_FILE, RESULTS_FILE, RESULTS_FORMAT, Key, _dumps
 from vf_mm.results._reader import BadLinePolicy, ResultsScan, read_metadata, scan_results
 from vf_mm.results._summary import summarize
-from vf_mm.types import image_part_source, video_part_source
 from vf_mm.videos import VideoLimits
 
 try:
@@ -88,7 +87,6 @@ MERGED_SHARDS_KEY = "merged_shards"
 _SHARD_KEYS = (SHARD_KEY, MERGED_SHARDS_KEY)
 # metadata.json keys the writer (or a merge) sets for the run itself: never carried over
 _RUN_KEYS = frozenset({"config", "results_format", "started_at", "finished_at", "results", "merge"})
-_SHARD = re.compile(r"(\d+)/(\d+)")
 _BAD_LINES = ("raise", "torn-tail", "skip")
 _MISSING = object()
 _LISTED = 5  # overlapping (example, rollout) pairs named in an error
@@ -125,22 +123,11 @@ class _Source:
     shards: tuple[int, ...]
     count: int  # N of i/N
     scan: ResultsScan | None = None
-    refs: dict[str, _Ref] = field(default_factory=dict)  # _ref_key -> first reference
+    refs: dict[str, AssetRef] = field(default_factory=dict)  # _ref_key -> first reference
 
     @property
     def label(self) -> str:
         return ", ".join(_shard(i, self.count) for i in self.shards)
-
-
-@dataclass(frozen=True, slots=True)
-class _Ref:
-    """One asset a row refers to: its URL, whether a video, the part's frame rate (part of
-    a video's hash), and the first row that names it (for errors)."""
-
-    url: str
-    video: bool
-    frame_rate: float | None
-    where: str
 
 
 def merge_runs(
@@ -218,7 +205,7 @@ def merge_runs(
 
 
 def _shard(index: int, count: int) -> str:
-    return f"{index}/{count}"
+    return str(Shard(index, count))
 
 
 def _check_sources_exist(paths: list[Path]) -> None:
@@ -315,14 +302,15 @@ def _open_source(path: Path) -> _Source:
 
 
 def _parse_shard(spec: Any, path: Path) -> tuple[int, int]:
-    match = _SHARD.fullmatch(spec) if isinstance(spec, str) else None
-    if match is not None:
-        index, count = int(match.group(1)), int(match.group(2))
-        if 0 <= index < count:
-            return index, count
-    raise MergeError(
-        f"source {path}: shard {spec!r} is not 'i/N' with 0 <= i < N", sources=(str(path),)
-    )
+    try:
+        shard = parse_shard(spec) if isinstance(spec, str) else None
+    except ValueError:
+        shard = None
+    if shard is None:
+        raise MergeError(
+            f"source {path}: shard {spec!r} is not 'i/N' with 0 <= i < N", sources=(str(path),)
+        )
+    return shard.index, shard.count
 
 
 def _check_one_run(found: list[_Source]) -> None:
@@ -412,7 +400,9 @@ def _read_rows(source: _Source, bad_lines: BadLinePolicy, warnings: list[str]) -
     if stopped:
         warnings.append(f"{source.path} (shard {source.label}): {stopped}")
     for row in scan.rows:
-        for ref in _asset_refs(row):
+        for ref in asset_refs(
+            row, prefix=f"example {row['example_id']!r} rollout {row['rollout_index']}, "
+        ):
             source.refs.setdefault(_ref_key(ref), ref)
 
 
@@ -441,36 +431,14 @@ def _check_no_overlap(found: list[_Source]) -> None:
 # -- assets -------------------------------------------------------------------------
 
 
-def _asset_refs(row: Mapping[str, Any]) -> Iterator[_Ref]:
-    """Every ``assets/<hash>.<ext>`` a row's messages refer to (image and video parts)."""
-    where = f"example {row['example_id']!r} rollout {row['rollout_index']}"
-    for name in ("prompt", "completion"):
-        messages = row.get(name)
-        for message in messages if isinstance(messages, list) else ():
-            content = message.get("content") if isinstance(message, dict) else None
-            for part in content if isinstance(content, list) else ():
-                if not isinstance(part, dict):
-                    continue
-                if part.get("type") == "image_url":
-                    url = image_part_source(part)
-                    if isinstance(url, str) and _ASSET_URL.match(url):
-                        yield _Ref(url, False, None, where)
-                elif part.get("type") == "video_url":
-                    url = video_part_source(part)
-                    if isinstance(url, str) and _VIDEO_ASSET_URL.match(url):
-                        rate = part.get("frame_rate")
-                        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
-                        yield _Ref(url, True, rate if number else None, where)
-
-
-def _ref_key(ref: _Ref) -> str:
+def _ref_key(ref: AssetRef) -> str:
     # a video's hash covers its frame rate: each (file, rate) a row names is checked
     return ref.url if not ref.video else f"{ref.url}@{ref.frame_rate!r}"
 
 
 def _check_asset(
     data: bytes,
-    ref: _Ref,
+    ref: AssetRef,
     source: Path,
     *,
     policy: ImagePolicy | None,

@@ -52,6 +52,7 @@ def summarize(
     """Aggregates of results rows, for metadata.json and summary tables::
 
         {"count": rows, "examples": distinct example ids, "errors": rows with an error,
+         "truncated": rows that ran out of context (scored on what they had),
          "error_kinds": {kind: {"count": n, "first": message}},  # most frequent first
          "reward": {"mean", "std", "count"},            # over rows whose reward is not null
          "metrics": {name: {"mean", "std", "count"}},   # over rows without an error that have it
@@ -76,10 +77,11 @@ def summarize(
     outcomes: dict[Any, list[int]] = {}  # example id -> [scored rollouts, successes]
     examples: set[Any] = set()  # examples seen with unscored rows only (so far)
     turns = array("d")
-    prompt_tokens = completion_tokens = without_tokens = errors = 0
+    prompt_tokens = completion_tokens = without_tokens = errors = truncated = 0
     error_kinds: dict[str, dict[str, Any]] = {}
     for row in rows:
         count += 1
+        truncated += row.get("truncated") is True
         reward = row.get("reward")
         if reward is not None:
             rewards.append(float(reward))
@@ -125,6 +127,7 @@ def summarize(
         "count": count,
         "examples": len(examples | set(outcomes)),
         "errors": errors,
+        "truncated": truncated,
         "error_kinds": dict(sorted(error_kinds.items(), key=lambda kv: -kv[1]["count"])),
         "reward": _mean_std(rewards),
         "metrics": {name: _mean_std(values) for name, values in sorted(metrics.items())},

@@ -74,9 +74,12 @@ class ResultsWriter:
     args, num examples, rollouts per example, ...) is what ``resume=True`` compares with
     the stored run: any differing key raises ``ResumeMismatchError`` (listing the keys)
     before anything on disk changes. ``config_defaults`` says what a key meant in runs
-    written before it existed (``{"image_backend": "pil"}``), so they still resume. Without ``resume``, an OUTDIR that already holds a
-    ``results.jsonl`` or ``metadata.json`` is refused (``ResultsError``). ``resume=True``
-    on an OUTDIR with no run in it starts a new one.
+    written before it existed (``{"image_backend": "pil"}``), so they still resume.
+    Without ``resume``, an OUTDIR that already holds a rollout in ``results.jsonl``, or a
+    ``metadata.json`` with no ``results.jsonl``, is refused (``ResultsError``).
+    ``resume=True`` on an OUTDIR with no run in it starts a new one. A run that stopped
+    before its first rollout (an empty ``results.jsonl``) holds nothing to lose: it is
+    reused with or without ``resume``, whatever its configuration was.
 
     A resumed run re-runs the rollouts whose record has an ``error``: they are not in
     ``done``, and their new record is appended (the file stays append-only; the reader
@@ -153,7 +156,7 @@ class ResultsWriter:
 
     def _open_results(self, resume: bool) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
-        if not resume:
+        if not resume and not self._holds_no_rollout():
             if self.metadata_path.exists():
                 names = [RESULTS_FILE] if self.results_path.exists() else []
                 raise ResultsError(
@@ -176,26 +179,36 @@ class ResultsWriter:
                     f"{RESULTS_FILE} is locked); one writer per outdir",
                     path=str(self.outdir),
                 ) from None
+        if not resume and os.fstat(fd).st_size > 0:  # a rollout landed since we looked
+            os.close(fd)
+            raise ResultsError(_in_use_message(self.outdir, [RESULTS_FILE]), path=str(self.outdir))
         if not resume:
             fsync_dir(self.outdir)
         return fd
+
+    def _holds_no_rollout(self) -> bool:
+        """Whether OUTDIR is a run this writer left with no rollout in it (an empty
+        results.jsonl): a run that stopped before its first rollout (bad settings, an
+        interrupt) holds nothing to lose, so it is reused with or without resume, its
+        metadata.json rewritten."""
+        try:
+            return self.results_path.stat().st_size == 0
+        except FileNotFoundError:
+            return False
 
     def _prepare(self, resume: bool) -> None:
         if not resume:
             return
         assert self._fd is not None
-        size = os.fstat(self._fd).st_size
-        try:
-            stored = read_metadata(self.outdir)
-        except FileNotFoundError:
-            stored = None
-        if stored is None and size > 0:
-            raise ResultsError(
-                f"{self.outdir} holds a {RESULTS_FILE} but no {METADATA_FILE}: the run's "
-                "configuration cannot be checked, so it is not resumed",
-                path=str(self.outdir),
-            )
-        if stored is not None:
+        if os.fstat(self._fd).st_size > 0:  # else no rollout yet: no configuration to keep
+            try:
+                stored = read_metadata(self.outdir)
+            except FileNotFoundError:
+                raise ResultsError(
+                    f"{self.outdir} holds a {RESULTS_FILE} but no {METADATA_FILE}: the run's "
+                    "configuration cannot be checked, so it is not resumed",
+                    path=str(self.outdir),
+                ) from None
             self._check_config(stored)
             if isinstance(stored.get("started_at"), str):
                 self.started_at = stored["started_at"]
@@ -394,6 +407,7 @@ class ResultsWriter:
             "reward": None if record else _number(output.reward, where, "reward"),
             "metrics": {k: _number(v, where, f"metrics.{k}") for k, v in metrics.items()},
             "error": error.to_dict() if error is not None else None,
+            "truncated": bool(getattr(output, "truncated", False)),
             "num_turns": num_turns,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,

@@ -14,7 +14,7 @@
 - **Transport**: ``GroupSender`` / ``GroupReceiver`` / ``read_groups`` carry one message
   per group from rollout workers to the trainer, over a stream file or ZeroMQ
   (``tcp://``, ``ipc://``), with back-pressure and an end-of-stream marker, framed by
-  ``vf_mm.wire``'s frame API. Layout: ``vf_mm/training/_transport.py``.
+  ``vf_mm.wire``'s frame API. Specified in ``docs/formats/transport.md``.
 - **Exactly once**: a group with an id (``pack_group(..., group_id=...)``, at most
   ``MAX_GROUP_ID_BYTES``) is held by its sender until the trainer commits it
   (``GroupReceiver`` commits on the next ``next()``, or at ``commit()``), sent again to a
@@ -33,7 +33,10 @@
   sampler's logprobs; advantages; images in placeholder order), ``make_batches`` pads
   and packs them into ``MicroBatch`` es (multimodal and text apart, never cut through an
   image), ``grpo_loss`` is the clipped GRPO objective, ``group_advantages`` the
-  group-normalised advantages.
+  group-normalised advantages (``stream_rollouts`` fills them unless told
+  ``advantages="none"``; ``build_samples`` and ``grpo_loss`` refuse a missing or NaN
+  one), ``logprob_mismatch`` the sampler/trainer mismatch (masked k3 KL and the largest
+  logprob difference). The guide: ``docs/training.md``.
 
 Importing this package imports neither torch nor zmq; the torch-side names load on use.
 """
@@ -87,6 +90,7 @@ __all__ = [
     "inputs_hash",
     "grpo_loss",
     "is_endpoint",
+    "logprob_mismatch",
     "make_batches",
     "pack_group",
     "read_groups",
@@ -101,6 +105,7 @@ __all__ = [
 if TYPE_CHECKING:
     from vf_mm.training._batch import MicroBatch, TensorList, make_batches
     from vf_mm.training._grpo import grpo_loss, token_logprobs
+    from vf_mm.training._mismatch import logprob_mismatch
 
 __getattr__ = lazy_exports(
     __name__,
@@ -110,5 +115,6 @@ __getattr__ = lazy_exports(
         "make_batches": "vf_mm.training._batch",
         "grpo_loss": "vf_mm.training._grpo",
         "token_logprobs": "vf_mm.training._grpo",
+        "logprob_mismatch": "vf_mm.training._mismatch",
     },
 )

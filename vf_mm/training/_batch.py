@@ -151,7 +151,7 @@ def make_batches(
         family = _qwen_or_refuse(samples)
     info = family_info(family)  # an unknown family fails here
     for sample in samples:
-        for kind, items, expected in (
+        for modality, items, expected in (
             ("images", sample.images, set(info.image_inputs)),
             ("videos", sample.videos, set(info.video_inputs)),
         ):
@@ -159,7 +159,7 @@ def make_batches(
                 raise TrajectoryError(f"{sample.source}: a {family} forward takes no videos")
             if any(set(item) != expected for item in items):
                 raise TrajectoryError(
-                    f"{sample.source}: its {kind}' inputs are not a {family} forward's "
+                    f"{sample.source}: its {modality}' inputs are not a {family} forward's "
                     f"({sorted(expected)}): family= must be the model that made them"
                 )
     ready = []
@@ -267,3 +267,26 @@ def _truncate(sample: Sample, limit: int, policy: str) -> Sample:
         video_placeholders=kept_videos,
         source=f"{sample.source} (cut at token {cut})",
     )
+
+
+_HINTS = {
+    "advantages": "build samples with finite advantages (vf_mm.training.group_advantages)",
+    "logprobs": "the sampler's logprobs (a backend asked with SamplingParams(logprobs=False) "
+    "records NaN: sample with logprobs on)",
+}
+
+
+def check_finite(batch: MicroBatch, fields: tuple[str, ...]) -> None:
+    """Refuse ``batch`` if one of ``fields`` holds a NaN or an infinity, naming the field,
+    the sample it is in (``batch.sources``) and the token."""
+    for name in fields:
+        values = getattr(batch, name)
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            row, token = (int(i) for i in bad.nonzero()[0])
+            source = batch.sources[row] if row < len(batch.sources) else f"row {row}"
+            raise TrajectoryError(
+                f"{source}: the batch's {name} hold {float(values[row, token])} at token "
+                f"{token} (row {row}; {int(bad.sum())} such values in all): "
+                f"{_HINTS.get(name, 'every value must be finite')}"
+            )

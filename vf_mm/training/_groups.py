@@ -3,117 +3,24 @@ stored once.
 
 ``pack_group(outputs)`` turns the rollouts of one example (a GRPO group) into one plain
 dict for ``vf_mm.wire.packb`` / ``write_stream``; ``unpack_group(frame)`` turns a decoded
-frame back into ``TrainingRollout`` objects (``RolloutOutput`` with ``rollout_index`` and
-``advantage``) whose steps carry a ``MultiModalData`` equal to what the renderer made:
-the same hashes, placeholders and items.
+frame back into ``TrainingRollout`` objects whose steps carry a ``MultiModalData`` equal
+to what the renderer made. The frame schema (``vf_mm.group/1`` and, with images by bytes
+or reference, ``vf_mm.group/2``) is specified in ``docs/formats/groups.md``.
 
-Each distinct image's or video's tensors travel **once per group**, keyed by its
-``mm_hash``; steps refer to items by hash *and* position. So the bytes grow with the
-number of distinct images and videos, never with turns x items, whatever the steps do:
-plain extension (each turn adds an image), branching (rollouts, or steps of one rollout, that
-share a prefix), compaction (a later step drops earlier images: its sidecar is *not* a
-superset of the previous one) and repeats (the same image twice in a step is two entries
-with one hash). Nothing rests on "the last step holds every image" (the assumption that
-lost images for verifiers once rollouts compacted or branched), and the only copy of the
-tensors is the group's item table (the ``images`` field, which holds every modality's
-items: images and videos): steps and messages hold hashes, never pixels.
-
-Frame schema (``format`` ``"vf_mm.group/1"``)::
-
-    {"format": "vf_mm.group/1",
-     "example_id": int | str,
-     "group_id": str,   # only when pack_group got one: the group's id, unique in a run
-     "images": {mm_hash: {"pixel_values": array, "image_grid_thw": array, ...}},
-                        # every item, once per hash, as the renderer made it (any keys):
-                        # images and videos ({"pixel_values_videos", "video_grid_thw",
-                        # ...}); a step's mm says which modality a hash is
-     "rollouts": [
-        {"rollout_index": int,
-         "reward": float | None, "metrics": {str: float},
-         "error": {"type", "message", "where"} | None,
-         "answer": Any, "info": dict,
-         "advantage": float,            # only when pack_group got advantages
-         "prompt": messages, "completion": messages,
-                        # image parts -> {"type": "image_ref", "hash": h},
-                        # video parts -> {"type": "video_ref", "hash": h}; see below
-         "steps": [
-            # a step with tokens (a token-level backend):
-            {"prompt_ids": int32 array (int64 if an id needs it),
-             "completion_ids": int32/int64 array,
-             "completion_logprobs": float64 array,   # exactly the floats given (NaN kept)
-             "completion_mask": uint8 array,
-             "finish_reason": str | None,
-             "reward": float | None,                 # TrajectoryStep.reward
-             "mm": None                              # the step had multi_modal_data=None
-                   | {modality: {"hashes": [h, ...],
-                                 "placeholders": [[offset, length], ...]}}},
-                        # [offset, length, mask] where only some positions take the
-                        # item's embeddings: mask = np.packbits(is_embed) bytes
-            # a step without tokens (a message-level backend such as an OpenAI API):
-            {"tokens": None, "reward": float | None}]}]}
-
-**Image modes.** ``pack_group(..., images="encoded" | "ref")`` writes a
-``"vf_mm.group/2"`` frame instead: images travel as their encoded bytes (or a shared-store
-reference to them) and the trainer rebuilds their model inputs itself, bit for bit,
-checked by hash (``vf_mm/training/_images.py`` says how, and why it is exact)::
-
-    {"format": "vf_mm.group/2", "example_id", "group_id",   # as in vf_mm.group/1
-     "image_mode": "encoded" | "ref",
-     "processing": {"classes", "config", "backend", "versions"},  # the sampler's
-     "images": {mm_hash: item},   # what still travels as tensors: videos, and images
-                                  # without bytes to send (an http(s) URL, a results-store
-                                  # asset, an image no message shows)
-     "sources": {mm_hash: {"format": "PNG" | "JPEG" | ..., "size": int,
-                           "inputs": inputs_hash of the sampler's model inputs,
-                           "data": bytes                    # encoded
-                           | "uri": "file://...", "sha256": hex}},   # ref
-     "rollouts": [...]}           # as in vf_mm.group/1
-
-A ``vf_mm.group/1`` reader refuses a ``/2`` frame by its format (it never takes bytes for
-tensors); ``unpack_group`` reads both, a ``/2`` frame with ``images=ImageRebuilder(...)``.
-In these modes a ``data:`` URL image part whose image is in ``sources`` becomes an
-``image_ref`` too (its bytes are there already: the URL would send them once per rollout).
-
-``group_id`` names the group for exactly-once delivery to a trainer (``GroupSender``
-sends it beside the frame, the trainer's ``GroupReceiver`` acknowledges and deduplicates
-by it): ``stream_rollouts`` makes it ``f"{run_id}/{example_id}"``. It is a non-empty
-string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes (it travels in every acknowledgement
-and is stored in the trainer's ledger). A frame without it (packed without one, or
-written before the field existed) is still a ``vf_mm.group/1`` frame: its id is None.
-
-Token lists travel as numpy arrays (4 bytes a token instead of msgpack's 5 for ids over
-65535, and no per-element work to encode or decode); ``unpack_group`` gives lists back.
-A reader without vf_mm sees plain msgpack maps, lists and tensors.
-
-Messages: an image part whose image is in memory (a PIL image, encoded bytes, a local
-path or ``file://`` URL) becomes ``{"type": "image_ref", "hash": h}`` with
-``h = image_hash(load_image(image))``, the same hash the renderer puts in ``mm_hashes``
-(so a trainer can find its tensors in ``images`` when a step used it) and the results
-store uses for ``assets/<h>.png``; a results-store URL ``assets/<h>.png`` becomes the same
-reference without being read. A video part whose video is in memory or local (frames, an
-array, a ``Video``, encoded bytes, a path or ``file://`` URL) becomes ``{"type":
-"video_ref", "hash": h}`` with ``h`` the renderer's ``mm_hash`` of it
-(``vf_mm.videos.video_mm_hash``: the clip's ``video_hash``, combined with the part's
-processing options when it sets any: the same clip sampled two ways is two items); a
-results-store URL ``assets/<h>.<ext>`` becomes the reference by that rule without being
-read (the results store names a video's file by its ``video_hash``). ``http(s)://`` and
-``data:`` URLs, of images and videos, are kept as they are (never fetched or decoded).
-Step-level messages and ``TrajectoryStep.extras`` are not carried (the trainer needs
-tokens; the rollout's own prompt and completion are), so the rebuilt steps have empty
-``prompt``/``completion`` lists; ``RolloutOutput.timing`` is not carried either.
-
-Checks, each a ``vf_mm.errors.GroupFrameError`` naming the rollout and step: two different
-tensors under one hash within a group (shapes, dtypes and bytes are compared, only when
-the two item objects differ: items shared by bridging cost nothing), one hash used for
-two modalities (an image in one step, a video in another), a step that refers to a hash
-the group does not carry, placeholders that fail ``MultiModalData.validate`` against the
-step's prompt length, token lists of different lengths, a frame that is not a
-``vf_mm.group/1``. ``unpack_group`` checks the same of what it reads: every hash a step
-names is in the item table, under one modality in the whole group.
+Invariants: each distinct image's or video's tensors travel once per group, keyed by
+``mm_hash``, and steps refer to them by hash and position, so the bytes grow with the
+distinct media, never with turns x items, whatever the steps do (extension, branching,
+compaction, repeats); steps and messages hold hashes, never pixels. Every check fails the
+group with a ``GroupFrameError`` naming the rollout and step (one hash for two tensors or
+two modalities, a hash the group does not carry, bad placeholders, token lists of
+different lengths, a NaN advantage, a frame of another format), on packing and unpacking
+alike.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -122,18 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from vf_mm._asset_refs import image_asset_hash, video_asset_hash
 from vf_mm._text import shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
-from vf_mm.images import (
-    ImagePolicy,
+from vf_mm.images import ImagePolicy, decode_data_url, encode_png, image_hash, load_image
+from vf_mm.images._internal import (
     SourceKind,
     check_local_path,
     classify_source,
-    decode_data_url,
-    encode_png,
     file_url_to_path,
-    image_hash,
-    load_image,
     read_local_file,
 )
 from vf_mm.training._images import IMAGE_MODES, ImageProcessing, inputs_hash
@@ -150,7 +54,7 @@ from vf_mm.types import (
     image_part_source,
     video_part_source,
 )
-from vf_mm.videos import VIDEO_EXTENSIONS, VideoLimits, load_video, video_hash, video_mm_hash
+from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 __all__ = ["GROUP_FORMAT", "MAX_GROUP_ID_BYTES", "TrainingRollout", "pack_group", "unpack_group"]
 
@@ -164,9 +68,6 @@ MAX_GROUP_ID_BYTES = 1024
 
 _INT32 = np.iinfo(np.int32)
 _KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
-_ASSET_URL = re.compile(r"^assets/([0-9a-f]{32})\.png$")
-#: a results-store video asset: its file is named by the clip's video_hash
-_VIDEO_ASSET_URL = re.compile(rf"^assets/([0-9a-f]{{32}})\.({'|'.join(VIDEO_EXTENSIONS)})$")
 
 
 @dataclass(slots=True)
@@ -174,11 +75,17 @@ class TrainingRollout(RolloutOutput):
     """A rollout as ``unpack_group`` rebuilds it: a ``RolloutOutput`` (``trajectory``
     steps hold the tokens and multi-modal data; their ``prompt``/``completion`` messages
     are not carried and are empty) plus its place in the group, its advantage and the
-    group's id (None for a frame packed without one)."""
+    group's id (None for a frame packed without one).
+
+    ``advantage`` is None when the frame carries none for it: a failed rollout (reward
+    None), or a group packed without advantages (``vf-mm rollout --advantages none``:
+    the trainer computes them, ``group_advantages``). ``advantage_method`` says how the
+    producer computed them (``"grpo"``), None when it did not say."""
 
     rollout_index: int = 0
     advantage: float | None = None
     group_id: str | None = None
+    advantage_method: str | None = None
 
     @property
     def trainable(self) -> bool:
@@ -194,7 +101,8 @@ def pack_group(
     *,
     rollout_indices: Sequence[int] | None = None,
     example_id: int | str | None = None,
-    advantages: Sequence[float] | None = None,
+    advantages: Sequence[float | None] | None = None,
+    advantage_method: str | None = None,
     policy: ImagePolicy | None = None,
     video_limits: VideoLimits | None = None,
     group_id: str | None = None,
@@ -206,7 +114,10 @@ def pack_group(
 
     ``rollout_indices`` default to ``0..n-1``; ``example_id`` defaults to the rollouts'
     (they must all agree, and agree with it when given); ``advantages``, if given, one per
-    rollout; ``group_id``, if given, goes in the frame's ``group_id`` field (a non-empty
+    rollout, each a finite number or None (no advantage: a failed rollout, as
+    ``group_advantages`` gives it; a NaN or infinity is refused, ``GroupFrameError``),
+    and ``advantage_method`` names how they were computed (the frame's
+    ``advantage_method``, e.g. ``"grpo"``); ``group_id``, if given, goes in the frame's ``group_id`` field (a non-empty
     string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes, else ``ValueError`` /
     ``TypeError``): what a trainer deduplicates by. ``policy`` is the ``ImagePolicy``
     used to read in-memory images and videos and local paths in messages in order to
@@ -224,6 +135,10 @@ def pack_group(
 
     The frame holds references to the rollouts' own arrays (nothing is copied here);
     ``packb`` copies each distinct image's and video's tensors once.
+
+    An empty group never reaches a trainer, whoever builds it: no rollouts, or a rollout
+    with no message, no step and no error (an agent's session whose every call was
+    refused), is a ``GroupFrameError`` naming the example and rollout.
     """
     if group_id is not None:
         group_id = check_group_id(group_id)
@@ -245,6 +160,9 @@ def pack_group(
             store = store if isinstance(store, ImageStore) else ImageStore(store)
     outputs = list(outputs)
     n = len(outputs)
+    if n == 0:  # refused whoever builds it: a trainer must never receive an empty group
+        where = "" if example_id is None else f" (example {example_id!r})"
+        raise GroupFrameError(f"pack_group got no rollouts{where}: an empty group is never sent")
     ids = {o.example_id for o in outputs}
     if example_id is None:
         if len(ids) != 1:
@@ -262,19 +180,34 @@ def pack_group(
     if len(indices) != n or len(set(indices)) != n:
         raise GroupFrameError(f"rollout_indices must be {n} distinct ints, got {rollout_indices!r}")
     if advantages is not None:
-        advantages = [float(a) for a in advantages]
+        advantages = [_advantage(a, f"advantage {r}") for r, a in enumerate(advantages)]
         if len(advantages) != n:
             raise GroupFrameError(f"{len(advantages)} advantages for {n} rollouts")
+    if advantage_method is not None:
+        if advantages is None:
+            raise GroupFrameError(
+                "advantage_method= names how advantages= were computed: pass both"
+            )
+        if not isinstance(advantage_method, str) or not advantage_method:
+            raise GroupFrameError(
+                f"advantage_method must be a non-empty str, not {advantage_method!r}"
+            )
 
     packer = _Packer(policy, video_limits, by_source=images != "tensors")
     rollouts = []
     for r, output in enumerate(outputs):
         where = f"example {example_id!r}, rollout {indices[r]}"
+        if not (output.trajectory or output.prompt or output.completion) and output.error is None:
+            raise GroupFrameError(  # what an empty recorded session would be: refused
+                f"{where} is empty (no message, no model turn, no error): nothing to train on "
+                "or to skip; a rollout that did not run is sent with its error"
+            )
         entry: dict[str, Any] = {
             "rollout_index": indices[r],
             "reward": output.reward,
             "metrics": output.metrics,
             "error": _dict_or_none(_error_from_frame(output.error, where)),
+            "truncated": bool(output.truncated),
             "answer": output.answer,
             "info": output.info,
         }
@@ -288,15 +221,33 @@ def pack_group(
         rollouts.append(entry)
     if images != "tensors":
         assert description is not None
-        return packer.by_source_frame(
+        frame = packer.by_source_frame(
             example_id, group_id, rollouts, images, dict(description), store
         )
-    frame: dict[str, Any] = {"format": GROUP_FORMAT, "example_id": example_id}
-    if group_id is not None:  # absent otherwise: frames without an id are as they were
-        frame["group_id"] = group_id
-    frame["images"] = packer.images
-    frame["rollouts"] = rollouts
+    else:
+        frame = {"format": GROUP_FORMAT, "example_id": example_id}
+        if group_id is not None:  # absent otherwise: frames without an id are as they were
+            frame["group_id"] = group_id
+        frame["images"] = packer.images
+        frame["rollouts"] = rollouts
+    if advantage_method is not None:  # absent otherwise, as group_id
+        frame["advantage_method"] = advantage_method
     return frame
+
+
+def _advantage(value: Any, where: str) -> float | None:
+    """``value`` as an advantage a frame may carry: a finite float, or None for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise GroupFrameError(f"{where} is a {type(value).__name__}, not a number or None")
+    if not math.isfinite(float(value)):
+        raise GroupFrameError(
+            f"{where} is {float(value)}: an advantage is a finite number, or None for a "
+            "rollout without one (vf_mm.training.group_advantages gives None for a failed "
+            "rollout)"
+        )
+    return float(value)
 
 
 def check_group_id(group_id: Any) -> str:
@@ -415,9 +366,9 @@ class _Packer:
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
-            asset = _ASSET_URL.match(source)
-            if asset:
-                return {"type": "image_ref", "hash": asset.group(1)}
+            digest = image_asset_hash(source)
+            if digest is not None:
+                return {"type": "image_ref", "hash": digest}
             key: Any = ("image", source)
         else:
             key = ("image", id(source))
@@ -440,9 +391,9 @@ class _Packer:
         if isinstance(source, str):
             if re.match(r"^https?:", source, re.IGNORECASE):
                 return part  # never fetched here: such an image travels as tensors
-            asset = _ASSET_URL.match(source)
-            if asset:
-                return {"type": "image_ref", "hash": asset.group(1)}
+            digest = image_asset_hash(source)
+            if digest is not None:
+                return {"type": "image_ref", "hash": digest}
             key: Any = ("image", source)
         else:
             key = ("image", id(source))
@@ -553,9 +504,9 @@ class _Packer:
         if isinstance(source, str):
             if _KEPT_URL.match(source):
                 return part  # http(s) is never fetched here; a data: URL is already text
-            asset = _VIDEO_ASSET_URL.match(source)
-            if asset:
-                return {"type": "video_ref", "hash": video_mm_hash(asset.group(1), part)}
+            found = video_asset_hash(source)
+            if found is not None:
+                return {"type": "video_ref", "hash": video_mm_hash(found[0], part)}
             key: Any = ("video", source, repr(part.get("frame_rate")))
         else:
             key = ("video", id(source), repr(part.get("frame_rate")))
@@ -697,6 +648,11 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
         raise GroupFrameError(
             f"the group's 'group_id' must be a string, not {type(group_id).__name__}"
         )
+    method = data.get("advantage_method")  # absent unless the producer computed them
+    if method is not None and not isinstance(method, str):
+        raise GroupFrameError(
+            f"the group's 'advantage_method' must be a string, not {type(method).__name__}"
+        )
     images = _get(data, "images", "the group")
     if not isinstance(images, Mapping):
         raise GroupFrameError(
@@ -739,9 +695,11 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
                     error=RolloutError.from_exception(
                         failed[lost[0]], where=f"rebuilding {where}'s images"
                     ),
+                    truncated=bool(entry.get("truncated", False)),
                     rollout_index=index,
                     advantage=entry.get("advantage"),
                     group_id=group_id,
+                    advantage_method=method,
                 )
             )
             continue
@@ -760,9 +718,11 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
                 reward=entry.get("reward"),
                 metrics=entry.get("metrics") or {},
                 error=_error_from_frame(entry.get("error"), where),
+                truncated=bool(entry.get("truncated", False)),
                 rollout_index=index,
                 advantage=entry.get("advantage"),
                 group_id=group_id,
+                advantage_method=method,
             )
         )
     return out

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from vf_mm.training._batch import MicroBatch
+from vf_mm.training._batch import MicroBatch, check_finite
+from vf_mm.training._mismatch import logprob_mismatch
 
 
 def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
@@ -31,6 +32,34 @@ def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
 def grpo_loss(
     model: Any, batch: MicroBatch, *, clip_eps: float = 0.2
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped GRPO loss of one micro-batch under ``model``, and its statistics.
+
+    ``batch`` holds ``B`` right-padded rows of ``L`` tokens: ``input_ids``,
+    ``loss_mask`` (1 on the tokens the sampler drew), ``logprobs`` (the sampler's log-
+    probability of each drawn token) and ``advantages`` (the rollout's advantage on each
+    drawn token), all ``(B, L)``. With ``new`` the model's ``(B, L)`` log-probabilities
+    (``token_logprobs``), ``r = exp(new - logprobs)`` and ``A = advantages``, the loss is
+
+        -sum over masked tokens of min(r * A, clip(r, 1 - clip_eps, 1 + clip_eps) * A)
+        / (number of masked tokens)
+
+    a 0-dimensional tensor with gradients through ``model`` (each token weighs the same,
+    whatever its sequence's length; a batch without masked tokens gives 0). To combine
+    micro-batches into one step, weigh each loss by its ``tokens`` over the step's total.
+
+    Statistics (floats, over the masked tokens): ``loss``; ``ratio``, the mean of ``r``
+    (1.0 when the trainer computes what the sampler did); ``clip_frac``, the share of
+    tokens whose ``r`` is outside the clip range; ``kl``, the mean of ``logprobs - new``
+    (an estimate of KL(sampler || trainer) that may be negative); ``tokens``, how many;
+    ``mismatch_kl`` and ``max_abs_diff``, the sampler/trainer mismatch of the same
+    tokens (``logprob_mismatch``: the non-negative k3 estimate of that KL, and the worst
+    token's ``|new - logprobs|``).
+
+    Refuses (``TrajectoryError``, naming the field, the sample and the token) a batch
+    whose ``advantages`` or ``logprobs`` hold a NaN or an infinity anywhere, padding
+    included: one would make the loss NaN, and a step on it ruins the weights.
+    """
+    check_finite(batch, ("advantages", "logprobs"))
     new = token_logprobs(model, batch)
     device = new.device
     mask = batch.loss_mask.to(device)
@@ -50,4 +79,6 @@ def grpo_loss(
             "kl": float(((old - new) * mask).sum() / count),
             "tokens": float(count),
         }
+    mismatch = logprob_mismatch(batch, new)
+    stats["mismatch_kl"], stats["max_abs_diff"] = mismatch["mismatch_kl"], mismatch["max_abs_diff"]
     return loss, stats

@@ -108,7 +108,7 @@ def inputs_hash(item: Mapping[str, Any]) -> str:
         array = _as_numpy(item[key])
         header = f"{key}\0{array.dtype.str}\0{','.join(map(str, array.shape))}\0"
         digest.update(header.encode())
-        digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        digest.update(np.ascontiguousarray(array).data.cast("B"))
     return digest.hexdigest()[:32]
 
 
@@ -155,7 +155,7 @@ class ImageProcessing:
     ) -> ImageProcessing:
         from vf_mm.models import load_processor
 
-        return cls(load_processor(path, image_backend=image_backend), options=options)
+        return cls(load_processor(os.fspath(path), image_backend=image_backend), options=options)
 
     @classmethod
     def from_vision(cls, vision: Any) -> ImageProcessing:

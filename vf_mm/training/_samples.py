@@ -7,7 +7,9 @@ merge into one sample: the whole token sequence once, with
 - ``loss_mask`` 1 exactly on the tokens the model sampled (each step's completion where
   its ``completion_mask`` is 1), 0 on prompts and on what the environment inserted;
 - ``logprobs``: the sampler's log-probability at each sampled token, 0 elsewhere;
-- ``advantages``: the rollout's advantage on sampled tokens, 0 elsewhere;
+- ``advantages``: the rollout's advantage on sampled tokens, 0 elsewhere (a finite number:
+  a missing or NaN advantage is refused, since it would turn the loss into NaN and cost
+  the run; ``group_advantages`` computes them);
 - ``mm_token_type_ids``: 1 on image tokens, 2 on video pad tokens;
 - ``images``: every image's model inputs (``pixel_values``, ``image_grid_thw``, ...), in
   placeholder order (the last merged step's multi-modal data covers all of them), and
@@ -23,8 +25,10 @@ names the rollout and step.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +118,11 @@ class Sample:
             raise TrajectoryError(f"{self.source}: logprobs on tokens the model did not sample")
         if not np.all(np.isfinite(self.logprobs[self.loss_mask == 1])):
             raise TrajectoryError(f"{self.source}: a sampled token has no finite logprob")
+        if not np.all(np.isfinite(self.advantages)):
+            raise TrajectoryError(
+                f"{self.source}: its advantages are not all finite numbers (build samples "
+                "with a finite advantage: vf_mm.training.group_advantages)"
+            )
         if grids is not None:  # Qwen-VL: the patch rows are the grids' product
             pixel_values = self.pixel_values
             rows = int(grids.prod(axis=1).sum())
@@ -207,7 +216,21 @@ def build_samples(
 ) -> list[Sample]:
     """The samples of one rollout (an object or dict with ``trajectory``/``steps`` whose
     entries have ``tokens`` or token fields). Steps without tokens are refused: an
-    API backend's turns cannot be trained on."""
+    API backend's turns cannot be trained on.
+
+    ``advantage`` must be a finite number (``TrajectoryError`` otherwise, naming the
+    rollout): every sampled token carries it into the loss, so a None or NaN would make
+    the loss NaN with no error. ``group_advantages`` computes a group's advantages; a
+    failed rollout has none (its reward is None) and is skipped, not trained on.
+    ``example_id`` / ``rollout_index`` name the rollout in errors (default: the
+    rollout's own)."""
+    if example_id is None:
+        example_id = _field(rollout, "example_id")
+    if rollout_index is None:
+        rollout_index = _field(rollout, "rollout_index")
+    advantage = _check_advantage(
+        rollout, advantage, f"example {example_id}, rollout {rollout_index}"
+    )
     steps = _steps(rollout)
     samples: list[Sample] = []
     start = 0
@@ -217,6 +240,40 @@ def build_samples(
             samples.append(_merge(steps[start:i], advantage, image_token_id, video_token_id, where))
             start = i
     return samples
+
+
+def _field(rollout: Any, name: str) -> Any:
+    return rollout.get(name) if isinstance(rollout, dict) else getattr(rollout, name, None)
+
+
+def _check_advantage(rollout: Any, advantage: Any, where: str) -> float:
+    """``advantage`` as a float, or ``TrajectoryError`` saying why it is none and how to
+    get one."""
+    if advantage is None:
+        error = _field(rollout, "error")
+        if error:
+            raise TrajectoryError(
+                f"{where}: advantage is None because the rollout failed ({error}): training "
+                "skips failed rollouts (rollout.error is not None), never trains on them"
+            )
+        raise TrajectoryError(
+            f"{where}: advantage is None (a group streamed with vf-mm rollout --advantages "
+            "none, or packed without advantages=): compute the group's advantages with "
+            "vf_mm.training.group_advantages([r.reward for r in group]) and pass each "
+            "rollout's as build_samples(..., advantage=...)"
+        )
+    scalar = tuple(getattr(advantage, "shape", (None,))) == ()  # a 0-d array or tensor
+    if isinstance(advantage, bool) or not (isinstance(advantage, numbers.Real) or scalar):
+        raise TrajectoryError(
+            f"{where}: advantage must be a real number, not {type(advantage).__name__}"
+        )
+    value = float(advantage)
+    if not math.isfinite(value):
+        raise TrajectoryError(
+            f"{where}: advantage is {value}, not a finite number (its group's rewards? "
+            "vf_mm.training.group_advantages refuses a NaN or infinite reward)"
+        )
+    return value
 
 
 def _steps(rollout: Any) -> list[dict[str, Any]]:
@@ -232,7 +289,9 @@ def _steps(rollout: Any) -> list[dict[str, Any]]:
             raise TrajectoryError(
                 f"step {i} has no token ids (a message-level backend): not trainable"
             )
-        get = tokens.get if isinstance(tokens, dict) else lambda k, t=tokens: getattr(t, k)
+        get: Callable[[str], Any] = (
+            tokens.get if isinstance(tokens, dict) else functools.partial(getattr, tokens)
+        )
         mm = (
             get("multi_modal_data")
             if _has(tokens, "multi_modal_data")
@@ -337,11 +396,45 @@ def _merge(
 
 
 def group_advantages(
-    rewards: Sequence[float], *, eps: float = 1e-4, scale: bool = True
-) -> list[float]:
-    """GRPO advantages: each reward minus its group's mean (over the std when ``scale``)."""
-    values = np.asarray(rewards, dtype=np.float64)
-    centered = values - values.mean()
-    if scale:
-        centered = centered / (values.std() + eps)
-    return centered.tolist()
+    rewards: Sequence[float | None], *, eps: float = 1e-4, scale: bool = True
+) -> list[float | None]:
+    """GRPO's group-normalised advantages of one example's rollouts, in order: each
+    reward minus the mean of the group's rewards, divided by their (population) standard
+    deviation plus ``eps`` when ``scale`` (``scale=False``: centred only, as Dr. GRPO).
+
+    A reward of None (a rollout that failed, or that nobody scored) gets advantage None
+    and takes no part in the mean or the deviation: a failed rollout is skipped by
+    training, never averaged in as if it had scored 0. A group whose rewards are all
+    equal (a group of one included) has advantage 0 for each: there is nothing to learn
+    from it, and no division by a zero deviation. An empty group gives ``[]``. A reward
+    that is not a finite number (NaN, infinity, a string) is refused with
+    ``TrajectoryError`` naming its position: it would turn every advantage of the group,
+    and then the loss, into NaN.
+    """
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    rewards = list(rewards)
+    scored: list[float] = []
+    for i, reward in enumerate(rewards):
+        if reward is None:
+            continue
+        scalar = tuple(getattr(reward, "shape", (None,))) == ()  # a 0-d array or tensor
+        if not isinstance(reward, numbers.Real) and not scalar:  # a bool is 0 or 1
+            raise TrajectoryError(
+                f"reward {i} of the group is a {type(reward).__name__}, not a number"
+            )
+        if not math.isfinite(float(reward)):
+            raise TrajectoryError(
+                f"reward {i} of the group is {float(reward)}, not a finite number: a failed "
+                "score is recorded as None (the rollout is then skipped), never as NaN"
+            )
+        scored.append(float(reward))
+    values = np.asarray(scored, dtype=np.float64)
+    if not scored or np.all(values == values[0]):  # no signal, and never 0 / 0
+        centered = np.zeros_like(values)
+    else:
+        centered = values - values.mean()
+        if scale:
+            centered = centered / (values.std() + eps)
+    out = iter(centered.tolist())
+    return [None if reward is None else next(out) for reward in rewards]

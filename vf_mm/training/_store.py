@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm.errors import ImageError, ImageRefError
-from vf_mm.images import ImagePolicy, check_local_path, file_url_to_path, read_local_file
+from vf_mm.images import ImagePolicy
+from vf_mm.images._internal import check_local_path, file_url_to_path, read_local_file
 
 __all__ = ["ImageStore", "PruneReport", "StoreReader"]
 
@@ -145,13 +146,14 @@ class ImageStore:
         self._fs: Any = None
         if scheme in (None, "file"):
             path = file_url_to_path(text) if scheme == "file" else Path(text)
-            self.root: Path | str = Path(path).expanduser().resolve()
-            self.root.mkdir(parents=True, exist_ok=True)
-            self.url = self.root.as_uri()
+            root = Path(path).expanduser().resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            self.root: Path | str = root
+            self.url = root.as_uri()
         else:
             self.url = store_url(text)
-            self._fs, path = _fsspec(self.url, storage_options or {})
-            self.root = path.rstrip("/")
+            self._fs, remote = _fsspec(self.url, storage_options or {})
+            self.root = remote.rstrip("/")
 
     @property
     def is_local(self) -> bool:

@@ -8,6 +8,15 @@ bounded. A rollout that failed is sent too, with its ``error`` set; a group that
 packed is sent stripped to its scores, with the reason as each rollout's error. Nothing
 is dropped.
 
+Each group carries its rollouts' advantages, computed here by default (``advantages=
+"grpo"``: ``group_advantages`` over the group's rewards, a failed rollout's None, and
+the frame's ``advantage_method`` ``"grpo"``): the whole group is in hand when it is
+packed, which is all GRPO's normalisation needs, and a trainer can then pass
+``rollout.advantage`` to ``build_samples`` as it comes. ``advantages="none"`` leaves
+them out for a trainer that computes its own (another estimator, or normalisation over
+a whole batch) from the rewards every group carries; ``build_samples`` then refuses a
+rollout until the trainer gives it one.
+
 Every group carries an id, ``f"{run_id}/{example_id}"``, so that a trainer takes it
 exactly once: the sender holds it until the trainer has committed it and sends it again
 to a trainer that restarted, and the trainer skips an id it has committed (a worker
@@ -29,8 +38,12 @@ from typing import Any
 from vf_mm.errors import TransportError
 from vf_mm.training._groups import pack_group
 from vf_mm.training._images import IMAGE_MODES, ImageProcessing
+from vf_mm.training._samples import group_advantages
 from vf_mm.training._store import ImageStore
 from vf_mm.types import RolloutError
+
+#: ``stream_rollouts(advantages=...)``: who computes the advantages (module docstring)
+ADVANTAGE_METHODS = ("grpo", "none")
 
 
 @dataclasses.dataclass(slots=True)
@@ -41,6 +54,7 @@ class RolloutProgress:
     groups: int = 0
     rollouts: int = 0
     errors: int = 0  # rollouts sent with an error
+    truncated: int = 0  # rollouts that ran out of context (scored on what they have)
     repacked: int = 0  # groups sent stripped because packing or encoding them failed
     bytes_sent: int = 0
     reward_sum: float = 0.0  # over the rollouts with a reward (a running sum: no list kept)
@@ -79,6 +93,7 @@ async def stream_rollouts(
     images: str = "tensors",
     image_processing: Any = None,
     image_store: Any = None,
+    advantages: str = "grpo",
 ) -> RolloutProgress:
     """Run the train split's groups and send each through ``sender`` once it is scored.
 
@@ -101,7 +116,14 @@ async def stream_rollouts(
     (an ``ImageProcessing`` or its description; by default the client's renderer's, or
     with ``workers`` the one their renderers report) and ``"ref"`` writes to
     ``image_store``.
+
+    ``advantages``: ``"grpo"`` (the default) fills each rollout's advantage with
+    ``group_advantages`` of its group's rewards (None for a failed rollout) and records
+    ``advantage_method="grpo"`` in the frame; ``"none"`` sends no advantages, for a
+    trainer that computes its own (module docstring).
     """
+    if advantages not in ADVANTAGE_METHODS:
+        raise ValueError(f"advantages must be one of {list(ADVANTAGE_METHODS)}, not {advantages!r}")
     if images not in IMAGE_MODES:
         raise ValueError(f"images must be one of {list(IMAGE_MODES)}, not {images!r}")
     if images != "tensors" and image_processing is None:
@@ -149,9 +171,13 @@ async def stream_rollouts(
         outputs = [output for _, output in done]
         group_id = f"{run_id}/{example_id}"
         try:
+            scores: dict[str, Any] = {}
+            if advantages == "grpo":
+                scores["advantages"] = group_advantages([o.reward for o in outputs])
+                scores["advantage_method"] = advantages
             group = await asyncio.to_thread(
                 pack_group, outputs, rollout_indices=indices, example_id=example_id,
-                policy=policy, video_limits=video_limits, group_id=group_id, **modes,
+                policy=policy, video_limits=video_limits, group_id=group_id, **modes, **scores,
             )  # fmt: skip
             nbytes = await sender.asend(group)
         except TransportError:
@@ -179,6 +205,7 @@ async def stream_rollouts(
         progress.bytes_sent += nbytes
         for output in outputs:
             progress.rollouts += 1
+            progress.truncated += bool(output.truncated)
             if output.error:
                 progress.errors += 1
             elif output.reward is not None:

@@ -18,13 +18,10 @@ from PIL import Image
 
 from vf_mm._text import shorten
 from vf_mm.errors import VideoDecodeError
-from vf_mm.images import describe_source
+from vf_mm.images._internal import describe_source, unwrap_part
 from vf_mm.videos._video import Video
 
 __all__ = ["describe", "is_array", "unwrap"]
-
-#: Keys of a ``{"type": "video"}`` part that say where the video is (exactly one).
-_SOURCE_KEYS = ("video", "url", "path")
 
 
 def is_array(value: Any) -> bool:
@@ -66,31 +63,7 @@ def unwrap(source: Any) -> tuple[Any, float | None]:
     """
     if not isinstance(source, dict):
         return source, None
-    kind = source.get("type")
-    if kind == "video_url":
-        inner = source.get("video_url")
-        if isinstance(inner, dict):
-            inner = inner.get("url")
-        if not isinstance(inner, str):
-            raise VideoDecodeError(
-                'a "video_url" content part needs {"video_url": {"url": "..."}}, '
-                f"got {_shape(source)}"
-            )
-        return inner, _frame_rate(source)
-    if kind == "video":
-        present = [k for k in _SOURCE_KEYS if source.get(k) is not None]
-        if len(present) != 1:
-            raise VideoDecodeError(
-                'a "video" content part needs exactly one of "video", "url" or "path", '
-                f"got {_shape(source)}"
-            )
-        inner = source[present[0]]
-        if isinstance(inner, dict):
-            raise VideoDecodeError('a "video" content part cannot hold another content part')
-        return inner, _frame_rate(source)
-    raise VideoDecodeError(
-        f'a content part of type {kind!r} holds no video (expected "video" or "video_url")'
-    )
+    return unwrap_part(source, medium="video"), _frame_rate(source)
 
 
 def describe(source: Any) -> str:

@@ -50,7 +50,11 @@ _SHAPES = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
 _CARRIERS = {
     d.code: np.dtype(d.numpy) if d.numpy is not None else np.dtype(d.carrier) for d in dtypes.DTYPES
 }
-_ISO_TYPES = {EXT_DATETIME: dt.datetime, EXT_DATE: dt.date, EXT_TIME: dt.time}
+_ISO_TYPES: dict[int, type[dt.date] | type[dt.time]] = {
+    EXT_DATETIME: dt.datetime,
+    EXT_DATE: dt.date,
+    EXT_TIME: dt.time,
+}
 
 
 class Decoder:

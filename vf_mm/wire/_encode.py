@@ -220,16 +220,16 @@ class Encoder:
         if not (kind is dict or kind is list or kind is tuple):
             return obj  # a list of scalars (not ints): nothing inside to lift
         self._budget -= n
-        lifted = None
+        items: list[Any] | None = None
         for i, value in enumerate(obj):
             kind = type(value)
             if kind is list or kind is dict or kind is tuple:
                 new = self._lift(value, depth - 1)
                 if new is not value:
-                    if lifted is None:
-                        lifted = list(obj)  # msgpack writes a tuple as a list anyway
-                    lifted[i] = new
-        return obj if lifted is None else lifted
+                    if items is None:
+                        items = list(obj)  # msgpack writes a tuple as a list anyway
+                    items[i] = new
+        return obj if items is None else items
 
     def _int_list(self, values: list | tuple) -> _Raw | None:
         """msgspec's encoding of ``values`` if it is exactly what msgpack's packer would
@@ -389,7 +389,7 @@ class Encoder:
 
         # pass 2: fill the buffer front to back
         array, address = self._buffer(total)
-        out = memoryview(array)
+        out = array.data
         prev = 0
         for (slot, wire, shape, source, is_torch), (at, data_start, pad, nbytes) in zip(
             jobs, heads, strict=True

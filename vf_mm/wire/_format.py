@@ -1,26 +1,7 @@
-"""Constants of the wire format, shared by the encoder and the decoder.
-
-A message is one msgpack object. Values msgpack has no type for travel as msgpack
-extension types with these codes:
-
-=====  ==========  ==============================================================
-code   value       payload
-=====  ==========  ==============================================================
-1      tensor      u8 layout version (1), u8 flags (bit 0: a torch tensor, else a
-                   numpy array), u8 dtype code (``dtypes``), u8 ndim (<= 64),
-                   u8 pad (< 64), ndim x u64 shape (little-endian), pad zero bytes,
-                   then the elements: little-endian, C order, exactly
-                   prod(shape) * itemsize bytes
-2      datetime    ISO 8601 text (``datetime.isoformat()``), naive or aware
-3      date        ISO 8601 text
-4      time        ISO 8601 text
-5      UUID        the 16 bytes
-=====  ==========  ==============================================================
-
-The encoder picks ``pad`` so that a tensor's elements start at a multiple of
-``ALIGN`` bytes from the start of the message. A decoder can then view them in
-place, whatever their dtype, as long as the message itself sits at an aligned
-address (``packb`` output and stream frames always do).
+"""Constants of the wire format, shared by the encoder and the decoder: the extension
+codes msgpack carries vf_mm's other values in (tensors, datetimes, UUIDs), the tensor
+header and the alignment that lets a decoder view tensor elements in place. The format
+is specified in ``docs/formats/wire.md`` ("Messages").
 """
 
 from __future__ import annotations

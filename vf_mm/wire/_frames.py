@@ -1,36 +1,12 @@
 """Frames: how vf_mm lays messages one after another in a file, a pipe or a socket.
 
-Layout (all integers little-endian)::
-
-    stream header, 16 bytes:  magic b"\\x93VFMM\\r\\n\\x1a" | u16 version (1) | u16 flags
-                              | u32 crc32 of the 12 bytes before it
-    each frame, 16 + n bytes: frame head: u64 n | u32 crc32 | u32 kind
-                              | payload: n bytes, one message
-
-The stream header comes first and settles once, for every frame after it, whether
-frames are checksummed: with bit 0 of the flags (``STREAM_HAS_CRC``) set, each frame's
-crc32 covers its 8 length bytes and its payload, so a flipped bit in either is caught;
-clear, the crc32 field is 0. The header checks itself, so a flipped bit cannot switch
-checking off. A reader refuses any other version or flag bit rather than guess.
-
-``kind`` is a ``FrameKind``: ``DATA`` (0) carries a message of the stream's content,
-``END`` (1) a sender's end-of-stream marker (its payload is defined by the transport
-that sends it). A stream file holds ``DATA`` frames only: its end is the end of the
-file, and every vf_mm that reads stream files reads it. The crc32 leaves ``kind`` out,
-so a ``DATA`` frame's bytes do not depend on which kinds exist; instead each reader
-names the kinds it accepts (``check_frame(..., kinds=...)``) and treats any other value
-as corruption. A stream file's reader accepts ``DATA`` alone, so any flipped kind bit
-there is caught; where a reader accepts several kinds, a flip from one accepted kind to
-another is not, and the payload's own checks are what is left.
-
-Reading a frame: ``parse_frame_header`` turns its 16 head bytes into a ``FrameHeader``
-and refuses a length over ``max_frame_bytes`` before any payload is read, so a corrupt
-length cannot cost memory; ``check_frame`` then checks the payload against it. A reader
-pulling frames off a byte stream that ends inside a head or a payload has a *torn*
-frame (``TornFrameError``: the writer was cut off; every frame before it is whole). A
-payload handed to ``check_frame`` is all there is of it (a socket message, or bytes
-already read), so a size that differs from the head's is corruption
-(``CorruptFrameError``), as are a failed crc32 and a kind the reader does not accept.
+The layout (a self-checking stream header, then a 16-byte head and a payload per frame,
+each frame of a ``FrameKind``) is specified in ``docs/formats/wire.md`` ("Frames").
+Invariants this module keeps: a length over ``max_frame_bytes`` is refused from the head,
+before any payload is read; a stream cut off inside a frame is *torn*
+(``TornFrameError``, every frame before it whole); a payload whose size, crc32 or kind
+does not match its head is corrupt (``CorruptFrameError``); each reader names the kinds
+it accepts.
 """
 
 from __future__ import annotations

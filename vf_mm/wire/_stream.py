@@ -69,7 +69,7 @@ class StreamWriter:
         self.encoder = encoder or Encoder(reuse_buffer=True)
         self.frames_written = 0
         self._owns = isinstance(target, (str, os.PathLike))
-        if self._owns:
+        if isinstance(target, (str, os.PathLike)):
             path = Path(target)
             if append and path.exists() and path.stat().st_size > 0:
                 end, self.checksum = _check_whole(path, max_frame_bytes)
@@ -78,7 +78,7 @@ class StreamWriter:
                 return
             self._file = open(path, "wb")  # noqa: SIM115
         else:
-            self._file = target  # type: ignore[assignment]
+            self._file = target
             if append:
                 return
         self._file.write(stream_header(checksum=checksum))
@@ -166,7 +166,11 @@ class StreamReader:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
         self._owns = isinstance(source, (str, os.PathLike))
-        self._file: IO[bytes] = open(source, "rb") if self._owns else source  # type: ignore[arg-type]  # noqa: SIM115
+        self._file: IO[bytes] = (
+            open(source, "rb")  # noqa: SIM115 - closed in close()
+            if isinstance(source, (str, os.PathLike))
+            else source
+        )
         self.decoder = Decoder(tensors=tensors)
         self.max_frame_bytes = max_frame_bytes
         self.errors = errors
@@ -230,7 +234,7 @@ class StreamReader:
                     raise
                 self.skipped.append((index, start, error))
                 continue
-            return start, memoryview(message)
+            return start, message.data
 
     def close(self) -> None:
         if self._owns:
@@ -330,7 +334,7 @@ def _read_payload(f: IO[bytes], length: int, *, known_size: bool) -> np.ndarray:
 
 
 def _readinto(f: IO[bytes], buffer: np.ndarray) -> int:
-    view = memoryview(buffer)
+    view = buffer.data
     got = 0
     while got < len(view):
         n = f.readinto(view[got:])  # type: ignore[attr-defined]

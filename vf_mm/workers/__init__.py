@@ -11,9 +11,9 @@ process exactly once. ``vf_mm.results.evaluate_to_dir`` and
 ``Shard`` / ``parse_shard``: ``--shard i/N``, a deterministic split by example id.
 """
 
+from vf_mm._shard import Shard, parse_shard, shard_of
 from vf_mm.workers._pool import TRANSPORTS, WorkerPool
 from vf_mm.workers._process import ProcessWorker
-from vf_mm.workers._shard import Shard, parse_shard, shard_of
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec
 
 __all__ = [

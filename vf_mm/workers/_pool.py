@@ -151,7 +151,7 @@ class WorkerPool:
     def media_rules(self) -> tuple[Any, Any]:
         """``(image_policy, video_limits)`` the workers' renderers read media under, as
         ``RendererClient.media_rules``: results are stored and groups packed under them."""
-        return tuple(self._info.get("media_rules") or (None, None))  # type: ignore[return-value]
+        return tuple(self._info.get("media_rules") or (None, None))
 
     @property
     def image_processing(self) -> dict[str, Any] | None:

@@ -14,10 +14,12 @@ import itertools
 import re
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 
-class Shard(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Shard:
     """Shard ``index`` of ``count`` (``0 <= index < count``)."""
 
     index: int

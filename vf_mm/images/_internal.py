@@ -1,0 +1,32 @@
+"""The images package's internal tier: what sibling packages (``videos``, ``training``,
+``results``) use to read their sources under the image guard's rules, and what users
+have no need of. Only vf_mm's own packages import this module (the architecture test
+allows ``vf_mm.<package>._internal`` and no other private module); it carries no
+stability promise.
+
+- ``SourceKind`` / ``classify_source``: how a source (a string, bytes, a path, a content
+  part) is sorted, so a scheme means the same for every medium;
+- ``unwrap_part``: the source inside an image or video content part;
+- ``describe_source``: how errors name a source (short, without secrets);
+- ``check_local_path`` / ``file_url_to_path`` / ``read_local_file``: local files under
+  the policy's roots, read within a byte bound.
+"""
+
+from __future__ import annotations
+
+from vf_mm.images._guard import check_local_path, file_url_to_path
+from vf_mm.images._local import read_local_file
+from vf_mm.images._source import Kind as SourceKind
+from vf_mm.images._source import classify as classify_source
+from vf_mm.images._source import describe as describe_source
+from vf_mm.images._source import unwrap_part
+
+__all__ = [
+    "SourceKind",
+    "check_local_path",
+    "classify_source",
+    "describe_source",
+    "file_url_to_path",
+    "read_local_file",
+    "unwrap_part",
+]
