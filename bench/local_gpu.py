@@ -11,17 +11,27 @@ history grows every turn by one image, a note and ``--max-tokens`` sampled token
 What runs is what ``vf-mm eval`` runs (``evaluate_to_dir``: the environment, the
 ``RendererClient`` bridging each turn, the ``LocalBackend``, the results store), once
 with ``prefix_cache=True`` and once with ``prefix_cache=False`` (every prompt
-re-encoded, every image through the vision tower again), each after a one-rollout
-warm-up, on one backend that then runs one rollout alone. Reported per run:
+re-encoded, every image through the vision tower again), each after a warm-up run of
+the same workload and of one rollout (kernels, the allocator, the CUDA graphs the pool
+engine captures on first use: ``graphs_captured`` / ``capture_s`` say what that cost), on
+one backend that then runs one rollout alone. Reported per run:
 rollouts/s; tokens/s (sampled, and prompt tokens served); the mean latency of a turn-1
 and a turn-8 request (``RendererClient.generate``, queueing included); the largest GPU
 memory allocated (``torch.cuda.max_memory_allocated``, the prefix cache's entries
 included); the prefix cache's hit rate; the forwards run. Then the one rollout alone,
 turn by turn, on and off.
 
+Then the baselines, on the same checkpoint in the same run, so every figure is a ratio
+taken side by side: plain transformers ``generate`` of the same number of rows, each one
+448x448 image and ``--max-tokens`` sampled tokens, eager and with a static cache (which
+``generate`` compiles; the call after the compiling one is timed); and the memory-
+bandwidth bound of a decode step, the text weights read once at the rate a device copy
+measures.
+
     python bench/local_gpu.py [--device cuda] [--dtype bfloat16] [--examples 8]
                               [--rollouts-per-example 4] [--max-tokens 32]
                               [--shape 3b|tiny] [--out FILE.json] [--trace]
+                              [--no-baselines] [--checkpoint DIR]
 
 ``--trace`` adds the time and peak GPU memory of each phase of the backend's work.
 Needs vf_mm's pinned dependencies (transformers 5.23, datasets, msgspec, and
@@ -163,18 +173,27 @@ async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
         prefix_cache=cache,
         max_batch=max(64, n),
     )
+    if args.tracer:
+        args.tracer.attach(backend)
     pool = RendererPool(lambda: load_renderer(path), size=min(8, os.cpu_count() or 2))
     client = vf_mm.RendererClient(backend, pool)
     env = vf_mm.load_environment("gridnav", seed=0)
     sampling = {"max_tokens": args.max_tokens, "temperature": 1.0}
     try:
-        await measure(backend, client, env, 1, 1, sampling)  # warm-up: kernels, allocator
+        # warm-up: the same workload (kernels, allocator, every CUDA graph it needs)
+        await measure(backend, client, env, args.examples, args.rollouts_per_example, sampling)
+        await measure(backend, client, env, 1, 1, sampling)
         if args.tracer:
             args.tracer.report()  # forget the warm-up
         concurrent = await measure(
             backend, client, env, args.examples, args.rollouts_per_example, sampling
         )
-        print(f"cache {'on' if cache else 'off'}: {concurrent['wall']:.1f} s", flush=True)
+        pool = backend._pool.describe() if backend._pool is not None else {}
+        print(
+            f"cache {'on' if cache else 'off'}: {concurrent['wall']:.1f} s, engine "
+            f"{backend.engine} {pool}",
+            flush=True,
+        )
         if args.tracer:
             print(args.tracer.report(), flush=True)
         alone = await measure(backend, client, env, 1, 1, sampling)
@@ -186,19 +205,123 @@ async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
+def copy_bandwidth() -> float:
+    """Device memory bandwidth in bytes/s, read plus written, from a 2 GiB copy."""
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    rate = 2 * x.numel() * 10 / (time.perf_counter() - start)
+    del x, y
+    torch.cuda.empty_cache()
+    return rate
+
+
+def baselines(path: Path, args: Any) -> dict[str, float]:
+    """Plain transformers ``generate`` on the same checkpoint: ``args.examples`` x
+    ``args.rollouts_per_example`` copies of one prompt with one 448x448 image, sampling
+    ``args.max_tokens`` tokens each (temperature 1), eager (a dynamic cache) and with a
+    static cache, which ``generate`` compiles (timed on the call after the compiling one);
+    and the memory-bandwidth bound of a decode step (every weight read once). Sampled
+    tokens/s, the prefill included (as a rollout's turn has one)."""
+    import numpy as np
+    from PIL import Image
+    from transformers import GenerationConfig
+
+    from vf_mm.models import model_inputs
+
+    renderer = load_renderer(path)
+    picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (448, 448, 3), np.uint8))
+    content = [{"type": "image", "image": picture}, {"type": "text", "text": "Which way?"}]
+    rendered = renderer.render([{"role": "user", "content": content}])
+    n = args.examples * args.rollouts_per_example
+    dtype = getattr(torch, args.dtype)
+    model = model_class("qwen2_5_vl").from_pretrained(path, dtype=dtype).to(args.device).eval()
+    ids = torch.tensor([list(rendered.token_ids)] * n)
+    data = rendered.multi_modal_data
+    inputs = model_inputs(
+        "qwen2_5_vl", ids, data.mm_items["image"] * n,
+        image_token_ids=[model.config.image_token_id], dtype=dtype,
+    )  # fmt: skip
+    inputs = {k: v.to(args.device) for k, v in {"input_ids": ids, **inputs}.items()}
+    out: dict[str, float] = {}
+    for label, cache, runs in (("eager", None, 2), ("static cache + compile", "static", 2)):
+        config = GenerationConfig(
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_tokens,
+            min_new_tokens=args.max_tokens, pad_token_id=0, eos_token_id=None,
+            cache_implementation=cache,
+        )  # fmt: skip
+        times = []
+        for _ in range(runs):  # the last run is timed (the first compiles, if anything)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(**inputs, generation_config=config)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        out[label] = n * args.max_tokens / times[-1]
+        print(
+            f"baseline generate, {label}: {out[label]:.0f} sampled tokens/s (calls took "
+            f"{', '.join(f'{t:.1f}' for t in times)} s)",
+            flush=True,
+        )
+    weights = sum(p.numel() * p.element_size() for p in model.model.language_model.parameters())
+    weights += (
+        model.lm_head.weight.numel()
+        * model.lm_head.weight.element_size()
+        * (model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr())
+    )
+    del model, inputs
+    gc.collect()
+    torch.cuda.empty_cache()
+    bandwidth = copy_bandwidth()
+    step = weights / bandwidth  # every weight byte read once, at what the copy moved
+    out["bound"] = n / step
+    print(
+        f"bandwidth bound: {weights / 2**30:.2f} GiB of text weights at {bandwidth / 1e12:.2f} "
+        f"TB/s (a copy's bytes read + written) = {step * 1e3:.2f} ms a decode step, "
+        f"{out['bound']:.0f} tokens/s at {n} rows",
+        flush=True,
+    )
+    return out
+
+
 class Trace:
     """``--trace``: wall time and peak GPU memory of each phase of the backend's work
     (the worker's methods, wrapped): where a step's time and a run's memory go."""
 
-    PHASES = ("_row", "_prefill_group", "_encode_images", "_decode", "_retire")
+    # the batch engine's phases (LocalBackend's methods), and the pool engine's
+    BACKEND = ("_row", "_prefill_group", "_encode_images", "_decode", "_retire")
+    POOL = ("_admit", "_prefill_group", "_decode", "_retire")
 
     def __init__(self) -> None:
         self.time: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.peak: dict[str, float] = defaultdict(float)
         self.live: dict[str, float] = defaultdict(float)
-        for name in self.PHASES:
-            setattr(LocalBackend, name, self._wrap(name, getattr(LocalBackend, name)))
+        self.names: list[str] = []
+        self._wrapped: set[type] = set()
+        self._wrap_class(LocalBackend, self.BACKEND)
+
+    def attach(self, backend: LocalBackend) -> None:
+        """Also time the pool engine's phases, where ``backend`` runs one."""
+        engine = getattr(backend, "_pool", None)
+        if engine is not None:
+            self._wrap_class(type(engine), self.POOL)
+
+    def _wrap_class(self, cls: type, phases: tuple[str, ...]) -> None:
+        if cls in self._wrapped:
+            return
+        self._wrapped.add(cls)
+        for name in phases:
+            label = f"{cls.__name__[:4]}.{name}"
+            self.names.append(label)
+            setattr(cls, name, self._wrap(label, getattr(cls, name)))
 
     def _wrap(self, name: str, method: Any) -> Any:
         def traced(*args: Any, **kwargs: Any) -> Any:
@@ -222,13 +345,15 @@ class Trace:
 
     def report(self) -> str:
         lines = [
-            f"{'phase':<16}{'calls':>7}{'total s':>9}{'ms/call':>9}{'peak GiB':>10}"
+            f"{'phase':<22}{'calls':>7}{'total s':>9}{'ms/call':>9}{'peak GiB':>10}"
             f"{'after GiB':>10}"
         ]
-        for name in self.PHASES:
+        for name in self.names:
             n = self.calls[name]
+            if not n:
+                continue
             lines.append(
-                f"{name:<16}{n:>7}{self.time[name]:>9.2f}"
+                f"{name:<22}{n:>7}{self.time[name]:>9.2f}"
                 f"{self.time[name] / max(1, n) * 1e3:>9.1f}{self.peak[name]:>10.2f}"
                 f"{self.live[name]:>10.2f}"
             )
@@ -248,6 +373,14 @@ def main() -> None:
     parser.add_argument("--shape", choices=("3b", "tiny"), default="3b")
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
     parser.add_argument("--trace", action="store_true", help="time and memory by phase")
+    parser.add_argument(
+        "--no-baselines", dest="baselines", action="store_false",
+        help="skip plain generate (eager, compiled) and the bandwidth bound",
+    )  # fmt: skip
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None,
+        help="build the checkpoint here, or use the one already there",
+    )  # fmt: skip
     args = parser.parse_args()
     args.tracer = Trace() if args.trace else None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
@@ -256,9 +389,14 @@ def main() -> None:
         f"{vf_mm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "qwen2_5_vl_3b_random"
+        path = args.checkpoint or Path(tmp) / "qwen2_5_vl_3b_random"
         start = time.perf_counter()
-        params = build_checkpoint(path, args.shape, getattr(torch, args.dtype), args.device)
+        if (path / "config.json").exists():
+            params = sum(
+                p.numel() for p in model_class("qwen2_5_vl").from_pretrained(path).parameters()
+            )
+        else:
+            params = build_checkpoint(path, args.shape, getattr(torch, args.dtype), args.device)
         n = args.examples * args.rollouts_per_example
         print(
             f"random Qwen2.5-VL ({args.shape}: {params / 1e9:.2f}B parameters, built in "
@@ -270,6 +408,7 @@ def main() -> None:
         for cache in (True, False):
             key = "on" if cache else "off"
             results[key], alone[key] = asyncio.run(run(path, cache, args))
+        base = baselines(path, args) if args.baselines and torch.cuda.is_available() else {}
     on, off = results["on"], results["off"]
     last = max(on["by_turn"])
     rows = [
@@ -295,13 +434,24 @@ def main() -> None:
     print(f"{'':<32}{'cache on':>12}{'cache off':>12}")
     for label, fmt in rows:
         print(f"{label:<32}{fmt(on):>12}{fmt(off):>12}")
+    if base:
+        print(f"\nsampled tokens/s at {n} rows, side by side (ratio to the bandwidth bound):")
+        for label, rate in (
+            ("LocalBackend, gridnav, cache on", on["completion_tokens"] / on["wall"]),
+            ("LocalBackend, gridnav, cache off", off["completion_tokens"] / off["wall"]),
+            ("generate, eager, one image", base["eager"]),
+            ("generate, static cache + compile", base["static cache + compile"]),
+            ("bandwidth bound (decode only)", base["bound"]),
+        ):
+            print(f"{label:<40}{rate:>10.0f}{rate / base['bound']:>10.1%}")
     print("\none rollout alone, turn by turn (ms):")
     print(f"{'turn':>4}{'cache on':>12}{'cache off':>12}")
     for k in sorted(alone["on"]["by_turn"]):
         a, b = alone["on"]["by_turn"][k], alone["off"]["by_turn"].get(k, float("nan"))
         print(f"{k:>4}{a * 1e3:>12.0f}{b * 1e3:>12.0f}")
     if args.out:
-        args.out.write_text(json.dumps({"concurrent": results, "alone": alone}, indent=2))
+        out = {"concurrent": results, "alone": alone, "baselines": base}
+        args.out.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

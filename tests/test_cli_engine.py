@@ -124,3 +124,32 @@ def tiny_checkpoint(tmp_path_factory):
     from vf_mm.testing import build_tiny_vlm
 
     return build_tiny_vlm(tmp_path_factory.mktemp("engine") / "m", "qwen2_5_vl")
+
+
+def test_on_a_gpu_the_kv_flag_sizes_the_local_backends_kv_pool(tmp_path, monkeypatch, capsys):
+    """On a GPU the pool engine's arena holds running requests and the prefix cache:
+    --kv-cache-mb bounds it (on CPU, the prefix cache alone)."""
+    from vf_mm.errors import BackendError
+
+    calls: list[dict] = []
+
+    class Stopped(BackendError):
+        pass
+
+    class Recording:
+        def __init__(self, model, **kwargs):
+            calls.append(kwargs)
+            raise Stopped("recorded", backend="test")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(vf_mm.inference, "LocalBackend", Recording)
+    monkeypatch.chdir(ROOT)
+    argv = ["eval", "shapes", "-n", "1", "-r", "1", "--device", "cuda", "--dtype", "bfloat16",
+            "--kv-cache-mb", "512", "-o", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) != 0
+    assert "Stopped: recorded" in capsys.readouterr().err
+    assert calls == [
+        {"device": "cuda", "dtype": torch.bfloat16,
+         "prefix_cache_bytes": 512 << 20, "kv_pool_bytes": 512 << 20},
+    ]  # fmt: skip

@@ -23,7 +23,7 @@ from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from vf_mm.errors import BackendProtocolError, PromptTooLongError, ReservedTokenError
 from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
@@ -63,8 +63,8 @@ class ModelTurn:
         environment that later edits its message list in place cannot rewrite this step.
         """
         return TrajectoryStep(
-            prompt=[_copy_message(m) for m in prompt],
-            completion=[_copy_message(self.message)],
+            prompt=cast(Messages, [_copy_message(m) for m in prompt]),
+            completion=cast(Messages, [_copy_message(self.message)]),
             tokens=self.tokens,
             extras=extras,
         )
@@ -164,7 +164,7 @@ class RendererClient:
             n = len(rendered.token_ids)
             raise PromptTooLongError(
                 f"the prompt is {n} tokens; at most {max_prompt_tokens} are taken here",
-                backend=self.backend.name,  # type: ignore[union-attr]
+                backend=self.backend.name,
                 prompt_tokens=n,
                 limit=max_prompt_tokens,
             )
@@ -280,7 +280,10 @@ class RendererClient:
         self, prompt: Messages, tools: Sequence[Mapping[str, Any]] | None, sampling: SamplingParams
     ) -> ModelTurn:
         start = time.perf_counter()
-        result = await self.backend.chat(prompt, sampling, tools=tools)  # type: ignore[union-attr]
+        chat = cast(ChatBackend, self.backend)
+        result = await chat.chat(
+            prompt, sampling, tools=cast("Sequence[dict[str, Any]] | None", tools)
+        )
         self.stats.backend_s += time.perf_counter() - start
         self.stats.prompt_tokens += result.usage.prompt_tokens
         self.stats.completion_tokens += result.usage.completion_tokens
@@ -404,10 +407,13 @@ def make_client(
     if not isinstance(backend, str) and not hasattr(backend, "generate"):
         return RendererClient(backend, None, sampling=sampling)  # a ChatBackend
     size = renderers if renderers is not None else max(2, min(8, os.cpu_count() or 2))
-    cache = {} if image_cache_bytes is None else {"cache_bytes": image_cache_bytes}
-    pool = RendererPool(
-        lambda: load_renderer(name, image_backend=image_backend, **cache), size=size
-    )
+
+    def renderer() -> Renderer:
+        if image_cache_bytes is None:
+            return load_renderer(name, image_backend=image_backend)
+        return load_renderer(name, image_backend=image_backend, cache_bytes=image_cache_bytes)
+
+    pool = RendererPool(renderer, size=size)
     engine: Backend
     if backend == "vllm":
         from vf_mm.inference import VLLMBackend

@@ -12,7 +12,9 @@ against the standard exceptions keeps working.
     │   ├── BackendUnavailableError            no answer: connection refused or reset, timeout
     │   ├── BackendHTTPError                   the server answered an error status (and its message)
     │   ├── BackendProtocolError               an answer that does not parse or breaks the schema
-    │   └── PromptTooLongError (ValueError)    refused before sending: longer than the model allows
+    │   ├── PromptTooLongError (ValueError)    refused before sending: longer than the model allows
+    │   └── BackendOutOfMemoryError (MemoryError)  the local backend's KV pool (or the GPU) cannot hold
+    │                                          this request: it fails alone, the backend goes on
     ├── EnvError                               an environment that cannot be loaded, or fails its checks
     │   ├── EnvironmentNotFoundError (LookupError)  no installed package or environments/<id> for an id
     │   ├── EnvironmentLoadError               its module fails to import, or load_environment raises
@@ -88,6 +90,7 @@ __all__ = [
     "BackPressureTimeout",
     "BackendError",
     "BackendHTTPError",
+    "BackendOutOfMemoryError",
     "BackendProtocolError",
     "BackendUnavailableError",
     "CorruptFrameError",
@@ -507,6 +510,19 @@ class PromptTooLongError(BackendError, ValueError):
         super().__init__(message, backend=backend)
         self.prompt_tokens = prompt_tokens
         self.limit = limit
+
+
+class BackendOutOfMemoryError(BackendError, MemoryError):
+    """The local backend cannot hold a request: its prompt and ``max_tokens`` need more KV
+    slots than the pool has (``needed`` / ``available`` tokens), or a forward ran out of
+    GPU memory. That request fails; the others and the backend go on."""
+
+    def __init__(
+        self, message: str, *, backend: str = "", needed: int = 0, available: int = 0
+    ) -> None:
+        super().__init__(message, backend=backend)
+        self.needed = needed
+        self.available = available
 
 
 class TransportError(VfMmError):

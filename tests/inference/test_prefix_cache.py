@@ -126,3 +126,33 @@ def test_byte_lru_get_refreshes_and_put_reports_evictions():
     assert lru.get("a") == 1
     assert lru.put("c", 3, 10) == ["b"]
     assert lru.peek("b") is None and lru.nbytes == 20
+
+
+def test_byte_lru_keeps_the_new_value_when_it_evicts():
+    evicted = []
+    lru = ByteLRU(20, on_evict=lambda key, value: evicted.append((key, value)))
+    lru.put("a", 1, 10)
+    lru.put("b", 2, 10)
+    lru.put("c", 3, 15)  # evicts a and b
+    assert lru.peek("c") == 3
+    assert evicted == [("a", 1), ("b", 2)]
+
+
+def test_every_entry_that_leaves_is_reported():
+    """The pool engine's entries hold ranges of its KV arena: each one that leaves the
+    cache (evicted, replaced, dropped, too large, cleared) must be reported once."""
+    gone: list[str] = []
+    cache = PrefixCache(30, on_drop=lambda entry: gone.append(entry.state))
+    cache.insert(ids(32), (), "a", 10)
+    cache.insert(ids(32, 500), (), "b", 10)
+    cache.insert(ids(32, 900), (), "huge", 31)  # never kept
+    first = cache.lookup(ids(48), (), limit=47)
+    cache.insert(ids(60), (), "a2", 10, replaces=first.entry)  # replaces a
+    cache.insert(ids(32, 2000), (), "c", 10)
+    cache.insert(ids(32, 3000), (), "d", 10)  # evicts b, the least recently used
+    assert cache.evict_one(keep=cache.lookup(ids(32, 2000), (), limit=31).entry)
+    cache.drop(cache.lookup(ids(32, 2000), (), limit=31).entry)
+    cache.insert(ids(32, 4000), (), "e", 10)
+    cache.clear()
+    assert sorted(gone) == sorted(["huge", "a", "b", "a2", "c", "d", "e"])
+    assert len(gone) == len(set(gone))

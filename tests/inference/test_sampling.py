@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from vf_mm.inference import SamplingParams
-from vf_mm.inference._sampling import RowSampler
+from vf_mm.inference._sampling import RowSampler, gumbel_noise, sample_packed
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 DRAWS = 10_000
@@ -97,6 +97,69 @@ def test_draws_follow_the_exact_filtered_distribution(params):
     probs = expected(params)
     assert sum(1 for p in probs if p > 0) >= 2  # a real distribution, not a forced token
     assert_draws_follow(draw(params), probs)
+
+
+def draw_packed(params: SamplingParams, *, draws: int = DRAWS, first_seed: int = 0) -> list[int]:
+    """The pool engine's sampler: ``draws`` rows, row i seeded ``first_seed + i``."""
+    seeds = torch.arange(first_seed, first_seed + draws)
+    filtering = params.top_k > 0 or params.top_p < 1 or params.min_p > 0
+    out = sample_packed(
+        LOGITS.repeat(draws, 1),
+        temperature=torch.full((draws,), float(params.temperature)),
+        seeds=seeds,
+        counters=torch.zeros(draws, dtype=torch.long),
+        suppress=torch.tensor([], dtype=torch.long),
+        filters=[params] * draws if filtering else None,
+    )
+    tokens = out[0].long()
+    raw = torch.log_softmax(LOGITS, -1)
+    assert torch.allclose(out[1], raw[tokens])  # each token's raw logprob
+    return tokens.tolist()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=2.0),
+        SamplingParams(temperature=1.0, top_k=3),
+        SamplingParams(temperature=0.7, top_p=0.8),
+        SamplingParams(temperature=1.0, top_k=5, top_p=0.8, min_p=0.1),
+    ],
+    ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-min{p.min_p}",
+)
+def test_the_pool_engines_draws_follow_the_same_distribution(params):
+    assert_draws_follow(draw_packed(params), expected(params))
+
+
+def test_the_pool_engines_noise_depends_on_seed_and_index_only():
+    """A row's noise is the same in any batch (a seeded request repeats whatever shares
+    its step), differs from step to step and from seed to seed, and is standard Gumbel."""
+    seeds = torch.tensor([3, 9, 3, 12])
+    counters = torch.tensor([0, 0, 1, 0])
+    noise = gumbel_noise(seeds, counters, 5000)
+    alone = gumbel_noise(seeds[:1], counters[:1], 5000)
+    assert torch.equal(noise[0], alone[0])
+    assert not torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[1])
+    mean, std = noise.mean().item(), noise.std().item()
+    assert abs(mean - 0.5772) < 0.05 and abs(std - math.pi / math.sqrt(6)) < 0.05
+
+
+def test_the_pool_engine_never_draws_a_suppressed_token_and_greedy_is_the_argmax():
+    logits = LOGITS.repeat(400, 1)
+    temperature = torch.tensor([0.0] * 200 + [1.0] * 200)
+    out = sample_packed(
+        logits,
+        temperature=temperature,
+        seeds=torch.arange(400),
+        counters=torch.zeros(400, dtype=torch.long),
+        suppress=torch.tensor([1, 2]),
+    )
+    tokens = out[0].long()
+    assert set(tokens[:200].tolist()) == {0}
+    assert not ({1, 2} & set(tokens.tolist()))
+    assert len(set(tokens[200:].tolist())) > 3
 
 
 def test_the_filters_exclude_what_they_should():

@@ -27,6 +27,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -248,7 +249,7 @@ def load_environment(args: argparse.Namespace) -> Any:
 
 
 #: --kv-cache-mb's default on CPU, where the KV cache is in RAM (on a GPU the local
-#: backend's own default: a quarter of the free GPU memory)
+#: backend's own default: its KV pool, 60% of the GPU memory free after loading)
 KV_CACHE_MB_CPU = 128
 #: --image-cache-mb's default: processed images kept by the renderer (a run pulls rows as
 #: it goes, so only what is in flight and repeated images need it)
@@ -271,9 +272,10 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
         type=_megabytes,
         default=None,
         metavar="MB",
-        help="local backend: bound of its prefix cache of KV tensors (the vision tower's "
-        "outputs get an eighth more); default a quarter of the free GPU memory, "
-        f"{KV_CACHE_MB_CPU} on CPU",
+        help="local backend: bound of its KV memory: on a GPU the KV pool that running "
+        "requests and the prefix cache share (default 60%% of the GPU memory free after "
+        f"loading), on CPU the prefix cache of KV tensors (default {KV_CACHE_MB_CPU}); the "
+        "vision tower's outputs get an eighth more",
     )
 
 
@@ -416,17 +418,23 @@ def device_argument(text: str) -> str:
 
 
 def local_backend_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``LocalBackend``'s ``device`` and ``dtype`` from ``--device`` / ``--dtype``."""
+    """``LocalBackend``'s ``device`` and ``dtype`` from ``--device`` / ``--dtype``, and its
+    KV memory from ``--kv-cache-mb`` (on a GPU also the KV pool's size)."""
     import torch
 
     kv_mb = getattr(args, "kv_cache_mb", None)
-    if kv_mb is None and (args.device or "cpu") == "cpu" and hasattr(args, "kv_cache_mb"):
+    on_cpu = (args.device or "cpu") == "cpu"
+    if kv_mb is None and on_cpu and hasattr(args, "kv_cache_mb"):
         kv_mb = KV_CACHE_MB_CPU  # in RAM: bounded like the image cache (GPU: the backend's)
-    return {
+    options: dict[str, Any] = {
         "device": args.device or "cpu",
         "dtype": getattr(torch, args.dtype) if args.dtype else None,
-        **({"prefix_cache_bytes": kv_mb << 20} if kv_mb is not None else {}),
     }
+    if kv_mb is not None:
+        options["prefix_cache_bytes"] = kv_mb << 20
+        if not on_cpu:
+            options["kv_pool_bytes"] = kv_mb << 20
+    return options
 
 
 def add_image_backend_argument(p: argparse.ArgumentParser) -> None:
@@ -594,11 +602,11 @@ class PlainProgress:
     def __exit__(self, *exc: object) -> None:
         self._print()
 
-    def add_task(self, description: str, **fields: Any) -> int:
+    def add_task(self, description: str, **fields: Any) -> TaskID:
         self._fields = {"description": description, "completed": 0, **fields}
-        return 0
+        return TaskID(0)
 
-    def update(self, task: int, **fields: Any) -> None:
+    def update(self, task: TaskID, **fields: Any) -> None:
         self._fields.update(fields)
         now = time.monotonic()
         if now - self._last >= self.every_s or self._done():

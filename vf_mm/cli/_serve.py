@@ -216,7 +216,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "reach it can run the model (give --api-key)",
             file=sys.stderr,
         )
-    guard = {"api_keys": keys, "limits": limits}
+    guard: dict[str, Any] = {"api_keys": keys, "limits": limits}
     if args.backend == "vllm" and (not args.base_url or args.record is None):
         print("vf-mm serve: --backend vllm needs -b URL and --record DIR", file=sys.stderr)
         return 2

@@ -7,6 +7,15 @@ never runs on the loop). Each row keeps its own sampling rules, seed and stop to
 (``_sampling``), image and vision tokens are never sampled, and each row's raw
 log-probabilities come back with its tokens.
 
+**Two engines** run the same rows (``engine`` says which). On a CUDA device with a
+half-precision model the **pool engine** (``_pool``): every sequence's keys and values
+in one preallocated arena (``kv_pool_bytes``), prefills as one packed token stream with
+varlen FlashAttention, decode steps replayed as CUDA graphs, sampling on the device.
+Elsewhere (and with ``kv_pool=False``) the **batch engine** below: padded KV tensors per
+running batch (``_kv.BatchKV``), what the CPU runs and the CPU tests check. Both give
+what a full re-encode gives (greedy ids; logprobs within float tolerance, bf16's on a
+GPU).
+
 **Continuous batching.** When idle, the worker takes the first waiting request and
 whatever else arrives within ``batch_window_ms`` (up to ``max_batch``); while rows are
 decoding, requests that arrive join the running batch (after two decode steps' wait,
@@ -57,16 +66,21 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vf_mm.errors import BackendError
+from vf_mm.errors import BackendError, BackendOutOfMemoryError
 from vf_mm.inference._kv import LINEAR_STATES, BatchKV
+from vf_mm.inference._packed import PackedModel, flash_available
+from vf_mm.inference._pool import PoolEngine
 from vf_mm.inference._prefix_cache import ByteLRU, Match, MediaSpan, PrefixCache
+from vf_mm.inference._rows import Pending as _Pending
+from vf_mm.inference._rows import Row as _Row
+from vf_mm.inference._rows import answer as _answer
+from vf_mm.inference._rows import result as _result
 from vf_mm.inference._sampling import RowSampler, RowStopper, sample_rows
 from vf_mm.inference._types import (
     GenerateRequest,
@@ -83,48 +97,6 @@ _PREFILL_TOKENS = 8192
 _NOT_RESUMABLE = ("gemma3", "gemma4")  # Gemma 4: its 26B and 31B, bidirectional over images
 
 
-@dataclass(slots=True)
-class _Pending:
-    request: GenerateRequest
-    future: asyncio.Future[GenerateResult]
-    loop: asyncio.AbstractEventLoop
-
-
-@dataclass(slots=True, eq=False)
-class _Row:
-    """One request while it runs (``pending`` None once it is answered)."""
-
-    pending: _Pending | None
-    prompt: list[int]
-    spans: tuple[MediaSpan, ...]
-    media: list[tuple[MediaSpan, str, Mapping[str, Any]]]  # (span, modality, inputs)
-    match: Match
-    positions: torch.Tensor  # the new tokens' positions: (n,) or (3, n) for M-RoPE
-    delta: int  # a text token at index t sits at position t + delta
-    sampling: SamplingParams
-    generator: torch.Generator
-    stop_ids: set[int]
-    banned: tuple[int, ...] = ()  # the request's banned ids beyond the backend's own
-    completion: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str = "length"
-    stop_reason: int | None = None
-    done: bool = False
-
-    @property
-    def cached(self) -> int:
-        return self.match.length
-
-    @property
-    def new_ids(self) -> list[int]:
-        return self.prompt[self.cached :]
-
-    @property
-    def next_position(self) -> int:
-        """Where the last sampled token goes (it is fed at the next step)."""
-        return len(self.prompt) + len(self.completion) - 1 + self.delta
-
-
 class LocalBackend:
     """Serve a transformers model in-process. ``model`` is a checkpoint directory (any
     ``build_tiny_vlm`` / ``build_tiny_lm`` output, or a real Qwen-VL / causal LM).
@@ -134,9 +106,18 @@ class LocalBackend:
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; ``dtype``: the weights' dtype
     (default float32). ``prefix_cache``: keep history between requests (module
-    docstring); ``prefix_cache_bytes`` bounds the KV entries kept (default: a quarter
-    of the GPU memory free after loading, or 2 GiB on CPU) and ``vision_cache_bytes``
-    the vision tower's outputs kept (default: an eighth of that).
+    docstring); ``prefix_cache_bytes`` bounds the KV entries kept (default: the KV pool
+    on a GPU, 2 GiB on CPU) and ``vision_cache_bytes`` the vision tower's outputs kept
+    (default: an eighth of that).
+
+    ``kv_pool``: run the pool engine (module docstring); None (default) runs it on a
+    CUDA device in bfloat16 / float16, True asks for it anywhere (on CPU with exact,
+    slow per-sequence attention) and is an error for a family it cannot run.
+    ``kv_pool_bytes``: the arena's size, all the KV memory the engine ever holds
+    (default 60% of the GPU memory free after loading; 256 MiB elsewhere): a request
+    waits for room, and one that cannot fit at all fails alone
+    (``BackendOutOfMemoryError``). ``cuda_graphs``: capture decode steps as CUDA graphs
+    (the pool engine on CUDA).
     """
 
     def __init__(
@@ -152,6 +133,9 @@ class LocalBackend:
         prefix_cache: bool = True,
         prefix_cache_bytes: int | None = None,
         vision_cache_bytes: int | None = None,
+        kv_pool: bool | None = None,
+        kv_pool_bytes: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         from vf_mm.models import VISION_FAMILIES, family_info, model_class, model_type
 
@@ -246,11 +230,23 @@ class LocalBackend:
             "mm_encoder_outputs" in inspect.signature(forward).parameters
         )
         self.prefix_cache_enabled = prefix_cache
+        self._pool: PoolEngine | None = None
+        self.engine = "batch" if self.resumable else "generate"
+        packed = self._pool_model(kv_pool)
+        if packed is not None:
+            if kv_pool_bytes is None:
+                kv_pool_bytes = _default_pool_bytes(self.device)
+            self._pool = PoolEngine(self, packed, pool_bytes=kv_pool_bytes, graphs=cuda_graphs)
+            self.engine = "pool"
+            if prefix_cache_bytes is None:  # entries live in the arena: it bounds them
+                prefix_cache_bytes = self._pool.arena.nbytes
         if prefix_cache_bytes is None:
             prefix_cache_bytes = _default_cache_bytes(self.device)
         if vision_cache_bytes is None:
             vision_cache_bytes = prefix_cache_bytes // 8
-        self._prefix = PrefixCache(prefix_cache_bytes)
+        self._prefix = PrefixCache(
+            prefix_cache_bytes, on_drop=self._pool.dropped if self._pool else None
+        )
         self._vision = ByteLRU(vision_cache_bytes)
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens found cached (not computed again)
@@ -322,10 +318,16 @@ class LocalBackend:
         return self._prefix.nbytes
 
     async def aclose(self) -> None:
+        """Stop the worker (running requests finish first); the pool engine gives back its
+        KV arena (and with it the prefix cache, whose entries live there) and its graphs."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
             await asyncio.to_thread(self._worker.join, 30)
+            if self._pool is not None and not self._worker.is_alive():
+                self._prefix.clear()
+                self._vision.clear()
+                self._pool.close()
 
     # -- the worker thread --------------------------------------------------------------
 
@@ -341,7 +343,9 @@ class LocalBackend:
             # no autograd anywhere in here: a graph would chain every step through the KV
             # tensors written in place, and cached entries would keep it all alive
             with self._weights_lock, torch.inference_mode():
-                if self.resumable:
+                if self._pool is not None:
+                    stop = self._pool.episode(batch) or stop
+                elif self.resumable:
                     stop = self._episode(batch) or stop
                 else:
                     self._generate_batch(batch)
@@ -433,13 +437,46 @@ class LocalBackend:
             if held and (not self.running_rows or waited >= max(self.batch_window_s, 2 * step_s)):
                 admit, held = held, []
 
-    def _generator(self, params: SamplingParams) -> torch.Generator:
-        """The request's own random stream: its seed, else one drawn from the backend's."""
-        seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+    def _seed(self, params: SamplingParams) -> int:
+        """The request's seed, else one drawn from the backend's."""
+        return params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+
+    def _generator(self, seed: int) -> torch.Generator:
+        """A request's own random stream."""
         return torch.Generator(self.device).manual_seed(seed)
 
     def _failure(self, exc: Exception) -> BackendError:
+        if isinstance(exc, BackendError):
+            return exc
+        if isinstance(exc, torch.OutOfMemoryError):
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return BackendOutOfMemoryError(
+                f"local generation ran out of GPU memory: {exc!r} (lower kv_pool_bytes or "
+                "max_batch, or send fewer or shorter prompts at once)",
+                backend=self.name,
+            )
         return BackendError(f"local generation failed: {exc!r}", backend=self.name)
+
+    def _pool_model(self, kv_pool: bool | None) -> PackedModel | None:
+        """The model set up for the pool engine, when it runs this backend: ``kv_pool``
+        True, or None on a CUDA device with a half-precision model (FlashAttention's
+        varlen kernel). Families it cannot run (recurrent or sliding-window layers,
+        non-causal image attention) keep their engine; asking for it then is an error."""
+        if kv_pool is False:
+            return None
+        if kv_pool is None and not flash_available(self.device, self.model.dtype):
+            return None
+        packed = PackedModel(self.model)
+        if self.resumable and not self._linear and packed.supported:
+            return packed
+        if kv_pool:
+            raise BackendError(
+                f"kv_pool=True: {self.family} cannot run on the KV pool engine (it needs "
+                "every text layer to be full, causal attention); leave kv_pool unset",
+                backend=self.name,
+            )
+        return None
 
     # -- rows -----------------------------------------------------------------------------
 
@@ -458,8 +495,10 @@ class LocalBackend:
                 match = self._prefix.lookup(prompt, spans, limit=len(prompt) - 1)
                 self.prefix_cache_queries += len(prompt)
                 self.prefix_cache_hits += match.length
-            positions, delta = self._positions(prompt, media, match.length)
+            reach = match.entry.reach if match.entry is not None else None
+            positions, delta, reach = self._positions(prompt, media, match.length, reach)
             params = request.sampling
+            seed = self._seed(params)
             return _Row(
                 pending=pending,
                 prompt=prompt,
@@ -468,8 +507,10 @@ class LocalBackend:
                 match=match,
                 positions=positions,
                 delta=delta,
+                reach=reach,
                 sampling=params,
-                generator=self._generator(params),
+                seed=seed,
+                generator=None if self._pool else self._generator(seed),
                 stop_ids=self.eos_token_ids | set(params.stop_token_ids),
                 banned=self._extra_bans(request),
             )
@@ -482,15 +523,43 @@ class LocalBackend:
         prompt: list[int],
         media: list[tuple[MediaSpan, str, Mapping[str, Any]]],
         start: int,
-    ) -> tuple[torch.Tensor, int]:
-        """The positions of ``prompt[start:]`` and the offset of text positions after it.
-        Qwen-VL families (M-RoPE): the model's own ``get_rope_index`` over the whole
-        prompt with every image's grid, so a prefix computed earlier and the new tokens
-        line up exactly as in one forward over all of it."""
+        reach: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, int, np.ndarray | None]:
+        """The positions of ``prompt[start:]``, the offset of text positions after it, and
+        the prompt's ``reach`` (M-RoPE only: the highest position among its first t + 1
+        tokens, for every t).
+
+        Qwen-VL families (M-RoPE): the model's own ``get_rope_index``, whose positions are
+        a sequence of segments (text, then an image's grid, ...) each starting one past the
+        highest position before it. So the new tokens are ``get_rope_index`` over them
+        alone, shifted one past the highest position of the cached prefix (``reach`` of
+        the entry it came from, None for plain 0, 1, 2...): the same numbers as one pass
+        over the whole prompt, at the cost of the new tokens only (a match never ends
+        inside an image)."""
         n = len(prompt)
         if not (self._mrope and media):
             positions = torch.arange(start, n)
-            return (positions.expand(3, -1) if self._mrope else positions), 0
+            return (positions.expand(3, -1) if self._mrope else positions), 0, None
+        if start == 0:
+            positions, delta = self._rope_index(prompt, media)
+            return positions, delta, np.maximum.accumulate(positions.max(dim=0).values.numpy())
+        offset = int(reach[start - 1]) + 1 if reach is not None else start
+        tail = [(span, m, inputs) for span, m, inputs in media if span.offset >= start]
+        if tail:
+            shifted = [(MediaSpan(s.offset - start, s.end - start, s.key), m, i) for s, m, i in tail]  # fmt: skip
+            relative, tail_delta = self._rope_index(prompt[start:], shifted)
+        else:
+            relative, tail_delta = torch.arange(n - start).expand(3, -1), 0
+        positions = relative + offset
+        ahead = reach[:start] if reach is not None else np.arange(start)
+        peaks = np.maximum.accumulate(positions.max(dim=0).values.numpy())
+        return positions, tail_delta + offset - start, np.concatenate([ahead, peaks])
+
+    def _rope_index(
+        self, prompt: list[int], media: list[tuple[MediaSpan, str, Mapping[str, Any]]]
+    ) -> tuple[torch.Tensor, int]:
+        """``get_rope_index`` over ``prompt`` with ``media`` (its images and clips, in
+        order): positions ``(3, n)`` and the offset of text positions after them."""
         ids = torch.tensor([prompt])
         types = torch.zeros_like(ids)
         grids: dict[str, list[np.ndarray]] = {}
@@ -509,7 +578,7 @@ class LocalBackend:
             if name in kwargs:
                 kwargs[name] = kwargs[name].long()
         positions, deltas = self.model.model.get_rope_index(ids, mm_token_type_ids=types, **kwargs)
-        return positions[:, 0, start:], int(deltas.reshape(-1)[0])
+        return positions[:, 0], int(deltas.reshape(-1)[0])
 
     # -- forwards -------------------------------------------------------------------------
 
@@ -605,8 +674,12 @@ class LocalBackend:
             self._suppress,
             [rows[i].banned for i in live],
         )
-        for i, token, logprob in zip(live, tokens, logprobs, strict=True):
-            row = rows[i]
+        self._take([rows[i] for i in live], tokens, logprobs)
+
+    def _take(self, rows: Sequence[_Row], tokens: Sequence[int], logprobs: Sequence[float]) -> None:
+        """Each row's newly sampled token: kept, and the row done at a stop id or its
+        length."""
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
             row.completion.append(token)
             row.logprobs.append(logprob)
             if token in row.stop_ids:
@@ -633,6 +706,7 @@ class LocalBackend:
                         state.nbytes,
                         exact=state.exact,
                         replaces=row.match.entry,
+                        reach=row.reach_through(len(tokens)),
                     )
                 _answer(row.pending, _result(row))
                 row.pending = None
@@ -764,7 +838,7 @@ class LocalBackend:
             media = [item for r in requests for item in _media(r)]
             inputs.update(self._media_inputs(input_ids, media))
         sampling = [r.sampling for r in requests]
-        generators = [self._generator(s) for s in sampling]
+        generators = [self._generator(self._seed(s)) for s in sampling]
         sampler = RowSampler(
             sampling, generators, self.suppress_token_ids, [self._extra_bans(r) for r in requests]
         )
@@ -885,14 +959,13 @@ def _reserve(rows: Sequence[_Row]) -> int:
     return max((r.sampling.max_tokens - len(r.completion) for r in rows), default=0)
 
 
-def _result(row: _Row) -> GenerateResult:
-    return GenerateResult(
-        completion_ids=list(row.completion),
-        logprobs=list(row.logprobs) if row.sampling.logprobs else None,
-        finish_reason=row.finish,  # type: ignore[arg-type]
-        stop_reason=row.stop_reason,
-        usage=Usage(prompt_tokens=len(row.prompt), completion_tokens=len(row.completion)),
-    )
+def _default_pool_bytes(device: torch.device) -> int:
+    """The KV pool engine's arena: 60% of the GPU memory free once the model is loaded
+    (the rest for activations and the vision tower); 256 MiB elsewhere."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.6)
+    return 256 << 20
 
 
 def _default_cache_bytes(device: torch.device) -> int:
@@ -911,18 +984,3 @@ def _config_id(config: Any, name: str) -> int | None:
         if isinstance(value, int):
             return value
     return None
-
-
-def _answer(pending: _Pending, result: Any) -> None:
-    # a RuntimeError means the caller's event loop is gone: nobody waits for it
-    with contextlib.suppress(RuntimeError):
-        pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
-
-
-def _resolve(future: asyncio.Future[GenerateResult], result: Any) -> None:
-    if future.done():
-        return  # cancelled while it ran
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)

@@ -23,13 +23,15 @@ turn runs the tower on its new images only, even after its KV entry was evicted.
 
 Entries are immutable: a request copies what it reuses, and a new entry that extends
 the one it started from replaces it (the old one is a prefix of the new, and every
-lookup that would reach it reaches the new one as far).
+lookup that would reach it reaches the new one as far). ``on_drop`` hears of every
+entry that leaves the cache (evicted, replaced, dropped, cleared): the pool engine's
+entries hold ranges of its KV arena, which must be given back.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +52,15 @@ class ByteLRU:
     """A mapping bounded in bytes: ``put`` evicts the least recently used entries until
     the new one fits; one larger than the whole budget is not kept. ``get`` refreshes."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(
+        self, max_bytes: int, *, on_evict: Callable[[Hashable, Any], None] | None = None
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"a cache budget must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = max_bytes
         self.nbytes = 0
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._on_evict = on_evict  # told of each entry ``put`` evicts to make room
 
     def __len__(self) -> int:
         return len(self._items)
@@ -83,9 +88,11 @@ class ByteLRU:
             return [key]
         evicted = []
         while self.nbytes + nbytes > self.max_bytes and self._items:
-            old, (_, size) = self._items.popitem(last=False)
+            old, (old_value, size) = self._items.popitem(last=False)
             self.nbytes -= size
             evicted.append(old)
+            if self._on_evict is not None:
+                self._on_evict(old, old_value)
         self._items[key] = (value, nbytes)
         self.nbytes += nbytes
         return evicted
@@ -100,6 +107,13 @@ class ByteLRU:
     def __iter__(self) -> Iterator[Hashable]:
         """The keys, least recently used first."""
         return iter(self._items)
+
+    def oldest(self, *, but: Hashable = None) -> Hashable:
+        """The least recently used key other than ``but`` (None when there is none)."""
+        for key in self._items:
+            if key != but:
+                return key
+        return None
 
     def clear(self) -> None:
         self._items.clear()
@@ -118,6 +132,7 @@ class Entry:
     spans: tuple[MediaSpan, ...]
     state: Any
     exact: bool = False
+    reach: Any = None  # M-RoPE: the highest position of its first t + 1 tokens, per t
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +147,9 @@ class Match:
 class PrefixCache:
     """Entries by token prefix, bounded in bytes; see the module docstring."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self._lru = ByteLRU(max_bytes)
+    def __init__(self, max_bytes: int, *, on_drop: Callable[[Entry], None] | None = None) -> None:
+        self._on_drop = on_drop
+        self._lru = ByteLRU(max_bytes, on_evict=self._evicted)
         self._index: dict[int, dict[int, None]] = {}  # block key -> entry ids, oldest first
         self._blocks: dict[int, list[int]] = {}  # entry id -> its block keys
         self._next_id = 0
@@ -180,31 +196,57 @@ class PrefixCache:
         *,
         exact: bool = False,
         replaces: Entry | None = None,
+        reach: Any = None,
     ) -> None:
         """Keep ``state`` (``nbytes`` big) over ``token_ids``. ``replaces``: the entry this
         request started from, dropped when the new entry covers all of it (it is then
-        redundant)."""
+        redundant). ``reach``: kept with the entry for the requests that reuse it."""
         if replaces is not None and _covers(token_ids, spans, replaces):
             self._drop(replaces.id)
-        entry = Entry(self._next_id, list(token_ids), tuple(spans), state, exact)
+        entry = Entry(self._next_id, list(token_ids), tuple(spans), state, exact, reach)
         self._next_id += 1
-        for evicted in self._lru.put(entry.id, entry, nbytes):
-            self._unindex(evicted)  # type: ignore[arg-type]
-        if entry.id not in self._lru:
-            return  # larger than the whole budget
+        self._lru.put(entry.id, entry, nbytes)  # evictions: _evicted
+        if entry.id not in self._lru:  # larger than the whole budget
+            if self._on_drop is not None:
+                self._on_drop(entry)
+            return
         keys = block_keys(entry.token_ids, entry.spans)
         self._blocks[entry.id] = keys
         for key in keys:
             self._index.setdefault(key, {})[entry.id] = None
 
     def clear(self) -> None:
+        if self._on_drop is not None:
+            for key in list(self._lru):
+                self._on_drop(self._lru.peek(key))
         self._lru.clear()
         self._index.clear()
         self._blocks.clear()
 
+    def drop(self, entry: Entry) -> None:
+        """Forget ``entry`` (a request took what it needed of it)."""
+        self._drop(entry.id)
+
+    def evict_one(self, *, keep: Entry | None = None) -> bool:
+        """Drop the least recently used entry other than ``keep``; False when none is
+        left to drop."""
+        key = self._lru.oldest(but=None if keep is None else keep.id)
+        if key is None:
+            return False
+        self._drop(key)  # type: ignore[arg-type]
+        return True
+
     def _drop(self, entry_id: int) -> None:
-        if self._lru.pop(entry_id) is not None:
+        entry = self._lru.pop(entry_id)
+        if entry is not None:
             self._unindex(entry_id)
+            if self._on_drop is not None:
+                self._on_drop(entry)
+
+    def _evicted(self, entry_id: Hashable, entry: Entry) -> None:
+        self._unindex(entry_id)  # type: ignore[arg-type]
+        if self._on_drop is not None:
+            self._on_drop(entry)
 
     def _unindex(self, entry_id: int) -> None:
         for key in self._blocks.pop(entry_id, ()):

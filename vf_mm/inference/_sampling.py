@@ -10,6 +10,12 @@ own (a request's ``banned_token_ids``), are never sampled. Greedy rows
 are one batched ``argmax``; rows that sample are filtered in one batch and each draws
 its noise from its own generator.
 
+``sample_packed`` is the pool engine's sampler: the same rules, but its noise is a hash
+of (the row's seed, the token's index in its completion, the vocabulary id) computed on
+the device, not a draw from a per-row ``torch.Generator``. It needs no host sync and no
+per-row launch, so a CUDA graph can hold it, and a seeded request still repeats
+whatever else shares its batch.
+
 ``RowSampler`` and ``RowStopper`` put the same rules into Hugging Face ``generate``
 (a logits processor and a stopping criterion) for the families the local backend runs
 through ``generate``: ``RowSampler`` hands ``generate`` a one-hot row so its greedy
@@ -64,6 +70,89 @@ def sample_rows(
     picked = raw.gather(1, chosen[:, None]).squeeze(1)
     both = torch.stack([chosen.double(), picked.double()]).tolist()  # one device sync
     return chosen, [int(t) for t in both[0]], both[1]
+
+
+def sample_packed(
+    logits: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    suppress: torch.Tensor,
+    filters: Sequence[SamplingParams] | None = None,
+    row_suppress: Sequence[Sequence[int]] = (),
+) -> torch.Tensor:
+    """One token per row of ``logits`` (``(rows, vocab)``), as ``(2, rows)`` float32: the
+    ids (exact in float32 below 2**24) and their raw log-probabilities.
+
+    A row with ``temperature`` 0 takes the argmax; another takes
+    ``argmax(logits / temperature + g)`` with ``g`` Gumbel noise from ``gumbel_noise``
+    (the Gumbel-max trick: token i with probability ``softmax(logits / temperature)[i]``).
+    ``filters``: every row's ``SamplingParams`` when some use top-k, min-p or top-p
+    (``_filtered_probs``, the same filters as ``sample_rows``); None when none does.
+    ``suppress``: ids no row samples; ``row_suppress`` (empty, or one sequence per row):
+    ids that row does not sample besides. Without ``filters`` and ``row_suppress`` nothing
+    here depends on Python values (a CUDA graph can hold it)."""
+    x = logits.float()
+    raw = torch.log_softmax(x, dim=-1)
+    if suppress.numel():
+        x = x.index_fill(1, suppress, float("-inf"))
+    if any(row_suppress):
+        rows = [r for r, ids in enumerate(row_suppress) for _ in ids]
+        cols = [t for ids in row_suppress for t in ids]
+        where = (torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device))
+        x = x.index_put(where, torch.tensor(float("-inf"), device=x.device))
+    hot = temperature > 0
+    noise = gumbel_noise(seeds, counters, x.shape[-1])
+    if filters is not None and any(uses_filters(p) for p in filters):
+        rows = [i for i, p in enumerate(filters) if p.temperature != 0]
+        if rows:
+            index = torch.tensor(rows, device=x.device)
+            probs = _filtered_probs(x.index_select(0, index), [filters[i] for i in rows])
+            x = x.index_copy(0, index, probs.log())
+        scores = torch.where(hot[:, None], x + noise, x)
+    else:
+        scale = torch.where(hot, temperature, torch.ones_like(temperature))
+        scores = torch.where(hot[:, None], x / scale[:, None] + noise, x)
+    chosen = scores.argmax(dim=-1)
+    picked = raw.gather(1, chosen[:, None]).squeeze(1)
+    return torch.stack([chosen.float(), picked])
+
+
+def uses_filters(params: SamplingParams) -> bool:
+    """Whether a request samples with top-k, min-p or top-p (``sample_packed``'s
+    ``filters``)."""
+    return params.temperature != 0 and (params.top_k > 0 or params.min_p > 0 or params.top_p < 1)
+
+
+# lowbias32 (a 32-bit integer hash: two multiply-xorshift rounds), in int32 arithmetic
+# that wraps; ``(x >> k) & mask`` is a logical shift of a signed value
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x846CA68B - (1 << 32)
+_GOLDEN = 0x9E3779B9 - (1 << 32)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * _MUL1
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * _MUL2
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``(rows, vocab)`` standard Gumbel noise, a function of each row's ``seeds`` and
+    ``counters`` (int64) and the column only: the same seed and counter give the same
+    noise on any batch, any device."""
+    folded = (seeds ^ (seeds >> 32)).to(torch.int32)
+    row = _mix32(_mix32(folded) ^ (counters.to(torch.int32) * _GOLDEN))
+    column = _mix32(torch.arange(vocab, dtype=torch.int32, device=seeds.device) * _GOLDEN)
+    # both sides are hashed already: one multiply-xorshift round joins them (the work
+    # over rows x vocab is what a step pays for)
+    bits = (column[None, :] ^ row[:, None]) * _MUL2
+    bits = bits ^ ((bits >> 15) & 0x1FFFF)
+    uniform = (((bits >> 8) & 0xFFFFFF).float() + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(-torch.log(uniform))
 
 
 def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

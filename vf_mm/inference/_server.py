@@ -79,7 +79,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -116,7 +116,7 @@ from vf_mm.inference._server_models import (
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
 from vf_mm.inference._vllm_protocol import BAN_BIAS
 from vf_mm.models import QWEN_VL_FAMILIES, VISION_FAMILIES, family_info
-from vf_mm.types import MultiModalData, PlaceholderRange
+from vf_mm.types import Messages, MultiModalData, PlaceholderRange
 from vf_mm.videos import load_video
 
 __all__ = ["DEFAULT_SERVER_IMAGE_POLICY", "create_app"]
@@ -294,14 +294,17 @@ class _Server:
         self._check_tokens(sp.stop_token_ids or [], "sampling_params.stop_token_ids")
         banned = self._logit_bias_bans(sp.model_extra or {})
         token_ids = req.token_ids
+        mm: MultiModalData | None
         if req.content_parts:
-            token_ids, mm = await run_in_threadpool(
+            token_ids, expanded = await run_in_threadpool(
                 self._expand_content_parts, req.token_ids, req.content_parts
             )
             # processed items serve later hash-only (features) requests too, as in vLLM
-            for modality in mm.modalities:
-                for h, item in zip(mm.mm_hashes[modality], mm.mm_items[modality], strict=True):
+            for modality in expanded.modalities:
+                hashes, processed = expanded.mm_hashes[modality], expanded.mm_items[modality]
+                for h, item in zip(hashes, processed, strict=True):
                     self.cache.put((modality, h), item)
+            mm = expanded
         else:
             mm = await self._multi_modal_data(req)
         sampling = SamplingParams(
@@ -560,7 +563,7 @@ class _Server:
         for i, part in enumerate(parts):
             where = f"content_parts[{i}]"
             kind = part.get("type")
-            modality = {"image_url": "image", "video_url": "video"}.get(kind)
+            modality = {"image_url": "image", "video_url": "video"}.get(str(kind))
             if modality not in pads:
                 takes = " and ".join(f"{m}_url" for m in pads)
                 raise RequestError(
@@ -576,7 +579,7 @@ class _Server:
                     param="content_parts",
                 )
             url = part.get("url")
-            nested = part.get(kind)
+            nested = part.get(str(kind))
             if url is None and isinstance(nested, dict):
                 url = nested.get("url")
             if not isinstance(url, str) or not url:
@@ -722,7 +725,10 @@ class _Server:
         sampling = self._chat_sampling(req, prompt_len=prompt_len)
         result = await self._generate(
             GenerateRequest(
-                rendered.token_ids, sampling, rendered.multi_modal_data, messages=messages
+                rendered.token_ids,
+                sampling,
+                rendered.multi_modal_data,
+                messages=cast(Messages, messages),
             )
         )
         parsed = await run_in_threadpool(self.renderer.parse_response, result.completion_ids)
@@ -954,6 +960,7 @@ class _Server:
                         content[j] = {"type": "video", "video": video, **options}
                 except (ImageError, VideoError) as exc:
                     raise RequestError(str(exc), param=f"messages.{i}.content.{j}") from None
+        assert self.renderer is not None, "chat routes need a renderer (checked at the route)"
         try:
             return self.renderer.render(messages, tools=tools)
         except (VfMmError, ValueError, TypeError, KeyError, IndexError) as exc:

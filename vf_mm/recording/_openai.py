@@ -10,7 +10,7 @@ header): the turns its calls make are recorded together.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 #: where the in-process client sends its requests (never resolved: ASGI in process)
 RECORDING_BASE_URL = "http://vf-mm.recording/v1"
@@ -44,7 +44,7 @@ def openai_client(
     client = openai.AsyncOpenAI(
         api_key="vf-mm-in-process",
         base_url=RECORDING_BASE_URL,
-        http_client=http,
+        http_client=cast(Any, http),  # openai's stubs name httpx's fork; the client is httpx's
         default_headers={"X-Session-ID": session},
         max_retries=0,
     )

@@ -551,8 +551,9 @@ def _turns_and_tokens(output: RolloutOutput) -> tuple[int, int | None, int | Non
         )
     if not steps or any(step.tokens is None for step in steps):
         return num_turns, None, None
-    prompt_tokens = sum(len(step.tokens.prompt_ids) for step in steps)  # type: ignore[union-attr]
-    completion_tokens = sum(len(step.tokens.completion_ids) for step in steps)  # type: ignore[union-attr]
+    tokens = [step.tokens for step in steps if step.tokens is not None]  # all of them: checked
+    prompt_tokens = sum(len(t.prompt_ids) for t in tokens)
+    completion_tokens = sum(len(t.completion_ids) for t in tokens)
     return num_turns, prompt_tokens, completion_tokens
 
 

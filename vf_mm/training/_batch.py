@@ -276,17 +276,32 @@ _HINTS = {
 }
 
 
+def first_non_finite(
+    batch: MicroBatch, values: torch.Tensor, *, where: torch.Tensor | None = None
+) -> tuple[str, int, int, int] | None:
+    """``(sample, row, token, count)`` of the first NaN or infinity in ``values`` (a
+    ``(B, L)`` tensor of ``batch``'s shape; only where ``where`` is true), or None: what an
+    error about a non-finite value names."""
+    bad = ~torch.isfinite(values)
+    if where is not None:
+        bad &= where
+    if not bool(bad.any()):
+        return None
+    row, token = (int(i) for i in bad.nonzero()[0])
+    source = batch.sources[row] if row < len(batch.sources) else f"row {row}"
+    return source, row, token, int(bad.sum())
+
+
 def check_finite(batch: MicroBatch, fields: tuple[str, ...]) -> None:
     """Refuse ``batch`` if one of ``fields`` holds a NaN or an infinity, naming the field,
     the sample it is in (``batch.sources``) and the token."""
     for name in fields:
         values = getattr(batch, name)
-        bad = ~torch.isfinite(values)
-        if bool(bad.any()):
-            row, token = (int(i) for i in bad.nonzero()[0])
-            source = batch.sources[row] if row < len(batch.sources) else f"row {row}"
+        found = first_non_finite(batch, values)
+        if found is not None:
+            source, row, token, count = found
             raise TrajectoryError(
                 f"{source}: the batch's {name} hold {float(values[row, token])} at token "
-                f"{token} (row {row}; {int(bad.sum())} such values in all): "
+                f"{token} (row {row}; {count} such values in all): "
                 f"{_HINTS.get(name, 'every value must be finite')}"
             )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from vf_mm.errors import TrajectoryError
-from vf_mm.training._batch import MicroBatch, check_finite
+from vf_mm.training._batch import MicroBatch, check_finite, first_non_finite
 
 
 def logprob_mismatch(batch: MicroBatch, trainer_logprobs: torch.Tensor) -> dict[str, float]:
@@ -51,10 +51,9 @@ def logprob_mismatch(batch: MicroBatch, trainer_logprobs: torch.Tensor) -> dict[
     check_finite(batch, ("logprobs",))
     new = trainer_logprobs.detach().to(torch.float64)
     mask = batch.loss_mask.to(new.device) > 0
-    bad = mask & ~torch.isfinite(new)
-    if bool(bad.any()):
-        row, token = (int(i) for i in bad.nonzero()[0])
-        source = batch.sources[row] if row < len(batch.sources) else f"row {row}"
+    found = first_non_finite(batch, new, where=mask)
+    if found is not None:
+        source, row, token, _ = found
         raise TrajectoryError(
             f"{source}: trainer_logprobs hold {float(new[row, token])} at token {token} (row "
             f"{row}), a token the sampler drew: the trainer gives it no finite log-probability"

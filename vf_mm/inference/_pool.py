@@ -1,0 +1,410 @@
+"""The local backend's pool engine: continuous batching over a preallocated KV arena.
+
+What the batch engine (``_kv.BatchKV``) does with padded tensors that are rebuilt as
+rows come and go, this engine does with fixed memory:
+
+- **Admission.** A request takes a contiguous range of the ``KVArena`` for its prompt
+  and ``max_tokens`` (least recently used prefix-cache entries are evicted to make
+  room). Its cached prefix, if any, is copied into the range; an entry the prompt
+  extends whole is dropped then (the new row will leave a longer one). A request that
+  does not fit waits until running rows finish; one that could never fit (more than the
+  whole arena) fails alone with ``BackendOutOfMemoryError``.
+- **Prefill.** The new tokens of every admitted row go through the model as one packed
+  stream (``_packed``), no padding, with the vision tower's outputs for their new images;
+  each row samples its first token.
+- **Decode.** Every running row feeds its last token; ``DecodeStep`` replays a CUDA graph
+  of the whole step, sampling included, for the batch's size bucket. The only host sync
+  is reading the sampled tokens back (one small copy a step).
+- **Retirement.** A finished row is answered at once; its range, cut to what it wrote
+  (prompt and completion but the last token), becomes a prefix-cache entry, given back
+  to the arena when the entry is evicted or replaced.
+
+Rows join and leave between any two steps at no cost: nothing is copied or re-laid out,
+a step's inputs are each row's token, position and range.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vf_mm.errors import BackendOutOfMemoryError
+from vf_mm.inference._arena import KVArena
+from vf_mm.inference._packed import (
+    DecodeStep,
+    Launched,
+    PackedModel,
+    PackedStep,
+    flash_available,
+)
+from vf_mm.inference._prefix_cache import Entry, Match
+from vf_mm.inference._rows import Pending, Row, answer, result
+from vf_mm.inference._sampling import sample_packed, uses_filters
+
+if TYPE_CHECKING:
+    from vf_mm.inference._local import LocalBackend
+
+# most new tokens one packed prefill forward takes (its activations grow with them)
+PREFILL_TOKENS = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaRange:
+    """A prefix-cache entry's state in the pool engine: ``length`` tokens' keys and
+    values from arena slot ``start`` on."""
+
+    start: int
+    length: int
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A launched decode step and its rows, in its order."""
+
+    rows: list[Row]
+    launched: Launched
+
+
+class PoolEngine:
+    """Runs a ``LocalBackend``'s rows over a ``KVArena`` of ``pool_bytes`` (module
+    docstring). ``graphs``: capture decode steps as CUDA graphs (CUDA only)."""
+
+    def __init__(
+        self, backend: LocalBackend, packed: PackedModel, *, pool_bytes: int, graphs: bool
+    ) -> None:
+        self.backend = backend
+        self.packed = packed
+        dtype = backend.model.dtype
+        token_bytes = packed.layers * 2 * packed.kv_heads * packed.head_dim * dtype.itemsize
+        capacity = KVArena.tokens_for(pool_bytes, token_bytes)
+        self.arena = KVArena(
+            layers=packed.layers,
+            kv_heads=packed.kv_heads,
+            head_dim=packed.head_dim,
+            capacity=capacity,
+            dtype=dtype,
+            device=backend.device,
+        )
+        self.flash = flash_available(backend.device, dtype)
+        self.decoder = DecodeStep(
+            packed,
+            self.arena,
+            max_rows=backend.max_batch,
+            mrope=backend._mrope,
+            suppress=backend._suppress,
+            device=backend.device,
+            reference=not self.flash,
+            graphs=graphs,
+        )
+        self._flight: _Flight | None = None  # the decode step launched last, not read yet
+
+    # -- the prefix cache's entries ----------------------------------------------------
+
+    def dropped(self, entry: Entry) -> None:
+        """A prefix-cache entry left the cache: its range goes back to the arena."""
+        state: ArenaRange = entry.state
+        self.arena.free(state.start, state.length)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def episode(self, admit: list[Pending]) -> bool:
+        """Run rows until none is left, taking in new requests as they come (unless a
+        weight swap waits). Returns whether the backend is closing. Admission waits as
+        the batch engine's does (``LocalBackend._episode``)."""
+        b = self.backend
+        rows: list[Row] = []
+        closing = False
+        held: list[Pending] = []
+        held_since = 0.0
+        step_s = 0.0
+        while True:
+            started = time.perf_counter()
+            new: list[Row] = []
+            try:
+                if admit:
+                    b.batches_run += 1
+                    new, waiting = self._admit(admit, running=bool(rows))
+                    admit = []
+                    if waiting:  # no room yet: first in line at the next admission
+                        held = waiting + held
+                        held_since = time.monotonic()
+                    if new:
+                        self._prefill(new)
+                        rows, new = rows + new, []
+                rows = self._retire(rows)
+                if rows:
+                    step = time.perf_counter()
+                    self._decode(rows)
+                    step_s = time.perf_counter() - step
+                    rows = self._retire(rows)
+            except Exception as exc:  # a failed forward fails the rows in it, never the worker
+                error = b._failure(exc)
+                self._flight = None
+                for row in [*rows, *new]:
+                    if row.pending is not None:
+                        answer(row.pending, error)
+                        row.pending = None
+                    self._release(row)
+                rows = []
+            b.busy_s += time.perf_counter() - started
+            b.running_rows = len(rows)
+            if not closing and not b._swaps_waiting:
+                room = b.max_batch - len(rows) - len(held)
+                more, closing = b._collect([], room, wait=False)
+                if more and not held:
+                    held_since = time.monotonic()
+                held += more
+            if not rows and not held:
+                self._drain()
+                return closing
+            waited = time.monotonic() - held_since
+            if held and (not rows or waited >= max(b.batch_window_s, 2 * step_s)):
+                admit, held = held, []
+
+    # -- admission -------------------------------------------------------------------------
+
+    def _admit(self, pendings: list[Pending], *, running: bool) -> tuple[list[Row], list[Pending]]:
+        """Rows for ``pendings``, each placed in the arena; those that do not fit now come
+        back (in order) to wait for running rows to finish."""
+        placed: list[Row] = []
+        waiting: list[Pending] = []
+        for pending in pendings:
+            if waiting:  # first come, first placed
+                waiting.append(pending)
+                continue
+            row = self.backend._row(pending)
+            if row is None:
+                continue  # answered already (cancelled, or a bad request)
+            try:
+                fits = self._place(row, running=running or bool(placed))
+            except Exception as exc:  # it fails alone (one that can never fit, say)
+                answer(pending, self.backend._failure(exc))
+                continue
+            if fits:
+                placed.append(row)
+            else:
+                self._unlook(row)
+                waiting.append(pending)
+        return placed, waiting
+
+    def _place(self, row: Row, *, running: bool) -> bool:
+        """Give ``row`` its range and copy its cached prefix there. False: no room while
+        other rows run (nothing was changed)."""
+        b = self.backend
+        need = len(row.prompt) + row.sampling.max_tokens
+        if need > self.arena.capacity:
+            raise BackendOutOfMemoryError(
+                f"a prompt of {len(row.prompt)} tokens with max_tokens "
+                f"{row.sampling.max_tokens} needs {need} KV slots; the pool holds "
+                f"{self.arena.capacity} (kv_pool_bytes={self.arena.nbytes}): raise "
+                "kv_pool_bytes, or send a shorter prompt or a smaller max_tokens",
+                backend=b.name,
+                needed=need,
+                available=self.arena.capacity,
+            )
+        entry = row.match.entry
+        while (start := self.arena.alloc(need)) is None:
+            if b._prefix.evict_one(keep=entry):
+                continue
+            if running:
+                return False
+            if entry is None:  # an empty arena holds any range up to its capacity
+                raise AssertionError("the KV arena is fragmented with nothing in it")
+            # nothing runs and only the matched entry is left: re-encode without it
+            b.prefix_cache_hits -= row.cached
+            b._prefix.drop(entry)
+            row.match = Match(None, 0)
+            row.positions, row.delta, row.reach = b._positions(row.prompt, row.media, 0)
+            entry = None
+        if entry is not None:
+            state: ArenaRange = entry.state
+            self.arena.copy(state.start, start, row.cached)
+            if row.cached == state.length:  # the new row extends all of it: it replaces it
+                b._prefix.drop(entry)
+                row.match = Match(None, row.cached)
+        row.start, row.reserved = start, need
+        return True
+
+    def _unlook(self, row: Row) -> None:
+        """Undo ``_row``'s prefix-cache counts for a row put back to wait."""
+        b = self.backend
+        if b.prefix_cache_enabled:
+            b.prefix_cache_queries -= len(row.prompt)
+            b.prefix_cache_hits -= row.cached
+
+    def _release(self, row: Row) -> None:
+        """Give back the range of a row that leaves without an entry."""
+        if row.start >= 0:
+            self.arena.free(row.start, row.reserved)
+            row.start = -1
+
+    # -- forwards --------------------------------------------------------------------------
+
+    def _prefill(self, rows: list[Row]) -> None:
+        """Compute every row's uncached tokens and sample each row's first token: rows go
+        in packed groups of at most ``PREFILL_TOKENS`` new tokens (a longer row alone)."""
+        groups: list[list[Row]] = []
+        size = 0
+        for row in rows:
+            n = len(row.new_ids)
+            if groups and size + n <= PREFILL_TOKENS:
+                groups[-1].append(row)
+                size += n
+            else:
+                groups.append([row])
+                size = n
+        for group in groups:
+            self._prefill_group(group)
+
+    def _prefill_group(self, rows: list[Row]) -> None:
+        b = self.backend
+        device = b.device
+        news = [row.new_ids for row in rows]
+        ids = torch.tensor([[t for new in news for t in new]])
+        positions = torch.cat([row.positions for row in rows], dim=-1)
+        positions = positions[:, None] if b._mrope else positions[None]
+        step = PackedStep.build(
+            self.arena,
+            starts=[row.start for row in rows],
+            cached=[row.cached for row in rows],
+            new=[len(new) for new in news],
+            device=device,
+            reference=not self.flash,
+        )
+        b.prefills_run += 1
+        inputs = b._vision_inputs(rows, ids) if b.is_multimodal else {}
+        keep = (step.cu_q[1:] - 1).long()
+        logits = self.packed.forward(
+            ids.to(device), positions.to(device), step, keep=keep, inputs=inputs
+        )
+        self._sample(rows, logits, counters=[0] * len(rows))
+
+    def _decode(self, rows: list[Row]) -> None:
+        """Launch the next step for every row that may sample more, then read the step
+        before (still running when it was launched after). A row that stopped at that
+        step was fed once more in this one: that token is dropped when this step is read
+        (its key and value went to the slot after the row's last, in its own range)."""
+        going = [
+            r for r in rows if not r.done and len(r.completion) + r.unread < r.sampling.max_tokens
+        ]
+        before = self._flight
+        self._flight = self._launch(going, before) if going else None
+        if before is not None:
+            self._land(before)
+
+    def _launch(self, rows: list[Row], before: _Flight | None) -> _Flight:
+        self.backend.steps_run += 1
+        index = {id(r): i for i, r in enumerate(before.rows)} if before is not None else {}
+        fed = [len(r.prompt) + len(r.completion) + r.unread for r in rows]  # after this step
+        counters = [len(r.completion) + r.unread for r in rows]
+        resample = None
+        if any(uses_filters(r.sampling) or r.banned for r in rows):  # not in the graph
+            resample = lambda logits: self._draw(rows, logits, counters)  # noqa: E731
+        launched = self.decoder.launch(
+            ids=[r.completion[-1] if not r.unread else 0 for r in rows],
+            previous=[index[id(r)] if r.unread else -1 for r in rows],
+            positions=[n - 1 + r.delta for r, n in zip(rows, fed, strict=True)],
+            starts=[r.start for r in rows],
+            lengths=fed,
+            seeds=[_seed64(r.seed) for r in rows],
+            counters=counters,
+            temperatures=[r.sampling.temperature for r in rows],
+            resample=resample,
+        )
+        for r in rows:
+            r.unread += 1
+        return _Flight(rows, launched)
+
+    def _land(self, flight: _Flight) -> None:
+        """Read a launched step's tokens into its rows (those still running)."""
+        tokens, logprobs = flight.launched.read()
+        live = []
+        for i, row in enumerate(flight.rows):
+            row.unread -= 1
+            if not row.done and row.pending is not None:
+                live.append(i)
+        self.backend._take(
+            [flight.rows[i] for i in live], [tokens[i] for i in live], [logprobs[i] for i in live]
+        )
+
+    def _drain(self) -> None:
+        """Wait for the step in flight, if any, and drop its tokens (its rows are done)."""
+        if self._flight is not None:
+            flight, self._flight = self._flight, None
+            flight.launched.read()
+            for row in flight.rows:
+                row.unread -= 1
+
+    def _sample(self, rows: list[Row], logits: torch.Tensor, *, counters: list[int]) -> None:
+        tokens, logprobs = self._draw(rows, logits, counters).cpu().tolist()
+        self.backend._take(rows, [int(t) for t in tokens], logprobs)
+
+    def _draw(self, rows: Sequence[Row], logits: torch.Tensor, counters: list[int]) -> torch.Tensor:
+        device = logits.device
+        params = [r.sampling for r in rows]
+        return sample_packed(
+            logits,
+            temperature=torch.tensor([p.temperature for p in params], device=device),
+            seeds=torch.tensor([_seed64(r.seed) for r in rows], device=device),
+            counters=torch.tensor(counters, device=device),
+            suppress=self.decoder.suppress,
+            filters=params if any(uses_filters(p) for p in params) else None,
+            row_suppress=[r.banned for r in rows],
+        )
+
+    # -- retirement ------------------------------------------------------------------------
+
+    def _retire(self, rows: list[Row]) -> list[Row]:
+        """Answer the rows that just finished, keep what they wrote as prefix-cache
+        entries; the rows still running."""
+        b = self.backend
+        for row in rows:
+            if row.pending is None:
+                continue
+            if row.done:
+                if b.prefix_cache_enabled and not row.pending.future.cancelled():
+                    keep = len(row.prompt) + len(row.completion) - 1  # the last was not fed
+                    self.arena.shrink(row.start, row.reserved, keep)
+                    b._prefix.insert(
+                        row.prompt + row.completion[:-1],
+                        row.spans,
+                        ArenaRange(row.start, keep),
+                        keep * self.arena.token_bytes,
+                        replaces=row.match.entry,
+                        reach=row.reach_through(keep),
+                    )
+                    row.start = -1
+                else:
+                    self._release(row)
+                answer(row.pending, result(row))
+                row.pending = None
+            elif row.pending.future.cancelled():  # nobody waits for it: stop it here
+                row.done = True
+                row.pending = None
+                self._release(row)
+        return [r for r in rows if not r.done]
+
+    def close(self) -> None:
+        """Give back the arena's memory and the captured graphs (the backend is closed)."""
+        self.decoder.clear()
+        self.arena.release()
+
+    def describe(self) -> dict[str, Any]:
+        """The arena's size and use, for benches and ``/metrics``."""
+        return {
+            "kv_pool_bytes": self.arena.nbytes,
+            "kv_pool_tokens": self.arena.capacity,
+            "kv_free_tokens": self.arena.free_tokens,
+            "graphs_captured": self.decoder.captures,
+            "capture_s": round(self.decoder.capture_s, 2),
+        }
+
+
+def _seed64(seed: int) -> int:
+    """A seed as a signed 64-bit value (what an int64 tensor holds)."""
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
