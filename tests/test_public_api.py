@@ -189,6 +189,7 @@ def test_models_exports():
         "QWEN2_VL_TEMPLATE",
         "QWEN3_VL_TEMPLATE",
         "QWEN_VL_FAMILIES",
+        "TEMPLATE_VARIANTS",
         "VISION_FAMILIES",
         "VIDEO_FAMILIES",
         "VIDEO_OPTIONS",
@@ -199,6 +200,7 @@ def test_models_exports():
         "build_tiny_lm",
         "build_tiny_vlm",
         "cached_tiny_vlm",
+        "chat_template",
         "embedded_model",
         "expand_image",
         "expand_video",
@@ -224,6 +226,10 @@ def test_models_exports():
     assert vf_mm.models.QWEN_VL_FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
     assert set(vf_mm.models.CHAT_TEMPLATES) == set(vf_mm.models.VISION_FAMILIES)
     assert set(vf_mm.models.QWEN_VL_FAMILIES) < set(vf_mm.models.VISION_FAMILIES)
+    assert set(vf_mm.models.TEMPLATE_VARIANTS) < set(vf_mm.models.VISION_FAMILIES)
+    for family, variants in vf_mm.models.TEMPLATE_VARIANTS.items():  # the default comes first
+        assert vf_mm.models.chat_template(family) == next(iter(variants.values()))
+        assert vf_mm.models.CHAT_TEMPLATES[family] == vf_mm.models.chat_template(family)
 
 
 def test_testing_reexports_the_models_and_inference_names():

@@ -34,7 +34,7 @@ from vf_mm.models import (
 )
 from vf_mm.renderers import load_renderer
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
 MODES = ("RGB", "L", "RGBA", "P", "LA")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
@@ -63,19 +63,27 @@ def conversation(family: str, seed: int) -> list[dict[str, Any]]:
     """Alternating user / assistant turns ending on a user turn (the shape every family's
     template takes), sometimes after a system message; SmolVLM's and LLaVA-OneVision's
     templates also take images in system and tool messages, so their conversations have
-    them."""
+    them. Gemma 4 writes a tool message only as the result of the call before it, so its
+    assistant turns before a tool message make that call (and may end a conversation on
+    it: the model turn stays open for the model to go on)."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = []
     system_images = family in ("smolvlm", "llava_onevision")
-    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5")
+    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4")
     if rng.random() < 0.5:
         system = user_content(rng, 0) if system_images else "You count shapes.  "
         messages.append({"role": "system", "content": system})
     for turn in range(rng.randint(1, 4)):
-        if turn:
+        tool = tool_turns and turn and rng.random() < 0.3
+        if turn and tool and family == "gemma4":  # a call, as the model writes it: no text
+            call = {"id": f"c{turn}", "type": "function",
+                    "function": {"name": "zoom", "arguments": {"x": turn}}}  # fmt: skip
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif turn:
             messages.append({"role": "assistant", "content": f"There are {turn} circles."})
-        if tool_turns and turn and rng.random() < 0.3:
-            messages.append({"role": "tool", "content": user_content(rng, turn)})
+        if tool:
+            messages.append({"role": "tool", "tool_call_id": f"c{turn}", "name": "zoom",
+                             "content": user_content(rng, turn)})  # fmt: skip
         else:
             messages.append({"role": "user", "content": user_content(rng, turn)})
     return messages
@@ -94,13 +102,13 @@ def family(request) -> str:
 
 def reference(processor: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
     """The processor's own output. SmolVLM's and LLaVA-OneVision's ``apply_chat_template``
-    need a video processor (torchvision), so for them the same two steps are taken by
-    hand: the chat template (string content as one text part, as vf_mm gives it), then
-    the processor. LLaVA-OneVision's images go to the processor as a flat list: every
+    need a video processor (torchvision), and LLaVA-NeXT's template reads only lists of
+    parts, so for them the same two steps are taken by hand: the chat template (string
+    content as one text part, as vf_mm gives it), then the processor. LLaVA-OneVision's images go to the processor as a flat list: every
     image in single-image (anyres) mode, which is what vLLM computes (given as one
     sample's list, transformers switches a multi-image prompt to its multi-image mode)."""
     name = type(processor).__name__
-    if name.startswith(("SmolVLM", "LlavaOnevision")):
+    if name.startswith(("SmolVLM", "LlavaOnevision", "LlavaNext")):
         flat = name.startswith("LlavaOnevision")
         return by_hand(processor, messages, flat=flat, **kwargs.get("processor_kwargs", {}))
     return processor.apply_chat_template(
@@ -258,10 +266,11 @@ def test_gemma3_template_refuses_a_tool_turn_by_name(tiny):
 
 
 @pytest.mark.parametrize("name", VISION_FAMILIES)
-def test_the_registry_says_which_templates_take_a_tool_message(tiny, checkpoints, name):
+def test_the_registry_says_which_templates_take_a_tool_message(tiny, checkpoints, name, tmp_path):
     """``VisionFamily.tool_role`` (what ``vf-mm init --tools`` relies on) is what the
     family's template does with a tool result."""
-    renderer = load_renderer(tiny.get(name) or checkpoints[name], image_backend="pil")
+    path = tiny.get(name) or checkpoints.get(name) or build_tiny_vlm(tmp_path / name, name)
+    renderer = load_renderer(path, image_backend="pil")
     call = {"id": "c", "type": "function", "function": {"name": "zoom", "arguments": "{}"}}
     messages = [
         {"role": "user", "content": "zoom"},
@@ -270,8 +279,8 @@ def test_the_registry_says_which_templates_take_a_tool_message(tiny, checkpoints
     ]
     if family_info(name).tool_role:
         assert renderer.render(messages).token_ids
-    else:
-        with pytest.raises(RenderError, match="alternate"):
+    else:  # the template's own refusal (Gemma 3's, LLaVA-NeXT's)
+        with pytest.raises(RenderError, match=r"alternate|Only user and assistant"):
             renderer.render(messages)
 
 
@@ -307,6 +316,14 @@ def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
             assert list(renderer.bridge_refusals) == [NOT_PREFIX_STABLE[family]]
             rendered = full
             continue
+        if family == "gemma4" and turn == 0 and messages[-3]["role"] == "tool":
+            # the model went on inside its turn after tool results: without the messages
+            # the bridge cannot see how the template closes it, and says so
+            assert bridged is None
+            assert list(renderer.bridge_refusals)[-1].startswith("the previous prompt ends inside")
+            renderer.bridge_refusals.clear()
+            rendered = full
+            continue
         assert bridged is not None, dict(renderer.bridge_refusals)
         assert bridged.token_ids == full.token_ids
         assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
@@ -315,9 +332,10 @@ def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
     assert stable == (not renderer.bridge_refusals)
 
 
-# SmolVLM's generation prompt is "Assistant:" and its history "Assistant: " + content:
-# the model writes the space, and a completion that does not is not bridged.
-SAMPLED_LEAD = {"smolvlm": " "}
+# SmolVLM's generation prompt is "Assistant:" and its history "Assistant: " + content,
+# LLaVA-NeXT's " [/INST]" and " " + content: the model writes the space, and a
+# completion that does not is not bridged.
+SAMPLED_LEAD = {"smolvlm": " ", "llava_next": " "}
 
 # Templates that rewrite earlier turns once a new user query comes: LLaVA-OneVision's
 # generation prompt is "<|im_start|>assistant\n", its history "<|im_start|>assistant \n"
@@ -398,7 +416,9 @@ def test_a_loaded_qwen3_5_processor_is_told_from_qwen3_vl(tiny):
 @pytest.mark.parametrize(
     ("family", "text"),
     [("gemma3", "look: <image_soft_token>"), ("llava_onevision", "a <video> here"),
-     ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here")],
+     ("llava_next", "an <image> here"),
+     ("qwen3_5", "a <|video_pad|> here"), ("smolvlm", "a <video> here"),
+     ("gemma4", "a <|video|> here"), ("gemma4", "say <|audio|>")],
 )  # fmt: skip
 def test_a_reserved_token_written_in_text_is_refused(tiny, family, text):
     """Written literally, an image or video token would be an embedding position no image
@@ -477,7 +497,7 @@ def sampled_turn(renderer, messages, text, new, **kwargs):
 @pytest.mark.parametrize(
     ("family", "text"),
     [("gemma3", "Two circles.\n"), ("gemma3", " Two circles."), ("qwen3_5", "Two circles.  "),
-     ("smolvlm", "Two circles.")],
+     ("smolvlm", "Two circles."), ("gemma4", " Two circles.")],
 )  # fmt: skip
 def test_a_sampled_turn_the_template_rewrites_is_not_bridged(tiny, family, text):
     """Gemma 3 and Qwen3.5 trim the content; SmolVLM writes a space the completion lacks:
@@ -536,3 +556,143 @@ def test_malformed_messages_are_render_errors_not_silent(tiny, family):
         renderer.render([{"role": "user", "content": part}]).token_ids
         == renderer.render([{"role": "user", "content": [part]}]).token_ids
     )
+
+
+# -- Qwen3.5's template variants (Qwen3.5 small / large, Qwen3.6, Qwen3.8) ------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_variant(tiny, tmp_path_factory):
+    """A renderer of the tiny Qwen3.5 checkpoint carrying one template variant (the
+    checkpoint copied, its template swapped: the tokenizer and processor are shared)."""
+    import shutil
+
+    from vf_mm.models import chat_template
+
+    root = tmp_path_factory.mktemp("qwen3_5_variants")
+    made: dict[tuple[str, str], Any] = {}
+
+    def get(variant: str, **template_kwargs: Any) -> Any:
+        key = (variant, json.dumps(template_kwargs, sort_keys=True))
+        if key not in made:
+            path = root / f"{variant}-{len(made)}"
+            shutil.copytree(tiny["qwen3_5"], path)
+            (path / "chat_template.jinja").write_text(chat_template("qwen3_5", variant))
+            made[key] = load_renderer(path, image_backend="pil", template_kwargs=template_kwargs)
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("variant", "options", "bridges"),
+    [("nothink", {"enable_thinking": True}, False), ("think", {}, False),
+     ("qwen3.6", {}, False), ("qwen3.6", {"preserve_thinking": True}, True),
+     ("qwen3.8", {}, True), ("qwen3.8", {"preserve_thinking": False}, False),
+     ("qwen3.8", {"enable_thinking": False}, True)],
+)  # fmt: skip
+def test_a_new_question_bridges_where_the_variant_keeps_earlier_reasoning(
+    qwen3_5_variant, variant, options, bridges
+):
+    """Qwen3.5's templates drop a turn's reasoning (or empty think block) once a later
+    user query exists, so a new question is rendered in full; Qwen3.6 keeps it with
+    ``preserve_thinking``, Qwen3.8 unless ``preserve_thinking`` is false: there the
+    bridge equals a full render."""
+    renderer = qwen3_5_variant(variant, **options)
+    thinking = options.get("enable_thinking", variant != "nothink")
+    text = "count them\n</think>\n\nThree." if thinking else "Three."
+    messages = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    new = [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]
+    bridged, full = sampled_turn(renderer, messages, text, new)
+    if bridges:
+        assert bridged is not None, dict(renderer.bridge_refusals)
+        assert bridged.token_ids == full.token_ids
+    else:
+        assert bridged is None
+        assert set(renderer.bridge_refusals) <= {
+            "the template drops the reasoning of earlier turns",
+            "the template renders earlier turns differently once later turns exist",
+        }
+
+
+@pytest.mark.parametrize(
+    ("variant", "bridges"), [("think", False), ("qwen3.6", True), ("qwen3.8", True)]
+)
+def test_json_argument_values_bridge_from_qwen3_6_on(qwen3_5_variant, variant, bridges):
+    """Qwen3.6 and 3.8 write argument values other than strings as JSON (``true``,
+    ``null``, ``2.5``), as their models do: a call sampled that way parses back and
+    re-renders as sampled. Qwen3.5 writes them as Python (``True``): not bridged."""
+    renderer = qwen3_5_variant(variant)
+    tools = [{"type": "function", "function": {"name": "zoom", "description": "Zoom.",
+              "parameters": {"type": "object", "properties": {"deep": {"type": "boolean"}}}}}]  # fmt: skip
+    text = ("<tool_call>\n<function=zoom>\n<parameter=deep>\ntrue\n</parameter>\n"
+            "<parameter=skip>\nnull\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+    messages = [{"role": "user", "content": "zoom in"}]
+    bridged, full = sampled_turn(renderer, messages, "\n</think>\n\n" + text, [
+        {"role": "tool", "content": "done"}], tools=tools)  # fmt: skip
+    parsed = renderer.parse_response(
+        renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"deep": True, "skip": None}
+    assert (bridged is not None) == bridges, dict(renderer.bridge_refusals)
+    if bridges:
+        assert bridged.token_ids == full.token_ids
+
+
+def test_qwen3_8_writes_its_reasoning_effort_unless_thinking_is_off(qwen3_5_variant):
+    user = [{"role": "user", "content": "Hi"}]
+    decode = lambda r: r.tokenizer.decode(r.render(user).token_ids)  # noqa: E731
+    assert "Reasoning effort is set to xhigh" in decode(qwen3_5_variant("qwen3.8"))
+    assert "Reasoning effort is set to low" in decode(
+        qwen3_5_variant("qwen3.8", reasoning_effort="low")
+    )
+    assert "Reasoning effort" not in decode(qwen3_5_variant("qwen3.8", enable_thinking=False))
+    with pytest.raises(RenderError, match="Unexpected reasoning effort"):
+        qwen3_5_variant("qwen3.8", reasoning_effort="max").render(user)
+
+
+# -- the MoE siblings: Qwen3-VL-MoE (Qwen3-VL-Instruct's template), Qwen3.5-MoE ----------
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    return {f: build_tiny_vlm(root / f, f) for f in ("qwen3_vl_moe", "qwen3_5_moe")}
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_moe_families_match_the_processor(moe, family, seed):
+    """Their processor and vision tower are their dense siblings'; ids, every input and
+    the placeholders equal the processor's on generated conversations (tool results
+    with images, a system message, modes and sizes that force a resize)."""
+    renderer = load_renderer(moe[family], image_backend="pil")
+    processor = load_processor(moe[family], image_backend="pil")
+    messages = conversation("qwen3_5", seed + 3)
+    assert_matches(family, renderer.render(messages), reference(processor, messages), processor)
+
+
+def test_qwen3_vl_instruct_writes_content_verbatim_so_a_new_question_bridges(moe):
+    """Qwen3-VL-Instruct's template writes an assistant's content as it is, ``<think>``
+    and all, and no empty think block: every turn bridges to exactly a full render."""
+    renderer = load_renderer(moe["qwen3_vl_moe"], image_backend="pil")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    new = [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]
+    bridged, full = sampled_turn(renderer, messages, "<think>\ncount\n</think>\n\nThree.", new)
+    assert bridged is not None, dict(renderer.bridge_refusals)
+    assert bridged.token_ids == full.token_ids
+    assert "<think>\ncount\n</think>" in renderer.tokenizer.decode(full.token_ids)
+
+
+def test_qwen3_vl_instruct_refuses_what_it_would_drop(moe):
+    """It writes only a system message that opens the conversation, and only its text."""
+    renderer = load_renderer(moe["qwen3_vl_moe"], image_backend="pil")
+    later = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "?"}]  # fmt: skip
+    with pytest.raises(RenderError, match=r"message 2 \(system\) is not the first message"):
+        renderer.render(later)
+    picture = Image.fromarray(np.zeros((40, 40, 3), dtype=np.uint8))
+    first = [{"role": "system", "content": [{"type": "image", "image": picture}]},
+             {"role": "user", "content": "hi"}]  # fmt: skip
+    with pytest.raises(RenderError, match=r"message 0 \(system\) holds an image"):
+        renderer.render(first)

@@ -22,7 +22,7 @@ from vf_mm.models import build_tiny_vlm, model_class
 from vf_mm.renderers import load_renderer
 from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
 
 
 def picture(seed: int, size: tuple[int, int] = (84, 56)) -> Image.Image:
@@ -173,3 +173,45 @@ def test_a_packed_batch_gives_each_sample_what_it_gets_alone(trained):
             assert torch.allclose(together[row, :n], own, atol=2e-4), float(
                 (together[row, :n] - own).abs().max()
             )
+
+
+@pytest.mark.parametrize(
+    ("family", "variant", "router"),
+    [("gemma4", "26b-a4b", "router"), ("qwen3_vl_moe", None, "gate"), ("qwen3_5_moe", None, "gate")],
+)  # fmt: skip
+def test_a_mixture_of_experts_trains_as_it_sampled(tmp_path, family, variant, router):
+    """The MoE checkpoints (their tiny renditions): Gemma 4's 26B-A4B (experts beside each
+    MLP, and bidirectional attention over each image, which only the
+    ``mm_token_type_ids`` of ``model_inputs`` switch on), Qwen3-VL-MoE (experts in place
+    of the MLPs) and Qwen3.5-MoE (experts beside a shared expert, Gated DeltaNet layers).
+    A rollout sampled by the local backend gives back its logprobs in the training
+    forward, and a GRPO step reaches the routers, the experts and the vision tower."""
+    path = build_tiny_vlm(tmp_path / "m", family, variant=variant)
+    renderer = load_renderer(path, image_backend="pil")
+    env = Look(dataset=[{"question": "what is it?", "image": picture(5, (120, 200))}], max_turns=2,
+               sampling_args={"max_tokens": 5, "temperature": 1.0})  # fmt: skip
+    client = vf.RendererClient(LocalBackend(path), renderer)
+    state = asyncio.run(env.rollout(client, env.get_dataset()[0]))
+    token = renderer.vision.image_token_id
+    samples = build_samples(state, advantage=1.0, image_token_id=token)
+    batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
+                           image_token_id=token, family=family)  # fmt: skip
+    model = model_class(family).from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for batch in batches:
+            ours = token_logprobs(model.eval(), batch)
+            mask = batch.loss_mask.bool()
+            assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+        if family == "gemma4":
+            assert model.config.text_config.use_bidirectional_attention == "vision"
+            # without the image marks the images are attended causally: other logits, so
+            # the agreement above is evidence the marks reached both forwards
+            inputs = batches[-1].model_inputs()
+            marks = torch.zeros_like(inputs["input_ids"])
+            causal = model(**{**inputs, "mm_token_type_ids": marks})
+            assert float((causal.logits - model(**inputs).logits).abs().max()) > 1e-3
+    loss, _ = grpo_loss(model.train(), batches[-1])
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    for part in (f".{router}.", "experts", "visual" if family != "gemma4" else "vision_tower"):
+        assert any(part in n and g.abs().sum() > 0 for n, g in grads.items()), (part, list(grads))

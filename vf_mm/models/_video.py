@@ -159,7 +159,8 @@ _DEFAULTS = {
                           size=(364, 364), longest_edge=4 * 364, frames_as_images=True),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
-          "llava_onevision": "llava", "smolvlm": "smol"}  # fmt: skip
+          "llava_onevision": "llava", "smolvlm": "smol", "qwen3_vl_moe": "qwen3",
+          "qwen3_5_moe": "qwen3"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)

@@ -263,14 +263,87 @@ GEMMA3_SPECIAL_TOKENS = (
     "<end_of_image>",
     "<image_soft_token>",
 )
+# The named tokens Gemma 3's processor reads.
+GEMMA3_NAMED_TOKENS = {
+    "image_token": "<image_soft_token>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+}
+
+# Gemma 4's named tokens, as its tokenizer_config.json names them (the real ids: <|turn>
+# 105, <turn|> 106, <|image> 255999, <|audio> 256000, <|image|> 258880, <|audio|> 258881,
+# <image|> 258882, <audio|> 258883, <|video|> 258884): turns, the thought channel, the
+# thinking switch, tool declarations, calls and responses, the string quote of its
+# tool-call dialect, and the image and audio markers and soft tokens.
+GEMMA4_NAMED_TOKENS = {
+    "sot_token": "<|turn>",
+    "eot_token": "<turn|>",
+    "soc_token": "<|channel>",
+    "eoc_token": "<channel|>",
+    "think_token": "<|think|>",
+    "std_token": "<|tool>",
+    "etd_token": "<tool|>",
+    "stc_token": "<|tool_call>",
+    "etc_token": "<tool_call|>",
+    "str_token": "<|tool_response>",
+    "etr_token": "<tool_response|>",
+    "escape_token": '<|"|>',
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "image_token": "<|image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "audio_token": "<|audio|>",
+}
+# <|video|> is in the vocabulary but not named (the real tokenizer lists it among its
+# extra special tokens; the processor adds it again, a no-op once it is there).
+GEMMA4_SPECIAL_TOKENS = (
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    *GEMMA4_NAMED_TOKENS.values(),
+    "<|video|>",
+)
 
 
-def gemma_tokenizer(vocab_size: int = 2000) -> Any:
-    """A small Gemma 3-style tokenizer, built offline (see the module docstring).
+# LLaVA-NeXT (Mistral)'s specials, in its order (the real ids: <unk> 0, <s> 1, </s> 2,
+# <image> 32000); <unk> pads.
+LLAVA_NEXT_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<image>")
 
-    Its named tokens are Gemma 3's: ``bos``/``eos``/``pad``/``unk``, and the
-    ``image_token`` (``<image_soft_token>``), ``boi_token`` (``<start_of_image>``) and
-    ``eoi_token`` (``<end_of_image>``) attributes the Gemma 3 processor reads.
+
+def llava_next_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Mistral-style tokenizer (SentencePiece-style BPE as ``gemma_tokenizer``'s,
+    with Llama/Mistral's ``<s>``, ``</s>``, ``<unk>`` and LLaVA's ``<image>``)."""
+    return gemma_tokenizer(
+        vocab_size,
+        specials=LLAVA_NEXT_SPECIAL_TOKENS,
+        named={"image_token": "<image>"},
+        bos="<s>",
+        eos="</s>",
+        pad="<unk>",
+        unk="<unk>",
+    )
+
+
+def gemma_tokenizer(
+    vocab_size: int = 2000,
+    *,
+    specials: tuple[str, ...] = GEMMA3_SPECIAL_TOKENS,
+    named: dict[str, str] | None = None,
+    bos: str = "<bos>",
+    eos: str = "<eos>",
+    pad: str = "<pad>",
+    unk: str = "<unk>",
+) -> Any:
+    """A small Gemma-style tokenizer, built offline (see the module docstring).
+
+    Its named tokens are ``bos``/``eos``/``pad``/``unk`` and ``named`` (by default Gemma
+    3's: the ``image_token`` (``<image_soft_token>``), ``boi_token``
+    (``<start_of_image>``) and ``eoi_token`` (``<end_of_image>``) attributes the Gemma 3
+    processor reads); ``specials`` are the added special tokens, in order; ``bos``,
+    ``eos``, ``pad`` and ``unk`` name four of them.
     """
     from tokenizers import (
         AddedToken,
@@ -312,18 +385,18 @@ def gemma_tokenizer(vocab_size: int = 2000) -> Any:
         ).__getstate__()
     )
     bpe = Tokenizer.from_str(json.dumps(state))
-    bpe.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in GEMMA3_SPECIAL_TOKENS]
-    )
+    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        extra_special_tokens={
-            "image_token": "<image_soft_token>",
-            "boi_token": "<start_of_image>",
-            "eoi_token": "<end_of_image>",
-        },
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token=unk,
+        extra_special_tokens=dict(GEMMA3_NAMED_TOKENS if named is None else named),
     )
+
+
+def gemma4_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Gemma 4-style tokenizer: ``gemma_tokenizer``'s vocabulary with Gemma 4's
+    special tokens and named tokens (``GEMMA4_NAMED_TOKENS``)."""
+    return gemma_tokenizer(vocab_size, specials=GEMMA4_SPECIAL_TOKENS, named=GEMMA4_NAMED_TOKENS)

@@ -1,7 +1,9 @@
-"""Parsing a sampled completion: reasoning, content, Qwen-style tool calls.
+"""Parsing a sampled completion: reasoning, content, tool calls.
 
 Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
-``<tool_call>...</tool_call>``, in one of two formats (``tool_format``):
+``<tool_call>...</tool_call>``, in one of two formats (``tool_format``); Gemma 4
+(``"gemma4"``) writes reasoning in a thought channel and calls in a dialect of its own
+(``vf_mm.renderers._gemma4``):
 
 - ``"json"`` (Qwen2.5-VL, Qwen3-VL): ``{"name": ..., "arguments": {...}}``;
 - ``"xml"`` (Qwen3.5): ``<function=NAME>`` then one ``<parameter=P>\\nVALUE\\n</parameter>``
@@ -25,13 +27,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vf_mm.renderers import _gemma4
 from vf_mm.types import AssistantMessage, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>\n?(.*?)</function>\s*\Z", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
 _PYTHON_SCALARS = {"True": True, "False": False, "None": None}
-TOOL_FORMATS = ("json", "xml")
+TOOL_FORMATS = ("json", "xml", "gemma4")
+#: the token that ends a format's reasoning
+REASONING_END = {"json": "</think>", "xml": "</think>", "gemma4": _gemma4.CHANNEL_END}
 
 
 @dataclass(slots=True)
@@ -77,32 +82,37 @@ def parse_text(
     """
     reasoning = None
     body = text
-    if "</think>" in body:
-        head, _, body = body.partition("</think>")
-        reasoning = head.split("<think>", 1)[-1].strip("\n")
-        body = body.lstrip("\n")
+    if tool_format == "gemma4":
+        reasoning, body = _gemma4.split_thought(text)
+        content, raws = _gemma4.split_calls(body)
+        parsed_calls = [(raw, *_gemma4.parse_call(raw)) for raw in raws]
+    else:
+        if "</think>" in body:
+            head, _, body = body.partition("</think>")
+            reasoning = head.split("<think>", 1)[-1].strip("\n")
+            body = body.lstrip("\n")
+        first = body.find("<tool_call>")
+        content = body if first < 0 else body[:first].rstrip("\n")
+        raws = [m.group(1).strip() for m in _TOOL_CALL.finditer(body, first)] if first >= 0 else []
+        read = _parse_xml_call if tool_format == "xml" else _parse_call
+        parsed_calls = [(raw, *read(raw)) for raw in raws]
     calls: list[ToolCall] = []
     errors: list[str] = []
-    first = body.find("<tool_call>")
-    content = body if first < 0 else body[:first].rstrip("\n")
-    if first >= 0:
-        for i, match in enumerate(_TOOL_CALL.finditer(body, first)):
-            raw = match.group(1).strip()
-            call, error = _parse_xml_call(raw) if tool_format == "xml" else _parse_call(raw)
-            if error is not None:
-                errors.append(f"tool call {i}: {error}: {raw[:200]!r}")
-            else:
-                assert call is not None
-                calls.append(
-                    {
-                        "id": f"{call_id_prefix}_{i}",
-                        "type": "function",
-                        "function": {
-                            "name": call["name"],
-                            "arguments": json.dumps(call["arguments"], ensure_ascii=False),
-                        },
-                    }
-                )
+    for i, (raw, call, error) in enumerate(parsed_calls):
+        if error is not None:
+            errors.append(f"tool call {i}: {error}: {raw[:200]!r}")
+        else:
+            assert call is not None
+            calls.append(
+                {
+                    "id": f"{call_id_prefix}_{i}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                    },
+                }
+            )
     message_content = content
     if keep_tool_calls_in_content:
         message_content = body
@@ -123,9 +133,13 @@ def format_tool_calls(
     calls: Sequence[tuple[str, Mapping[str, Any]]], *, tool_format: str = "json"
 ) -> str:
     """The text a model writes to make ``calls`` (``(name, arguments)`` pairs), in the
-    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples."""
+    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples.
+    Gemma 4's ends with the stop token its model closes a turn of calls with."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {list(TOOL_FORMATS)}, not {tool_format!r}")
+    if tool_format == "gemma4":  # the model ends a turn of calls with <|tool_response>
+        text = "".join(_gemma4.format_call(name, arguments) for name, arguments in calls)
+        return text + _gemma4.RESULTS_NEXT
     if tool_format == "xml":
         return "\n".join(
             f"<tool_call>\n<function={name}>\n"

@@ -32,7 +32,14 @@ from typing import Any
 
 from vf_mm.errors import RenderError, ReservedTokenError
 from vf_mm.models import VIDEO_FAMILIES
-from vf_mm.renderers._parse import TOOL_FORMATS, ParsedResponse, format_tool_calls, parse_text
+from vf_mm.renderers._drops import TemplateDrops, probe_drops, refuse_dropped
+from vf_mm.renderers._parse import (
+    REASONING_END,
+    TOOL_FORMATS,
+    ParsedResponse,
+    format_tool_calls,
+    parse_text,
+)
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
 
@@ -73,9 +80,10 @@ class ChatTemplateRenderer:
     ``content_as_parts``: give the template every string content as one text part (for
     templates that render only lists of parts, like SmolVLM's, which would drop a
     string's text without a word). ``tool_format`` is the model's tool-call format
-    (``"json"`` or ``"xml"``, see ``vf_mm.renderers._parse``): ``parse_response`` reads it,
-    ``format_tool_calls`` writes it, and with ``"xml"`` the template gets each call's
-    arguments as a mapping (it renders nothing from an OpenAI-style JSON string).
+    (``"json"``, ``"xml"`` or ``"gemma4"``, see ``vf_mm.renderers._parse``):
+    ``parse_response`` reads it, ``format_tool_calls`` writes it, and with ``"xml"`` and
+    ``"gemma4"`` the template gets each call's arguments as a mapping (those templates
+    render nothing, or the JSON text verbatim, from an OpenAI-style JSON string).
     """
 
     def __init__(
@@ -115,7 +123,8 @@ class ChatTemplateRenderer:
         self._embed_groups: dict[tuple[int, ...], list[str]] = {}
         for modality in vision.placeholders if vision is not None else ():
             self._embed_groups.setdefault(vision.embed_ids(modality), []).append(modality)  # type: ignore[union-attr]
-        self._think_end = tokenizer.convert_tokens_to_ids("</think>")
+        # the token that ends a reasoning block in this model's format
+        self._think_end = tokenizer.convert_tokens_to_ids(REASONING_END[tool_format])
         # the template for a conversation holding a clip, where the processor switches to
         # another (SmolVLM); None: the tokenizer's own, for every conversation
         video_template = vision.video.chat_template if vision and vision.video else None
@@ -124,6 +133,9 @@ class ChatTemplateRenderer:
                        for t in {None, self._video_template}}  # fmt: skip
         self._renders, self._lead = self._facts[None]
         self._chatml = {t: self._is_chatml(t) for t in {None, self._video_template}}
+        self._drops = {t: self._probe_drops(t) for t in {None, self._video_template}}
+        self._generation_prompt = {t: self._generation_prompt_ids(t)
+                                   for t in {None, self._video_template}}  # fmt: skip
 
     @property
     def is_multimodal(self) -> bool:
@@ -144,7 +156,7 @@ class ChatTemplateRenderer:
             "type": "function",
             "function": {"name": "vf_mm_probe_tool", "arguments": "{}"},
         }
-        if self.tool_format == "xml":  # as _prepare hands calls to such a template
+        if self.tool_format != "json":  # as _prepare hands calls to such a template
             call = _arguments_as_mapping(call)
         assistant = {"role": "assistant", "content": _CONTENT, "reasoning_content": _REASONING,
                      "tool_calls": [call]}  # fmt: skip
@@ -161,6 +173,32 @@ class ChatTemplateRenderer:
             # the user turn and the assistant header must come out the same either way
             "history_sensitive": not later.startswith(text[: text.find(_CONTENT)]),
         }
+
+    def _generation_prompt_ids(self, template: str | None) -> list[int] | None:
+        """The ids the template's generation prompt ends a prompt with (after a user
+        turn), None where the probe cannot tell."""
+        user = {"role": "user", "content": _USER}
+        try:
+            with_prompt = self._template([user], None, True, template)
+            without = self._template([user], None, False, template)
+        except RenderError:
+            return None
+        if not with_prompt.startswith(without) or with_prompt == without:
+            return None
+        return self._encode([with_prompt[len(without) :]])[0]
+
+    def _probe_drops(self, template: str | None) -> TemplateDrops:
+        """What the template leaves out of a conversation (``_drops``), seen on probes."""
+        call = {"id": "c", "type": "function",
+                "function": {"name": "vf_mm_probe_tool", "arguments": "{}"}}  # fmt: skip
+        if self.tool_format != "json":
+            call = _arguments_as_mapping(call)
+        placeholder = self.vision.placeholders["image"] if self.vision is not None else None
+        return probe_drops(
+            lambda messages: self._template(messages, None, True, template),
+            placeholder=placeholder,
+            call=call,
+        )
 
     def _assistant_lead(self, template: str | None) -> str:
         """Whitespace the template writes between its generation prompt and an assistant
@@ -192,6 +230,8 @@ class ChatTemplateRenderer:
         """Token ids (and images' multi-modal data) for a whole conversation."""
         template_messages, parts = self._prepare(messages)
         template = self._template_for(any(m == "video" for _, _, m in parts))
+        refuse_dropped(self._drops[template], template_messages, name=self.name or "this model",
+                       after_call=False)  # fmt: skip
         text = self._template(template_messages, tools, add_generation_prompt, template)
         rendered = self._tokenize(text, parts, base=0)
         self._remember(rendered.token_ids, self._count(rendered.token_ids))
@@ -262,6 +302,22 @@ class ChatTemplateRenderer:
         if reason is None and template != self._template_for(had_video):
             reason = "the first clip switches the chat template (SmolVLM's processor does)"
         renders, lead = self._facts[template]
+        drops = self._drops[template]
+        after_call = None  # whether the sampled turn made calls: known from the history
+        if previous_messages:
+            last = previous_messages[-1]
+            after_call = last.get("role") == "assistant" and bool(last.get("tool_calls"))
+        refuse_dropped(drops, template_messages, name=self.name or "this model", first=first,
+                       after_call=after_call)  # fmt: skip
+        if (
+            after_call is None
+            and drops.tool_without_call
+            and any(m.get("role") == "tool" for m in new_messages)
+        ):
+            reason = reason or (
+                "the template writes a tool message only after the call it answers, which "
+                "the bridge cannot see without previous_messages"
+            )
         if reason is None and previous_messages is None and renders["history_sensitive"]:
             # without the messages only the tokens can tell: the rewrite we know of
             # (dropping earlier reasoning on a new user query) needs reasoning to drop
@@ -270,6 +326,14 @@ class ChatTemplateRenderer:
             )
             if reasoning and any(m.get("role") == "user" for m in new_messages):
                 reason = "the template drops the reasoning of earlier turns"
+            elif not _ends_with(previous_prompt_ids, self._generation_prompt[template]):
+                # the model went on inside a turn (Gemma 4 after tool results): how the
+                # template closes that turn depends on what follows, which only the
+                # messages show
+                reason = (
+                    "the previous prompt ends inside a model turn, which this template "
+                    "closes according to what follows: pass previous_messages"
+                )
         if reason is not None:
             return _Refusal(reason)
         completion = list(previous_completion_ids)
@@ -662,7 +726,7 @@ class ChatTemplateRenderer:
                 message = {**message, "content": new_content}
             else:
                 message = dict(message)
-            if self.tool_format == "xml" and message.get("tool_calls"):
+            if self.tool_format != "json" and message.get("tool_calls"):
                 message["tool_calls"] = [_arguments_as_mapping(c) for c in message["tool_calls"]]
             out.append(message)
         return out, parts
@@ -816,6 +880,13 @@ def _chatml_tail(
         out.append(f"<|im_start|>{message['role']}\n{body}{_CHATML_END}\n")
     out.append("<|im_start|>assistant\n")
     return "".join(out)
+
+
+def _ends_with(ids: Sequence[int], suffix: list[int] | None) -> bool:
+    """Whether ``ids`` end with ``suffix`` (None, an unknown suffix: assume they do)."""
+    if suffix is None:
+        return True
+    return len(ids) >= len(suffix) and list(ids[len(ids) - len(suffix) :]) == suffix
 
 
 def _message_texts(message: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -140,6 +140,12 @@ class VisionSpec:
         self.policy = policy
         self.video = video
         self.video_limits = video_limits
+        # an audio placeholder (Gemma 4's <|audio|>): vf_mm renders no audio, so text may
+        # not hold it either (written literally it would be a position no audio explains)
+        audio = getattr(processor, "audio_token", None)
+        self._audio_ids = frozenset(
+            {self.tokenizer.get_vocab()[audio]} if audio in self.tokenizer.get_vocab() else ()
+        )
         self.video_token: str | None = getattr(processor, "video_token", None)
         self.video_token_id: int | None = None
         if self.video_token is not None:
@@ -191,10 +197,10 @@ class VisionSpec:
     @functools.cached_property
     def reserved_token_ids(self) -> frozenset[int]:
         """Ids that text may not hold: the image's and the video's tokens (the video's
-        even where no video is expanded). Written literally in a message, they would be
-        embedding positions no image or video explains."""
+        even where no video is expanded), and an audio placeholder. Written literally in a
+        message, they would be embedding positions no image, video or audio explains."""
         video = {self.video_token_id} if self.video_token_id is not None else set()
-        return self.marker_token_ids | video
+        return self.marker_token_ids | video | self._audio_ids
 
     @functools.cached_property
     def banned_token_ids(self) -> frozenset[int]:

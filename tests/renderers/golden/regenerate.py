@@ -9,6 +9,9 @@ disagree. Conversations are written the way vf_mm's renderer hands them to a tem
 image and video parts reduced to ``{"type": "image"}`` / ``{"type": "video"}``, tool-call
 arguments as mappings (the Qwen3.5 template renders nothing from a JSON string).
 
+A family whose checkpoints ship several templates (Gemma 4) has one entry per template,
+keyed ``family@variant`` (the tiny checkpoint of that variant gives the vocabulary).
+
 Two cases carry an ``upstream_target``: the rendering huggingface.js records for the same
 template and conversation (packages/jinja/test/e2e.test.js), an independent check that
 transformers' rendering of the stored text is the one others see.
@@ -385,6 +388,320 @@ LLAVA_ONEVISION_CASES = [
     case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
 ]
 
+# Qwen3.5's variants (the small and large checkpoints', Qwen3.6's, Qwen3.8's): the
+# Qwen3.5 conversations (without huggingface.js's rendering, which is the 4B's) and what
+# the variants branch on: the default thinking, preserve_thinking, reasoning_effort, and
+# how argument values other than strings are written.
+QWEN3_5_VARIANT_CASES = [
+    {k: v for k, v in entry.items() if k != "upstream_target"} for entry in QWEN3_5_CASES
+] + [
+    case("default_thinking", [{"role": "user", "content": [IMAGE, text("How many?")]}]),
+    case(
+        "system_and_default_thinking_after_history",
+        [
+            {"role": "system", "content": "You count."},
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "count"},
+            {"role": "user", "content": "Sure?"},
+        ],
+    ),
+    case(
+        "preserve_thinking_and_typed_arguments",
+        [
+            {"role": "user", "content": "Crop it."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "crop first",
+                "tool_calls": [
+                    call("zoom", {"deep": True, "skip": None, "n": 2.5, "box": [1, 2], "s": "a"})
+                ],
+            },
+            {"role": "tool", "content": "done"},
+            {"role": "assistant", "content": "Cropped.", "reasoning_content": "done"},
+            {"role": "user", "content": "Again?"},
+        ],
+        tools=TOOLS,
+        template_kwargs={"preserve_thinking": True},
+    ),
+    case(
+        "thinking_off_and_empty_system",
+        [{"role": "system", "content": "  "}, {"role": "user", "content": "Hi"}],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "reasoning_effort_low_with_tools",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        tools=TOOLS,
+        template_kwargs={"reasoning_effort": "low"},
+    ),
+    case(
+        "reasoning_effort_medium",
+        [{"role": "user", "content": "Hi"}],
+        template_kwargs={"reasoning_effort": "medium", "preserve_thinking": False},
+    ),
+]
+
+
+# Qwen3-VL-Instruct: the Qwen2-VL conversations (the same ChatML, but no default system
+# turn, tools in the system turn, tool results in <tool_response> user turns) and what
+# it leaves out: a system message's images, a system message after the first,
+# reasoning_content.
+QWEN3_VL_INSTRUCT_CASES = [
+    *qwen2_cases(upstream=False),
+    case(
+        "tools_calls_and_tool_results",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {
+                "role": "assistant",
+                "content": "Zooming.",
+                "reasoning_content": "ignored",
+                "tool_calls": [call("zoom", {"x": 1, "y": 2}), call("zoom", '{"x": 3}')],
+            },
+            {"role": "tool", "content": [IMAGE, text("zoomed")]},
+            {"role": "tool", "content": "second result"},
+        ],
+        tools=TOOLS,
+    ),
+    case(
+        "system_image_and_a_later_system_message",
+        [
+            {"role": "system", "content": [text("Reference: "), IMAGE]},
+            {"role": "user", "content": [text("Compare"), IMAGE]},
+            {"role": "assistant", "content": "Same."},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Sure?"},
+        ],
+    ),
+]
+
+
+LLAVA_NEXT_CASES = [
+    case("text_only", [{"role": "user", "content": [text("Hello there, how many?")]}]),
+    case(
+        "system_and_images_after_text",
+        [
+            {"role": "system", "content": [text("You count shapes.")]},
+            {"role": "user", "content": [text("How many circles?"), IMAGE, text(" Now."), IMAGE]},
+        ],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": [text("There are 3 circles.")]},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "assistant_parts_after_the_first_dropped",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three."), text(" Dropped.")]},
+            {"role": "user", "content": [text("Sure?")]},
+        ],
+    ),
+    case(
+        "system_image_dropped",
+        [
+            {"role": "system", "content": [text("Reference:"), IMAGE]},
+            {"role": "user", "content": [text("Compare."), IMAGE]},
+        ],
+    ),
+]
+
+
+GEMMA4_TOOLS = [
+    TOOLS[0],
+    {
+        "type": "function",
+        "function": {
+            "name": "crop",
+            "description": "Crop boxes out of the picture.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "boxes": {
+                        "type": "array",
+                        "description": "Boxes to cut.",
+                        "items": {
+                            "type": "object",
+                            "properties": {"x": {"type": "integer"}, "label": {"type": "string"}},
+                            "required": ["x"],
+                        },
+                    },
+                    "mode": {"type": "string", "enum": ["fast", "exact"], "nullable": True},
+                    "options": {
+                        "type": "object",
+                        "properties": {"scale": {"type": "number"}, "type": {"type": "string"}},
+                        "required": ["scale"],
+                    },
+                    "extra": {
+                        "type": "object",
+                        "description": "Free form.",
+                        "hint": {"type": "string"},
+                    },
+                    "tags": {"type": "array", "items": {"type": ["string", "null"]}},
+                    "maybe": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                },
+                "required": ["boxes"],
+            },
+        },
+    },
+]
+
+
+def called(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, **call(name, arguments)}
+
+
+def tool_result(call_id: str, name: str, content: Any) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+GEMMA4_CASES = [
+    case("text_only_trimmed", [{"role": "user", "content": "  Hello there, how many?  \n"}]),
+    case(
+        "system_string_and_images",
+        [
+            {"role": "system", "content": "  You count shapes.\n"},
+            {"role": "user", "content": [IMAGE, text("How many circles?"), IMAGE]},
+        ],
+    ),
+    case(
+        "system_parts",
+        [
+            {"role": "system", "content": [text(" You count "), text("shapes.")]},
+            {"role": "user", "content": [text("How many circles?")]},
+        ],
+    ),
+    case(
+        "several_images_and_thinking",
+        [{"role": "user", "content": [text("Compare\n"), IMAGE, IMAGE, text("  these  ")]}],
+        template_kwargs={"enable_thinking": True},
+    ),
+    case(
+        "multi_turn_with_reasoning",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "There are 3.", "reasoning_content": "count"},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+            {"role": "assistant", "content": "  Two.\n", "reasoning_content": "again"},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "thought_block_in_content_is_stripped",
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Hello."},
+            {"role": "user", "content": "Bye"},
+        ],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case(
+        "tools_call_and_text_result",
+        [
+            {"role": "developer", "content": "Use the tools."},
+            {"role": "user", "content": [IMAGE, text("Zoom in.")]},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "zoom first",
+                "tool_calls": [called("c1", "zoom", {"x": 1, "y": 2})],
+            },
+            tool_result("c1", "zoom", "zoomed"),
+        ],
+        tools=GEMMA4_TOOLS,
+        template_kwargs={"enable_thinking": True},
+    ),
+    case(
+        "tool_result_with_images_then_answer",
+        [
+            {"role": "user", "content": "Crop it."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    called(
+                        "c1",
+                        "crop",
+                        {
+                            "boxes": [{"x": 1, "label": "a b"}],
+                            "mode": None,
+                            "options": {"scale": 2.5, "deep": True},
+                        },
+                    ),
+                    called("c2", "zoom", {"x": 3, "y": 4}),
+                ],
+            },
+            tool_result("c1", "crop", [text("cropped"), IMAGE]),
+            tool_result("c2", "zoom", [IMAGE, text("zoomed "), text("twice")]),
+            {"role": "assistant", "content": "Done.", "reasoning_content": "looked"},
+            {"role": "user", "content": "Thanks"},
+        ],
+        tools=GEMMA4_TOOLS,
+    ),
+    case(
+        "tool_result_a_mapping_and_open_turn",
+        [
+            {"role": "user", "content": "Zoom."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "why not",
+                "tool_calls": [called("c1", "zoom", {"x": 1, "y": 2})],
+            },
+            tool_result("c1", "zoom", [text("ok")]),
+            {
+                "role": "tool",
+                "tool_call_id": "c9",
+                "content": "unmatched id, named by itself",
+                "name": "zoom",
+            },
+        ],
+        template_kwargs={"enable_thinking": True},
+    ),
+    case(
+        "preserve_thinking_on_earlier_calls",
+        [
+            {"role": "user", "content": "Zoom."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "first",
+                "tool_calls": [called("c1", "zoom", {"x": 1, "y": 2})],
+            },
+            tool_result("c1", "zoom", "ok"),
+            {"role": "assistant", "content": "Seen."},
+            {"role": "user", "content": "Again."},
+        ],
+        template_kwargs={"enable_thinking": True, "preserve_thinking": True},
+    ),
+    case(
+        "call_without_results_and_video",
+        [
+            {"role": "user", "content": [VIDEO, text("What moves?")]},
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "tool_calls": [called("c1", "zoom", {"x": 1, "y": 2})],
+            },
+        ],
+        add_generation_prompt=False,
+    ),
+]
+
 CASES: dict[str, list[dict[str, Any]]] = {
     "qwen2_vl": qwen2_cases(upstream=False),
     "qwen2_5_vl": qwen2_cases(upstream=True),
@@ -392,7 +709,13 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "gemma3": GEMMA3_CASES,
     "smolvlm": SMOLVLM_CASES,
     "llava_onevision": LLAVA_ONEVISION_CASES,
-}
+    "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
+    "llava_next": LLAVA_NEXT_CASES,
+    **{f"qwen3_5@{variant}": QWEN3_5_VARIANT_CASES
+       for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
+    **{f"gemma4@{variant}": GEMMA4_CASES
+       for variant in ("4742fe8", "b446025", "6b7e72c", "905e84b", "8995379", "31b")},
+}  # fmt: skip
 
 # The vocabulary each family's ids are recorded with: the real Qwen2 vocabulary where
 # vf_mm has it, else the family's tiny checkpoint vocabulary.
@@ -403,16 +726,27 @@ VOCAB = {
     "gemma3": "tiny",
     "smolvlm": "tiny",
     "llava_onevision": "tiny",
+    "llava_next": "tiny",
+    **{key: "tiny" for key in CASES if "@" in key},
 }
 
 
-def tokenizer_for(family: str, vocab: str, root: Path) -> Any:
+def family_and_variant(key: str) -> tuple[str, str | None]:
+    """A golden key is a family (``model_type``), or ``family@variant`` for a family whose
+    checkpoints ship several templates (Gemma 4's Hub revisions)."""
+    family, _, variant = key.partition("@")
+    return family, variant or None
+
+
+def tokenizer_for(key: str, vocab: str, root: Path) -> Any:
     """The real Qwen2 vocabulary, or the tokenizer of the family's tiny checkpoint."""
     from vf_mm.models import build_tiny_vlm, load_processor, qwen_tokenizer
 
     if vocab == "qwen":
         return qwen_tokenizer()
-    return load_processor(build_tiny_vlm(root / family, family)).tokenizer
+    family, variant = family_and_variant(key)
+    path = build_tiny_vlm(root / key.replace("@", "-"), family, variant=variant)  # type: ignore[arg-type]
+    return load_processor(path).tokenizer
 
 
 def render(tokenizer: Any, template: str, entry: dict[str, Any]) -> str:
@@ -451,7 +785,9 @@ def main() -> None:
                     )
                 ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
                 entries.append({**entry, "template": file, "text": rendered, "ids": ids})
-            out["families"][family] = {"vocab": vocab, "cases": entries}
+            name, variant = family_and_variant(family)
+            described = {"family": name, "variant": variant} if variant else {}
+            out["families"][family] = {**described, "vocab": vocab, "cases": entries}
     path = HERE / "renderings.json"
     path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {path}")
