@@ -111,6 +111,7 @@ JOBS = {
     "test": [
         [PY, ROOT / "dev.py", "browser"],
         [BIN / "ruff", "check", "vf_mm", "tests", "bench", "dev.py"],
+        [BIN / "mypy"],  # the type check ([tool.mypy] in pyproject.toml): 0 errors
         # the docs site and the API reference from the docstrings: a broken link fails
         [BIN / "mkdocs", "build", "--strict"],  # (--quiet would hide the warnings that fail it)
         [PY, "-m", "pytest", "-q", "-m", OTHER_TIERS],

@@ -116,6 +116,7 @@ class GrowLayer(DynamicLayer):
         self._k[:, :, n : n + s] = key_states
         self._v[:, :, n : n + s] = value_states
         self._set(n + s)
+        assert self.keys is not None and self.values is not None  # _set made them views
         return self.keys, self.values
 
     def get_seq_length(self) -> int:

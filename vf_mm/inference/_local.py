@@ -317,6 +317,11 @@ class LocalBackend:
         """Bytes of KV tensors the prefix cache holds now."""
         return self._prefix.nbytes
 
+    def _image_token(self) -> int:
+        """The model's image token id: only asked for by a model that takes images."""
+        assert self.image_token_id is not None, "a vision model has an image token"
+        return self.image_token_id
+
     async def aclose(self) -> None:
         """Stop the worker (running requests finish first); the pool engine gives back its
         KV arena (and with it the prefix cache, whose entries live there) and its graphs."""
@@ -752,7 +757,7 @@ class LocalBackend:
                 self.family,
                 ids,
                 [inputs for _, m, inputs in media if m == "image"],
-                image_token_ids=[self.image_token_id],
+                image_token_ids=[self._image_token()],
                 dtype=self.model.dtype,
                 videos=[inputs for _, m, inputs in media if m == "video"],
                 video_token_ids=[self.video_token_id] if self.video_token_id is not None else [],
@@ -801,7 +806,7 @@ class LocalBackend:
                 self.family,
                 dummy,
                 [images[k] for k in chunk],
-                image_token_ids=[self.image_token_id],
+                image_token_ids=[self._image_token()],
                 dtype=self.model.dtype,
             )
             args = {k: v.to(self.device) for k, v in inputs.items() if k in info.image_inputs}
@@ -940,7 +945,7 @@ def _media(request: GenerateRequest) -> list[tuple[MediaSpan, str, Mapping[str, 
     data = request.multi_modal_data
     if data is None or data.is_empty:
         return []
-    out = []
+    out: list[tuple[MediaSpan, str, Mapping[str, Any]]] = []
     for modality, i, where in data.all_placeholders():
         inputs = data.mm_items[modality][i]
         shapes = ",".join(

@@ -203,7 +203,7 @@ def resolve_image_backend(backend: str = "auto") -> str:
     return backend
 
 
-def image_processor_class(family: str, backend: str = "pil") -> type:
+def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     """The family's image processor class for ``backend`` (``"pil"`` or ``"torchvision"``;
     ``"auto"`` is resolved first)."""
     import transformers
@@ -219,7 +219,7 @@ def image_backend_of(image_processor: Any) -> str:
     return "torchvision" if "TorchvisionBackend" in names else "pil"
 
 
-def model_class(family: str) -> type:
+def model_class(family: str) -> type[Any]:
     """The family's transformers model class (``...ForConditionalGeneration``)."""
     import transformers
 
@@ -227,7 +227,7 @@ def model_class(family: str) -> type:
 
 
 @cache
-def processor_class(family: str) -> type:
+def processor_class(family: str) -> type[Any]:
     """The family's HF processor, accepting ``video_processor=None``."""
     import transformers
 

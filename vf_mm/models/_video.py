@@ -591,7 +591,8 @@ def _expand_smol(
     from num2words import num2words
 
     if settings.do_resize:
-        height, width = _longest_edge_size(*video.shape[-2:], settings.longest_edge)
+        rows, cols = video.shape[-2:]
+        height, width = _longest_edge_size(int(rows), int(cols), settings.longest_edge)
         video = resize_frames(video, height, width, settings.resample)
         if settings.size is not None:
             video = resize_frames(video, *settings.size, settings.resample)

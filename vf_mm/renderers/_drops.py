@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from vf_mm.errors import RenderError
 
@@ -84,7 +84,7 @@ def probe_drops(
         ("system", [{"role": "system", "content": [text, second]}, _USER]),
         ("assistant", [_USER, {"role": "assistant", "content": [text, second]}, _USER]),
     ):
-        out = attempt(messages)
+        out = attempt(cast(list[dict[str, Any]], messages))
         if out is not None and _TEXT in out and second["text"] not in out:
             first_only.add(role)
     tool_images = system_images = None

@@ -130,7 +130,7 @@ def _share_cache(renderers: Sequence[object]) -> None:
         return
     for spec, cache in zip(specs, caches, strict=True):
         if cache is not None and cache is not shared:
-            spec.cache = shared  # type: ignore[attr-defined]
+            spec.cache = shared
 
 
 def is_multimodal(renderer: object) -> bool:

@@ -678,7 +678,7 @@ class ChatTemplateRenderer:
         of ``messages[0]`` (new messages of a bridge), so errors name the message a user
         sees in the conversation."""
         out: list[dict[str, Any]] = []
-        parts: list[tuple[str, Any]] = []
+        parts: list[tuple[str, Any, str]] = []
         for i, message in enumerate(messages, start=first):
             if not isinstance(message.get("role"), str):
                 raise RenderError(f"message {i} has no role (a string: user, assistant, ...)")
@@ -689,7 +689,7 @@ class ChatTemplateRenderer:
                 content = [content]
                 message = {**message, "content": content}
             if isinstance(content, list):
-                new_content = []
+                new_content: list[Any] = []
                 for j, part in enumerate(content):
                     # the shorthand forms every template reads the same way: a bare string
                     # and an untyped {"text": ...} are text parts
@@ -829,7 +829,7 @@ class ChatTemplateRenderer:
                     "for images (or videos) the renderer expands itself",
                     token=str(token),
                 )
-        ids: list[int] = list(encoded[0])
+        ids = list(encoded[0])
         data = MultiModalData()
         for item, piece in zip(items, encoded[1:], strict=True):
             m = item.modality
