@@ -253,10 +253,11 @@ def test_images_of_later_turns_train_and_the_sampler_gets_each_steps_weights(
 
 def test_old_policy_and_reference_forwards_get_the_images_too(trl, checkpoints, tmp_path):
     """num_iterations > 1 (TRL computes the old policy's log-probabilities in its own
-    forward) and beta > 0 (a reference model's forward): both run with the images."""
+    forward) and beta > 0 (a reference model's forward): both run with the images, and
+    with gradient accumulation (a generated batch split over micro-steps)."""
     run = train(
         trl, "qwen2_5_vl", checkpoints("qwen2_5_vl"), gridnav_env(), tmp_path,
-        max_steps=2, num_iterations=2, beta=0.04,
+        max_steps=2, num_iterations=2, beta=0.04, gradient_accumulation_steps=2,
     )  # fmt: skip
     check_agreement(run, "qwen2_5_vl", step=0)
     assert len(run.forwards) > len(run.losses)  # the old-policy forward happened
@@ -471,3 +472,22 @@ def test_the_dataset_shows_each_prompt_and_names_its_example(trl, checkpoints):
     ]
     assert [f.__name__ for f in inputs["reward_funcs"]] == ["SingleTurnEnv"]
     assert type(inputs["processing_class"]).__name__.startswith("Qwen2_5_VLProcessor")
+
+
+def test_the_guides_example_runs_as_written(trl, tmp_path, monkeypatch):
+    from tests.test_docs_environments import REPO, blocks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VF_MM_ENV_PATH", str(REPO / "environments"))
+    guide = (REPO / "docs" / "trainers.md").read_text(encoding="utf-8")
+    code = [block for lang, block, _ in blocks(guide) if lang == "python"]
+    assert len(code) == 1
+    namespace: dict = {"__name__": "guide"}
+    exec(compile(code[0], "docs/trainers.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    try:
+        logs = [h for h in trainer.state.log_history if "rewards/gridnav/mean" in h]
+        assert len(logs) == 2  # a log line per step
+        assert all(log["vf_mm/logprob_diff_max"] <= TOLERANCE for log in logs)
+    finally:
+        trainer.rollout_func.close()
