@@ -344,6 +344,26 @@ def bare(trl):
     return rollouts
 
 
+def test_the_sampler_samples_by_the_grpo_config(bare, tmp_path):
+    """TRL's loss divides the logits by the config's temperature: the sampler samples at
+    it (and its top_p, top_k, min_p); max_tokens per turn is the environment's if it set
+    one, else max_completion_length."""
+    args = config(
+        tmp_path, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, max_completion_length=12
+    )
+    got = bare._sampling(args)
+    assert (got.temperature, got.top_p, got.top_k, got.min_p, got.max_tokens) == (
+        0.7,
+        0.9,
+        5,
+        0.1,
+        12,
+    )
+    bare.sampling_args = {"max_tokens": 3, "temperature": 0.2}
+    got = bare._sampling(args)
+    assert (got.max_tokens, got.temperature, got.logprobs) == (3, 0.7, True)
+
+
 def test_a_rollout_whose_turns_do_not_extend_each_other_fails_alone(bare):
     out = rollout_of([step([1, 5, 6], [7, 8]), step([1, 9, 9, 9], [3])])  # history rewritten
     record, error = bare._record(out, 3, "example 7, rollout 1")

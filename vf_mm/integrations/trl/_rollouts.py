@@ -42,6 +42,7 @@ order, for the reward function and for users who want to look.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import threading
@@ -150,13 +151,15 @@ class TRLRollouts:
         self.outputs = outputs
         self.records = []
         errors: list[str | None] = []
-        for index, output in enumerate(outputs):
-            repeat = sum(1 for e in examples[:index] if e == examples[index])
-            source = f"example {output.example_id!r}, rollout {repeat}"
+        seen: collections.Counter[int] = collections.Counter()
+        for index, (output, example) in enumerate(zip(outputs, examples, strict=True)):
+            source = f"example {output.example_id!r}, rollout {seen[example]}"
+            seen[example] += 1
             record, error = self._record(output, index, source)
             self.records.append(record)
             errors.append(error)
-        if trainer.args.mask_truncated_completions:
+        args: Any = trainer.args  # a GRPOConfig
+        if args.mask_truncated_completions:
             ends = trainer.completion_ends()
             self.records = [self._unmasked(r, ends) for r in self.records]
         failed = [e for e in errors if e is not None]
@@ -241,7 +244,9 @@ class TRLRollouts:
         docstring)."""
         base = self.env.sampling(self.sampling_args)
         explicit = {**getattr(self.env, "sampling_args", {}), **self.sampling_args}
-        max_tokens = base.max_tokens if "max_tokens" in explicit else args.max_completion_length
+        max_tokens = base.max_tokens
+        if "max_tokens" not in explicit and args.max_completion_length is not None:
+            max_tokens = args.max_completion_length
         return dataclasses.replace(
             base,
             max_tokens=int(max_tokens),

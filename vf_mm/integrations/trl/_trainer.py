@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import trl
@@ -71,7 +71,7 @@ _PARAMETERS = tuple(inspect.signature(trl.GRPOTrainer.__init__).parameters)[1:]
 
 def _refusals(args: Any, tools: Any, environment_factory: Any) -> list[str]:
     """What in the trainer's settings this integration cannot honour, each with why."""
-    out = []
+    out: list[str] = []
     if args is None:  # TRL's defaults
         return out
     if args.use_vllm:
@@ -137,7 +137,7 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
     # -- the three overrides -------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        rollouts = self.rollout_func
+        rollouts = self.rollouts
         try:
             rollouts.examples = [int(x[EXAMPLE_COLUMN]) for x in inputs]
         except KeyError:
@@ -174,7 +174,7 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
                 "rollouts"
             )
         in_loss = self._vf_mm_rows is not None
-        rows = self._vf_mm_rows if in_loss else self.rollout_func.records
+        rows = self._vf_mm_rows if in_loss else self.rollouts.records
         assert rows is not None
         if len(rows) != input_ids.shape[0]:
             raise TrajectoryError(
@@ -204,8 +204,8 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
             if ax is not None:
                 aux.append(ax)
         out = torch.cat(logps)
-        on_policy = self.state.global_step == self.rollout_func.synced_step
-        if in_loss and on_policy and self.args.temperature == 1.0:
+        on_policy = self.state.global_step == self.rollouts.synced_step
+        if in_loss and on_policy and cast(trl.GRPOConfig, self.args).temperature == 1.0:
             self._log_mismatch(rows, out, logits_to_keep)
         return (
             out,
@@ -214,6 +214,11 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
         )
 
     # -- helpers -------------------------------------------------------------------------
+
+    @property
+    def rollouts(self) -> TRLRollouts:
+        """The rollout function (``trl_inputs``'), typed."""
+        return cast(TRLRollouts, self.rollout_func)
 
     def completion_ends(self) -> set[int]:
         """The tokens TRL takes as a completion's end (``mask_truncated_completions`` masks
@@ -232,14 +237,14 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
         """The image inputs TRL's forward takes for ``rows`` (``ids``, padded as TRL
         padded them): the records' images in token order, through the family's
         ``model_inputs``, and how many each row has."""
-        vision = self.rollout_func.vision
+        vision = self.rollouts.vision
         if vision is None:  # a text model
             return {}
         from vf_mm.models import model_inputs
 
         images = [image for row in rows for image in row.images]
         inputs = model_inputs(
-            self.rollout_func.family, ids.cpu(), images, image_token_ids=vision.embed_token_ids
+            self.rollouts.family, ids.cpu(), images, image_token_ids=vision.embed_token_ids
         )
         inputs.pop("batch_num_images", None)  # LLaVA-OneVision: None = each image anyres, as 1
         media = {k: v.to(ids.device) for k, v in inputs.items() if k in _MEDIA}
@@ -266,7 +271,7 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
             sources=[row.source for row in rows],
         )  # fmt: skip
         stats = logprob_mismatch(batch, logps.detach().float().cpu())
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self.model is not None and self.model.training else "eval"
         self._metrics[mode]["vf_mm/mismatch_kl"].append(stats["mismatch_kl"])
         self._metrics[mode]["vf_mm/logprob_diff_max"].append(stats["max_abs_diff"])
 
