@@ -348,8 +348,9 @@ class TRLRollouts:
         """``record``, or, when TRL's ``mask_truncated_completions`` will zero the attention
         over its completion (it does not end with an end token) and that completion holds
         images, a row with nothing to learn in its place: TRL trains on neither, and
-        images under a zero attention mask would break M-RoPE's count of them. Its reward
-        still counts in its group, as TRL counts a masked completion's."""
+        Qwen's M-RoPE skips masked tokens but not their images' grids, so every later
+        row's images would silently take another image's grid. Its reward still counts
+        in its group, as TRL counts a masked completion's."""
         if not record.completion_ids or record.completion_ids[-1] in ends:
             return record
         embeds = set(self.vision.embed_token_ids) if self.vision is not None else set()
