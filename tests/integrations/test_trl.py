@@ -310,7 +310,9 @@ def test_a_failed_rollout_is_left_out_with_no_reward_and_the_rest_train(trl, che
     assert moved(run) > 0
 
 
-def test_a_batch_whose_rollouts_all_failed_is_refused_naming_the_first(trl, checkpoints, tmp_path):
+def test_a_first_batch_whose_rollouts_all_failed_stops_training_naming_why(
+    trl, checkpoints, tmp_path
+):
     env = pictures_env(text=True)
 
     def broken(answer) -> float:
@@ -318,9 +320,27 @@ def test_a_batch_whose_rollouts_all_failed_is_refused_naming_the_first(trl, chec
 
     env.rubric = vf.Rubric([broken])
     with pytest.raises(
-        TrajectoryError, match=r"every rollout of the batch failed.*rubric is broken"
+        TrajectoryError, match=r"every rollout of the first batch failed.*rubric is broken"
     ):
         train(trl, "text", checkpoints("text"), env, tmp_path)
+
+
+def test_a_later_batch_whose_rollouts_all_failed_trains_on_nothing_and_goes_on(
+    trl, checkpoints, tmp_path
+):
+    env = pictures_env(text=True)
+    scored = []
+
+    def flaky(state) -> float:  # the first batch's 4 rollouts score, the rest fail
+        scored.append(1)
+        if len(scored) > 4:
+            raise ValueError("the scorer went away")
+        return token_mean(state)
+
+    env.rubric = vf.Rubric([flaky])
+    run = train(trl, "text", checkpoints("text"), env, tmp_path, max_steps=2)
+    assert [log["vf_mm/errors"] for log in run.logs] == [0.0, 1.0]
+    assert all(o.error is not None for o in run.generations[1][0])
 
 
 def rollout_of(steps, *, error=None) -> RolloutOutput:

@@ -32,8 +32,11 @@ What holds, and why:
   forward takes no video inputs) becomes a row of one pad and one end token with
   nothing to learn (``env_mask`` 0) and reward None, which TRL keeps out of its group's
   mean and gives advantage 0; its error is in ``outputs`` / ``errors`` and logged. A
-  batch in which every rollout failed is refused (``TrajectoryError``, naming the first
-  failure): it has no token to learn from, and TRL would divide its loss by zero.
+  first batch in which every rollout failed is refused (``TrajectoryError``, naming the
+  first failure): before anything trained, that is an environment, rubric or template
+  that cannot work (a run would train on nothing for as long as it lasts). Once a batch
+  has trained, such a batch is logged and trains on nothing, so a flaky environment
+  does not end a long run.
 
 ``outputs`` holds the last batch's scored rollouts (``RolloutOutput``), in TRL's row
 order, for the reward function and for users who want to look.
@@ -115,6 +118,7 @@ class TRLRollouts:
         self.records: list[Record] = []
         self.outputs: list[RolloutOutput] = []
         self.synced_step: int | None = None  # the trainer step whose weights sample now
+        self.trained = False  # whether a batch had a rollout to train on
         self._client: RendererClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -163,13 +167,14 @@ class TRLRollouts:
             ends = trainer.completion_ends()
             self.records = [self._unmasked(r, ends) for r in self.records]
         failed = [e for e in errors if e is not None]
-        if failed and len(failed) == len(errors):
+        if failed and len(failed) == len(errors) and not self.trained:
             raise TrajectoryError(
-                f"every rollout of the batch failed ({len(failed)}), so it has no token to "
-                f"learn from; the first: {failed[0]}"
+                f"every rollout of the first batch failed ({len(failed)}), so it has no "
+                f"token to learn from; the first: {failed[0]}"
             )
         for error in dict.fromkeys(failed):
             logger.warning("vf_mm: a rollout is left out of training: %s", error)
+        self.trained = self.trained or len(failed) < len(errors)
         return {
             "prompt_ids": [r.prompt_ids for r in self.records],
             "completion_ids": [r.completion_ids for r in self.records],
