@@ -264,6 +264,9 @@ def test_old_policy_and_reference_forwards_get_the_images_too(trl, checkpoints, 
     logs = run.logs
     assert "vf_mm/mismatch_kl" in logs[0]
     assert "vf_mm/mismatch_kl" not in logs[1]  # the second pass trains a moved policy
+    # before the first update the policy is the reference: their forwards agree only if
+    # the reference's got the same images
+    assert logs[0]["kl"] < 1e-9
     assert logs[1]["kl"] > 0
 
 
