@@ -8,6 +8,7 @@
     python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
     python3 dev.py ray      # the ray tier: rollout workers as Ray actors (sets up .venv-ray)
     python3 dev.py verifiers  # the verifiers tier: verifiers environments (sets up .venv-verifiers)
+    python3 dev.py trl      # the trl tier: TRL's GRPOTrainer on vf_mm environments (sets up .venv-trl)
     python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
     python3 dev.py browser  # install the headless chromium the report tests use (test does)
 
@@ -36,8 +37,10 @@ RAY_VENV = ROOT / ".venv-ray"
 RAY_PY = RAY_VENV / "bin" / "python"
 VERIFIERS_VENV = ROOT / ".venv-verifiers"
 VERIFIERS_PY = VERIFIERS_VENV / "bin" / "python"
+TRL_VENV = ROOT / ".venv-trl"
+TRL_PY = TRL_VENV / "bin" / "python"
 #: the tiers the default run leaves out (each has its own job and venv)
-OTHER_TIERS = "not slow and not vllm and not ray and not verifiers"
+OTHER_TIERS = "not slow and not vllm and not ray and not verifiers and not trl"
 INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
 
 
@@ -77,18 +80,29 @@ def setup_ray() -> None:
 
 def setup_verifiers() -> None:
     """.venv-verifiers: the pinned lock plus requirements/verifiers.txt (verifiers 0.3.1, an
-    optional extra, kept out of .venv so the default tier never imports it). The lock is
-    also a constraint, so nothing verifiers pulls in moves a pinned version."""
+    optional extra, kept out of .venv so the default tier never imports it)."""
+    setup_tier(VERIFIERS_VENV, ROOT / "requirements" / "verifiers.txt")
+
+
+def setup_trl() -> None:
+    """.venv-trl: the pinned lock plus requirements/trl.txt (TRL 1.16.0, the optional extra
+    vf-mm[trl], kept out of .venv so the default tier never imports it)."""
+    setup_tier(TRL_VENV, ROOT / "requirements" / "trl.txt")
+
+
+def setup_tier(root: Path, requirements: Path) -> None:
+    """A tier's own venv at ``root``: the pinned lock plus ``requirements``. The lock is
+    also a constraint, so nothing the tier's packages pull in moves a pinned version
+    (torch stays the lock's CPU wheel). Skipped when the venv already matches."""
     lock = ROOT / "requirements" / "lock.txt"
-    inputs = [*INPUTS, ROOT / "requirements" / "verifiers.txt"]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs)).hexdigest()
-    stamp = VERIFIERS_VENV / ".vf-mm-installed"
-    if stamp.exists() and stamp.read_text() == digest and VERIFIERS_PY.exists():
+    python = root / ("Scripts" if os.name == "nt" else "bin") / "python"
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [*INPUTS, requirements])).hexdigest()
+    stamp = root / ".vf-mm-installed"
+    if stamp.exists() and stamp.read_text() == digest and python.exists():
         return
-    venv.EnvBuilder(with_pip=True, clear=True).create(VERIFIERS_VENV)
-    pip = (VERIFIERS_PY, "-m", "pip", "--disable-pip-version-check")
-    run(*pip, "install", "--quiet", "-r", lock, "-c", lock,
-        "-r", ROOT / "requirements" / "verifiers.txt")  # fmt: skip
+    venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    pip = (python, "-m", "pip", "--disable-pip-version-check")
+    run(*pip, "install", "--quiet", "-r", lock, "-c", lock, "-r", requirements)
     run(*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", ROOT)
     stamp.write_text(digest)
 
@@ -127,6 +141,8 @@ JOBS = {
     "ray": [[RAY_PY, "-m", "pytest", "-q", "-m", "ray", "tests/workers"]],
     # verifiers classic environments run through vf_mm (verifiers in its own venv .venv-verifiers)
     "verifiers": [[VERIFIERS_PY, "-m", "pytest", "-q", "-m", "verifiers", "tests/adapters"]],
+    # TRL's GRPOTrainer trained on vf_mm environments (TRL in its own venv .venv-trl)
+    "trl": [[TRL_PY, "-m", "pytest", "-q", "-m", "trl", "tests/integrations"]],
 }
 
 
@@ -224,6 +240,8 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[0] == "verifiers":  # its own venv only: .venv is not needed, so not touched
         setup_verifiers()
+    elif argv[0] == "trl":  # the same
+        setup_trl()
     else:
         setup()
     if argv[0] == "ray":
