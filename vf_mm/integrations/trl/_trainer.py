@@ -107,7 +107,7 @@ def _refusals(args: Any, tools: Any, environment_factory: Any) -> list[str]:
     return out
 
 
-class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
+class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc, unused-ignore]  # (misc: where trl is installed)
     """TRL's ``GRPOTrainer``, trained on a vf_mm environment's rollouts: construct it
     with ``**trl_inputs(env, model_dir)`` (the module docstring says what differs from
     TRL's, and why)."""
