@@ -34,3 +34,10 @@ def test_lock_pins_exact_versions_and_no_torchvision():
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+\-]+", line) for line in lines), lines
     assert not any(line.lower().startswith("torchvision") for line in lines)
     assert "torch==2.13.0" in lines
+
+
+def test_the_package_says_it_is_typed():
+    """PEP 561: without py.typed in the wheel, users' type checkers ignore vf_mm's types."""
+    assert (ROOT / "vf_mm" / "py.typed").is_file()
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in setuptools["package-data"]["vf_mm"]
