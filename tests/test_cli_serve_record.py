@@ -43,28 +43,34 @@ def user(seed: int) -> dict:
                                         {"type": "text", "text": f"step {seed}"}]}  # fmt: skip
 
 
-@pytest.mark.timeout(300)
-def test_a_recorded_session_lands_in_dir_as_a_row_and_a_group(checkpoint, tmp_path):
-    import openai
-
-    port, record = free_port(), tmp_path / "rec"
+def start_recording(checkpoint: Path, record: Path) -> tuple[subprocess.Popen, str]:
+    """``vf-mm serve --record`` in its own process, once /health answers."""
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "vf_mm.cli._main", "serve", "--model", str(checkpoint),
          "--port", str(port), "--record", str(record), "--log-level", "warning"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240  # a bound on the wait for the model to load
+    while True:
+        assert server.poll() is None, server.stderr.read()
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                return server, base
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_a_recorded_session_lands_in_dir_as_a_row_and_a_group(checkpoint, tmp_path):
+    import openai
+
+    record = tmp_path / "rec"
+    server, base = start_recording(checkpoint, record)
     try:
-        deadline = time.monotonic() + 240  # a bound on the wait for the model to load
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
         oai = openai.OpenAI(base_url=f"{base}/v1", api_key="x",
                             default_headers={"X-Session-ID": "agent-1"})  # fmt: skip
         messages = []
@@ -97,6 +103,8 @@ def test_a_recorded_session_lands_in_dir_as_a_row_and_a_group(checkpoint, tmp_pa
     assert rows["agent-1"]["num_turns"] == 3 and rows["agent-1"]["error"] is None
     rollouts = [r for g in read_groups(record / "groups.vfmm") for r in unpack_group(g)]
     assert sorted(r.example_id for r in rollouts) == ["agent-1", "agent-2"]
+    # each group has the id a trainer deduplicates by, unique in the recording
+    assert sorted(r.group_id for r in rollouts) == ["agent-1/0", "agent-2/0"]
     (agent_1,) = [r for r in rollouts if r.example_id == "agent-1"]
     steps = agent_1.trajectory
     assert len(steps) == 3
@@ -163,3 +171,23 @@ def test_model_embedded_next_to_a_folder_of_that_name_is_refused(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert main(["serve", "--model", "embedded"]) == 2
     assert "write ./embedded to serve that folder" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_a_recording_resumed_in_its_dir_keeps_the_groups_it_sent_before(checkpoint, tmp_path):
+    """A second server on the same DIR goes on counting the session's index and appends
+    its group: the first run's groups are not overwritten, and every id stays unique."""
+    record = tmp_path / "rec"
+    for _ in range(2):
+        server, base = start_recording(checkpoint, record)
+        try:
+            done = httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-ID": "a"},
+                              json={"model": str(checkpoint), "messages": [user(0)],
+                                    "max_tokens": 2}, timeout=60)  # fmt: skip
+            assert done.status_code == 200, done.text
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(60)
+    groups = list(read_groups(record / "groups.vfmm"))
+    assert [g["group_id"] for g in groups] == ["a/0", "a/1"]
+    assert sorted(r["rollout_index"] for r in read_results(record)) == [0, 1]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import os
 import signal
@@ -308,14 +309,23 @@ async def _serve_recording(
         ResultsWriter(
             args.record, resume=True, metadata=metadata, policy=recording_policy()
         ) as writer,
-        GroupSender(args.record / "groups.vfmm") as groups,
+        # appended: a recording resumed on the same DIR keeps the groups it sent before
+        GroupSender(args.record / "groups.vfmm", append=True) as groups,
     ):
 
         async def land(session: Any) -> None:
             output = session.as_rollout()
             await writer.awrite(output, rollout_index=session.index)
             group = await asyncio.to_thread(
-                pack_group, [output], rollout_indices=[session.index], example_id=output.example_id
+                functools.partial(
+                    pack_group,
+                    [output],
+                    rollout_indices=[session.index],
+                    example_id=output.example_id,
+                    # unique in DIR (a session id goes on counting across restarts): the
+                    # key a trainer deduplicates by, as vf-mm rollout's groups have one
+                    group_id=f"{output.example_id}/{session.index}",
+                )
             )
             await groups.asend(group)
 
