@@ -273,7 +273,7 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MB",
         help="local backend: bound of its KV memory: on a GPU the KV pool that running "
-        "requests and the prefix cache share (default 60%% of the GPU memory free after "
+        "requests and the prefix cache share (unset: 60%% of the GPU memory free after "
         f"loading), on CPU the prefix cache of KV tensors (default {KV_CACHE_MB_CPU}); the "
         "vision tower's outputs get an eighth more",
     )
