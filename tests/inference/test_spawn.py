@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
 from vf_mm.errors import BackendUnavailableError, MissingDependencyError
 from vf_mm.inference import VLLMServers, server_flags, vllm_command
-from vf_mm.inference._spawn import _devices
+from vf_mm.inference._spawn import _devices, _ephemeral_start, _free_ports
 
 HERE = Path(__file__).resolve().parent
 FAKE = [sys.executable, str(HERE / "_fake_vllm.py")]
@@ -241,3 +244,39 @@ def test_kill_9_of_the_parent_leaves_no_orphan(tmp_path: Path) -> None:
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait(timeout=PATIENCE_S)
     wait_for(lambda: not any(alive(p) for p in _caused(pids)), "the watchdog to stop the servers")
+
+
+# -- ports -------------------------------------------------------------------------------------
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    ports = _free_ports("127.0.0.1", 8)
+    assert len(set(ports)) == 8
+    assert all(20000 <= p < _ephemeral_start() for p in ports)  # never a bind(0) or client port
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_server_whose_port_another_program_answers_on_fails_the_start(tmp_path: Path) -> None:
+    """The other program answers /health for it; the server itself exits (port in use)."""
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    squatter = HTTPServer(("127.0.0.1", _free_ports("127.0.0.1", 1)[0]), Healthy)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    try:
+        servers = fake_servers(tmp_path, n=1, base_port=squatter.server_address[1])
+        with pytest.raises(BackendUnavailableError, match="another program on its port"), servers:
+            pytest.fail("the block must not run")
+    finally:
+        squatter.shutdown()
+        squatter.server_close()
+    assert not any(alive(p) for p in [*servers.pids, *children(servers)])

@@ -35,6 +35,7 @@ import contextlib
 import http.client
 import importlib.util
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -57,6 +58,10 @@ COMMAND_ENV = "VF_MM_VLLM_COMMAND"
 _WATCHDOG = Path(__file__).with_name("_watchdog.py")
 _HEALTH_PATH = "/health"
 _POLL_S = 0.5
+#: where ``_free_ports`` draws from (its top is cut to below the ephemeral range)
+_PORT_RANGE = (20000, 32767)
+#: how long a server must have run when it is called healthy (a real one takes far longer)
+_SETTLE_S = 1.0
 _RESERVED = ("--model", "--host", "--port")
 
 
@@ -264,6 +269,7 @@ class VLLMServers:
                 if self.on_progress is not None:
                     self.on_progress(sum(ready), self.n, elapsed)
                 if all(ready):
+                    self._check_running()
                     return
                 if elapsed > self.startup_timeout_s:
                     slow = ready.index(False)
@@ -276,6 +282,20 @@ class VLLMServers:
         except BaseException:
             self.stop()
             raise
+
+    def _check_running(self) -> None:
+        """Every server still runs ``_SETTLE_S`` after its start: one that failed to bind
+        its port exits within that, while another program on the port answered for it."""
+        time.sleep(max(0.0, self._started_at + _SETTLE_S - time.monotonic()))
+        for i, proc in enumerate(self._procs):
+            code = proc.poll()
+            if code is not None:
+                raise BackendUnavailableError(
+                    f"vLLM server {i} ({self.base_urls[i]}) exited with code {code} right "
+                    f"after {_HEALTH_PATH} answered (another program on its port?); "
+                    f"{self._log_tail(i)}",
+                    backend=self.base_urls[i],
+                )
 
     def exit_codes(self) -> list[int | None]:
         """Each server's exit code (negative: the signal that ended it), None while it runs."""
@@ -392,20 +412,40 @@ def _devices(n: int, per_server: int, gpus: Sequence[str | int] | None) -> list[
 
 
 def _free_ports(host: str, n: int) -> list[int]:
-    """``n`` distinct ports free now (held open together, so none repeats). Another
-    process may take one before its server binds it: that server then fails to start,
-    with the reason in its log."""
+    """``n`` distinct ports free now, drawn at random below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(port 0)`` or an outgoing connection can be taken
+    by any process between this check and the server's own bind; the server then fails to
+    start while whatever took the port answers its health check, and requests meant for it
+    go elsewhere. Ports below the ephemeral range are never handed out that way, so only
+    another program choosing ports by hand can collide (``wait_healthy`` then still sees
+    our server exit)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = []
+    low, high = _PORT_RANGE[0], min(_PORT_RANGE[1], _ephemeral_start() - 1)
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(50 * n):
+        port = rng.randint(low, high)
+        if port in ports:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise BackendUnavailableError(f"found no {n} free ports on {host} in {low}-{high}")
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's file; 32768 elsewhere, the
+    lowest default among Linux, macOS and Windows)."""
     try:
-        for _ in range(n):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _healthy(host: str, port: int) -> bool:
