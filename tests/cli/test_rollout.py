@@ -11,7 +11,7 @@ import pytest
 from vf_mm.cli import main
 from vf_mm.training import GroupReceiver, group_advantages, read_groups, unpack_group
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLING = '{"max_tokens": 8}'
 
 
@@ -141,7 +141,7 @@ def test_a_group_that_cannot_be_packed_is_sent_stripped_with_the_reason(tmp_path
     for r in g["rollouts"]:
         assert r["steps"] == [] and r["error"]["type"] == "ValueError"
         assert r["error"]["message"] == "cannot pack this"
-        assert r["error"]["where"].startswith("packing the group, at test_cli_rollout.py:")
+        assert r["error"]["where"].startswith("packing the group, at test_rollout.py:")
         assert r["reward"] is not None  # the scores are kept
 
 

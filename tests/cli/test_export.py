@@ -14,7 +14,7 @@ from tests.results.test_dataset import assert_round_trips, make_run
 from vf_mm.cli import main
 from vf_mm.results import RESULTS_FILE, ResultsWriter, read_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def plain(text: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 from vf_mm.cli import main
 from vf_mm.results import read_metadata, read_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def keys(outdir):

@@ -20,7 +20,7 @@ from vf_mm.images import png_data_url
 from vf_mm.results import read_results
 from vf_mm.training import read_groups, unpack_group
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

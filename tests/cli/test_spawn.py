@@ -19,7 +19,7 @@ from tests.inference.test_spawn import alive
 from vf_mm.cli import main
 from vf_mm.results import read_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "inference" / "_fake_vllm.py"
 
 

@@ -13,7 +13,7 @@ import vf_mm.inference
 from vf_mm.cli import main
 from vf_mm.inference import LocalBackend
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [["eval", "shapes"], ["rollout", "shapes", "--stream", "unused.vfmm"]]
 ALL = [*COMMANDS, ["serve", "--model", "m"]]
 
