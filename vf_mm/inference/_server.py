@@ -22,7 +22,8 @@ Images and clips are both served: on the generate route in either mode, on the c
 route as ``image_url`` / ``video_url`` parts (clips need a family that reads video:
 Qwen-VL's). A route reads a URL only under the server's ``image_policy``
 (default ``DEFAULT_SERVER_IMAGE_POLICY``: ``data:`` URLs only), never the renderer's:
-a server must never fetch what a client names. Other vision families than Qwen-VL are
+a server must never fetch what a client names (a recorded chat call is read by the
+recorder's client, under its policy alone). Other vision families than Qwen-VL are
 refused at start (``UnsupportedModelError``); text models are served.
 
 Every request, whichever route, first passes ``ServerGuard`` (``_server_guard``): with
@@ -30,8 +31,9 @@ Every request, whichever route, first passes ``ServerGuard`` (``_server_guard``)
 (401 otherwise); without keys the routes are open, so serve on 127.0.0.1 (the default)
 or to trusted clients only. ``ServerLimits`` bound what one request may cost: the guard
 checks the body's size and pace and the requests in flight per client, the engine the
-images and clips and the prompt's tokens. Every route also bans the
-renderer's image and video tokens (``VisionSpec.banned_token_ids``).
+images and clips and the prompt's tokens. Every generation, whichever route, bans the
+renderer's image and video tokens (``VisionSpec.banned_token_ids``; a recorded turn's
+client bans its renderer's).
 
 Request bodies are validated with pydantic models whose rules and messages follow
 vLLM's (``_server_models``); every refusal is vLLM's error body

@@ -15,7 +15,7 @@ and clips arrive in one of two modes:
   ``return_token_ids`` returns the expanded ids and their placeholders.
 
 What the local engine cannot do is refused by name with a 400, never silently dropped:
-``stream``, ``n > 1``, ``output_mode="text"``, stop strings, penalties and the other
+``stream``, ``n > 1``, ``logprobs=-1``, ``output_mode="text"``, stop strings, penalties and the other
 sampling fields ``UNSUPPORTED_SAMPLING`` lists when not at their defaults, a priority,
 KV or encoder-cache transfer, and a ``logit_bias`` other than bans (-100 or less, what
 ``VLLMBackend`` sends for the family's image and video tokens: honoured). Logprobs are
