@@ -136,7 +136,7 @@ def test_a_model_that_cannot_take_the_environments_media_is_refused_up_front(
     tmp_path, capsys, monkeypatch
 ):
     """Every rollout would fail the same way: one clear line instead of a run of errors."""
-    from vf_mm.models import build_tiny_lm, build_tiny_vlm
+    from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 
     monkeypatch.chdir(ROOT)
     gemma = build_tiny_vlm(tmp_path / "gemma", "gemma3")

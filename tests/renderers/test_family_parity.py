@@ -26,13 +26,13 @@ from PIL import Image
 from vf_mm.errors import RenderError
 from vf_mm.models import (
     VISION_FAMILIES,
-    build_tiny_vlm,
     family_info,
     image_token_ids,
     load_processor,
     model_inputs,
 )
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
 
 FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
 MODES = ("RGB", "L", "RGBA", "P", "LA")
@@ -567,7 +567,7 @@ def qwen3_5_variant(tiny, tmp_path_factory):
     checkpoint copied, its template swapped: the tokenizer and processor are shared)."""
     import shutil
 
-    from vf_mm.models import chat_template
+    from vf_mm.testing import chat_template
 
     root = tmp_path_factory.mktemp("qwen3_5_variants")
     made: dict[tuple[str, str], Any] = {}

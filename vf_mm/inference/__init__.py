@@ -14,8 +14,6 @@ it ends.
 from typing import TYPE_CHECKING
 
 from vf_mm._lazy import lazy_exports
-from vf_mm.inference._mm_kwargs import decode_kwargs_item, encode_kwargs_item
-from vf_mm.inference._scripted import ScriptedBackend
 from vf_mm.inference._server_guard import ServerLimits
 from vf_mm.inference._spawn import VLLMServers, server_flags, vllm_command
 from vf_mm.inference._types import (
@@ -27,7 +25,6 @@ from vf_mm.inference._types import (
     GenerateResult,
     SamplingParams,
     Usage,
-    check_prompt_length,
 )
 
 __all__ = [
@@ -40,15 +37,11 @@ __all__ = [
     "LocalBackend",
     "OpenAIChatBackend",
     "SamplingParams",
-    "ScriptedBackend",
     "ServerLimits",
     "Usage",
     "VLLMBackend",
     "VLLMServers",
-    "check_prompt_length",
     "create_app",
-    "decode_kwargs_item",
-    "encode_kwargs_item",
     "server_flags",
     "vllm_command",
 ]

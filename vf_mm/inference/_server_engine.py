@@ -42,7 +42,8 @@ from vf_mm.images import ImagePolicy
 from vf_mm.inference._server_errors import RequestError, json_error, validation_error
 from vf_mm.inference._server_guard import ServerLimits
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
-from vf_mm.models import QWEN_VL_FAMILIES, VISION_FAMILIES
+from vf_mm.models import VISION_FAMILIES
+from vf_mm.models._internal import QWEN_VL_FAMILIES
 
 __all__ = ["ItemCache", "ServerEngine", "clamp_logprob", "renderer_attribute"]
 

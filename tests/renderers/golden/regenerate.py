@@ -740,7 +740,8 @@ def family_and_variant(key: str) -> tuple[str, str | None]:
 
 def tokenizer_for(key: str, vocab: str, root: Path) -> Any:
     """The real Qwen2 vocabulary, or the tokenizer of the family's tiny checkpoint."""
-    from vf_mm.models import build_tiny_vlm, load_processor, qwen_tokenizer
+    from vf_mm.models import load_processor
+    from vf_mm.testing import build_tiny_vlm, qwen_tokenizer
 
     if vocab == "qwen":
         return qwen_tokenizer()
