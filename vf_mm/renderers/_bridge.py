@@ -93,9 +93,10 @@ class BridgePlan:
 
 
 class TurnBridge:
-    """The bridge of one ``ChatTemplateRenderer`` (its templates, tokenizer and
-    vision). Thread-safe: it keeps only the prefix probes and the counted lists, under
-    locks."""
+    """The bridge of one ``ChatTemplateRenderer``: it renders, prepares messages and
+    tokenizes through that renderer (one template call, one message check, one
+    tokenizing for a render and a bridge alike), and reads its ``TemplateFacts``.
+    Thread-safe: it keeps only the prefix probes and the counted lists, under locks."""
 
     def __init__(self, renderer: ChatTemplateRenderer) -> None:
         self._r = renderer
@@ -168,6 +169,9 @@ class TurnBridge:
         completion: list[int],
         tools: Sequence[Mapping[str, Any]] | None,
     ) -> BridgePlan:
+        """The plan of this bridge, chosen before anything is rendered from what the
+        caller gave (the history or only tokens, the completion, the tools) and what
+        ``template`` does."""
         r = self._r
         facts = r._facts[template]
         last = history[-1] if history else None

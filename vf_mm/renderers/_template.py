@@ -47,8 +47,10 @@ _PART_TYPES = ("text", "image", "image_url", "video", "video_url")
 
 class ChatTemplateRenderer:
     """Renders with a Hugging Face tokenizer's chat template; expands images when ``vision``
-    is given (any family in ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the tokenizer, the template and the image cache are
-    shared, nothing else is kept between calls.
+    is given (any family in ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the
+    tokenizer, the template and the image cache are shared; between calls only the
+    bridge's probe renders and the counts of returned token lists are kept
+    (``TurnBridge``), both bounded.
 
     ``template_kwargs`` go to the template on every render (e.g. ``enable_thinking``).
     ``content_as_parts``: give the template every string content as one text part (for
