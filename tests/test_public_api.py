@@ -253,6 +253,8 @@ def test_inference_exports_the_managed_servers():
     assert {"VLLMBackend", "VLLMServers", "ServerLimits", "server_flags", "vllm_command"} <= set(
         vf_mm.inference.__all__
     )
+    # VLLMBackend's settings objects
+    assert {"Retry", "Routing", "Auth"} <= set(vf_mm.inference.__all__)
     for name in vf_mm.inference.__all__:
         assert hasattr(vf_mm.inference, name), name
 

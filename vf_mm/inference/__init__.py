@@ -8,7 +8,9 @@ HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind
 token-in/token-out route and an OpenAI-compatible chat route. ``VLLMServers`` starts N
 vLLM servers of one model as subprocesses (``server_flags``: what each needs for
 ``VLLMBackend``; ``vllm_command``: what starts one), stopped with their parent however
-it ends.
+it ends. ``Retry``, ``Routing`` and ``Auth`` are ``VLLMBackend``'s settings objects
+(retries and backoff; the routing policy and its sessions; the API keys), each checked
+when it is made.
 """
 
 from typing import TYPE_CHECKING
@@ -26,8 +28,10 @@ from vf_mm.inference._types import (
     SamplingParams,
     Usage,
 )
+from vf_mm.inference._vllm_config import Auth, Retry, Routing
 
 __all__ = [
+    "Auth",
     "Backend",
     "ChatBackend",
     "ChatResult",
@@ -36,6 +40,8 @@ __all__ = [
     "GenerateResult",
     "LocalBackend",
     "OpenAIChatBackend",
+    "Retry",
+    "Routing",
     "SamplingParams",
     "ServerLimits",
     "Usage",
