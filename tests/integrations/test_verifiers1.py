@@ -29,8 +29,9 @@ import pytest
 pytestmark = pytest.mark.verifiers1
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the families prime-rl trains that vf_mm's adapter serves through verifiers (and Qwen2.5-VL)
-FAMILIES = ("qwen3_vl", "qwen3_5")
+#: the families an episode runs for against vf-mm serve (which serves the Qwen-VL families;
+#: Qwen3.5 it refuses, so its rendering is checked against renderers' alone, below)
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 ENV_ARGS = {"difficulty": "easy", "num_examples": 2, "max_turns": 2}
 
 
@@ -246,3 +247,208 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
                     assert gi[key].dtype == wi[key].dtype
             compared_images += len(g.images)
     assert compared_images >= 3  # two rows, the second turn's image included somewhere
+
+
+# -- the adapter against renderers' own renderers --------------------------------------------
+
+
+class _EndOfText:
+    """A tokenizer that answers ``<|endoftext|>`` with ``<|im_end|>``'s id: the tiny
+    Qwen3.5 vocabulary has no ``<|endoftext|>``, which renderers' Qwen3.5 renderer looks up
+    at construction and uses only as a stop token (nothing it renders holds it)."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._tokenizer(*args, **kwargs)
+
+    def convert_tokens_to_ids(self, token):
+        return self._tokenizer.convert_tokens_to_ids(
+            "<|im_end|>" if token == "<|endoftext|>" else token
+        )
+
+
+def _picture(seed: int, h: int, w: int) -> dict:
+    from PIL import Image
+
+    from vf_mm.images import png_data_url
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    return {"type": "image_url", "image_url": {"url": png_data_url(Image.fromarray(pixels))}}
+
+
+TOOLS = [{"type": "function", "function": {"name": "look", "description": "Look again.",
+          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}},
+                         "required": ["x"]}}}]  # fmt: skip
+
+
+def _conversations() -> dict[str, tuple[list[dict], list[dict] | None]]:
+    first, second = _picture(0, 64, 64), _picture(1, 48, 96)
+    call = {"id": "c1", "type": "function", "function": {"name": "look", "arguments": '{"x": 1}'}}
+    return {
+        "text": ([{"role": "user", "content": "hello there"}], None),
+        "system and image": ([{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": [first, {"type": "text", "text": "What?"}]}],
+                             None),
+        "two turns, two images": ([{"role": "user", "content": [first, {"type": "text", "text": "What?"}]},
+                                   {"role": "assistant", "content": "A square."},
+                                   {"role": "user", "content": [{"type": "text", "text": "And?"}, second]}],
+                                  None),
+        "a tool result with an image": ([{"role": "user", "content": "Look."},
+                                         {"role": "assistant", "content": "", "tool_calls": [call]},
+                                         {"role": "tool", "tool_call_id": "c1",
+                                          "content": [{"type": "text", "text": "seen"}, second]}],
+                                        TOOLS),
+    }  # fmt: skip
+
+
+def _theirs(family: str, checkpoint: Path, **config):
+    import renderers
+    from renderers.base import load_tokenizer
+
+    from vf_mm.models import load_processor
+
+    tokenizer = load_tokenizer(str(checkpoint))
+    processor = load_processor(checkpoint)  # without transformers' video processor (torchvision)
+    if family == "qwen3_vl":
+        return renderers.Qwen3VLRenderer(
+            tokenizer, renderers.Qwen3VLRendererConfig(**config), processor=processor
+        )
+    return renderers.Qwen35Renderer(
+        _EndOfText(tokenizer), renderers.Qwen35RendererConfig(**config), processor=processor
+    )
+
+
+def _assert_same(theirs, ours, where: str) -> None:
+    assert ours.token_ids == theirs.token_ids, where
+    if theirs.multi_modal_data is None:
+        assert ours.multi_modal_data is None, where
+        return
+    a, b = theirs.multi_modal_data, ours.multi_modal_data
+    assert [(p.offset, p.length) for p in b.mm_placeholders["image"]] == [
+        (p.offset, p.length) for p in a.mm_placeholders["image"]
+    ], where
+    for x, y in zip(a.mm_items["image"], b.mm_items["image"], strict=True):
+        for key in ("pixel_values", "image_grid_thw"):
+            np.testing.assert_array_equal(np.asarray(x[key]), np.asarray(y[key]), err_msg=where)
+
+
+# the conversations where renderers' Qwen3.5 renderer departs from the chat template on
+# purpose (its module docstring): with thinking off it writes the empty
+# ``<think>\n\n</think>\n\n`` its generation prompt opened into an earlier assistant turn
+# that has no reasoning, where the template (and so vf_mm) writes the turn without it
+QWEN35_NOTHINK_DEPARTS = {"two turns, two images"}
+
+
+@pytest.mark.parametrize(
+    ("family", "variant", "config"),
+    [("qwen3_vl", None, {}), ("qwen3_5", "nothink", {"enable_thinking": False}),
+     ("qwen3_5", "think", {"enable_thinking": True})],  # fmt: skip
+    ids=["qwen3_vl", "qwen3_5-nothink", "qwen3_5-think"],
+)
+def test_the_adapter_renders_what_renderers_own_renderer_renders(
+    vf1, tmp_path_factory, checkpoints, family, variant, config
+):
+    """Token for token, images and their placeholders included, processed and collapsed
+    (``process_multimodal=False``, what verifiers sends), with and without the generation
+    prompt; the one departure is renderers' own, stated and checked."""
+    from vf_mm.models import build_tiny_vlm
+
+    _, integration = vf1
+    if variant in (None, "nothink"):
+        checkpoint = checkpoints(family)
+    else:
+        checkpoint = build_tiny_vlm(tmp_path_factory.mktemp("qwen35-think") / "m", family,
+                                    variant=variant)  # fmt: skip
+    theirs = _theirs(family, checkpoint, **config)
+    ours = integration.VfMMRenderer(None, integration.VfMMRendererConfig(model=str(checkpoint)))
+    assert ours.mm_token_type_id_map == theirs.mm_token_type_id_map
+    departed = 0
+    for name, (messages, tools) in _conversations().items():
+        for prompt in (True, False):
+            where = f"{family} {variant}: {name}, add_generation_prompt={prompt}"
+            a = theirs.render(messages, tools=tools, add_generation_prompt=prompt)
+            b = ours.render(messages, tools=tools, add_generation_prompt=prompt)
+            if variant == "nothink" and name in QWEN35_NOTHINK_DEPARTS:
+                empty = "<|im_start|>assistant\n<think>\n\n</think>\n\nA square.<|im_end|>"
+                assert empty in ours.renderer.tokenizer.decode(a.token_ids), where
+                assert "<|im_start|>assistant\nA square.<|im_end|>" in (
+                    ours.renderer.tokenizer.decode(b.token_ids)
+                ), where
+                departed += 1
+                continue
+            _assert_same(a, b, where)
+            collapsed = ours.render(messages, tools=tools, add_generation_prompt=prompt,
+                                    process_multimodal=False)  # fmt: skip
+            assert collapsed.token_ids == theirs.render(
+                messages, tools=tools, add_generation_prompt=prompt, process_multimodal=False
+            ).token_ids, where
+            assert collapsed.multi_modal_data is None
+    assert departed == (2 if variant == "nothink" else 0)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_the_adapter_bridges_what_renderers_own_renderer_bridges(vf1, checkpoints, family):
+    """A sampled turn (a reply, or a tool call), then the environment's answer with a new
+    image: both renderers bridge onto the same previous tokens (collapsed, as verifiers
+    hands them) to the same next prompt. Except where renderers' Qwen3.5 departs from the
+    template (``QWEN35_NOTHINK_DEPARTS``): after a new user message the template writes the
+    sampled turn without the empty reasoning block its generation prompt opened, so vf_mm
+    declines the bridge (verifiers renders the conversation again: a new branch, as vf_mm's
+    own client makes a new sample) where renderers extends its own rendering."""
+    _, integration = vf1
+    checkpoint = checkpoints(family)
+    config = {} if family == "qwen3_vl" else {"enable_thinking": False}
+    theirs = _theirs(family, checkpoint, **config)
+    ours = integration.VfMMRenderer(None, integration.VfMMRendererConfig(model=str(checkpoint)))
+    tokenizer = ours.renderer.tokenizer
+    stop = ours.get_stop_token_ids()[0]
+    first = [{"role": "user", "content": [_picture(0, 64, 64), {"type": "text", "text": "Move?"}]}]
+    answer = [{"role": "user", "content": [_picture(1, 48, 96), {"type": "text", "text": "Next?"}]}]
+    result = [{"role": "tool", "tool_call_id": "c1", "content": [_picture(1, 48, 96)]}]
+    call = ours.renderer.format_tool_calls([("look", {"x": 1})])
+    for tools, sampled, new in ((None, "up", answer), (TOOLS, call, result)):
+        a = theirs.render(first, tools=tools, add_generation_prompt=True, process_multimodal=False)
+        b = ours.render(first, tools=tools, add_generation_prompt=True, process_multimodal=False)
+        assert a.token_ids == b.token_ids
+        completion = [*tokenizer(sampled, add_special_tokens=False)["input_ids"], stop]
+        theirs_bridge = theirs.bridge_to_next_turn(
+            a.token_ids, completion, new, tools=tools, process_multimodal=False
+        )
+        ours_bridge = ours.bridge_to_next_turn(
+            b.token_ids, completion, new, tools=tools, process_multimodal=False
+        )
+        where = f"{family}, after {sampled!r}"
+        if family == "qwen3_5" and new is answer:
+            assert ours_bridge is None
+            assert ours.renderer.bridge_refusals["the template drops the reasoning of earlier turns"]
+            assert theirs_bridge is not None
+            continue
+        assert ours_bridge is not None, (where, dict(ours.renderer.bridge_refusals))
+        assert theirs_bridge is not None, where
+        assert ours_bridge.token_ids == theirs_bridge.token_ids, where
+        assert ours_bridge.token_ids[: len(b.token_ids) + len(completion)] == [
+            *b.token_ids, *completion
+        ]
+
+
+def test_a_family_whose_image_range_holds_markers_is_refused_in_content_parts_form(
+    vf1, checkpoints
+):
+    """Gemma 3 writes its image as markers around the embeddings and blank lines beside
+    them: a server expanding one pad writes that text on its side, so the collapsed form
+    is refused by name (the full render is vf_mm's, as ever)."""
+    from vf_mm.errors import UnsupportedModelError
+
+    _, integration = vf1
+    ours = integration.VfMMRenderer(
+        None, integration.VfMMRendererConfig(model=str(checkpoints("gemma3")))
+    )
+    messages = [{"role": "user", "content": [_picture(0, 64, 64), {"type": "text", "text": "?"}]}]
+    assert ours.render(messages, add_generation_prompt=True).multi_modal_data is not None
+    with pytest.raises(UnsupportedModelError, match="content_parts"):
+        ours.render(messages, add_generation_prompt=True, process_multimodal=False)
