@@ -97,7 +97,9 @@ def setup_verifiers1() -> None:
     """.venv-verifiers1: the pinned lock plus requirements/verifiers1.txt (verifiers 0.4.0 and
     renderers 0.1.12, the optional extra vf-mm[verifiers1]), but with verifiers' own pins of
     openai (<3) and mcp instead of the lock's: kept out of .venv, which keeps openai 3."""
-    setup_tier(VERIFIERS1_VENV, ROOT / "requirements" / "verifiers1.txt", unpinned=("openai", "mcp"))
+    setup_tier(
+        VERIFIERS1_VENV, ROOT / "requirements" / "verifiers1.txt", unpinned=("openai", "mcp")
+    )
 
 
 def setup_tier(root: Path, requirements: Path, *, unpinned: tuple[str, ...] = ()) -> None:

@@ -346,8 +346,11 @@ QWEN35_NOTHINK_DEPARTS = {"two turns, two images"}
 
 @pytest.mark.parametrize(
     ("family", "variant", "config"),
-    [("qwen3_vl", None, {}), ("qwen3_5", "nothink", {"enable_thinking": False}),
-     ("qwen3_5", "think", {"enable_thinking": True})],  # fmt: skip
+    [
+        ("qwen3_vl", None, {}),
+        ("qwen3_5", "nothink", {"enable_thinking": False}),
+        ("qwen3_5", "think", {"enable_thinking": True}),
+    ],
     ids=["qwen3_vl", "qwen3_5-nothink", "qwen3_5-think"],
 )
 def test_the_adapter_renders_what_renderers_own_renderer_renders(
@@ -384,9 +387,12 @@ def test_the_adapter_renders_what_renderers_own_renderer_renders(
             _assert_same(a, b, where)
             collapsed = ours.render(messages, tools=tools, add_generation_prompt=prompt,
                                     process_multimodal=False)  # fmt: skip
-            assert collapsed.token_ids == theirs.render(
-                messages, tools=tools, add_generation_prompt=prompt, process_multimodal=False
-            ).token_ids, where
+            assert (
+                collapsed.token_ids
+                == theirs.render(
+                    messages, tools=tools, add_generation_prompt=prompt, process_multimodal=False
+                ).token_ids
+            ), where
             assert collapsed.multi_modal_data is None
     assert departed == (2 if variant == "nothink" else 0)
 
@@ -425,14 +431,17 @@ def test_the_adapter_bridges_what_renderers_own_renderer_bridges(vf1, checkpoint
         where = f"{family}, after {sampled!r}"
         if family == "qwen3_5" and new is answer:
             assert ours_bridge is None
-            assert ours.renderer.bridge_refusals["the template drops the reasoning of earlier turns"]
+            assert ours.renderer.bridge_refusals[
+                "the template drops the reasoning of earlier turns"
+            ]
             assert theirs_bridge is not None
             continue
         assert ours_bridge is not None, (where, dict(ours.renderer.bridge_refusals))
         assert theirs_bridge is not None, where
         assert ours_bridge.token_ids == theirs_bridge.token_ids, where
         assert ours_bridge.token_ids[: len(b.token_ids) + len(completion)] == [
-            *b.token_ids, *completion
+            *b.token_ids,
+            *completion,
         ]
 
 

@@ -99,7 +99,11 @@ class VfMMRenderer:
         if vision is not None:
             self._pads["image"] = int(vision.image_token_id)
             video_id = getattr(vision, "video_token_id", None)
-            if vision.video is not None and video_id is not None and video_id != vision.image_token_id:
+            if (
+                vision.video is not None
+                and video_id is not None
+                and video_id != vision.image_token_id
+            ):
                 self._pads["video"] = int(video_id)
         self._lock = threading.Lock()
         # collapsed prompt ids -> (expanded ids, their multi-modal data)
@@ -150,7 +154,9 @@ class VfMMRenderer:
         tools: list[Any] | None = None,
         add_generation_prompt: bool = False,
     ) -> list[int]:
-        return self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt).token_ids
+        return self.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt
+        ).token_ids
 
     def bridge_to_next_turn(
         self,

@@ -52,7 +52,9 @@ def branch_sample(branch: Any, renderer: Any, *, advantage: float = 0.0) -> Samp
     if not parts:
         return sample
     if vision is None:
-        raise TrajectoryError(f"{sample.source}: it holds images, but the renderer is a text model's")
+        raise TrajectoryError(
+            f"{sample.source}: it holds images, but the renderer is a text model's"
+        )
     pad = int(vision.image_token_id)
     runs = _runs(ids, pad)
     if len(runs) != len(parts):
@@ -62,7 +64,9 @@ def branch_sample(branch: Any, renderer: Any, *, advantage: float = 0.0) -> Samp
         )
     for (i, j, part), (start, length) in zip(parts, runs, strict=True):
         where = f"{sample.source}, message {i}, part {j}"
-        item = vision.process({"type": "image_url", "image_url": {"url": part.image_url.url}}, where=where)
+        item = vision.process(
+            {"type": "image_url", "image_url": {"url": part.image_url.url}}, where=where
+        )
         if item.num_tokens != length:
             raise TrajectoryError(
                 f"{where}: the image takes {item.num_tokens} tokens, but its run in the "

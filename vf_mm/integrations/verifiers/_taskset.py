@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import verifiers.v1 as vf
+from pydantic import Field
 
 from vf_mm.errors import UnsupportedEnvironmentError
 
@@ -38,7 +39,7 @@ class VfMMTasksetConfig(vf.TasksetConfig):
     many rows (-1: all)."""
 
     env: str = ""
-    env_args: dict[str, Any] = {}
+    env_args: dict[str, Any] = Field(default_factory=dict)
     split: Literal["train", "eval"] = "train"
     num_examples: int = -1
 
@@ -49,7 +50,7 @@ class VfMMTaskData(vf.TaskData):
     text, for verifiers to show; the rollout starts from the row itself."""
 
     env: str
-    env_args: dict[str, Any] = {}
+    env_args: dict[str, Any] = Field(default_factory=dict)
     split: Literal["train", "eval"] = "train"
     example_id: int
     num_examples: int = -1
