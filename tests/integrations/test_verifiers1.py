@@ -87,6 +87,35 @@ def serve(checkpoints):
         proc.wait(timeout=60)
 
 
+def _noise(seed: int, h: int, w: int):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _turns(state) -> float:
+    return float(state["turn"])
+
+
+def pictures_env():
+    """Three turns, a new picture each (noise: every image differs, in size too), so a
+    sample's images cannot be swapped, dropped or repeated unseen; two rows."""
+    import vf_mm as vf
+
+    class Pictures(vf.MultiTurnEnv):
+        async def env_response(self, messages, state):
+            turn = int(state["turn"])
+            picture = _noise(100 + turn, 32 + 16 * turn, 64)
+            text = {"type": "text", "text": f"And picture {turn}?"}
+            return [{"role": "user", "content": [{"type": "image", "image": picture}, text]}]
+
+    rows = [
+        {"question": f"What is in picture {i}?", "images": [_noise(i, 64, 64)], "answer": "x"}
+        for i in range(2)
+    ]
+    return Pictures(dataset=rows, rubric=vf.Rubric([_turns]), max_turns=3)
+
+
 def _env_config(v1, **taskset):
     return v1.resolve_env_config(
         {
@@ -198,26 +227,26 @@ def test_a_rubric_with_group_reward_functions_is_refused_by_name(vf1, monkeypatc
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
-    vf1, checkpoints, serve, family
+    vf1, checkpoints, serve, family, monkeypatch
 ):
-    """gridnav, two turns, the second with the environment's new image: verifiers' own
-    flattening of each trace equals ``build_samples`` of vf_mm's rollout of the same row
-    with the same completions: token ids, loss mask, logprobs, token types, and each image's
-    model inputs and placeholder."""
+    """Three turns, a new picture in each: verifiers' own flattening of each trace equals
+    ``build_samples`` of vf_mm's rollout of the same row with the same completions: token
+    ids, loss mask, logprobs, token types, and each image's model inputs and placeholder."""
     import vf_mm as vf
     from vf_mm.client import RendererClient
     from vf_mm.renderers import load_renderer
     from vf_mm.training import build_samples
 
     v1, integration = vf1
+    vf_env = pictures_env()
+    monkeypatch.setattr(vf, "load_environment", lambda env_id, **kw: vf_env)
     checkpoint = checkpoints(family)
-    env = v1.load_environment(_env_config(v1))
+    env = v1.load_environment(_env_config(v1, env="pictures", env_args={}))
     tasks, episodes = _run_episodes(v1, env, serve(family), checkpoint)
     adapter = integration.VfMMRenderer(None, integration.VfMMRendererConfig(model=str(checkpoint)))
     vision = adapter.renderer.vision
-    vf_env = vf.load_environment("gridnav", **ENV_ARGS)
     rows = vf_env.get_dataset(2)
-    compared_images = 0
+    images = 0
     for task, episode in zip(tasks, episodes, strict=True):
         assert episode.ok, episode.errors
         (trace,) = episode.traces
@@ -228,7 +257,8 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
         state = asyncio.run(vf_env.rollout(replay, rows[task.data.example_id]))
         (output,) = asyncio.run(vf_env.score([state]))
         assert output.error is None, output.error
-        assert trace.info["vf_mm"]["reward"] == output.reward  # the rubric, the same rollout
+        assert len(output.trajectory) == trace.num_turns == 3
+        assert trace.info["vf_mm"]["reward"] == output.reward == 3.0  # the rubric's
         assert trace.rewards["reward"].score == output.reward
         want = build_samples(output, advantage=0.0, image_token_id=vision.image_token_id)
 
@@ -245,8 +275,8 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
                 for key in gi:
                     np.testing.assert_array_equal(gi[key], wi[key])
                     assert gi[key].dtype == wi[key].dtype
-            compared_images += len(g.images)
-    assert compared_images >= 3  # two rows, the second turn's image included somewhere
+            images += len(g.images)
+    assert images >= 6  # every picture of both rollouts, in one sample or several
 
 
 # -- the adapter against renderers' own renderers --------------------------------------------
@@ -461,3 +491,36 @@ def test_a_family_whose_image_range_holds_markers_is_refused_in_content_parts_fo
     assert ours.render(messages, add_generation_prompt=True).multi_modal_data is not None
     with pytest.raises(UnsupportedModelError, match="content_parts"):
         ours.render(messages, add_generation_prompt=True, process_multimodal=False)
+
+
+def test_a_rollout_that_fails_fails_its_trace_with_vf_mm_error_never_a_reward(vf1, monkeypatch):
+    """A row whose prompt the environment cannot make: the harness exits non-zero with
+    vf_mm's error (its stage named), verifiers records it on the trace (not ok, no reward),
+    and a trainer leaves the trace out."""
+    import vf_mm as vf
+
+    v1, _ = vf1
+    broken = vf.SingleTurnEnv(dataset=[{"answer": "a"}], rubric=vf.Rubric())  # no question
+    monkeypatch.setattr(vf, "load_environment", lambda env_id, **kw: broken)
+    env = v1.load_environment(
+        v1.resolve_env_config(
+            {"agent": {"runtime": {"type": "subprocess"}},
+             "taskset": {"id": "vf-mm-verifiers", "env": "broken-env"}}
+        )
+    )  # fmt: skip
+    client = v1.TrainClientConfig(base_url="http://127.0.0.1:9/v1", api_key_var="VF_MM_NO_KEY")
+    ctx = v1.ModelContext(model="m", client=client, sampling=v1.SamplingConfig(max_tokens=4))
+    (task,) = list(env.taskset)
+
+    async def run():
+        async with env.serving():
+            return await env.run_slot(env.slots(task, 1)[0], ctx)
+
+    episode = asyncio.run(run())
+    (trace,) = episode.traces
+    assert not episode.ok and not trace.ok
+    assert trace.rewards.get("reward") is None
+    (error,) = trace.errors
+    assert error.type == "HarnessError"
+    assert "making the prompt" in error.message and "question" in error.message
+    assert trace.info["vf_mm"]["reward"] is None
