@@ -251,7 +251,7 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
         assert episode.ok, episode.errors
         (trace,) = episode.traces
         assert trace.ok, trace.errors
-        got = [integration.branch_sample(b, adapter) for b in trace.branches]
+        got = integration.trace_samples(trace, adapter)
 
         replay = RendererClient(Replay(_sampled_turns(trace)), load_renderer(str(checkpoint)))
         state = asyncio.run(vf_env.rollout(replay, rows[task.data.example_id]))
@@ -524,3 +524,41 @@ def test_a_rollout_that_fails_fails_its_trace_with_vf_mm_error_never_a_reward(vf
     assert error.type == "HarnessError"
     assert "making the prompt" in error.message and "question" in error.message
     assert trace.info["vf_mm"]["reward"] is None
+
+
+def test_a_sampled_node_two_branches_share_is_trained_once(vf1):
+    """A trace that forks after its first model turn (a history rendered again): both
+    branches hold that turn; it is trained in the first only, the second keeps it as
+    context (mask 0, no logprob), as prime-rl's orchestrator trains it."""
+    v1, integration = vf1
+
+    def node(parent, role, ids, mask=None, logprobs=(), sampled=False):
+        message = {"role": role, "content": f"{role} {ids}"}
+        return v1.MessageNode(parent=parent, message=message, token_ids=list(ids),
+                              mask=list(mask or [False] * len(ids)), logprobs=list(logprobs),
+                              sampled=sampled)  # fmt: skip
+
+    trace = v1.Trace(
+        task=v1.TraceTask(type="Task", data=v1.TaskData(prompt="p")),
+        agent=v1.AgentInfo(config=v1.AgentConfig()),
+        nodes=[
+            node(None, "user", [1, 2]),
+            node(0, "assistant", [3, 4], [False, True], [-0.5], sampled=True),
+            node(1, "user", [5]),
+            node(2, "assistant", [6, 7], [False, True], [-0.25], sampled=True),
+            node(1, "user", [8]),
+            node(4, "assistant", [9], [True], [-0.125], sampled=True),
+        ],
+    )
+
+    class Text:
+        is_multimodal = False
+
+    first, second = integration.trace_samples(trace, Text(), advantage=2.0)
+    assert first.input_ids.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert first.loss_mask.tolist() == [0, 0, 0, 1, 0, 0, 1]
+    assert first.logprobs.tolist() == [0, 0, 0, -0.5, 0, 0, -0.25]
+    assert second.input_ids.tolist() == [1, 2, 3, 4, 8, 9]
+    assert second.loss_mask.tolist() == [0, 0, 0, 0, 0, 1]  # turn 1 trained in the first
+    assert second.logprobs.tolist() == [0, 0, 0, 0, 0, -0.125]
+    assert second.advantages.tolist() == [0, 0, 0, 0, 0, 2.0]

@@ -9,8 +9,9 @@
   ``renderers``' ``custom`` config (``import_path =
   "vf_mm.integrations.verifiers.VfMMRenderer"``), so verifiers' train client renders,
   bridges and parses with vf_mm's templates and image rules.
-- ``branch_sample``: a trace branch (verifiers' own flattening) as a vf_mm ``Sample``, its
-  images' model inputs rebuilt (verifiers 0.4 carries only their URLs).
+- ``trace_samples`` / ``branch_sample``: a trace's branches (verifiers' own flattening)
+  as vf_mm ``Sample``s, their images' model inputs rebuilt (verifiers 0.4 carries only
+  their URLs), a sampled node shared by branches trained once.
 
 What works, what is refused and why, and the commands: ``docs/trainers.md``. Importing
 this package imports verifiers and renderers; without them, ``MissingDependencyError``
@@ -30,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - the verifiers1 tier has them
 
 from vf_mm.integrations.verifiers._harness import VfMMHarness, VfMMHarnessConfig
 from vf_mm.integrations.verifiers._renderer import VfMMRenderer, VfMMRendererConfig
-from vf_mm.integrations.verifiers._samples import branch_sample
+from vf_mm.integrations.verifiers._samples import branch_sample, trace_samples
 from vf_mm.integrations.verifiers._taskset import (
     VfMMTask,
     VfMMTaskData,
@@ -52,4 +53,5 @@ __all__ = [
     "VfMMTaskset",
     "VfMMTasksetConfig",
     "branch_sample",
+    "trace_samples",
 ]
