@@ -9,6 +9,7 @@
     python3 dev.py ray      # the ray tier: rollout workers as Ray actors (sets up .venv-ray)
     python3 dev.py verifiers  # the verifiers tier: verifiers environments (sets up .venv-verifiers)
     python3 dev.py trl      # the trl tier: TRL's GRPOTrainer on vf_mm environments (sets up .venv-trl)
+    python3 dev.py verifiers1  # the verifiers1 tier: prime-rl's path, verifiers 0.4 (sets up .venv-verifiers1)
     python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
     python3 dev.py browser  # install the headless chromium the report tests use (test does)
 
@@ -39,8 +40,10 @@ VERIFIERS_VENV = ROOT / ".venv-verifiers"
 VERIFIERS_PY = VERIFIERS_VENV / "bin" / "python"
 TRL_VENV = ROOT / ".venv-trl"
 TRL_PY = TRL_VENV / "bin" / "python"
+VERIFIERS1_VENV = ROOT / ".venv-verifiers1"
+VERIFIERS1_PY = VERIFIERS1_VENV / "bin" / "python"
 #: the tiers the default run leaves out (each has its own job and venv)
-OTHER_TIERS = "not slow and not vllm and not ray and not verifiers and not trl"
+OTHER_TIERS = "not slow and not vllm and not ray and not verifiers and not trl and not verifiers1"
 INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
 
 
@@ -90,10 +93,21 @@ def setup_trl() -> None:
     setup_tier(TRL_VENV, ROOT / "requirements" / "trl.txt")
 
 
-def setup_tier(root: Path, requirements: Path) -> None:
+def setup_verifiers1() -> None:
+    """.venv-verifiers1: the pinned lock plus requirements/verifiers1.txt (verifiers 0.4.0 and
+    renderers 0.1.12, the optional extra vf-mm[verifiers1]), but with verifiers' own pins of
+    openai (<3) and mcp instead of the lock's: kept out of .venv, which keeps openai 3."""
+    setup_tier(
+        VERIFIERS1_VENV, ROOT / "requirements" / "verifiers1.txt", unpinned=("openai", "mcp")
+    )
+
+
+def setup_tier(root: Path, requirements: Path, *, unpinned: tuple[str, ...] = ()) -> None:
     """A tier's own venv at ``root``: the pinned lock plus ``requirements``. The lock is
     also a constraint, so nothing the tier's packages pull in moves a pinned version
-    (torch stays the lock's CPU wheel). Skipped when the venv already matches."""
+    (torch stays the lock's CPU wheel), except the packages named in ``unpinned``, whose
+    lock lines are left out (``requirements`` pins them). Skipped when the venv already
+    matches."""
     lock = ROOT / "requirements" / "lock.txt"
     python = root / ("Scripts" if os.name == "nt" else "bin") / "python"
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in [*INPUTS, requirements])).hexdigest()
@@ -101,6 +115,11 @@ def setup_tier(root: Path, requirements: Path) -> None:
     if stamp.exists() and stamp.read_text() == digest and python.exists():
         return
     venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    if unpinned:  # the lock without those lines, as the constraint (inside the venv)
+        kept = [line for line in lock.read_text().splitlines()
+                if line.split("==")[0].strip().lower() not in unpinned]  # fmt: skip
+        lock = root / "lock-constraints.txt"
+        lock.write_text("\n".join(kept) + "\n")
     pip = (python, "-m", "pip", "--disable-pip-version-check")
     run(*pip, "install", "--quiet", "-r", lock, "-c", lock, "-r", requirements)
     run(*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", ROOT)
@@ -145,6 +164,9 @@ JOBS = {
     "verifiers": [[VERIFIERS_PY, "-m", "pytest", "-q", "-m", "verifiers", "tests/adapters"]],
     # TRL's GRPOTrainer trained on vf_mm environments (TRL in its own venv .venv-trl)
     "trl": [[TRL_PY, "-m", "pytest", "-q", "-m", "trl", "tests/integrations"]],
+    # prime-rl's path: vf_mm environments as verifiers 0.4 (v1) environments, rendered by vf_mm
+    # through renderers' custom hook, against vf-mm serve (in its own venv .venv-verifiers1)
+    "verifiers1": [[VERIFIERS1_PY, "-m", "pytest", "-q", "-m", "verifiers1", "tests/integrations"]],
 }
 
 
@@ -244,6 +266,8 @@ def main(argv: list[str]) -> int:
         setup_verifiers()
     elif argv[0] == "trl":  # the same
         setup_trl()
+    elif argv[0] == "verifiers1":  # the same
+        setup_verifiers1()
     else:
         setup()
     if argv[0] == "ray":
