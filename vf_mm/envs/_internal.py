@@ -1,7 +1,7 @@
-"""The envs package's internal tier: what sibling packages use and users have no
-need of. Only vf_mm's own packages import this module (the architecture test allows
-``vf_mm.<package>._internal`` and no other private module); it carries no stability
-promise.
+"""The envs package's internal tier (docs/architecture.md): library code only.
+
+Loading without the adapters: ``vf_mm.adapters`` wraps it so that ``vf_mm.load_environment``
+also takes verifiers' environments (the one users call).
 """
 
 from __future__ import annotations

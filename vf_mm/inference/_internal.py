@@ -1,7 +1,8 @@
-"""The inference package's internal tier: what sibling packages use and users have no
-need of. Only vf_mm's own packages import this module (the architecture test allows
-``vf_mm.<package>._internal`` and no other private module); it carries no stability
-promise.
+"""The inference package's internal tier (docs/architecture.md): library code only.
+
+The token-level scripted engine (``check_environment`` runs on it; users reach it as
+``vf_mm.testing.ScriptedBackend``), the prompt-length check, and the vLLM multimodal item
+codec (its tests read it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The models package's internal tier: what sibling packages use and users have no
-need of. Only vf_mm's own packages import this module (the architecture test allows
-``vf_mm.<package>._internal`` and no other private module); it carries no stability
-promise.
+"""The models package's internal tier (docs/architecture.md): library code only.
+
+The tiny checkpoints' recipes, chat templates and tokenizers (users reach them through
+``vf_mm.testing``), and the per-family processing details renderers and training share.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The results package's internal tier: what sibling packages use and users have no
-need of. Only vf_mm's own packages import this module (the architecture test allows
-``vf_mm.<package>._internal`` and no other private module); it carries no stability
-promise.
+"""The results package's internal tier (docs/architecture.md): library code only.
+
+The results format's version string (metadata.json records it; docs/formats/results.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The training package's internal tier: what sibling packages use and users have no
-need of. Only vf_mm's own packages import this module (the architecture test allows
-``vf_mm.<package>._internal`` and no other private module); it carries no stability
-promise.
+"""The training package's internal tier (docs/architecture.md): library code only.
+
+ZeroMQ endpoint parsing (``vf-mm rollout --stream`` tells a path from an endpoint), and
+the group format's table by source.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The videos package's internal tier: what sibling packages use and users have no
-need of. Only vf_mm's own packages import this module (the architecture test allows
-``vf_mm.<package>._internal`` and no other private module); it carries no stability
-promise.
+"""The videos package's internal tier (docs/architecture.md): library code only.
+
+The video guard's default limits (``VideoLimits()`` carries them for users).
 """
 
 from __future__ import annotations
