@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -35,6 +36,17 @@ if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 time.sleep(1e6)
 """
+
+
+_SAY = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line in the log: the handler threads' lines never interleave (``print``
+    writes the text and its newline apart, so two threads could log "generategenerate")."""
+    with _SAY:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def _arg(argv: list[str], name: str) -> str:
@@ -69,7 +81,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/inference/v1/generate":
             self._send(404, {"error": {"message": "not found"}})
             return
-        print("generate", flush=True)
+        say("generate")
         self._send(200, fake_generate(body, expand=4))
 
 
