@@ -1,70 +1,45 @@
 """``ResultsWriter``: appends rollouts to ``OUTDIR/results.jsonl``, crash safe and resumable.
 
-The file format is documented in ``_format.py`` (module docstring).
+The file format is documented in ``_format.py`` (module docstring). Opening the run
+directory (refusals, the lock, a resume's checks and repairs) is ``_opening.py``; turning
+a rollout into its row is ``_rows.py``; this module appends the rows, keeps the set of
+keys written, and makes them durable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from vf_mm._text import shorten
-from vf_mm.errors import ImageError, ResultsError, ResumeMismatchError, VideoError
+from vf_mm._json import to_json_value
+from vf_mm.errors import ResultsError
 from vf_mm.images import ImagePolicy
-from vf_mm.results._assets import (
-    AssetStore,
-    atomic_write_bytes,
-    fsync_dir,
-    is_temp_name,
-    to_json_value,
-    unavailable,
-)
+from vf_mm.results._assets import AssetStore, atomic_write_bytes
 from vf_mm.results._format import (
     METADATA_FILE,
     RESULTS_FILE,
     RESULTS_FORMAT,
-    ROW_KEYS,
     Key,
     _dumps,
     _example_id,
-    _number,
     _rollout_index,
 )
-from vf_mm.results._reader import iter_results, read_metadata, scan_results
+from vf_mm.results._opening import open_results, resume_results
+from vf_mm.results._reader import iter_results
+from vf_mm.results._rows import build_row
 from vf_mm.results._summary import summarize
-from vf_mm.types import RolloutError, RolloutOutput
+from vf_mm.types import RolloutOutput
 from vf_mm.videos import VideoLimits
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock, the rest works
-    fcntl = None  # type: ignore[assignment]
-
-logger = logging.getLogger("vf_mm.results")
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _in_use_message(outdir: Path, names: Sequence[str]) -> str:
-    return (
-        f"{outdir} already holds {' and '.join(names)} of a run: pass resume=True "
-        "(vf-mm eval --resume) to continue it, or choose another outdir"
-    )
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = value if value is ResumeMismatchError.MISSING else json.dumps(value, ensure_ascii=False)
-    return shorten(text, limit)
 
 
 class ResultsWriter:
@@ -140,10 +115,25 @@ class ResultsWriter:
 
         self.outdir.mkdir(parents=True, exist_ok=True)
         existed = self.results_path.exists()
-        self._fd = self._open_results(resume)
+        self._fd = open_results(self.outdir, resume=resume)
         try:
             self.assets = AssetStore(self.outdir, policy=policy, video_limits=video_limits)
-            self._prepare(resume)
+            if resume:
+                found = resume_results(
+                    self._fd,
+                    self.outdir,
+                    config=config,
+                    config_defaults=self.config_defaults,
+                    retry_errors=retry_errors,
+                    assets=self.assets,
+                )
+                if found.started_at is not None:
+                    self.started_at = found.started_at
+                self.truncated_bytes = found.truncated_bytes
+                self._size = found.size
+                self._done = set(found.done)
+                self.resumed = bool(self._done)
+                self.removed_temp_files = found.removed_temp_files
             self._write_metadata(results=None, finished_at=None)
         except BaseException:
             if not existed:  # leave no empty results file that would refuse the next try
@@ -151,124 +141,6 @@ class ResultsWriter:
                     os.unlink(self.results_path)
             self._release()
             raise
-
-    # -- opening
-
-    def _open_results(self, resume: bool) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
-        if not resume and not self._holds_no_rollout():
-            if self.metadata_path.exists():
-                names = [RESULTS_FILE] if self.results_path.exists() else []
-                raise ResultsError(
-                    _in_use_message(self.outdir, [*names, METADATA_FILE]), path=str(self.outdir)
-                )
-            flags |= os.O_EXCL
-        try:
-            fd = os.open(self.results_path, flags, 0o644)
-        except FileExistsError:
-            raise ResultsError(
-                _in_use_message(self.outdir, [RESULTS_FILE]), path=str(self.outdir)
-            ) from None
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise ResultsError(
-                    f"{self.outdir} is being written by another ResultsWriter (its "
-                    f"{RESULTS_FILE} is locked); one writer per outdir",
-                    path=str(self.outdir),
-                ) from None
-        if not resume and os.fstat(fd).st_size > 0:  # a rollout landed since we looked
-            os.close(fd)
-            raise ResultsError(_in_use_message(self.outdir, [RESULTS_FILE]), path=str(self.outdir))
-        if not resume:
-            fsync_dir(self.outdir)
-        return fd
-
-    def _holds_no_rollout(self) -> bool:
-        """Whether OUTDIR is a run this writer left with no rollout in it (an empty
-        results.jsonl): a run that stopped before its first rollout (bad settings, an
-        interrupt) holds nothing to lose, so it is reused with or without resume, its
-        metadata.json rewritten."""
-        try:
-            return self.results_path.stat().st_size == 0
-        except FileNotFoundError:
-            return False
-
-    def _prepare(self, resume: bool) -> None:
-        if not resume:
-            return
-        assert self._fd is not None
-        if os.fstat(self._fd).st_size > 0:  # else no rollout yet: no configuration to keep
-            try:
-                stored = read_metadata(self.outdir)
-            except FileNotFoundError:
-                raise ResultsError(
-                    f"{self.outdir} holds a {RESULTS_FILE} but no {METADATA_FILE}: the run's "
-                    "configuration cannot be checked, so it is not resumed",
-                    path=str(self.outdir),
-                ) from None
-            self._check_config(stored)
-            if isinstance(stored.get("started_at"), str):
-                self.started_at = stored["started_at"]
-        scan = scan_results(self.results_path, keep_rows=False)  # a corrupt middle line raises
-        torn = scan.torn_tail
-        if torn is not None:
-            os.ftruncate(self._fd, scan.end)
-            os.fsync(self._fd)
-            self.truncated_bytes = scan.size - scan.end
-            logger.warning(
-                "%s: cut off a torn last line (line %d, %d bytes: %s) left by an interrupted "
-                "writer",
-                self.results_path,
-                torn.line,
-                self.truncated_bytes,
-                torn.reason,
-            )
-        self._size = scan.end
-        # a failed rollout is run again unless the caller keeps it (retry_errors=False)
-        self._done = set(scan.keys) - scan.failed if self.retry_errors else set(scan.keys)
-        self.resumed = bool(self._done)
-        self.removed_temp_files = self.assets.remove_temp_files() + self._remove_temp_metadata()
-
-    def _check_config(self, stored: Mapping[str, Any]) -> None:
-        old = stored.get("config", {})
-        new = self.metadata["config"]
-        if not isinstance(old, dict):
-            old = {}
-        # a key added to the configuration after the run was written: what it meant then
-        old = {**{k: v for k, v in self.config_defaults.items() if k in new}, **old}
-        missing = ResumeMismatchError.MISSING
-        differences = {
-            key: (old.get(key, missing), new.get(key, missing))
-            for key in sorted(set(old) | set(new))
-            if old.get(key, missing) != new.get(key, missing)
-        }
-        if differences:
-            lines = "; ".join(
-                f"{key}: stored {_short(a)}, now {_short(b)}" for key, (a, b) in differences.items()
-            )
-            raise ResumeMismatchError(
-                f"cannot resume {self.outdir}: the run configuration differs in "
-                f"{', '.join(differences)} ({lines}); use the stored configuration or "
-                "another outdir",
-                path=str(self.outdir),
-                differences=differences,
-            )
-
-    def _remove_temp_metadata(self) -> int:
-        removed = 0
-        for entry in os.scandir(self.outdir):
-            if (
-                is_temp_name(entry.name)
-                and entry.name.startswith(f".{METADATA_FILE}")
-                and entry.is_file(follow_symlinks=False)
-            ):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed += 1
-        return removed
 
     # -- state
 
@@ -329,10 +201,7 @@ class ResultsWriter:
         with self._lock:
             self._check_writable()
             self._check_new(key)
-        try:
-            row = self._row(output, key, extra)
-        except _ContentError as exc:
-            row = self._row(output, key, extra, failure=exc.cause)
+        row = build_row(output, key, extra, assets=self.assets)
         data = _dumps(row)
         with self._lock:
             self._check_writable()
@@ -360,95 +229,6 @@ class ResultsWriter:
                 f"example {key[0]!r} rollout {key[1]} is already in {self.results_path}; "
                 "each (example, rollout) is written once (check writer.done before running it)"
             )
-
-    def _row(
-        self,
-        output: RolloutOutput,
-        key: Key,
-        extra: Mapping[str, Any] | None,
-        *,
-        failure: BaseException | None = None,
-    ) -> dict[str, Any]:
-        """The row for ``output``; ``failure`` (why the content could not be stored as it
-        is) writes it in record mode, with that as the error when the rollout had none."""
-        where = f"example {key[0]!r} rollout {key[1]}"
-        record = failure is not None
-        prompt = self._messages(output.prompt, f"{where}, prompt", record=record)
-        completion = self._messages(output.completion, f"{where}, completion", record=record)
-        metrics = output.metrics if output.metrics is not None else {}
-        if not isinstance(metrics, Mapping):
-            raise ResultsError(f"{where}, field 'metrics': must be a dict of numbers")
-        for name in metrics:
-            if not isinstance(name, str):
-                raise ResultsError(f"{where}, field 'metrics': key {name!r} is not a str")
-        error = output.error
-        try:
-            error = RolloutError.from_value(error)
-        except TypeError as exc:
-            raise ResultsError(f"{where}, field 'error': {exc}") from None
-        if failure is not None and error is None:
-            error = RolloutError.from_exception(failure, where="storing the rollout")
-        answer, info = (
-            (_stored(output.answer, where, "answer"), _stored(output.info, where, "info"))
-            if record
-            else (
-                self._json(output.answer, where, "answer"),
-                self._json(output.info, where, "info"),
-            )
-        )
-        num_turns, prompt_tokens, completion_tokens = _turns_and_tokens(output)
-        row: dict[str, Any] = {
-            "example_id": key[0],
-            "rollout_index": key[1],
-            "prompt": prompt,
-            "completion": completion,
-            "answer": answer,
-            "info": info if info is not None else {},
-            "reward": None if record else _number(output.reward, where, "reward"),
-            "metrics": {k: _number(v, where, f"metrics.{k}") for k, v in metrics.items()},
-            "error": error.to_dict() if error is not None else None,
-            "truncated": bool(getattr(output, "truncated", False)),
-            "num_turns": num_turns,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "timing": to_json_value(
-                output.timing if output.timing is not None else {}, where, "timing"
-            ),
-        }
-        if extra:
-            if not isinstance(extra, Mapping):
-                raise ResultsError(f"{where}: extra must be a dict, not {type(extra).__name__}")
-            for name, value in extra.items():
-                if not isinstance(name, str):
-                    raise ResultsError(f"{where}: extra key {name!r} is not a str")
-                if name in row:
-                    raise ResultsError(
-                        f"{where}: extra key {name!r} clashes with a results.jsonl field "
-                        f"({', '.join(ROW_KEYS)})"
-                    )
-                row[name] = to_json_value(value, where, name)
-        return row
-
-    def _messages(self, messages: Any, where: str, *, record: bool) -> list[dict[str, Any]]:
-        if messages is None:
-            return []
-        if record:
-            return self.assets.to_jsonable(messages, where=where, on_error="record")
-        try:
-            return self.assets.to_jsonable(messages, where=where)
-        except (ImageError, VideoError) as exc:
-            if exc.where is None:
-                exc.where = where
-            raise _ContentError(exc) from exc
-        except ResultsError as exc:
-            raise _ContentError(exc) from exc
-
-    @staticmethod
-    def _json(value: Any, where: str, path: str) -> Any:
-        try:
-            return to_json_value(value, where, path)
-        except ResultsError as exc:
-            raise _ContentError(exc) from exc
 
     def _append(self, data: bytes) -> None:
         assert self._fd is not None
@@ -534,41 +314,3 @@ class ResultsWriter:
     def __repr__(self) -> str:
         state = "closed" if self._fd is None else f"{len(self._done)} rows"
         return f"ResultsWriter({str(self.outdir)!r}, {state})"
-
-
-def _turns_and_tokens(output: RolloutOutput) -> tuple[int, int | None, int | None]:
-    """``num_turns`` = trajectory steps (or assistant messages when there is no
-    trajectory); token counts = sums over the steps' prompt and completion ids, None when
-    there is no trajectory or a step has no tokens (an API backend)."""
-    steps = output.trajectory or []
-    if steps:
-        num_turns = len(steps)
-    else:
-        num_turns = sum(
-            1
-            for m in output.completion or []
-            if isinstance(m, Mapping) and m.get("role") == "assistant"
-        )
-    if not steps or any(step.tokens is None for step in steps):
-        return num_turns, None, None
-    tokens = [step.tokens for step in steps if step.tokens is not None]  # all of them: checked
-    prompt_tokens = sum(len(t.prompt_ids) for t in tokens)
-    completion_tokens = sum(len(t.completion_ids) for t in tokens)
-    return num_turns, prompt_tokens, completion_tokens
-
-
-class _ContentError(Exception):
-    """A rollout's content that cannot be stored as it is: the row is written again in
-    record mode (``ResultsWriter.write``)."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _stored(value: Any, where: str, path: str) -> Any:
-    """``value`` as JSON, or an ``unavailable`` record of why it is not."""
-    try:
-        return to_json_value(value, where, path)
-    except ResultsError as exc:
-        return unavailable(value, exc)
