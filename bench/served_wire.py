@@ -13,6 +13,13 @@ put through the served route's two ends, each step timed alone:
   server decode   every ``kwargs_data`` item decoded (``_decode_item``), as the server
                   does for each item a request carries, cached or not
 
+Then the whole rollout's requests are POSTed in order to ``vf-mm serve``'s app (in
+process, over an instant scripted engine), timed end to end per rollout, twice side by
+side: with the server's item cache off (``mm_cache_items=0``: every item a request
+carries is decoded, what the server did before it kept the digest of each decoded
+string) and with its default cache (an item sent again is found by its string's digest
+and not decoded again).
+
 Baseline, side by side: the bytes of the images' tensors the turn adds (what one new
 image costs on the wire). A request at turn t carries t images, so a rollout of T turns
 sends T(T+1)/2 image tensors: the sum row is what one rollout costs the server's one
@@ -34,8 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from starlette.testclient import TestClient
+
 import vf_mm
-from vf_mm.inference import ScriptedBackend
+from vf_mm.inference import ScriptedBackend, create_app
 from vf_mm.inference._server import _decode_item
 from vf_mm.inference._server_models import GenerateRequestModel
 from vf_mm.inference._vllm_protocol import encode_request
@@ -79,13 +88,11 @@ def main() -> None:
         for turn, request in enumerate(requests, start=1):
             mmd = request.multi_modal_data
             items = mmd.mm_items.get("image", []) if mmd is not None else []
-            new = sum(
-                int(getattr(v, "nbytes", 0)) for v in (items[-1].values() if items else [])
-            )
+            new = sum(int(getattr(v, "nbytes", 0)) for v in (items[-1].values() if items else []))
             t_enc, body = best_of(
-                lambda r=request: encode_request(
-                    r, model="m", image_policy=None, send_kwargs_data=True
-                ).body
+                lambda r=request: (
+                    encode_request(r, model="m", image_policy=None, send_kwargs_data=True).body
+                )
             )
             t_parse, model = best_of(
                 lambda b=body: GenerateRequestModel.model_validate(json.loads(b))
@@ -104,9 +111,27 @@ def main() -> None:
         )
         server = (total[2] + total[3]) * 1e3
         print(
-            f"\nthe server's CPU per rollout: {server:.0f} ms (parse + decode), one process: "
-            f"at most {1e3 / server:.1f} rollouts/s before anything else it does"
+            f"\nparse + decode of every item: {server:.0f} ms a rollout in the server's one "
+            f"process (at most {1e3 / server:.1f} rollouts/s before anything else it does)"
         )
+        bodies = [
+            encode_request(r, model="m", image_policy=None, send_kwargs_data=True).body
+            for r in requests
+        ]
+        for label, items in (("item cache off (every item decoded)", 0), ("item cache on", 512)):
+            walls = []
+            for _ in range(3):  # a fresh app each time: nothing cached from the last
+                app = create_app(engine, renderer=client.renderer, model_name="m",
+                                 mm_cache_items=items)  # fmt: skip
+                with TestClient(app) as http:
+                    start = time.perf_counter()
+                    for body in bodies:
+                        r = http.post("/inference/v1/generate", content=body,
+                                      headers={"content-type": "application/json"})  # fmt: skip
+                        assert r.status_code == 200, r.text
+                    walls.append(time.perf_counter() - start)
+            print(f"vf-mm serve's app, one rollout's {len(bodies)} requests, {label}: "
+                  f"best {min(walls) * 1e3:.0f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
