@@ -74,6 +74,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -151,37 +152,42 @@ class _ItemCache:
         self._items: OrderedDict[tuple[str, str], tuple[dict[str, Any], int, str | None]] = (
             OrderedDict()
         )
+        # get_sent runs on the decoding threads, put on the event loop: one at a time
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
 
     def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
-        found = self._items.get(key)
-        if found is None:
-            return None
-        self._items.move_to_end(key)
-        return found[0]
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                return None
+            self._items.move_to_end(key)
+            return found[0]
 
     def get_sent(self, key: tuple[str, str], digest: str) -> dict[str, Any] | None:
         """The item cached under ``key`` if it was decoded from a string of ``digest``."""
-        found = self._items.get(key)
-        if found is None or found[2] != digest:
-            return None
-        self._items.move_to_end(key)
-        return found[0]
+        with self._lock:
+            found = self._items.get(key)
+            if found is None or found[2] != digest:
+                return None
+            self._items.move_to_end(key)
+            return found[0]
 
     def put(self, key: tuple[str, str], item: dict[str, Any], digest: str | None = None) -> None:
         size = sum(int(getattr(v, "nbytes", 0)) for v in item.values())
         if self.max_items <= 0 or size > self.max_bytes:
             return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.nbytes -= old[1]
-        self._items[key] = (item, size, digest)
-        self.nbytes += size
-        while len(self._items) > self.max_items or self.nbytes > self.max_bytes:
-            _, (_, dropped, _) = self._items.popitem(last=False)
-            self.nbytes -= dropped
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            self._items[key] = (item, size, digest)
+            self.nbytes += size
+            while len(self._items) > self.max_items or self.nbytes > self.max_bytes:
+                _, (_, dropped, _) = self._items.popitem(last=False)
+                self.nbytes -= dropped
 
 
 def _sent_digest(b64: str) -> str:
