@@ -253,6 +253,35 @@ def test_image_features_with_stand_in_codec(client, renderer, stand_in_codec):
     _features_round_trip(client, renderer, stand_in_codec)
 
 
+def test_an_item_sent_again_is_decoded_once(client, renderer, stand_in_codec, monkeypatch):
+    """A client re-sends every image of a growing conversation each turn (VLLMBackend's
+    default): the server decodes a kwargs_data string it has decoded before only once;
+    other bytes under the same hash are decoded (and checked) again."""
+    from vf_mm.inference import _server
+
+    decoded: list[str] = []
+    inner = _server._decode_item
+
+    def counting(b64: str) -> dict[str, np.ndarray]:
+        decoded.append(b64)
+        return inner(b64)
+
+    monkeypatch.setattr(_server, "_decode_item", counting)
+    body = _image_request(renderer, stand_in_codec, seed=13)
+    first = _generate(client, body).json()["choices"][0]["token_ids"]
+    again = _generate(client, copy.deepcopy(body))
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["token_ids"] == first
+    assert len(decoded) == 1
+    # the same item, other bytes (base64 of JSON with other spacing): decoded again
+    sent = body["features"]["kwargs_data"]["image"][0]
+    respaced = base64.b64encode(base64.b64decode(sent).replace(b", ", b",  ")).decode()
+    other = copy.deepcopy(body)
+    other["features"]["kwargs_data"]["image"][0] = respaced
+    assert _generate(client, other).json()["choices"][0]["token_ids"] == first
+    assert decoded == [sent, respaced]
+
+
 def test_unknown_hash_is_400_naming_it(client, renderer, stand_in_codec):
     body = _image_request(renderer, stand_in_codec, seed=21)
     body["features"]["mm_hashes"]["image"] = ["never-seen-hash"]

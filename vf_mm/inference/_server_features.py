@@ -26,7 +26,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from vf_mm.errors import VfMmError
-from vf_mm.inference._server_engine import ServerEngine
+from vf_mm.inference._server_engine import ServerEngine, sent_digest
 from vf_mm.inference._server_errors import RequestError
 from vf_mm.inference._server_models import GenerateRequestModel
 from vf_mm.models import family_info
@@ -115,11 +115,19 @@ class FeaturesReader:
             )
         data = (features.kwargs_data or {}).get(modality) or [None] * len(hashes)
 
+        digests: dict[int, str] = {}
+
         def decode_all() -> dict[int, dict[str, Any]]:
             out: dict[int, dict[str, Any]] = {}
             for i, b64 in enumerate(data):
                 if b64 is None:
                     continue
+                if isinstance(b64, str):  # the same string again: the item decoded then
+                    digests[i] = sent_digest(b64)
+                    cached = cache.get_sent((modality, hashes[i]), digests[i])
+                    if cached is not None:
+                        out[i] = cached
+                        continue
                 where = f"kwargs_data.{modality}[{i}]"
                 try:
                     out[i] = self._check_item(self.decode(b64), where, modality)
@@ -156,7 +164,7 @@ class FeaturesReader:
                 )
             items.append(item)
         for i, item in decoded.items():
-            cache.put((modality, hashes[i]), item)
+            cache.put((modality, hashes[i]), item, digests.get(i))
         return MultiModalData(
             mm_hashes={modality: list(hashes)},
             mm_placeholders={modality: [PlaceholderRange(p.offset, p.length) for p in ranges]},

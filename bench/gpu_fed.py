@@ -1,0 +1,346 @@
+"""A GPU node kept fed: ``vf-mm serve --device cuda`` driven by ``vf-mm eval --workers W``,
+against the engine's own rate with no client at all, in the same run.
+
+Model: random weights in Qwen2.5-VL-3B's shape (``bench/local_gpu.py`` builds it), bfloat16,
+the pool engine. Workload: ``gridnav`` (medium: 8 turns, a new rendered image each turn),
+``--examples`` x ``--rollouts-per-example`` rollouts, ``--concurrency`` in flight,
+``--max-tokens`` sampled tokens a turn at temperature 1, seeded per rollout.
+
+1. **Engine-bound rate** (the baseline). A ``LocalBackend`` built as ``vf-mm serve``
+   builds it (``--max-batch 32``, 5 ms batch window) runs the workload in-process once
+   through ``evaluate_to_dir`` (after a warm-up run of the same workload: kernels, the CUDA
+   graphs), every ``GenerateRequest`` recorded by the rollout slot that sent it. Then the
+   recorded requests are replayed straight into the engine, each slot's requests in order,
+   every slot at once, with nothing else running: no environment, rendering, HTTP or
+   results. Its rollouts/s is the engine-bound rate. (The replay's sampled tokens are
+   compared with the recorded ones: seeded sampling repeats them, so the prompts that
+   follow are the ones the engine would have seen.)
+2. **Served.** ``vf-mm serve --model CKPT --device cuda --dtype bfloat16`` in a subprocess;
+   a warm-up ``vf-mm eval`` of the whole workload; then ``vf-mm eval gridnav --backend
+   vllm -b URL --workers W`` for each W, as a user runs it. Rollouts/s is the count over
+   the run's own ``time_s`` (metadata.json: from the results store's opening to the last
+   row; worker start is reported apart); the GPU's busy fraction is NVML's utilization
+   (the share of time a kernel ran), sampled every 50 ms while the server's prefix-cache
+   counter moved (the window in which requests arrived).
+
+Reported: rollouts/s per W, its ratio to the engine-bound rate (goal at W = 8: >= 0.8),
+scaling efficiency rate(W) / (W x rate(1)), GPU busy, and the in-process eval's rate.
+
+    python bench/gpu_fed.py [--shape 3b|tiny] [--device cuda] [--dtype bfloat16]
+                            [--workers 1,2,4,8] [--examples 32] [--rollouts-per-example 4]
+                            [--concurrency 32] [--max-tokens 32] [--out FILE.json]
+
+``--shape tiny --device cpu --dtype float32`` runs the same path on a CPU in a minute.
+Needs what ``bench/local_gpu.py`` needs, and starlette, uvicorn and pydantic for the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+import vf_mm
+from vf_mm.inference import LocalBackend
+from vf_mm.results import evaluate_to_dir
+
+sys.path.insert(0, str(Path(__file__).parent))
+from local_gpu import build_checkpoint
+
+CLI = [sys.executable, "-m", "vf_mm.cli._main"]
+
+
+class Sampler:
+    """GPU utilization (NVML, percent of time a kernel ran) and an optional counter read
+    every ``every_s`` on a thread; ``busy(window)`` averages the samples in a window."""
+
+    def __init__(self, counter: Any = None, every_s: float = 0.05) -> None:
+        self.samples: list[tuple[float, float | None, float | None]] = []
+        self.counter, self.every_s = counter, every_s
+        self._stop = threading.Event()
+        self._handle: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no NVML (a CPU run): no utilization
+            self._nvml = None
+
+    def _util(self) -> float | None:
+        if self._handle is None:
+            return None
+        return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = None
+            if self.counter is not None:
+                with contextlib.suppress(Exception):
+                    value = self.counter()
+            self.samples.append((time.perf_counter(), self._util(), value))
+            self._stop.wait(self.every_s)
+
+    def busy(self, start: float | None = None, end: float | None = None) -> float | None:
+        """Mean utilization (0..1) of the samples in [start, end]; by default the window
+        in which the counter moved."""
+        if start is None:
+            moved = [t for (t, _, v), (_, _, w) in zip(self.samples[1:], self.samples, strict=False)
+                     if v is not None and w is not None and v != w]  # fmt: skip
+            if not moved:
+                return None
+            start, end = moved[0] - self.every_s, moved[-1]
+        values = [u for t, u, _ in self.samples if start <= t <= (end or t) and u is not None]
+        return sum(values) / len(values) / 100 if values else None
+
+
+class Recorder:
+    """Wraps a backend's ``generate``: each request and its completion, by the asyncio
+    task (a rollout slot of ``Environment.evaluate``) that sent it."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.by_slot: dict[int, list[tuple[Any, list[int]]]] = defaultdict(list)
+        self.on = False
+        inner = backend.generate
+
+        async def generate(request: Any) -> Any:
+            result = await inner(request)
+            if self.on:
+                task = asyncio.current_task()
+                self.by_slot[id(task)].append((request, list(result.completion_ids)))
+            return result
+
+        backend.generate = generate  # type: ignore[method-assign]
+        self.inner = inner
+
+
+async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
+    """The in-process eval (recorded), then the replay of its requests: rollouts/s each."""
+    backend = LocalBackend(
+        path, device=args.device, dtype=getattr(torch, args.dtype), max_batch=32,
+        batch_window_ms=5.0,
+    )  # fmt: skip
+    recorder = Recorder(backend)
+    client = vf_mm.make_client(path, backend=backend)
+    env = vf_mm.load_environment("gridnav", seed=0)
+    n = args.examples * args.rollouts_per_example
+    sampling = {"max_tokens": args.max_tokens, "temperature": 1.0}
+
+    async def evaluate(name: str) -> tuple[float, dict]:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            agg = await evaluate_to_dir(
+                env, client, Path(tmp) / name, metadata={}, num_examples=args.examples,
+                rollouts_per_example=args.rollouts_per_example, concurrency=args.concurrency,
+                sampling_args=sampling, seed=0,
+            )  # fmt: skip
+            return time.perf_counter() - start, agg
+
+    try:
+        await evaluate("warm")
+        backend.clear_cache()
+        recorder.on = True
+        wall, agg = await evaluate("recorded")
+        recorder.on = False
+        in_process = agg["count"] / wall
+        slots = list(recorder.by_slot.values())
+        turns = sum(len(s) for s in slots)
+        print(
+            f"in-process eval (client and engine in one process): {agg['count']} rollouts, "
+            f"{turns} requests in {wall:.1f} s = {in_process:.2f} rollouts/s "
+            f"({agg['errors']} errors)",
+            flush=True,
+        )
+        replays = []
+        for _ in range(2):
+            backend.clear_cache()
+            same = [0, 0]
+
+            async def chain(slot: list[tuple[Any, list[int]]], same: list[int] = same) -> None:
+                for request, ids in slot:
+                    result = await recorder.inner(request)
+                    same[0] += list(result.completion_ids) == ids
+                    same[1] += 1
+
+            with Sampler() as sampler:
+                start = time.perf_counter()
+                await asyncio.gather(*(chain(s) for s in slots))
+                end = time.perf_counter()
+            replays.append(
+                {"wall": end - start, "busy": sampler.busy(start, end), "same": same[0] / same[1]}
+            )
+        best = min(replays, key=lambda r: r["wall"])
+        rate = n / best["wall"]
+        busy = "-" if best["busy"] is None else f"{best['busy']:.0%}"
+        walls = ", ".join(f"{r['wall']:.1f}" for r in replays)
+        print(
+            f"engine-bound (replay, no client): {turns} requests in {best['wall']:.1f} s = "
+            f"{rate:.2f} rollouts/s, GPU busy {busy}; sampled tokens equal to the recorded "
+            f"run's in {best['same']:.0%} of requests; replays took {walls} s",
+            flush=True,
+        )
+        return {"in_process": in_process, "engine_bound": rate, "replays": replays}
+    finally:
+        await backend.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(path: Path, args: Any, log: Path) -> Iterator[str]:
+    port = free_port()
+    command = [*CLI, "serve", "--model", str(path), "--device", args.device, "--dtype",
+               args.dtype, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"vf-mm serve exited {process.returncode}: {log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("vf-mm serve did not come up in 600 s")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def queries(url: str) -> float:
+    """The server's prefix-cache query counter (moves with every request it admits)."""
+    text = httpx.get(f"{url}/metrics", timeout=1).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_queries_total")
+    )
+
+
+def served_eval(path: Path, url: str, workers: int, outdir: Path, args: Any) -> dict[str, Any]:
+    """One ``vf-mm eval ... --backend vllm -b URL --workers W`` run, as a user runs it."""
+    sampling = json.dumps({"max_tokens": args.max_tokens, "temperature": 1.0})
+    command = [*CLI, "eval", "gridnav", "-m", str(path), "--backend", "vllm", "-b", url,
+               "--workers", str(workers), "-n", str(args.examples), "-r",
+               str(args.rollouts_per_example), "-c", str(args.concurrency), "-S", sampling,
+               "-o", str(outdir)]  # fmt: skip
+    with Sampler(counter=lambda: queries(url)) as sampler:
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"vf-mm eval exited {done.returncode}: {done.stdout}\n{done.stderr}")
+    results = json.loads((outdir / "metadata.json").read_text())["results"]
+    return {
+        "rollouts": results["count"],
+        "errors": results["errors"],
+        "time_s": results["time_s"],
+        "rate": results["count"] / results["time_s"],
+        "busy": sampler.busy(),
+        "outside_s": wall - results["time_s"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--shape", choices=("3b", "tiny"), default="3b")
+    parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument("--examples", type=int, default=32)
+    parser.add_argument("--rollouts-per-example", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
+    args = parser.parse_args()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(
+        f"{gpu}, {os.cpu_count()} cores | Python {platform.python_version()}, vf_mm "
+        f"{vf_mm.__version__}, torch {torch.__version__}"
+    )
+    n = args.examples * args.rollouts_per_example
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ckpt"
+        start = time.perf_counter()
+        params = build_checkpoint(path, args.shape, getattr(torch, args.dtype), args.device)
+        print(
+            f"random Qwen2.5-VL ({args.shape}: {params / 1e9:.2f}B parameters, built in "
+            f"{time.perf_counter() - start:.0f} s), {args.dtype} on {args.device}; gridnav "
+            f"medium, {n} rollouts, {args.concurrency} in flight, max_tokens "
+            f"{args.max_tokens}, temperature 1\n",
+            flush=True,
+        )
+        bound = asyncio.run(engine_bound(path, args))
+        gc.collect()  # the in-process engine's GPU memory, before the server takes its own
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        rows: dict[int, dict[str, Any]] = {}
+        with server(path, args, Path(tmp) / "serve.log") as url:
+            counts = [int(w) for w in args.workers.split(",")]
+            warm = served_eval(path, url, max(counts), Path(tmp) / "warm", args)
+            print(f"served warm-up at W={max(counts)}: {warm['rate']:.2f} rollouts/s", flush=True)
+            for w in counts:
+                rows[w] = served_eval(path, url, w, Path(tmp) / f"w{w}", args)
+                print(f"W={w}: {rows[w]}", flush=True)
+    rate, one = bound["engine_bound"], rows[counts[0]]["rate"] / counts[0]
+    print(
+        f"\nengine-bound rate {rate:.2f} rollouts/s (in-process replay, no client); the "
+        f"in-process eval {bound['in_process']:.2f} ({bound['in_process'] / rate:.0%})"
+    )
+    header = (
+        f"{'workers':>8}{'rollouts/s':>12}{'of engine-bound':>17}{'scaling eff.':>14}"
+        f"{'GPU busy':>10}{'start + exit s':>16}{'errors':>8}"
+    )
+    print(header)
+    for w, r in rows.items():
+        busy = "-" if r["busy"] is None else f"{r['busy']:.0%}"
+        print(
+            f"{w:>8}{r['rate']:>12.2f}{r['rate'] / rate:>17.0%}{r['rate'] / (w * one):>14.0%}"
+            f"{busy:>10}{r['outside_s']:>16.1f}{r['errors']:>8}"
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"bound": bound, "served": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
