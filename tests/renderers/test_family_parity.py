@@ -34,7 +34,9 @@ from vf_mm.models import (
 )
 from vf_mm.renderers import load_renderer
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
+FAMILIES = (
+    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl"
+)  # fmt: skip
 MODES = ("RGB", "L", "RGBA", "P", "LA")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
@@ -68,8 +70,8 @@ def conversation(family: str, seed: int) -> list[dict[str, Any]]:
     it: the model turn stays open for the model to go on)."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = []
-    system_images = family in ("smolvlm", "llava_onevision")
-    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4")
+    system_images = family in ("smolvlm", "llava_onevision", "internvl")
+    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4", "internvl")
     if rng.random() < 0.5:
         system = user_content(rng, 0) if system_images else "You count shapes.  "
         messages.append({"role": "system", "content": system})

@@ -48,7 +48,7 @@ class VisionFamily:
     ``token_types`` is the per-token input the model needs with images (1 on image
     embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
     Gemma 4: bidirectional attention over each image in the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
-    None (SmolVLM, LLaVA-OneVision find image tokens by id).
+    None (SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL find image tokens by id).
     """
 
     model_type: str
@@ -143,6 +143,9 @@ _FAMILIES = {
                      "LlavaNextForConditionalGeneration", None,
                      "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1, tool_role=False,
                      content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
+        VisionFamily("internvl", "InternVL", "InternVLProcessor", "GotOcr2ImageProcessor",
+                     "InternVLForConditionalGeneration", None, "OpenGVLab/InternVL3-1B-hf",
+                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>")),
     )
 }  # fmt: skip
 
@@ -319,7 +322,10 @@ def image_token_ids(processor: Any) -> tuple[int, ...]:
     """The ids of the tokens that stand for image embeddings (Gemma 3's soft tokens, not
     its ``<start_of_image>`` placeholder; Qwen's ``<|image_pad|>``)."""
     ids = getattr(processor, "image_token_ids", None) or [processor.image_token_id]
-    return tuple(int(i) for i in ids)
+    # InternVL lists its <img> and </img> markers among its image tokens (transformers'
+    # mm_token_type_ids mark them); its model puts no embedding there
+    markers = {getattr(processor, n, None) for n in ("start_image_token_id", "end_image_token_id")}
+    return tuple(int(i) for i in ids if i not in markers)
 
 
 def image_kwargs(processor: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -572,6 +572,35 @@ LLAVA_NEXT_TEMPLATE = r"""
 """
 
 
+# InternVL3 (OpenGVLab/InternVL3-*-hf, converted by transformers' script): ChatML turns
+# with no default system message; every role written as given (``tool`` included), string
+# content verbatim, a list's parts in order: an image as <IMG_CONTEXT> and a newline (the
+# processor expands it to <img>, the image's tokens, </img>), a video as <video> and a
+# newline, text verbatim; tools, tool calls and reasoning are not written.
+INTERNVL_TEMPLATE = r"""
+{%- for message in messages -%}
+    {{- '<|im_start|>' + message['role'] + '\n' -}}
+    {%- if message['content'] is string -%}
+        {{- message['content'] -}}
+    {%- else -%}
+        {%- for part in message['content'] -%}
+            {%- if part['type'] == 'image' -%}
+                {{- '<IMG_CONTEXT>\n' -}}
+            {%- elif part['type'] == 'video' -%}
+                {{- '<video>\n' -}}
+            {%- elif part['type'] == 'text' -%}
+                {{- part['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+
 # Gemma 4: one Jinja body, two settings per variant (see the module docstring).
 _GEMMA4_BODY = r"""
 {#- vf_mm's Gemma 4 chat template: what google/gemma-4-*-it render at the revision set
@@ -1037,4 +1066,5 @@ CHAT_TEMPLATES = {
     "qwen3_vl_moe": QWEN3_VL_INSTRUCT_TEMPLATE,
     "qwen3_5_moe": TEMPLATE_VARIANTS["qwen3_5_moe"]["think"],
     "llava_next": LLAVA_NEXT_TEMPLATE,
+    "internvl": INTERNVL_TEMPLATE,
 }

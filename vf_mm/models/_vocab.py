@@ -153,6 +153,38 @@ def llava_onevision_tokenizer(vocab_size: int = 2000) -> Any:
     return tok
 
 
+# InternVL3's added tokens after Qwen2.5's (the real ids: <img> 151665, </img> 151666,
+# <IMG_CONTEXT> 151667), and the named tokens its processor reads.
+INTERNVL_ADDED_TOKENS = (
+    "<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>",
+)  # fmt: skip
+INTERNVL_NAMED_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+
+
+def internvl_tokenizer(vocab_size: int = 2000) -> Any:
+    """``tiny_tokenizer`` with InternVL3's added tokens after Qwen's specials and the
+    named tokens its processor reads (``<video>`` is named, not added, as in the
+    converted checkpoints)."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    vocab, merges = _train_bpe(vocab_size)
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
+        pad_token=None, extra_special_tokens=INTERNVL_NAMED_TOKENS,
+    )  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in INTERNVL_ADDED_TOKENS])
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
+    return tok
+
+
 # Qwen3.5's pre-tokenizer split: as Qwen2's, but combining marks join letters (\p{M}).
 QWEN3_5_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""

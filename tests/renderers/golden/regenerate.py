@@ -520,6 +520,52 @@ LLAVA_NEXT_CASES = [
     ),
 ]
 
+INTERNVL_CASES = [
+    case("text_only", [{"role": "user", "content": "Hello there, how many circles?"}]),
+    case(
+        "system_and_image",
+        [
+            {"role": "system", "content": "You count shapes."},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+        ],
+    ),
+    case(
+        "several_images_between_text",
+        [{"role": "user", "content": [text("Compare "), IMAGE, text(" and "), IMAGE, text(".")]}],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "There are 3 circles."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "system_image_and_tool_image",
+        [
+            {"role": "system", "content": [text("Reference:"), IMAGE]},
+            {"role": "user", "content": [text("Zoom in.")]},
+            {"role": "assistant", "content": "Zooming."},
+            {"role": "tool", "content": [IMAGE, text("the crop")]},
+        ],
+    ),
+    case(
+        "tools_are_not_written",
+        [{"role": "user", "content": [IMAGE, text("Crop it.")]}],
+        tools=TOOLS,
+    ),
+    case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
+]
+
 
 GEMMA4_TOOLS = [
     TOOLS[0],
@@ -711,6 +757,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "llava_onevision": LLAVA_ONEVISION_CASES,
     "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
     "llava_next": LLAVA_NEXT_CASES,
+    "internvl": INTERNVL_CASES,
     **{f"qwen3_5@{variant}": QWEN3_5_VARIANT_CASES
        for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
@@ -727,6 +774,7 @@ VOCAB = {
     "smolvlm": "tiny",
     "llava_onevision": "tiny",
     "llava_next": "tiny",
+    "internvl": "tiny",
     **{key: "tiny" for key in CASES if "@" in key},
 }
 
