@@ -28,6 +28,7 @@ from vf_mm.models._vocab import (
     gemma4_tokenizer,
     gemma_tokenizer,
     internvl_tokenizer,
+    lfm2_vl_tokenizer,
     llava_next_tokenizer,
     llava_onevision_tokenizer,
     qwen3_5_tokenizer,
@@ -49,6 +50,7 @@ Family = Literal[
     "qwen3_5_moe",
     "llava_next",
     "internvl",
+    "lfm2_vl",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -119,6 +121,8 @@ def build_tiny_vlm(
         return _build_llava_next(path, seed)
     if family == "internvl":
         return _build_internvl(path, seed)
+    if family == "lfm2_vl":
+        return _build_lfm2_vl(path, seed)
     return _build_qwen(path, family, vocab, seed, template)
 
 
@@ -200,7 +204,7 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
-    if family != "internvl":  # InternViT is not SigLIP: its names are the released ones
+    if family not in ("internvl", "lfm2_vl"):  # their towers' names are the released ones
         _siglip_keys_as_released(path)
 
 
@@ -576,4 +580,57 @@ def _build_internvl(path: Path, seed: int) -> Path:
     )
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     _save_model(path, config, "internvl", seed, eos, tokenizer.pad_token_id)
+    return path
+
+
+# LFM2.5-VL (LiquidAI/LFM2.5-VL-3B): the real processor resizes an image to 64 to 256
+# tokens (SigLIP2 NaFlex, patch 16, 2x2 pixel-unshuffle) or, when it is larger, cuts it into
+# 2 to 10 tiles of 512x512 (256 tokens each) plus a thumbnail; the tiny one keeps patch 16
+# and the unshuffle and scales the tile to 64x64 (4 tokens) and the budget to 1 to 4
+# tokens. Its image processor has only a torchvision backend: the settings are written
+# as JSON, so the checkpoint builds where torchvision does not import (its images render
+# only where it does).
+_LFM2_VL = dict(
+    tile_size=64, encoder_patch_size=16, downsample_factor=2, min_image_tokens=1,
+    max_image_tokens=4, min_tiles=2, max_tiles=10,
+)  # fmt: skip
+
+
+def _build_lfm2_vl(path: Path, seed: int) -> Path:
+    from transformers import Lfm2VlConfig
+
+    tokenizer = lfm2_vl_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["lfm2_vl"])
+    tile = _LFM2_VL["tile_size"]
+    image = {
+        "image_processor_type": "Lfm2VlImageProcessor", **_LFM2_VL, "do_image_splitting": True,
+        "use_thumbnail": True, "max_pixels_tolerance": 2.0, "do_resize": True,
+        "size": {"height": tile, "width": tile}, "resample": 2, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5], "do_pad": True, "do_convert_rgb": True,
+    }  # fmt: skip
+    (path / "preprocessor_config.json").write_text(json.dumps(image, indent=2) + "\n")
+    _write_processor_config(path, "lfm2_vl")
+    patches = max(
+        _LFM2_VL["max_image_tokens"] * _LFM2_VL["downsample_factor"] ** 2,
+        (tile // _LFM2_VL["encoder_patch_size"]) ** 2,
+    )
+    text = _text_config(
+        tokenizer, model_type="lfm2", layer_types=["conv", "full_attention"], norm_eps=1e-5,
+        block_auto_adjust_ff_dim=False,
+    )  # fmt: skip
+    vision = dict(
+        _SIGLIP, model_type="siglip2_vision_model", patch_size=_LFM2_VL["encoder_patch_size"],
+        num_patches=patches,
+    )  # fmt: skip
+    config = Lfm2VlConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        projector_hidden_size=64,
+        downsample_factor=_LFM2_VL["downsample_factor"],
+        tie_word_embeddings=False,
+    )
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    _save_model(path, config, "lfm2_vl", seed, eos, tokenizer.pad_token_id)
     return path
