@@ -4,8 +4,8 @@ transformers 5.23 has only a torchvision image processor for LFM2-VL, and the de
 tier runs without torchvision. So the default tier checks what needs no pixels: the tiny
 checkpoint's tokenizer and the real LFM2.5-VL template (``golden/lfm2_5_vl.jinja``, from
 the trl 1.16.0 wheel; ``test_golden.py`` holds vf_mm's template equal to it) rendering,
-parsing and bridging turns of reasoning and Python-list tool calls, and that a renderer
-asked for its images says torchvision is needed instead of rendering them wrong. The
+parsing and bridging turns of reasoning and Python-list tool calls, the local backend
+sampling its text as a full forward scores it, and that a renderer asked for its images says torchvision is needed instead of rendering them wrong. The
 images themselves (token ids and every model-input tensor against the processor) are
 checked where torchvision imports: the vllm tier (``-m vllm``).
 """
@@ -133,6 +133,38 @@ def test_its_images_need_torchvision_and_the_renderer_says_so(lfm2):
         pytest.skip("torchvision imports here: the images render (the vllm tier's test)")
     with pytest.raises(MissingDependencyError, match="torchvision"):
         load_renderer(lfm2)
+
+
+def test_the_local_backend_samples_its_hybrid_stack_as_a_full_forward_scores_it(lfm2):
+    """LFM2's short-convolution layers keep a state of their own while sampling: the
+    sampler's logprobs of a text turn equal one forward over the prompt and completion."""
+    import asyncio
+
+    import torch
+
+    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
+    from vf_mm.models import model_class
+
+    prompt = list(range(5, 40))
+
+    async def sample():
+        backend = LocalBackend(lfm2)
+        try:
+            params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+            return await backend.generate(GenerateRequest(prompt, params))
+        finally:
+            await backend.aclose()
+
+    result = asyncio.run(sample())
+    model = model_class("lfm2_vl").from_pretrained(lfm2).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt + result.completion_ids])
+        logprobs = model(input_ids=ids).logits.float().log_softmax(-1)[0]
+    expected = [
+        logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(result.completion_ids)
+    ]
+    assert len(result.completion_ids) == 6
+    assert result.logprobs == pytest.approx(expected, abs=1e-4)
 
 
 # -- the images, where torchvision imports ---------------------------------------------
