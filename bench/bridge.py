@@ -62,8 +62,9 @@ from _machine import cpu_name
 from PIL import Image
 
 import vf_mm
-from vf_mm.models import build_tiny_vlm, load_processor
+from vf_mm.models import load_processor
 from vf_mm.renderers import RendererPool, load_renderer
+from vf_mm.testing import build_tiny_vlm
 
 SIDE = 448
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}

@@ -45,9 +45,12 @@ from PIL import Image
 
 import vf_mm
 from vf_mm.images import image_hash, load_image
-from vf_mm.models import build_tiny_vlm, embedded_model, expand_image
+from vf_mm.models import (
+    embedded_model,
+    expand_image,
+)
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import ScriptedBackend
+from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 from vf_mm.training import (
     ImageProcessing,
     ImageRebuilder,

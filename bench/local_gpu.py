@@ -59,9 +59,10 @@ import transformers
 
 import vf_mm
 from vf_mm.inference import LocalBackend
-from vf_mm.models import build_tiny_vlm, model_class
+from vf_mm.models import model_class
 from vf_mm.renderers import RendererPool, load_renderer
 from vf_mm.results import evaluate_to_dir
+from vf_mm.testing import build_tiny_vlm
 
 # Qwen/Qwen2.5-VL-3B-Instruct's config.json: the shapes that set the cost
 QWEN25_VL_3B_TEXT = dict(

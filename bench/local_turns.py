@@ -48,8 +48,9 @@ from PIL import Image
 
 import vf_mm
 from vf_mm.inference import LocalBackend, SamplingParams
-from vf_mm.models import build_tiny_vlm, model_class
+from vf_mm.models import model_class
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
 
 SIDE = 224
 # ~40M parameters: text 10 layers of 512 (GQA 8/2), vision 8 blocks of 256

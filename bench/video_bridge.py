@@ -42,8 +42,12 @@ import torch
 import transformers
 
 import vf_mm
-from vf_mm.models import build_tiny_vlm, expand_video, load_video_settings
+from vf_mm.models import (
+    expand_video,
+    load_video_settings,
+)
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
 from vf_mm.videos import load_video, video_hash
 
 

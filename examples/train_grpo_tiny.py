@@ -41,8 +41,9 @@ from PIL import Image, ImageDraw
 
 import vf_mm as vf
 from vf_mm.inference import LocalBackend, SamplingParams
-from vf_mm.models import build_tiny_vlm, model_class
+from vf_mm.models import model_class
 from vf_mm.renderers import RendererPool, load_renderer
+from vf_mm.testing import build_tiny_vlm
 from vf_mm.training import (
     GroupReceiver,
     GroupSender,

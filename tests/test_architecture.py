@@ -86,8 +86,12 @@ def _home(path: Path) -> str | None:
     if parts[0] == "vf_mm" and len(parts) > 2:
         return f"vf_mm.{parts[1]}"
     if parts[0] == "tests" and len(parts) > 2:
-        return f"vf_mm.{parts[1]}"
+        return f"vf_mm.{_TESTED_BY.get(parts[1], parts[1])}"
     return None
+
+
+#: test folders named for what they need rather than the package they test
+_TESTED_BY = {"vllm": "inference"}
 
 
 def _private_reach(name: str, home: str | None, *, library: bool = False) -> bool:

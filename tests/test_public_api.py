@@ -59,23 +59,14 @@ def test_images_exports():
     import vf_mm.images
 
     assert set(vf_mm.images.__all__) == {
-        "DEFAULT_FORMATS",
-        "DEFAULT_MAX_BYTES",
-        "DEFAULT_MAX_PIXELS",
-        "DEFAULT_MAX_REDIRECTS",
-        "DEFAULT_TIMEOUT_S",
         "Fetcher",
         "ImagePolicy",
-        "Resolver",
         "decode_data_url",
         "encode_png",
         "image_hash",
-        "is_public_address",
         "load_image",
         "png_data_url",
-        "SourceKey",
         "source_key",
-        "system_resolver",
     }
     for name in vf_mm.images.__all__:
         assert hasattr(vf_mm.images, name), name
@@ -85,11 +76,6 @@ def test_videos_exports():
     import vf_mm.videos
 
     assert set(vf_mm.videos.__all__) == {
-        "DEFAULT_MAX_BYTES",
-        "DEFAULT_MAX_DECODED_BYTES",
-        "DEFAULT_MAX_DURATION_S",
-        "DEFAULT_MAX_FRAMES",
-        "DEFAULT_MAX_PIXELS_PER_FRAME",
         "VIDEO_EXTENSIONS",
         "VIDEO_MEDIA_TYPES",
         "Video",
@@ -128,7 +114,6 @@ def test_results_exports():
         "ASSETS_DIR",
         "METADATA_FILE",
         "RESULTS_FILE",
-        "RESULTS_FORMAT",
         "ROW_KEYS",
         "AssetStore",
         "BadLine",
@@ -184,30 +169,19 @@ def test_models_exports():
     import vf_mm.models
 
     assert set(vf_mm.models.__all__) == {
-        "CHAT_TEMPLATES",
+        "image_backend_of",
         "IMAGE_BACKENDS",
-        "QWEN2_VL_TEMPLATE",
-        "QWEN3_VL_TEMPLATE",
-        "QWEN_VL_FAMILIES",
+        "resolve_image_backend",
+        "torchvision_available",
         "TEMPLATE_VARIANTS",
         "VISION_FAMILIES",
         "VIDEO_FAMILIES",
-        "VIDEO_OPTIONS",
-        "ExpandedVideo",
-        "SampledVideo",
-        "VideoSettings",
         "VisionFamily",
-        "build_tiny_lm",
-        "build_tiny_vlm",
         "cached_tiny_vlm",
-        "chat_template",
         "embedded_model",
         "expand_image",
         "expand_video",
         "family_info",
-        "image_backend_of",
-        "image_kwargs",
-        "image_processor_class",
         "image_token_ids",
         "load_processor",
         "load_video_settings",
@@ -215,21 +189,18 @@ def test_models_exports():
         "model_inputs",
         "model_type",
         "processor_class",
-        "qwen_tokenizer",
-        "resolve_image_backend",
-        "sample_frames",
-        "torchvision_available",
-        "tiny_tokenizer",
     }
     for name in vf_mm.models.__all__:
         assert hasattr(vf_mm.models, name), name
-    assert vf_mm.models.QWEN_VL_FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-    assert set(vf_mm.models.CHAT_TEMPLATES) == set(vf_mm.models.VISION_FAMILIES)
-    assert set(vf_mm.models.QWEN_VL_FAMILIES) < set(vf_mm.models.VISION_FAMILIES)
+    assert vf_mm.models._internal.QWEN_VL_FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    assert set(vf_mm.models._internal.CHAT_TEMPLATES) == set(vf_mm.models.VISION_FAMILIES)
+    assert set(vf_mm.models._internal.QWEN_VL_FAMILIES) < set(vf_mm.models.VISION_FAMILIES)
     assert set(vf_mm.models.TEMPLATE_VARIANTS) < set(vf_mm.models.VISION_FAMILIES)
     for family, variants in vf_mm.models.TEMPLATE_VARIANTS.items():  # the default comes first
-        assert vf_mm.models.chat_template(family) == next(iter(variants.values()))
-        assert vf_mm.models.CHAT_TEMPLATES[family] == vf_mm.models.chat_template(family)
+        assert vf_mm.models._internal.chat_template(family) == next(iter(variants.values()))
+        assert vf_mm.models._internal.CHAT_TEMPLATES[
+            family
+        ] == vf_mm.models._internal.chat_template(family)
 
 
 def test_testing_reexports_the_models_and_inference_names():
@@ -238,16 +209,20 @@ def test_testing_reexports_the_models_and_inference_names():
     import vf_mm.testing
 
     assert set(vf_mm.testing.__all__) == {
+        "CHAT_TEMPLATES",
         "FAMILIES",
+        "chat_template",
+        "qwen_tokenizer",
+        "tiny_tokenizer",
         "ScriptedBackend",
         "ScriptedChatBackend",
         "build_tiny_lm",
         "build_tiny_vlm",
     }
-    assert vf_mm.testing.build_tiny_vlm is vf_mm.models.build_tiny_vlm
-    assert vf_mm.testing.build_tiny_lm is vf_mm.models.build_tiny_lm
-    assert vf_mm.testing.ScriptedBackend is vf_mm.inference.ScriptedBackend
-    assert vf_mm.testing.FAMILIES == vf_mm.models.QWEN_VL_FAMILIES
+    assert vf_mm.testing.build_tiny_vlm is vf_mm.models._internal.build_tiny_vlm
+    assert vf_mm.testing.build_tiny_lm is vf_mm.models._internal.build_tiny_lm
+    assert vf_mm.testing.ScriptedBackend is vf_mm.inference._internal.ScriptedBackend
+    assert vf_mm.testing.FAMILIES == vf_mm.models._internal.QWEN_VL_FAMILIES
     assert isinstance(vf_mm.testing.ScriptedChatBackend(["x"]), vf_mm.inference.ChatBackend)
 
 
@@ -278,6 +253,8 @@ def test_inference_exports_the_managed_servers():
     assert {"VLLMBackend", "VLLMServers", "ServerLimits", "server_flags", "vllm_command"} <= set(
         vf_mm.inference.__all__
     )
+    # VLLMBackend's settings objects
+    assert {"Retry", "Routing", "Auth"} <= set(vf_mm.inference.__all__)
     for name in vf_mm.inference.__all__:
         assert hasattr(vf_mm.inference, name), name
 
@@ -307,7 +284,6 @@ def test_training_exports():
 
     assert set(vf_mm.training.__all__) == {
         "GROUP_FORMAT",
-        "GROUP_FORMAT_BY_SOURCE",
         "IMAGE_MODES",
         "MAX_GROUP_ID_BYTES",
         "GroupReceiver",
@@ -326,7 +302,6 @@ def test_training_exports():
         "group_advantages",
         "grpo_loss",
         "inputs_hash",
-        "is_endpoint",
         "logprob_mismatch",
         "make_batches",
         "pack_group",
@@ -370,3 +345,29 @@ def test_adapters_exports():
         assert hasattr(vf_mm.adapters, name), name
     assert vf_mm.load_environment is vf_mm.adapters.load_environment
     assert issubclass(vf_mm.errors.UnsupportedEnvironmentError, vf_mm.errors.EnvironmentLoadError)
+
+
+def test_no_name_is_exported_by_two_packages():
+    """Each public name has one home package; ``import vf_mm as vf`` (the authoring facade)
+    re-exports the environment names from theirs, and is the only place that may."""
+    import importlib
+    import pkgutil
+
+    homes: dict[str, list[str]] = {}
+    for info in pkgutil.iter_modules(vf_mm.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"vf_mm.{info.name}")
+        for name in getattr(module, "__all__", ()):
+            homes.setdefault(name, []).append(module.__name__)
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+    for name in set(vf_mm.__all__) & set(homes):  # the facade re-exports, never redefines
+        (home,) = homes[name]
+        assert getattr(vf_mm, name) is getattr(importlib.import_module(home), name), name
+
+
+def test_one_load_environment():
+    import vf_mm.envs
+
+    assert "load_environment" not in vf_mm.envs.__all__
+    assert vf_mm.load_environment is vf_mm.adapters.load_environment  # verifiers' too

@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 
 from tests._browser import file_url, run_chromium
 from vf_mm.cli import main
-from vf_mm.report import TEXT_MAX_CHARS, TEXT_PREVIEW_CHARS, build_report, make_report
+from vf_mm.report import TEXT_MAX_CHARS, TEXT_PREVIEW_CHARS, make_report
 
 INJECT_SCRIPT = "<script>document.documentElement.dataset.pwned='script'</script>"
 INJECT_IMG = "<img src=x onerror=\"document.documentElement.dataset.pwned='img'\">"
@@ -274,7 +274,7 @@ class Page(HTMLParser):
 
 
 def test_report_structure_images_and_escaping(run):
-    html = build_report(run["outdir"])
+    html = make_report(run["outdir"]).html
     page = Page(html)
 
     cards = page.having("card", "article")
@@ -363,7 +363,7 @@ def test_injection_through_ids_and_metadata_is_escaped(tmp_path):
     }
     with (root / "results.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
-    page = Page(build_report(root))
+    page = Page(make_report(root).html)
     assert [t for t, _ in page.elements].count("script") == 1
     assert not [t for t, _ in page.elements if t == "svg"]
     assert page.having("card", "article")[-1]["data-example"] == row["example_id"]
@@ -384,14 +384,14 @@ def test_missing_metadata_empty_and_torn_results(tmp_path):
     assert "0.5 ± 0.5" in page.all_text  # rewards 1, 0 (null skipped)
 
     (root / "results.jsonl").write_text("")
-    page = Page(build_report(root))
+    page = Page(make_report(root).html)
     assert not page.having("card", "article")
     assert "No rollouts in results.jsonl." in page.all_text
 
     with pytest.raises(FileNotFoundError):
-        build_report(tmp_path / "nope")
+        make_report(tmp_path / "nope")
     with pytest.raises(FileNotFoundError):
-        build_report(tmp_path)  # a directory, but not a run directory
+        make_report(tmp_path)  # a directory, but not a run directory
 
 
 def test_odd_values_do_not_crash(tmp_path):

@@ -45,7 +45,10 @@ def test_vf_load_environment_is_the_one_that_wraps():
 def test_vf_mm_environments_load_as_before(monkeypatch):
     monkeypatch.chdir(ROOT)
     env = vf_mm.load_environment("shapes")
-    assert type(env) is type(vf_mm.envs.load_environment("shapes")) and env.env_id == "shapes"
+    assert (
+        type(env) is type(vf_mm.envs._internal.load_environment("shapes"))
+        and env.env_id == "shapes"
+    )
 
 
 def test_what_no_adapter_knows_is_refused_as_before(tmp_path):

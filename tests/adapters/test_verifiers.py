@@ -18,9 +18,8 @@ import vf_mm
 from vf_mm.adapters import VerifiersEnv, adapt_verifiers, is_verifiers_environment
 from vf_mm.errors import UnsupportedEnvironmentError
 from vf_mm.images import ImagePolicy
-from vf_mm.models import build_tiny_vlm
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import ScriptedBackend
+from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 
 pytestmark = pytest.mark.verifiers
 

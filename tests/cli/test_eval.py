@@ -43,7 +43,7 @@ def test_eval_writes_results_metadata_and_assets(tmp_path, capsys, monkeypatch):
 
 def test_resume_after_kill_9_yields_each_rollout_once(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "VF_MM_CACHE": str(tmp_path / "cache")}
+    env = dict(os.environ)  # the session's cache: the embedded model is built once
     cmd = [sys.executable, "-m", "vf_mm.cli._main", "eval", "shapes", "-n", "6", "-r", "2", "-c", "2",
            "-o", str(out), "-S", '{"max_tokens": 16}']  # fmt: skip
     proc = subprocess.Popen(
@@ -136,7 +136,7 @@ def test_a_model_that_cannot_take_the_environments_media_is_refused_up_front(
     tmp_path, capsys, monkeypatch
 ):
     """Every rollout would fail the same way: one clear line instead of a run of errors."""
-    from vf_mm.models import build_tiny_lm, build_tiny_vlm
+    from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 
     monkeypatch.chdir(ROOT)
     gemma = build_tiny_vlm(tmp_path / "gemma", "gemma3")

@@ -173,6 +173,44 @@ def test_model_embedded_next_to_a_folder_of_that_name_is_refused(tmp_path, monke
     assert "write ./embedded to serve that folder" in capsys.readouterr().err
 
 
+def serve_in_process(monkeypatch: pytest.MonkeyPatch, bodies: list[dict]) -> None:
+    """``vf-mm serve --record`` runs in this process, its HTTP server replaced by one that
+    sends ``bodies`` (session "a") through the app and then stops, as SIGINT would."""
+    import vf_mm.cli._serve as serve_command
+
+    class Server:
+        def __init__(self, config) -> None:
+            self.app = config.app
+
+        async def serve(self) -> None:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serve") as http:
+                for body in bodies:
+                    done = await http.post("/v1/chat/completions", json=body,
+                                           headers={"X-Session-ID": "a"})  # fmt: skip
+                    assert done.status_code == 200, done.text
+
+    monkeypatch.setattr(serve_command, "_stoppable_server_class", lambda: Server)
+
+
+def test_a_recording_resumed_in_its_dir_goes_on_counting_and_appends(
+    checkpoint, tmp_path, monkeypatch
+):
+    """A second run on the same DIR goes on counting the session's index and appends its
+    group: the first run's groups are not overwritten, and every id stays unique."""
+    from vf_mm.cli import main
+
+    record = tmp_path / "rec"
+    body = {"model": str(checkpoint), "messages": [user(0)], "max_tokens": 2}
+    for _ in range(2):
+        serve_in_process(monkeypatch, [body])
+        assert main(["serve", "--model", str(checkpoint), "--record", str(record)]) == 0
+    groups = list(read_groups(record / "groups.vfmm"))
+    assert [g["group_id"] for g in groups] == ["a/0", "a/1"]
+    assert sorted(r["rollout_index"] for r in read_results(record)) == [0, 1]
+
+
+@pytest.mark.slow  # two server processes; the test above makes the claim in one process
 @pytest.mark.timeout(300)
 def test_a_recording_resumed_in_its_dir_keeps_the_groups_it_sent_before(checkpoint, tmp_path):
     """A second server on the same DIR goes on counting the session's index and appends

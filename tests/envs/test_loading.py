@@ -185,7 +185,8 @@ def test_load_environment_with_adapters_wraps_what_one_knows(tmp_path):
         seen.append((obj, env_id))
         return wrapped if obj == ["row", "row"] else None
 
-    load = vf.envs.load_environment_with
+    from vf_mm.envs._internal import load_environment_with as load
+
     assert load(str(module), adapters=[adapt], env_args={"n": 2}) is wrapped
     assert seen == [(["row", "row"], "other")]
     with pytest.raises(EnvironmentNotFoundError, match="returned a list, not a vf_mm Environment"):

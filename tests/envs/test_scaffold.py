@@ -20,10 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
     ("flags", "kind", "family"),
     [
         ([], "single-turn", "qwen2_5_vl"),
-        (["--multi-turn", "--family", "smolvlm"], "multi-turn", "smolvlm"),
-        (["--tools", "--family", "qwen3_5"], "tools", "qwen3_5"),  # XML tool calls
+        # the other kinds' own tests build other families (slow tier); the test below
+        # evals both kinds in the default tier
+        pytest.param(["--multi-turn", "--family", "smolvlm"], "multi-turn", "smolvlm",
+                     marks=pytest.mark.slow),
+        pytest.param(["--tools", "--family", "qwen3_5"], "tools", "qwen3_5",  # XML tool calls
+                     marks=pytest.mark.slow),
     ],
-)
+)  # fmt: skip
 def test_init_writes_an_environment_that_evals_and_passes_its_own_tests(
     tmp_path, monkeypatch, capsys, flags, kind, family
 ):
@@ -58,6 +62,16 @@ def test_init_writes_an_environment_that_evals_and_passes_its_own_tests(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["multi-turn", "tools"])
+def test_every_kind_of_scaffold_evals_with_every_rollout_scored(tmp_path, monkeypatch, kind):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "my-env", f"--{kind}"]) == 0
+    assert main(["eval", "my-env", "-n", "2", "-r", "1", "-o", "out", "-S",
+                 '{"max_tokens": 8}']) == 0  # fmt: skip
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 2 and all(r["error"] is None and r["reward"] is not None for r in rows)
 
 
 def test_the_written_code_is_lint_clean(tmp_path):

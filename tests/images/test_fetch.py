@@ -21,7 +21,12 @@ from vf_mm.errors import (
     ImageFetchError,
     UnsafeImageSourceError,
 )
-from vf_mm.images import Fetcher, ImagePolicy, load_image, system_resolver
+from vf_mm.images import (
+    Fetcher,
+    ImagePolicy,
+    load_image,
+)
+from vf_mm.images._internal import system_resolver
 
 from ._make import PUBLIC_IP, FakeResolver, Recorder, fetcher, gradient, pixels, png_bytes, serving
 

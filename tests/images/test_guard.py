@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from vf_mm.errors import ImageFetchError, UnsafeImageSourceError
-from vf_mm.images import ImagePolicy, is_public_address
+from vf_mm.images import ImagePolicy
 from vf_mm.images._guard import (
     check_addresses,
     check_http_url,
     check_local_path,
     file_url_to_path,
 )
+from vf_mm.images._internal import is_public_address
 
 NET = ImagePolicy(allow_network=True)
 

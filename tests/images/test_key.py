@@ -9,7 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from vf_mm.images import ImagePolicy, SourceKey, source_key
+from vf_mm.images import (
+    ImagePolicy,
+    source_key,
+)
+from vf_mm.images._internal import SourceKey
 from vf_mm.images._key import RACY_S
 
 from ._make import gradient, png_bytes

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from vf_mm.images import DEFAULT_FORMATS, ImagePolicy
+from vf_mm.images import ImagePolicy
+from vf_mm.images._internal import DEFAULT_FORMATS
 
 
 def test_defaults_are_the_documented_ones():

@@ -19,28 +19,11 @@ from vf_mm.errors import BackendError
 from vf_mm.inference import GenerateRequest, GenerateResult, LocalBackend, SamplingParams
 from vf_mm.models import model_inputs
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 RESUMABLE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "smolvlm", "llava_onevision", "text"]
 FALLBACK = ["gemma3"]  # re-encoded every turn (see LocalBackend's docstring)
 GREEDY = SamplingParams(max_tokens=4, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("history")
-    built: dict[str, object] = {}
-
-    def get(family: str):
-        if family not in built:
-            if family == "text":
-                built[family] = build_tiny_lm(root / family)
-            else:
-                built[family] = build_tiny_vlm(root / family, family)
-        return built[family]
-
-    return get
 
 
 @dataclass

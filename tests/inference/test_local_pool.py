@@ -24,28 +24,11 @@ from vf_mm.errors import BackendError, BackendOutOfMemoryError
 from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
 from vf_mm.inference._arena import GRAIN, KVArena
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 
 POOL = {"kv_pool": True, "kv_pool_bytes": 4 << 20}
 # the tiny LM's KV: 2 layers x keys and values x 2 heads x 32 dims x float32
 TEXT_TOKEN_BYTES = 2 * 2 * 2 * 32 * 4
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm", "llava_onevision", "text"]
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pool")
-    built: dict[str, object] = {}
-
-    def get(family: str):
-        if family not in built:
-            if family == "text":
-                built[family] = build_tiny_lm(root / family)
-            else:
-                built[family] = build_tiny_vlm(root / family, family)
-        return built[family]
-
-    return get
 
 
 def ask(backend: LocalBackend, prompts, params):

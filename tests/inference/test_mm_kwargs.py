@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from vf_mm.errors import DecodeError, EncodeError
-from vf_mm.inference import decode_kwargs_item, encode_kwargs_item
+from vf_mm.inference._internal import (
+    decode_kwargs_item,
+    encode_kwargs_item,
+)
 
 
 def _item(n: int = 256, dim: int = 1176, dtype=np.float32, seed: int = 0) -> dict:

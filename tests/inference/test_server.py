@@ -1084,7 +1084,7 @@ def test_bad_video_features_and_content_parts_options_are_refused(client, render
         {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}])  # fmt: skip
     (span,) = rendered.multi_modal_data.mm_placeholders["video"]
     item = dict(rendered.multi_modal_data.mm_items["video"][0])
-    from vf_mm.inference import encode_kwargs_item
+    from vf_mm.inference._internal import encode_kwargs_item
 
     for bad in (np.array([np.nan], np.float32), np.array([-1.0], np.float32),
                 np.array([2], np.int64)):  # fmt: skip

@@ -27,7 +27,7 @@ def trl():
 def checkpoints(tmp_path_factory):
     """``checkpoints(family)``: a tiny random checkpoint of ``family`` (a vision family, or
     ``"text"``: a tiny Qwen2 language model), built once per session."""
-    from vf_mm.models import build_tiny_lm, build_tiny_vlm
+    from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 
     root = tmp_path_factory.mktemp("trl-checkpoints")
     built: dict[str, object] = {}

@@ -12,11 +12,11 @@ import pytest
 from vf_mm.errors import RenderError
 from vf_mm.models import (
     VIDEO_FAMILIES,
-    build_tiny_vlm,
     expand_video,
     load_video_settings,
-    sample_frames,
 )
+from vf_mm.models._internal import sample_frames
+from vf_mm.testing import build_tiny_vlm
 
 TOKENS = {"video_token": "<|video_pad|>", "vision_start_token": "<|vision_start|>",
           "vision_end_token": "<|vision_end|>"}  # fmt: skip

@@ -15,10 +15,9 @@ from PIL import Image
 
 import vf_mm as vf
 from vf_mm.images import ImagePolicy, png_data_url
-from vf_mm.models import build_tiny_vlm
 from vf_mm.recording import RECORDING_BASE_URL, Recorder, openai_client
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import ScriptedBackend
+from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 
 
 def picture(seed: int) -> str:

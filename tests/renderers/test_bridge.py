@@ -322,11 +322,11 @@ def test_with_the_real_history_one_render_of_the_sampled_turn_gives_the_tail(
     real turn is the previous prompt, the completion verbatim and the tail, so the probe
     render is not needed; the result equals the full render, turn after turn."""
     renderer, _ = renderer_and_processor
-    if renderer._facts[None][0]["history_sensitive"]:
+    if renderer._facts[None].history_sensitive:
         pytest.skip("a template that rewrites earlier turns renders the whole history")
     messages = [data_url_turn(0, "start")]
     rendered = renderer.render(messages)
-    monkeypatch.setattr(renderer, "_tail_text", None)  # the probe path would fail
+    monkeypatch.setattr(renderer._bridge, "_tail_text", None)  # the probe path would fail
     for turn in range(3):
         reply = {"role": "assistant", "content": f"move {turn}"}
         new = [data_url_turn(turn + 1, f"state {turn}")]
@@ -497,7 +497,7 @@ def chatml_renderer(request, checkpoints):
         golden = Path(__file__).with_name("golden") / "qwen2_5_vl.jinja"
         tokenizer.chat_template = golden.read_text()
         renderer = type(renderer)(tokenizer, vision=renderer.vision)
-    assert renderer._chatml[None]  # recognised, and its probes rendered as built
+    assert renderer._facts[None].chatml  # recognised, and its probes rendered as built
     return renderer
 
 
@@ -506,7 +506,8 @@ def chatml_renderer(request, checkpoints):
 )
 @given(turn=_TEXT, new=st.lists(_MESSAGE, min_size=1, max_size=3))
 def test_the_chatml_tail_is_what_the_template_writes(chatml_renderer, turn, new):
-    from vf_mm.renderers._template import _USER, _chatml_tail
+    from vf_mm.renderers._chatml import chatml_tail as _chatml_tail
+    from vf_mm.renderers._facts import PROBE_USER as _USER
 
     r = chatml_renderer
     user, assistant = {"role": "user", "content": _USER}, {"role": "assistant", "content": turn}
@@ -518,7 +519,7 @@ def test_the_chatml_tail_is_what_the_template_writes(chatml_renderer, turn, new)
 
 
 def test_the_chatml_tail_leaves_what_it_cannot_vouch_for_to_the_template():
-    from vf_mm.renderers._template import _chatml_tail
+    from vf_mm.renderers._chatml import chatml_tail as _chatml_tail
 
     user = [{"role": "user", "content": "next"}]
     turn = {"role": "assistant", "content": "ok"}
@@ -536,4 +537,4 @@ def test_an_edited_chatml_template_runs_itself(checkpoints):
     renderer = load_renderer(checkpoints["qwen2_5_vl"])
     tokenizer = copy.deepcopy(renderer.tokenizer)
     tokenizer.chat_template = tokenizer.chat_template.replace("<|im_end|>", "<|im_end|> ")
-    assert not type(renderer)(tokenizer, vision=renderer.vision)._chatml[None]
+    assert not type(renderer)(tokenizer, vision=renderer.vision)._facts[None].chatml

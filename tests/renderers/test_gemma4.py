@@ -29,8 +29,9 @@ import pytest
 from PIL import Image
 
 from vf_mm.errors import RenderError
-from vf_mm.models import build_tiny_vlm, chat_template, load_processor
+from vf_mm.models import load_processor
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm, chat_template
 
 from .test_family_parity import assert_matches, image, reference
 
@@ -353,7 +354,7 @@ def test_a_tool_env_rollout_bridges_every_turn_and_shows_the_tools_image(variant
     import asyncio
 
     import vf_mm as vf
-    from vf_mm.inference import ScriptedBackend
+    from vf_mm.testing import ScriptedBackend
 
     def zoom(x: int) -> list:
         """Zoom in.

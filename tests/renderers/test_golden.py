@@ -39,17 +39,14 @@ from PIL import Image
 
 from vf_mm.errors import RenderError
 from vf_mm.models import (
-    CHAT_TEMPLATES,
     TEMPLATE_VARIANTS,
-    build_tiny_vlm,
-    chat_template,
     family_info,
     image_token_ids,
     load_processor,
-    qwen_tokenizer,
     torchvision_available,
 )
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import CHAT_TEMPLATES, build_tiny_vlm, chat_template, qwen_tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
 SOURCES: dict[str, Any] = json.loads((GOLDEN / "templates.json").read_text())

@@ -20,8 +20,9 @@ import pytest
 from PIL import Image
 
 from vf_mm.errors import MissingDependencyError
-from vf_mm.models import build_tiny_vlm, family_info, load_processor, torchvision_available
+from vf_mm.models import family_info, load_processor, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
+from vf_mm.testing import build_tiny_vlm
 
 REAL_TEMPLATE = (Path(__file__).parent / "golden" / "lfm2_5_vl.jinja").read_text()
 TOOLS = [{"type": "function", "function": {"name": "zoom", "description": "Zoom in.",

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tests.renderers.conftest import conversation
+from vf_mm.errors import UnsupportedModelError
 from vf_mm.models import load_processor
 from vf_mm.renderers import (
     ChatTemplateRenderer,
     RendererPool,
-    UnsupportedModelError,
     is_multimodal,
     load_renderer,
 )

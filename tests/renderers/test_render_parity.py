@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests._params import seeds
 from tests.renderers.conftest import conversation
 from vf_mm.models import load_processor
 from vf_mm.renderers import load_renderer
@@ -40,7 +41,7 @@ def assert_same(rendered, ref, image_token_id):
     data.validate(len(rendered.token_ids))
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", seeds(4, 8))
 def test_generated_conversations_match_the_processor(renderer_and_processor, seed):
     renderer, processor = renderer_and_processor
     messages = conversation(seed)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vf_mm.models import tiny_tokenizer
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import tiny_tokenizer
 
 # A Llama-3-like layout, unlike Qwen's ChatML: header tokens, no default system turn.
 LLAMA_LIKE = (

@@ -16,7 +16,8 @@ import pytest
 
 from tests._browser import file_url, run_chromium
 from tests.report._runs import Page, card_orders, write_run
-from vf_mm.report import page_name, write_report
+from vf_mm.report import write_report
+from vf_mm.report._internal import page_name
 from vf_mm.report._pages import _pager
 from vf_mm.report._run import _PageSummary
 

@@ -10,7 +10,11 @@ import pytest
 
 from tests.report._runs import Page, card_orders, write_run
 from vf_mm.cli import main
-from vf_mm.report import PAGE_SIZE, build_report, write_report
+from vf_mm.report import (
+    make_report,
+    write_report,
+)
+from vf_mm.report._internal import PAGE_SIZE
 
 
 @pytest.fixture
@@ -32,7 +36,7 @@ def test_a_run_that_fits_on_a_page_is_one_self_contained_file_as_before(small):
     assert not written.paged and written.path == small / "report.html"
     assert written.pages == written.files == 1
     html = written.path.read_text(encoding="utf-8")
-    assert html == build_report(small)  # the single file, unchanged
+    assert html == make_report(small).html  # the single file, unchanged
     assert written.bytes == len(html.encode())
     page = Page(html)
     assert not page.tags("img") and not page.tags("nav")  # embedded, one page

@@ -18,8 +18,9 @@ from PIL import Image
 
 import vf_mm as vf
 from vf_mm.inference import LocalBackend
-from vf_mm.models import build_tiny_vlm, model_class
+from vf_mm.models import model_class
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import build_tiny_vlm
 from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
 
 FAMILIES = (

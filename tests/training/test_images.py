@@ -26,12 +26,11 @@ from vf_mm.errors import (
     ProcessingMismatchError,
 )
 from vf_mm.images import image_hash, load_image
-from vf_mm.models import VISION_FAMILIES, build_tiny_vlm, family_info
+from vf_mm.models import VISION_FAMILIES, family_info
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import ScriptedBackend
+from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 from vf_mm.training import (
     GROUP_FORMAT,
-    GROUP_FORMAT_BY_SOURCE,
     ImageProcessing,
     ImageRebuilder,
     ImageStore,
@@ -40,6 +39,7 @@ from vf_mm.training import (
     read_groups,
     unpack_group,
 )
+from vf_mm.training._internal import GROUP_FORMAT_BY_SOURCE
 from vf_mm.types import RolloutOutput
 from vf_mm.wire import packb, unpackb, write_stream
 

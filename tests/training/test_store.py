@@ -35,8 +35,8 @@ from vf_mm.training import (
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    from vf_mm.models import build_tiny_vlm
     from vf_mm.renderers import load_renderer
+    from vf_mm.testing import build_tiny_vlm
 
     path = build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "qwen", "qwen2_5_vl")
     return path, load_renderer(path, image_backend="pil")

@@ -29,8 +29,13 @@ from vf_mm.errors import (
     TornFrameError,
     TransportError,
 )
-from vf_mm.training import GroupReceiver, GroupSender, is_endpoint, read_groups
+from vf_mm.training import (
+    GroupReceiver,
+    GroupSender,
+    read_groups,
+)
 from vf_mm.training._acks import ACK, ACK_MAGIC
+from vf_mm.training._internal import is_endpoint
 from vf_mm.wire import (
     FRAME_HEADER_SIZE,
     STREAM_HEADER_SIZE,

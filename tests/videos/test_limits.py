@@ -6,13 +6,13 @@ import pickle
 
 import pytest
 
-from vf_mm.videos import (
+from vf_mm.videos import VideoLimits
+from vf_mm.videos._internal import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DECODED_BYTES,
     DEFAULT_MAX_DURATION_S,
     DEFAULT_MAX_FRAMES,
     DEFAULT_MAX_PIXELS_PER_FRAME,
-    VideoLimits,
 )
 
 

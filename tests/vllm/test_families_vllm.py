@@ -43,6 +43,8 @@ from vf_mm.inference import (
     GenerateRequest,
     SamplingParams,
     VLLMBackend,
+)
+from vf_mm.inference._internal import (
     decode_kwargs_item,
     encode_kwargs_item,
 )

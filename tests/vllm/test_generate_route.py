@@ -18,7 +18,10 @@ import pytest
 import torch
 from PIL import Image
 
-from vf_mm.inference import decode_kwargs_item, encode_kwargs_item
+from vf_mm.inference._internal import (
+    decode_kwargs_item,
+    encode_kwargs_item,
+)
 from vf_mm.renderers import load_renderer
 
 pytestmark = pytest.mark.vllm

@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from vf_mm.inference import decode_kwargs_item, encode_kwargs_item
+from vf_mm.inference._internal import (
+    decode_kwargs_item,
+    encode_kwargs_item,
+)
 
 pytestmark = pytest.mark.vllm
 

@@ -32,7 +32,12 @@ import pytest
 
 from tests.vllm.conftest import VLLMServer, free_port
 from vf_mm.errors import MultiModalDataError
-from vf_mm.inference import GenerateRequest, SamplingParams, VLLMBackend, decode_kwargs_item
+from vf_mm.inference import (
+    GenerateRequest,
+    SamplingParams,
+    VLLMBackend,
+)
+from vf_mm.inference._internal import decode_kwargs_item
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 

@@ -14,7 +14,7 @@ import pytest
 import vf_mm as vf
 from tests.workers import _clients
 from vf_mm.errors import WorkerStartError
-from vf_mm.models import build_tiny_vlm
+from vf_mm.testing import build_tiny_vlm
 from vf_mm.workers import WorkerPool, WorkerSpec
 
 ENV = str(Path(__file__).with_name("_env.py"))

@@ -11,7 +11,7 @@ import pytest
 import vf_mm as vf
 from tests.workers import _clients
 from tests.workers.test_pool import ENV, spec
-from vf_mm.models import build_tiny_vlm
+from vf_mm.testing import build_tiny_vlm
 from vf_mm.workers import WorkerPool
 
 pytestmark = pytest.mark.ray

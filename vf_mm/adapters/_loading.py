@@ -1,7 +1,7 @@
 """``load_environment``: vf_mm's environments, and other frameworks' wrapped as vf_mm ones.
 
 This is ``vf_mm.load_environment`` (what ``vf-mm eval``, ``vf-mm rollout`` and rollout
-workers call): ``vf_mm.envs.load_environment_with`` with this package's adapters, so an
+workers call): ``vf_mm.envs._internal.load_environment_with`` with this package's adapters, so an
 environment module whose ``load_environment`` returns a verifiers environment is found
 by id or path like any other and comes back as a ``VerifiersEnv``. The lookup lives in
 ``vf_mm.envs``; the adapters live here, above it, and are handed down.
@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm.adapters._verifiers import adapt_verifiers
-from vf_mm.envs import Adapter, Environment, load_environment_with
+from vf_mm.envs import Environment
+from vf_mm.envs._internal import (
+    Adapter,
+    load_environment_with,
+)
 
 #: what ``load_environment`` wraps, tried in order
 ADAPTERS: tuple[Adapter, ...] = (adapt_verifiers,)

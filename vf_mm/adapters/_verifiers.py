@@ -83,7 +83,7 @@ def is_verifiers_environment(obj: Any) -> bool:
 
 
 def adapt_verifiers(obj: Any, env_id: str) -> VerifiersEnv | None:
-    """The ``vf_mm.envs.Adapter`` for verifiers: ``obj`` wrapped, None when it is not
+    """The ``vf_mm.envs._internal.Adapter`` for verifiers: ``obj`` wrapped, None when it is not
     verifiers'. Refuses (``UnsupportedEnvironmentError``) what it cannot run."""
     if not is_verifiers_environment(obj):
         return None

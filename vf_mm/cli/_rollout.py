@@ -179,7 +179,7 @@ def _interrupted(count: RunCount) -> str:
     same group ids, so a trainer with a ledger takes each once; a file is written anew)."""
     if count.where is None:
         return "interrupted before the first group; nothing was sent"
-    from vf_mm.training import is_endpoint
+    from vf_mm.training._internal import is_endpoint
 
     if is_endpoint(count.where):
         return (
@@ -194,7 +194,8 @@ def _interrupted(count: RunCount) -> str:
 
 
 async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
-    from vf_mm.training import GroupSender, is_endpoint
+    from vf_mm.training import GroupSender
+    from vf_mm.training._internal import is_endpoint
 
     console = Console()
     is_endpoint(args.stream)  # an unsupported target fails before anything loads

@@ -25,7 +25,7 @@ def _positive(value: str) -> int:
     return n
 
 
-#: vf_mm.report.PAGE_SIZE, spelled here so that building the parser imports no report code
+#: vf_mm.report._internal.PAGE_SIZE, spelled here so that building the parser imports no report code
 PAGE_SIZE = 200
 
 

@@ -7,10 +7,7 @@ from vf_mm.envs._check import check_environment
 from vf_mm.envs._env import Environment, MultiTurnEnv, SingleTurnEnv, State, stop
 from vf_mm.envs._loading import (
     ENTRY_POINT_GROUP,
-    Adapter,
     list_environments,
-    load_environment,
-    load_environment_with,
 )
 from vf_mm.envs._parser import Parser, ThinkParser, XMLParser
 from vf_mm.envs._rows import LazyRows
@@ -20,7 +17,6 @@ from vf_mm.envs._tools import ToolEnv, tool_schema
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "Adapter",
     "Environment",
     "LazyRows",
     "MultiTurnEnv",
@@ -33,8 +29,6 @@ __all__ = [
     "XMLParser",
     "check_environment",
     "list_environments",
-    "load_environment",
-    "load_environment_with",
     "scaffold_environment",
     "stop",
     "tool_schema",

@@ -320,7 +320,7 @@ def _scripted_runs(
     """``times`` seeded runs of two rollouts per row, one rollout at a time (so replies
     from a list reach the same turns every run): ``{(example_id, index): output}`` each."""
     from vf_mm.client import RendererClient
-    from vf_mm.inference import ScriptedBackend
+    from vf_mm.inference._internal import ScriptedBackend
     from vf_mm.renderers import load_renderer
 
     renderer = load_renderer(model)

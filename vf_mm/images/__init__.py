@@ -68,36 +68,19 @@ from __future__ import annotations
 
 from vf_mm.images._data_url import decode_data_url
 from vf_mm.images._encode import encode_png, png_data_url
-from vf_mm.images._fetch import Fetcher, Resolver, system_resolver
-from vf_mm.images._guard import is_public_address
+from vf_mm.images._fetch import Fetcher
 from vf_mm.images._hash import image_hash
-from vf_mm.images._key import SourceKey, source_key
+from vf_mm.images._key import source_key
 from vf_mm.images._load import load_image
-from vf_mm.images._policy import (
-    DEFAULT_FORMATS,
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_PIXELS,
-    DEFAULT_MAX_REDIRECTS,
-    DEFAULT_TIMEOUT_S,
-    ImagePolicy,
-)
+from vf_mm.images._policy import ImagePolicy
 
 __all__ = [
     "png_data_url",
     "encode_png",
     "decode_data_url",
-    "DEFAULT_FORMATS",
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_PIXELS",
-    "DEFAULT_MAX_REDIRECTS",
-    "DEFAULT_TIMEOUT_S",
     "Fetcher",
     "ImagePolicy",
-    "Resolver",
     "image_hash",
-    "SourceKey",
     "source_key",
-    "is_public_address",
     "load_image",
-    "system_resolver",
 ]

@@ -14,19 +14,37 @@ stability promise.
 
 from __future__ import annotations
 
-from vf_mm.images._guard import check_local_path, file_url_to_path
+from vf_mm.images._fetch import Resolver, system_resolver
+from vf_mm.images._guard import check_local_path, file_url_to_path, is_public_address
+from vf_mm.images._key import SourceKey
 from vf_mm.images._local import read_local_file
+from vf_mm.images._policy import (
+    DEFAULT_FORMATS,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_REDIRECTS,
+    DEFAULT_TIMEOUT_S,
+)
 from vf_mm.images._source import Kind as SourceKind
 from vf_mm.images._source import classify as classify_source
 from vf_mm.images._source import describe as describe_source
 from vf_mm.images._source import unwrap_part
 
 __all__ = [
+    "DEFAULT_FORMATS",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MAX_REDIRECTS",
+    "DEFAULT_TIMEOUT_S",
+    "Resolver",
+    "SourceKey",
     "SourceKind",
     "check_local_path",
     "classify_source",
     "describe_source",
     "file_url_to_path",
+    "is_public_address",
     "read_local_file",
+    "system_resolver",
     "unwrap_part",
 ]

@@ -8,14 +8,14 @@ HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind
 token-in/token-out route and an OpenAI-compatible chat route. ``VLLMServers`` starts N
 vLLM servers of one model as subprocesses (``server_flags``: what each needs for
 ``VLLMBackend``; ``vllm_command``: what starts one), stopped with their parent however
-it ends.
+it ends. ``Retry``, ``Routing`` and ``Auth`` are ``VLLMBackend``'s settings objects
+(retries and backoff; the routing policy and its sessions; the API keys), each checked
+when it is made.
 """
 
 from typing import TYPE_CHECKING
 
 from vf_mm._lazy import lazy_exports
-from vf_mm.inference._mm_kwargs import decode_kwargs_item, encode_kwargs_item
-from vf_mm.inference._scripted import ScriptedBackend
 from vf_mm.inference._server_guard import ServerLimits
 from vf_mm.inference._spawn import VLLMServers, server_flags, vllm_command
 from vf_mm.inference._types import (
@@ -27,10 +27,11 @@ from vf_mm.inference._types import (
     GenerateResult,
     SamplingParams,
     Usage,
-    check_prompt_length,
 )
+from vf_mm.inference._vllm_config import Auth, Retry, Routing
 
 __all__ = [
+    "Auth",
     "Backend",
     "ChatBackend",
     "ChatResult",
@@ -39,16 +40,14 @@ __all__ = [
     "GenerateResult",
     "LocalBackend",
     "OpenAIChatBackend",
+    "Retry",
+    "Routing",
     "SamplingParams",
-    "ScriptedBackend",
     "ServerLimits",
     "Usage",
     "VLLMBackend",
     "VLLMServers",
-    "check_prompt_length",
     "create_app",
-    "decode_kwargs_item",
-    "encode_kwargs_item",
     "server_flags",
     "vllm_command",
 ]

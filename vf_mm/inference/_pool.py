@@ -20,20 +20,22 @@ rows come and go, this engine does with fixed memory:
   to the arena when the entry is evicted or replaced.
 
 Rows join and leave between any two steps at no cost: nothing is copied or re-laid out,
-a step's inputs are each row's token, position and range.
+a step's inputs are each row's token, position and range. When rows are admitted, and
+how long a request waits to join, is the ``Scheduler``'s admission loop, the same as for
+the batch engine; this engine is a ``RowEngine``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vf_mm.errors import BackendOutOfMemoryError
 from vf_mm.inference._arena import KVArena
+from vf_mm.inference._local_model import LocalModel
 from vf_mm.inference._packed import (
     DecodeStep,
     Launched,
@@ -42,11 +44,9 @@ from vf_mm.inference._packed import (
     flash_available,
 )
 from vf_mm.inference._prefix_cache import Entry, Match
-from vf_mm.inference._rows import Pending, Row, answer, result
+from vf_mm.inference._rows import Pending, Row, answer, result, take
 from vf_mm.inference._sampling import sample_packed, uses_filters
-
-if TYPE_CHECKING:
-    from vf_mm.inference._local import LocalBackend
+from vf_mm.inference._scheduler import RowParts
 
 # most new tokens one packed prefill forward takes (its activations grow with them)
 PREFILL_TOKENS = 16384
@@ -69,101 +69,102 @@ class _Flight:
     launched: Launched
 
 
+def pool_arena(model: LocalModel, packed: PackedModel, *, pool_bytes: int) -> KVArena:
+    """The pool engine's ``KVArena`` for ``model``: as many tokens' keys and values of
+    every layer as ``pool_bytes`` holds."""
+    dtype = model.dtype
+    token_bytes = packed.layers * 2 * packed.kv_heads * packed.head_dim * dtype.itemsize
+    return KVArena(
+        layers=packed.layers,
+        kv_heads=packed.kv_heads,
+        head_dim=packed.head_dim,
+        capacity=KVArena.tokens_for(pool_bytes, token_bytes),
+        dtype=dtype,
+        device=model.device,
+    )
+
+
+def entry_release(arena: KVArena) -> Callable[[Entry], None]:
+    """The prefix cache's ``on_drop`` over ``arena``: an entry that leaves the cache
+    gives its range back."""
+
+    def dropped(entry: Entry) -> None:
+        state: ArenaRange = entry.state
+        arena.free(state.start, state.length)
+
+    return dropped
+
+
 class PoolEngine:
-    """Runs a ``LocalBackend``'s rows over a ``KVArena`` of ``pool_bytes`` (module
-    docstring). ``graphs``: capture decode steps as CUDA graphs (CUDA only)."""
+    """Runs rows of ``parts.model`` (``packed`` for packed forwards) over ``arena``
+    (module docstring): a ``RowEngine``, driven by the ``Scheduler``'s admission loop.
+    Finished rows' ranges become entries of ``parts.prefix``, whose ``on_drop`` must be
+    ``entry_release(arena)``. ``max_batch``: the most rows a decode step holds;
+    ``graphs``: capture decode steps as CUDA graphs (CUDA only)."""
 
     def __init__(
-        self, backend: LocalBackend, packed: PackedModel, *, pool_bytes: int, graphs: bool
+        self,
+        parts: RowParts,
+        packed: PackedModel,
+        arena: KVArena,
+        *,
+        max_batch: int,
+        graphs: bool,
     ) -> None:
-        self.backend = backend
+        self._parts = parts
+        self._model = model = parts.model
         self.packed = packed
-        dtype = backend.model.dtype
-        token_bytes = packed.layers * 2 * packed.kv_heads * packed.head_dim * dtype.itemsize
-        capacity = KVArena.tokens_for(pool_bytes, token_bytes)
-        self.arena = KVArena(
-            layers=packed.layers,
-            kv_heads=packed.kv_heads,
-            head_dim=packed.head_dim,
-            capacity=capacity,
-            dtype=dtype,
-            device=backend.device,
-        )
-        self.flash = flash_available(backend.device, dtype)
+        self.arena = arena
+        self.flash = flash_available(model.device, model.dtype)
         self.decoder = DecodeStep(
             packed,
             self.arena,
-            max_rows=backend.max_batch,
-            mrope=backend._mrope,
-            suppress=backend._suppress,
-            device=backend.device,
+            max_rows=max_batch,
+            mrope=model.mrope,
+            suppress=model.suppress,
+            device=model.device,
             reference=not self.flash,
             graphs=graphs,
         )
+        self.rows: list[Row] = []
+        self._new: list[Row] = []  # admitted and placed, not prefilled yet
         self._flight: _Flight | None = None  # the decode step launched last, not read yet
 
-    # -- the prefix cache's entries ----------------------------------------------------
+    # -- RowEngine ------------------------------------------------------------------------
 
-    def dropped(self, entry: Entry) -> None:
-        """A prefix-cache entry left the cache: its range goes back to the arena."""
-        state: ArenaRange = entry.state
-        self.arena.free(state.start, state.length)
+    def admit(self, pendings: list[Pending]) -> list[Pending]:
+        self._new, waiting = self._admit(pendings, running=bool(self.rows))
+        return waiting
 
-    # -- the loop -------------------------------------------------------------------------
+    def prefill(self) -> None:
+        if self._new:
+            self._prefill(self._new)
+            self.rows = self.rows + self._new
+        self._new = []
 
-    def episode(self, admit: list[Pending]) -> bool:
-        """Run rows until none is left, taking in new requests as they come (unless a
-        weight swap waits). Returns whether the backend is closing. Admission waits as
-        the batch engine's does (``LocalBackend._episode``)."""
-        b = self.backend
-        rows: list[Row] = []
-        closing = False
-        held: list[Pending] = []
-        held_since = 0.0
-        step_s = 0.0
-        while True:
-            started = time.perf_counter()
-            new: list[Row] = []
-            try:
-                if admit:
-                    b.batches_run += 1
-                    new, waiting = self._admit(admit, running=bool(rows))
-                    admit = []
-                    if waiting:  # no room yet: first in line at the next admission
-                        held = waiting + held
-                        held_since = time.monotonic()
-                    if new:
-                        self._prefill(new)
-                        rows, new = rows + new, []
-                rows = self._retire(rows)
-                if rows:
-                    step = time.perf_counter()
-                    self._decode(rows)
-                    step_s = time.perf_counter() - step
-                    rows = self._retire(rows)
-            except Exception as exc:  # a failed forward fails the rows in it, never the worker
-                error = b._failure(exc)
-                self._flight = None
-                for row in [*rows, *new]:
-                    if row.pending is not None:
-                        answer(row.pending, error)
-                        row.pending = None
-                    self._release(row)
-                rows = []
-            b.busy_s += time.perf_counter() - started
-            b.running_rows = len(rows)
-            if not closing and not b._swaps_waiting:
-                room = b.max_batch - len(rows) - len(held)
-                more, closing = b._collect([], room, wait=False)
-                if more and not held:
-                    held_since = time.monotonic()
-                held += more
-            if not rows and not held:
-                self._drain()
-                return closing
-            waited = time.monotonic() - held_since
-            if held and (not rows or waited >= max(b.batch_window_s, 2 * step_s)):
-                admit, held = held, []
+    def decode(self) -> None:
+        self._decode(self.rows)
+
+    def retire(self) -> None:
+        self.rows = self._retire(self.rows)
+
+    def fail(self, exc: Exception) -> None:
+        error = self._model.failure(exc)
+        self._flight = None
+        for row in [*self.rows, *self._new]:
+            if row.pending is not None:
+                answer(row.pending, error)
+                row.pending = None
+            self._release(row)
+        self.rows, self._new = [], []
+
+    def drain(self) -> None:
+        """Wait for the step in flight, if any, and drop its tokens (its rows are done)."""
+        if self._flight is not None:
+            flight, self._flight = self._flight, None
+            flight.launched.read()
+            for row in flight.rows:
+                row.unread -= 1
 
     # -- admission -------------------------------------------------------------------------
 
@@ -176,25 +177,24 @@ class PoolEngine:
             if waiting:  # first come, first placed
                 waiting.append(pending)
                 continue
-            row = self.backend._row(pending)
+            row = self._parts.builder.row(pending)
             if row is None:
                 continue  # answered already (cancelled, or a bad request)
             try:
                 fits = self._place(row, running=running or bool(placed))
             except Exception as exc:  # it fails alone (one that can never fit, say)
-                answer(pending, self.backend._failure(exc))
+                answer(pending, self._model.failure(exc))
                 continue
             if fits:
                 placed.append(row)
             else:
-                self._unlook(row)
+                self._parts.builder.uncount(row)
                 waiting.append(pending)
         return placed, waiting
 
     def _place(self, row: Row, *, running: bool) -> bool:
         """Give ``row`` its range and copy its cached prefix there. False: no room while
         other rows run (nothing was changed)."""
-        b = self.backend
         need = len(row.prompt) + row.sampling.max_tokens
         if need > self.arena.capacity:
             raise BackendOutOfMemoryError(
@@ -202,39 +202,30 @@ class PoolEngine:
                 f"{row.sampling.max_tokens} needs {need} KV slots; the pool holds "
                 f"{self.arena.capacity} (kv_pool_bytes={self.arena.nbytes}): raise "
                 "kv_pool_bytes, or send a shorter prompt or a smaller max_tokens",
-                backend=b.name,
+                backend=self._model.name,
                 needed=need,
                 available=self.arena.capacity,
             )
         entry = row.match.entry
         while (start := self.arena.alloc(need)) is None:
-            if b._prefix.evict_one(keep=entry):
+            if self._parts.prefix.evict_one(keep=entry):
                 continue
             if running:
                 return False
             if entry is None:  # an empty arena holds any range up to its capacity
                 raise AssertionError("the KV arena is fragmented with nothing in it")
             # nothing runs and only the matched entry is left: re-encode without it
-            b.prefix_cache_hits -= row.cached
-            b._prefix.drop(entry)
-            row.match = Match(None, 0)
-            row.positions, row.delta, row.reach = b._positions(row.prompt, row.media, 0)
+            self._parts.prefix.drop(entry)
+            self._parts.builder.unmatch(row)
             entry = None
         if entry is not None:
             state: ArenaRange = entry.state
             self.arena.copy(state.start, start, row.cached)
             if row.cached == state.length:  # the new row extends all of it: it replaces it
-                b._prefix.drop(entry)
+                self._parts.prefix.drop(entry)
                 row.match = Match(None, row.cached)
         row.start, row.reserved = start, need
         return True
-
-    def _unlook(self, row: Row) -> None:
-        """Undo ``_row``'s prefix-cache counts for a row put back to wait."""
-        b = self.backend
-        if b.prefix_cache_enabled:
-            b.prefix_cache_queries -= len(row.prompt)
-            b.prefix_cache_hits -= row.cached
 
     def _release(self, row: Row) -> None:
         """Give back the range of a row that leaves without an entry."""
@@ -261,12 +252,12 @@ class PoolEngine:
             self._prefill_group(group)
 
     def _prefill_group(self, rows: list[Row]) -> None:
-        b = self.backend
-        device = b.device
+        model = self._model
+        device = model.device
         news = [row.new_ids for row in rows]
         ids = torch.tensor([[t for new in news for t in new]])
         positions = torch.cat([row.positions for row in rows], dim=-1)
-        positions = positions[:, None] if b._mrope else positions[None]
+        positions = positions[:, None] if model.mrope else positions[None]
         step = PackedStep.build(
             self.arena,
             starts=[row.start for row in rows],
@@ -275,8 +266,8 @@ class PoolEngine:
             device=device,
             reference=not self.flash,
         )
-        b.prefills_run += 1
-        inputs = b._vision_inputs(rows, ids) if b.is_multimodal else {}
+        self._parts.stats.prefills_run += 1
+        inputs = self._parts.vision.inputs(rows, ids) if model.is_multimodal else {}
         keep = (step.cu_q[1:] - 1).long()
         logits = self.packed.forward(
             ids.to(device), positions.to(device), step, keep=keep, inputs=inputs
@@ -297,7 +288,7 @@ class PoolEngine:
             self._land(before)
 
     def _launch(self, rows: list[Row], before: _Flight | None) -> _Flight:
-        self.backend.steps_run += 1
+        self._parts.stats.steps_run += 1
         index = {id(r): i for i, r in enumerate(before.rows)} if before is not None else {}
         fed = [len(r.prompt) + len(r.completion) + r.unread for r in rows]  # after this step
         counters = [len(r.completion) + r.unread for r in rows]
@@ -327,21 +318,16 @@ class PoolEngine:
             row.unread -= 1
             if not row.done and row.pending is not None:
                 live.append(i)
-        self.backend._take(
-            [flight.rows[i] for i in live], [tokens[i] for i in live], [logprobs[i] for i in live]
+        take(
+            [flight.rows[i] for i in live],
+            [tokens[i] for i in live],
+            [logprobs[i] for i in live],
+            self._model.eos_token_ids,
         )
-
-    def _drain(self) -> None:
-        """Wait for the step in flight, if any, and drop its tokens (its rows are done)."""
-        if self._flight is not None:
-            flight, self._flight = self._flight, None
-            flight.launched.read()
-            for row in flight.rows:
-                row.unread -= 1
 
     def _sample(self, rows: list[Row], logits: torch.Tensor, *, counters: list[int]) -> None:
         tokens, logprobs = self._draw(rows, logits, counters).cpu().tolist()
-        self.backend._take(rows, [int(t) for t in tokens], logprobs)
+        take(rows, [int(t) for t in tokens], logprobs, self._model.eos_token_ids)
 
     def _draw(self, rows: Sequence[Row], logits: torch.Tensor, counters: list[int]) -> torch.Tensor:
         device = logits.device
@@ -361,15 +347,14 @@ class PoolEngine:
     def _retire(self, rows: list[Row]) -> list[Row]:
         """Answer the rows that just finished, keep what they wrote as prefix-cache
         entries; the rows still running."""
-        b = self.backend
         for row in rows:
             if row.pending is None:
                 continue
             if row.done:
-                if b.prefix_cache_enabled and not row.pending.future.cancelled():
+                if self._parts.prefix_cache and not row.pending.future.cancelled():
                     keep = len(row.prompt) + len(row.completion) - 1  # the last was not fed
                     self.arena.shrink(row.start, row.reserved, keep)
-                    b._prefix.insert(
+                    self._parts.prefix.insert(
                         row.prompt + row.completion[:-1],
                         row.spans,
                         ArenaRange(row.start, keep),

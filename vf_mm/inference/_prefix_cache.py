@@ -1,4 +1,5 @@
-"""The local backend's caches: model state by token prefix, vision-tower outputs by image.
+"""The local backend's prefix cache: model state by token prefix (``PrefixCache``), and
+``ByteLRU``, the map bounded in bytes under it and under the vision cache.
 
 ``PrefixCache`` keeps what a finished request left behind (its KV tensors over its
 prompt and completion) under the token ids it covers, and finds, for a new prompt, the
@@ -17,8 +18,8 @@ collision costs a miss, never a wrong answer. A match never ends inside an image
 new part of a prompt always holds whole images, which the vision tower encodes whole.
 
 ``ByteLRU`` bounds each cache in bytes: the least recently used entries go first. One
-``ByteLRU`` under the prefix index holds the entries; another keeps the vision tower's
-output per image (keyed by modality, content hash and input shapes), so a
+``ByteLRU`` under the prefix index holds the entries; another (``VisionCache``) keeps the
+vision tower's output per image (keyed by modality, content hash and input shapes), so a
 turn runs the tower on its new images only, even after its KV entry was evicted.
 
 Entries are immutable: a request copies what it reuses, and a new entry that extends

@@ -3,14 +3,16 @@
 ``Pending`` is a request waiting in the queue with the future its caller awaits; ``Row``
 is that request admitted: its prompt, images, cached prefix, positions, sampling rules
 and what it has sampled so far. Both engines of ``LocalBackend`` (the padded batch and
-the KV pool) run rows; ``answer`` resolves a caller's future from the worker thread.
+the KV pool) run rows (``RowBuilder`` makes them); ``take`` keeps a row's sampled token
+and ends it at a stop id or its length; ``answer`` resolves a caller's future from the
+worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +76,22 @@ class Row:
     def next_position(self) -> int:
         """Where the last sampled token goes (it is fed at the next step)."""
         return len(self.prompt) + len(self.completion) - 1 + self.delta
+
+
+def take(
+    rows: Sequence[Row], tokens: Sequence[int], logprobs: Sequence[float], eos: set[int]
+) -> None:
+    """Each row's newly sampled token: kept, and the row done at a stop id (its
+    ``stop_reason`` the id, unless it is one of the model's ``eos`` ids) or its length."""
+    for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+        row.completion.append(token)
+        row.logprobs.append(logprob)
+        if token in row.stop_ids:
+            row.finish = "stop"
+            row.stop_reason = None if token in eos else token
+            row.done = True
+        elif len(row.completion) >= row.sampling.max_tokens:
+            row.done = True
 
 
 def result(row: Row) -> GenerateResult:

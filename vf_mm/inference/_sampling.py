@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from vf_mm.inference._types import SamplingParams
@@ -178,6 +179,24 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
         keep = (before <= top_p * sorted_probs.sum(dim=-1, keepdim=True)) | (top_p >= 1)
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs * keep)
     return probs
+
+
+class Seeds:
+    """Each request's seed: its own (``SamplingParams.seed``), else the next from one
+    stream started at ``seed``, so a backend given the same seed and the same requests
+    in the same order samples the same tokens."""
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self._stream = np.random.default_rng(seed)
+        self._device = device
+
+    def seed(self, params: SamplingParams) -> int:
+        """The request's seed, else one drawn from the stream."""
+        return params.seed if params.seed is not None else int(self._stream.integers(2**63))
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A request's own random stream (``sample_rows``), on the model's device."""
+        return torch.Generator(self._device).manual_seed(seed)
 
 
 class RowSampler:

@@ -3,8 +3,9 @@
 ``POST {base}/inference/v1/generate`` (the server must run with ``--enable-scale-out``
 or ``--tokens-only``; otherwise the route answers 403/404). One shared
 ``httpx.AsyncClient`` (HTTP/1.1 keep-alive) talks to one or more servers; which server
-an attempt goes to is the routing policy's choice, and a retry prefers a server this
-request has not tried yet.
+an attempt goes to is the routing policy's choice (``Routing``; the ``Router`` of
+``vf_mm.inference._vllm_routing`` applies it), and a retry prefers a server this request
+has not tried yet.
 
 Routing
 -------
@@ -50,7 +51,7 @@ Retries
 -------
 Connection errors, connect/read/write timeouts, a connection closed before or while the
 body was read, 408, 429 and 5xx (not 501) are retried up to ``max_retries`` times with
-exponential backoff and jitter (``Retry-After`` seconds honoured, capped at
+exponential backoff and jitter (``Retry``: ``Retry-After`` seconds honoured, capped at
 ``max_backoff_s``); a retry on a server the request has not tried yet starts at once. A
 body that is not JSON is retried too (a proxy may have cut it); an answer that is JSON
 but breaks the schema is not (it would break again). Other 4xx are final. After the last
@@ -63,12 +64,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import httpx
 
@@ -81,6 +79,16 @@ from vf_mm.errors import (
 )
 from vf_mm.images import ImagePolicy
 from vf_mm.inference._types import GenerateRequest, GenerateResult, check_prompt_length
+from vf_mm.inference._vllm_config import (
+    ROUTINGS,
+    UNSET,
+    Auth,
+    Retry,
+    Routing,
+    RoutingPolicy,
+    Unset,
+    with_keywords,
+)
 from vf_mm.inference._vllm_protocol import (
     GENERATE_PATH,
     RequestBody,
@@ -90,8 +98,9 @@ from vf_mm.inference._vllm_protocol import (
     encode_request,
     error_detail,
 )
+from vf_mm.inference._vllm_routing import Router, Server
 
-__all__ = ["ROUTINGS", "VLLMBackend"]
+__all__ = ["ROUTINGS", "Auth", "Retry", "Routing", "VLLMBackend"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,36 +112,8 @@ _MAX_CONNECTIONS = 4096
 _MAX_KEEPALIVE = 1024
 _KEEPALIVE_EXPIRY_S = 60.0
 
-Routing = Literal["sticky", "least_outstanding", "round_robin"]
-#: the routing policies ``VLLMBackend`` takes
-ROUTINGS: tuple[str, ...] = ("sticky", "least_outstanding", "round_robin")
-
 
 # -- attempts ---------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Server:
-    """One base URL and its counters (what ``stats`` reports and ``_pick`` weighs)."""
-
-    url: str
-    headers: dict[str, str] = field(default_factory=dict)  # its Authorization, if any
-    outstanding: int = 0
-    requests: int = 0
-    retries: int = 0
-    failures: int = 0
-    consecutive_failures: int = 0
-    down_until: float = 0.0
-    sessions: int = 0  # live sessions bound here
-    placed_at: int = 0  # when a session was last placed here (the placement count then)
-
-
-@dataclass(slots=True)
-class _Session:
-    """Where one session's turns go, and when it last had one (idle sessions expire)."""
-
-    server: int
-    last_used: float
 
 
 class _Retryable(Exception):
@@ -158,21 +139,29 @@ class VLLMBackend:
     ``GET {base}/v1/models`` on first use. ``timeout_s`` bounds each read (for a
     generate: the wait for the whole answer), ``connect_timeout_s`` each connect.
     ``send_kwargs_data=False`` sends ``kwargs_data: null``: the server looks every item
-    up by hash in its cache. ``transport`` replaces httpx's (tests, a Unix socket);
-    ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's ``--api-key``): one key for
-    every server, or a sequence of one key (or None) per base URL, in order. Proxy
-    environment variables are ignored: inference servers are reached directly.
+    up by hash in its cache. ``transport`` replaces httpx's (tests, a Unix socket).
+    Proxy environment variables are ignored: inference servers are reached directly.
     ``embed_token_ids`` (content_parts mode): per modality, the token ids that take
     embeddings (``renderer.vision.embed_ids("video")``), so the returned placeholders say
     which of their positions are embeddings (``is_embed``) where a range also holds
     text: Qwen3-VL's clips (timestamps), Gemma 3's images (markers). Without them every
     returned position counts as an embedding, which a later bridge or training batch
     then refuses for those families (never silently wrong).
-    ``routing``: ``"sticky"`` (sessions stay on one server, new ones go to the least
-    loaded; see the module docstring), ``"least_outstanding"`` or ``"round_robin"``.
-    ``shed_margin``: a session leaves its server when that server has this many more
-    requests in flight than the least-loaded other one (None: only when it fails).
-    ``session_idle_s``: a session with no turn for this long is forgotten.
+
+    The settings of one concern are one object, checked when it is made:
+
+    - ``retry``: a ``Retry`` (how many retries, the backoff and its cap);
+    - ``routing``: a ``Routing`` (the policy, ``shed_margin``, ``session_idle_s``; see
+      the module docstring), or just the policy's name (``"sticky"``, the default,
+      ``"least_outstanding"`` or ``"round_robin"``);
+    - ``auth``: an ``Auth`` (the API keys, sent as ``Authorization: Bearer``: vLLM's
+      ``--api-key``; one for every server, or one per base URL in order).
+
+    The keywords ``max_retries``, ``backoff_s``, ``max_backoff_s`` (a ``Retry``),
+    ``shed_margin``, ``session_idle_s`` (a ``Routing``) and ``api_key`` (an ``Auth``)
+    build those objects, as ``VLLMBackend(urls, max_retries=5)``; one of them given with
+    its object is refused (``TypeError``). The objects are the backend's ``retry``,
+    ``routing`` and ``auth``.
     """
 
     def __init__(
@@ -184,91 +173,61 @@ class VLLMBackend:
         max_model_len: int | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 8.0,
+        retry: Retry | None = None,
+        routing: Routing | RoutingPolicy = "sticky",
+        auth: Auth | None = None,
         image_policy: ImagePolicy | None = None,
         send_kwargs_data: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
-        api_key: str | Sequence[str | None] | None = None,
         embed_token_ids: Mapping[str, Sequence[int]] | None = None,
-        routing: Routing = "sticky",
-        shed_margin: int | None = 4,
-        session_idle_s: float = 600.0,
+        max_retries: int | Unset = UNSET,
+        backoff_s: float | Unset = UNSET,
+        max_backoff_s: float | Unset = UNSET,
+        api_key: str | Sequence[str | None] | Unset | None = UNSET,
+        shed_margin: int | Unset | None = UNSET,
+        session_idle_s: float | Unset = UNSET,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("VLLMBackend needs at least one base URL")
+        self.retry = with_keywords(Retry, retry, "retry", max_retries=max_retries,
+                                   backoff_s=backoff_s, max_backoff_s=max_backoff_s)  # fmt: skip
+        loose: dict[str, object] = {"shed_margin": shed_margin, "session_idle_s": session_idle_s}
+        if isinstance(routing, str):  # the policy's name: a Routing with the keywords
+            loose["policy"] = routing
+            routing_given = None
+        else:
+            routing_given = routing
+        self.routing: Routing = with_keywords(Routing, routing_given, "routing", **loose)
+        if api_key is not UNSET and not (api_key is None or isinstance(api_key, str)):
+            api_key = tuple(api_key)
+        self.auth = with_keywords(Auth, auth, "auth", api_key=api_key)
+        servers = [
+            Server(_normalise_base_url(u), headers)
+            for u, headers in zip(urls, self.auth.headers(len(urls)), strict=True)
+        ]
+        if len({s.url for s in servers}) != len(servers):
+            raise ValueError(f"duplicate base URLs: {[s.url for s in servers]}")
+        _check_options(mode, max_model_len, timeout_s, connect_timeout_s, image_policy)
         self.embed_token_ids = (
             {m: frozenset(int(t) for t in ids) for m, ids in embed_token_ids.items()}
             if embed_token_ids
             else None
         )
-        keys = (
-            [api_key] * len(urls) if api_key is None or isinstance(api_key, str) else list(api_key)
-        )
-        if len(keys) != len(urls):
-            raise ValueError(f"{len(keys)} API keys for {len(urls)} base URLs: give one per URL")
-        self._servers = [
-            _Server(_normalise_base_url(u), {"Authorization": f"Bearer {k}"} if k else {})
-            for u, k in zip(urls, keys, strict=True)
-        ]
-        if len({s.url for s in self._servers}) != len(self._servers):
-            raise ValueError(f"duplicate base URLs: {[s.url for s in self._servers]}")
-        if mode not in ("features", "content_parts"):
-            raise ValueError(f"mode must be 'features' or 'content_parts', got {mode!r}")
-        if max_model_len is not None and (
-            isinstance(max_model_len, bool)
-            or not isinstance(max_model_len, int)
-            or max_model_len < 1
-        ):
-            raise ValueError(f"max_model_len must be a positive int or None, got {max_model_len!r}")
-        for name, value in (
-            ("timeout_s", timeout_s),
-            ("connect_timeout_s", connect_timeout_s),
-        ):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-        if not (isinstance(max_retries, int) and max_retries >= 0):
-            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
-        if backoff_s < 0 or max_backoff_s < 0:
-            raise ValueError("backoff_s and max_backoff_s must be >= 0")
-        if image_policy is not None and not isinstance(image_policy, ImagePolicy):
-            raise TypeError(
-                f"image_policy must be an ImagePolicy, not {type(image_policy).__name__}"
-            )
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-        if shed_margin is not None and (
-            isinstance(shed_margin, bool) or not isinstance(shed_margin, int) or shed_margin < 1
-        ):
-            raise ValueError(f"shed_margin must be an int >= 1 or None, got {shed_margin!r}")
-        if not session_idle_s > 0:
-            raise ValueError(f"session_idle_s must be > 0, got {session_idle_s!r}")
-
         self.model = model
         self.mode = mode
         self.max_model_len = max_model_len
-        self.name = f"vllm:{model}" if model else f"vllm:{self._servers[0].url}"
+        self.name = f"vllm:{model}" if model else f"vllm:{servers[0].url}"
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
-        self.max_retries = max_retries
-        self.backoff_s = float(backoff_s)
-        self.max_backoff_s = float(max_backoff_s)
         self.image_policy = image_policy
         self.send_kwargs_data = send_kwargs_data
+        self._servers = servers
+        self._router = Router(servers, self.routing)
         self._transport = transport
         self._headers = {"Accept": "application/json"}
         self._client: httpx.AsyncClient | None = None
         self._closed = False
-        self._rr = 0
-        self.routing = routing
-        self.shed_margin = shed_margin
-        self.session_idle_s = float(session_idle_s)
-        # by last use, oldest first: expiry pops from the front
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
-        self._placements = 0
-        self._routed: Counter[str] = Counter()
         self._discovered = max_model_len is not None
         self._discovery_next = 0.0
         self._discovery_lock: asyncio.Lock | None = None
@@ -301,20 +260,12 @@ class VLLMBackend:
         turn), ``kept`` (a turn on its session's server), ``shed_load`` / ``shed_failure``
         (a turn, and its session, moved off a saturated / failing server), ``expired``
         (sessions forgotten after ``session_idle_s``), and ``sessions`` live now."""
-        counts = {k: self._routed[k] for k in ("placed", "kept", "shed_load", "shed_failure")}
-        return {
-            "routing": self.routing,
-            **counts,
-            "expired": self._routed["expired"],
-            "sessions": len(self._sessions),
-        }
+        return self._router.stats
 
     def end_session(self, session_id: str) -> None:
         """Forget a session (its rollout is over): its server stops counting it. Unknown
         ids are ignored, so ending twice is harmless."""
-        entry = self._sessions.pop(session_id, None)
-        if entry is not None:
-            self._servers[entry.server].sessions -= 1
+        self._router.end_session(session_id)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self._closed:
@@ -396,121 +347,20 @@ class VLLMBackend:
             )
         return self._client
 
-    def _pick(self, tried: set[int], session_id: str | None = None) -> int:
-        """The server for the next attempt, under the routing policy. Whatever the policy,
-        failing servers (in their cooldown) come last, and among the others those this
-        request has not tried first."""
-        now = time.monotonic()
-        if self.routing == "sticky" and session_id is not None:
-            return self._pick_sticky(session_id, tried, now)
-        if self.routing == "round_robin":
-            return self._least(tried, now, lambda s: 0)
-        return self._least(tried, now, lambda s: s.outstanding)
-
-    def _least(
-        self, tried: set[int], now: float, load: Callable[[_Server], Any], *, rotate: bool = True
-    ) -> int:
-        """The server with the least ``load``, failing and tried servers last; ties go
-        round-robin (``rotate``) or to the first in order."""
-        n = len(self._servers)
-        start = 0
-        if rotate:
-            start = self._rr % n
-            self._rr += 1
-        best: int | None = None
-        best_key: tuple[Any, ...] | None = None
-        for k in range(n):
-            i = (start + k) % n
-            s = self._servers[i]
-            key = (s.down_until > now, i in tried, load(s))
-            if best_key is None or key < best_key:
-                best, best_key = i, key
-        assert best is not None
-        return best
-
-    def _pick_sticky(self, session_id: str, tried: set[int], now: float) -> int:
-        self._expire(now)
-        entry = self._sessions.get(session_id)
-        if entry is None:
-            index = self._place(tried, now)
-            self._sessions[session_id] = _Session(index, now)
-            self._servers[index].sessions += 1
-            self._routed["placed"] += 1
-            return index
-        self._sessions.move_to_end(session_id)
-        entry.last_used = now
-        home = self._servers[entry.server]
-        if entry.server not in tried and home.down_until <= now:
-            target = self._unloaded(entry.server, now)
-            if target is None:
-                self._routed["kept"] += 1
-                return entry.server
-            self._routed["shed_load"] += 1
-        else:
-            target = self._place(tried, now)
-            self._routed["shed_failure"] += 1
-        home.sessions -= 1
-        self._servers[target].sessions += 1
-        entry.server = target
-        return target
-
-    def _place(self, tried: set[int], now: float) -> int:
-        """Where a new (or moving) session goes: fewest live sessions, then fewest requests
-        in flight, then the server least recently given a session."""
-        index = self._least(
-            tried, now, lambda s: (s.sessions, s.outstanding, s.placed_at), rotate=False
-        )
-        self._placements += 1
-        self._servers[index].placed_at = self._placements
-        return index
-
-    def _unloaded(self, home: int, now: float) -> int | None:
-        """The least-loaded other server when ``home`` is saturated (``shed_margin`` or more
-        requests in flight above it), else None."""
-        if self.shed_margin is None:
-            return None
-        best: _Server | None = None
-        index = None
-        for i, s in enumerate(self._servers):
-            if (
-                i != home
-                and s.down_until <= now
-                and (best is None or s.outstanding < best.outstanding)
-            ):
-                best, index = s, i
-        if best is None or best.outstanding > self._servers[home].outstanding - self.shed_margin:
-            return None
-        return index
-
-    def _expire(self, now: float) -> None:
-        """Forget sessions idle for ``session_idle_s`` (the oldest are first in line)."""
-        cutoff = now - self.session_idle_s
-        while self._sessions:
-            session_id, entry = next(iter(self._sessions.items()))
-            if entry.last_used >= cutoff:
-                return
-            del self._sessions[session_id]
-            self._servers[entry.server].sessions -= 1
-            self._routed["expired"] += 1
-
-    def _backoff(self, retry: int) -> float:
-        delay = min(self.max_backoff_s, self.backoff_s * (2 ** (retry - 1)))
-        return delay / 2 + random.uniform(0, delay / 2)
-
     async def _send(
         self, client: httpx.AsyncClient, request: GenerateRequest, prepared: RequestBody
     ) -> GenerateResult:
-        attempts = self.max_retries + 1
+        attempts = self.retry.max_retries + 1
         tried: set[int] = set()
         used: list[str] = []
         last: _Retryable | None = None
         for attempt in range(attempts):
-            index = self._pick(tried, request.session_id)
+            index = self._router.pick(tried, request.session_id)
             server = self._servers[index]
             if attempt and last is not None and (index in tried or len(self._servers) == 1):
-                delay = self._backoff(attempt)
+                delay = self.retry.backoff(attempt)
                 if last.delay is not None:
-                    delay = min(self.max_backoff_s, last.delay)
+                    delay = min(self.retry.max_backoff_s, last.delay)
                 await asyncio.sleep(delay)
             tried.add(index)
             if server.url not in used:
@@ -518,9 +368,7 @@ class VLLMBackend:
             try:
                 content = await self._attempt(client, server, prepared.body, retry=attempt > 0)
                 result = self._result(content, request, prepared, server)
-                entry = self._sessions.get(request.session_id) if request.session_id else None
-                if entry is not None:  # a long generation is not idleness
-                    entry.last_used = time.monotonic()
+                self._router.touch(request.session_id)
                 return result
             except _Retryable as exc:
                 last = exc
@@ -535,7 +383,7 @@ class VLLMBackend:
         raise error
 
     async def _attempt(
-        self, client: httpx.AsyncClient, server: _Server, body: bytes, *, retry: bool
+        self, client: httpx.AsyncClient, server: Server, body: bytes, *, retry: bool
     ) -> bytes:
         """One POST; the answer's bytes on 200. Raises ``_Retryable`` or a final error."""
         url = server.url + GENERATE_PATH
@@ -600,7 +448,7 @@ class VLLMBackend:
             server.failures += int(failed)
 
     def _result(
-        self, content: bytes, request: GenerateRequest, prepared: RequestBody, server: _Server
+        self, content: bytes, request: GenerateRequest, prepared: RequestBody, server: Server
     ) -> GenerateResult:
         """The answer of a 200; a body that is not JSON is retried, one that breaks the
         schema is final (either counts as the server's failure)."""
@@ -622,12 +470,9 @@ class VLLMBackend:
                 backend=server.url,
             ) from exc
 
-    def _mark_down(self, server: _Server) -> None:
+    def _mark_down(self, server: Server) -> None:
         server.consecutive_failures += 1
-        cooldown = min(
-            self.max_backoff_s, self.backoff_s * (2 ** (server.consecutive_failures - 1))
-        )
-        server.down_until = time.monotonic() + cooldown
+        server.down_until = time.monotonic() + self.retry.cooldown(server.consecutive_failures)
 
     # -- max_model_len --------------------------------------------------------------
 
@@ -672,10 +517,31 @@ class VLLMBackend:
                         response.status_code,
                     )
                 return
-            self._discovery_next = time.monotonic() + max(1.0, self.max_backoff_s)
+            self._discovery_next = time.monotonic() + max(1.0, self.retry.max_backoff_s)
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+
+def _check_options(
+    mode: str,
+    max_model_len: int | None,
+    timeout_s: float,
+    connect_timeout_s: float,
+    image_policy: object,
+) -> None:
+    """``VLLMBackend``'s settings that are not a settings object, checked."""
+    if mode not in ("features", "content_parts"):
+        raise ValueError(f"mode must be 'features' or 'content_parts', got {mode!r}")
+    if max_model_len is not None and (
+        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+    ):
+        raise ValueError(f"max_model_len must be a positive int or None, got {max_model_len!r}")
+    for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if image_policy is not None and not isinstance(image_policy, ImagePolicy):
+        raise TypeError(f"image_policy must be an ImagePolicy, not {type(image_policy).__name__}")
 
 
 def _normalise_base_url(url: str) -> str:

@@ -1,18 +1,16 @@
 """The model families vf_mm renders, and offline tiny checkpoints of them.
 
 Registry: ``VISION_FAMILIES`` are the checkpoint ``model_type`` values that get image
-support (``QWEN_VL_FAMILIES`` the Qwen-VL ones; any other checkpoint with a chat
-template renders as text); ``family_info(family)`` is a family's ``VisionFamily`` record.
-``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)``,
-``image_processor_class(family)`` and ``processor_class(family)`` are the family's
-transformers classes, and ``load_processor(path)`` loads a checkpoint's processor;
+support (any other checkpoint with a chat template renders as text); ``family_info(family)`` is a family's ``VisionFamily`` record.
+``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)`` and
+``processor_class(family)`` are the family's transformers classes, and ``load_processor(path)`` loads a checkpoint's processor;
 ``expand_image(processor, image)`` is one image's model inputs and prompt text, as the
 family's processor computes them, and ``image_token_ids(processor)`` the ids that take
 image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
 forward takes for a batch.
 Video (``VIDEO_FAMILIES``: the Qwen-VL ones, LLaVA-OneVision, SmolVLM2):
 ``load_video_settings(path, family)`` reads a
-checkpoint's video processing (``VideoSettings``), ``expand_video(settings, frames, ...)``
+checkpoint's video processing, ``expand_video(settings, frames, ...)``
 is one clip's model inputs and prompt text, as transformers' video processor computes
 them, with torch alone (no torchvision needed).
 ``image_backend`` (``IMAGE_BACKENDS``: ``"auto"``, ``"pil"``, ``"torchvision"``) picks
@@ -20,13 +18,12 @@ the image processing; ``"auto"`` is what ``AutoProcessor`` and vLLM use on this 
 (``resolve_image_backend``), so the renderer's pixels are the engine's. All of them work
 without torchvision (CPU-only machines lack it).
 
-Recipes: ``build_tiny_vlm(path, family)`` and ``build_tiny_lm(path)`` write
-random-weight checkpoints in about a second with no network (the same files a real
-checkpoint has, so every loader in vf_mm, transformers and vLLM read them);
-``tiny_tokenizer()`` / ``qwen_tokenizer()`` are their tokenizers and
-``CHAT_TEMPLATES`` their chat templates, which render what the real models' do
-(``TEMPLATE_VARIANTS`` / ``chat_template(family, variant)``: the variants of families
-whose checkpoints ship several, e.g. Gemma 4's Hub revisions).
+Recipes (users reach them through ``vf_mm.testing``, siblings through this package's
+internal tier ``_internal``): ``build_tiny_vlm(path, family)`` and ``build_tiny_lm(path)``
+write random-weight checkpoints in about a second with no network (the same files a real
+checkpoint has, so every loader in vf_mm, transformers and vLLM read them), with the
+tokenizers and chat templates of ``vf_mm.testing`` (``TEMPLATE_VARIANTS``: the variants of
+families whose checkpoints ship several, e.g. Gemma 4's Hub revisions).
 ``cached_tiny_vlm(family)`` is a family's tiny checkpoint built once into ``$VF_MM_CACHE``
 (default ``~/.cache/vf_mm``) and reused; ``embedded_model()`` is the tiny Qwen2.5-VL
 ``vf-mm eval`` runs when given no model, built the same way.
@@ -38,14 +35,11 @@ what it needs.
 from vf_mm.models._embedded import cached_tiny_vlm, embedded_model
 from vf_mm.models._families import (
     IMAGE_BACKENDS,
-    QWEN_VL_FAMILIES,
     VISION_FAMILIES,
     VisionFamily,
     expand_image,
     family_info,
     image_backend_of,
-    image_kwargs,
-    image_processor_class,
     image_token_ids,
     load_processor,
     model_class,
@@ -55,52 +49,27 @@ from vf_mm.models._families import (
     torchvision_available,
 )
 from vf_mm.models._inputs import model_inputs
-from vf_mm.models._templates import (
-    CHAT_TEMPLATES,
-    QWEN2_VL_TEMPLATE,
-    QWEN3_VL_TEMPLATE,
-    TEMPLATE_VARIANTS,
-    chat_template,
-)
-from vf_mm.models._tiny_lm import build_tiny_lm
-from vf_mm.models._tiny_vlm import build_tiny_vlm
+from vf_mm.models._templates import TEMPLATE_VARIANTS
 from vf_mm.models._video import (
     VIDEO_FAMILIES,
-    VIDEO_OPTIONS,
-    ExpandedVideo,
-    SampledVideo,
-    VideoSettings,
     expand_video,
     load_video_settings,
-    sample_frames,
 )
-from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
 
 __all__ = [
-    "CHAT_TEMPLATES",
+    "image_backend_of",
     "IMAGE_BACKENDS",
-    "QWEN2_VL_TEMPLATE",
-    "QWEN3_VL_TEMPLATE",
-    "QWEN_VL_FAMILIES",
+    "resolve_image_backend",
+    "torchvision_available",
     "TEMPLATE_VARIANTS",
     "VIDEO_FAMILIES",
-    "VIDEO_OPTIONS",
-    "ExpandedVideo",
-    "SampledVideo",
-    "VideoSettings",
     "VISION_FAMILIES",
     "VisionFamily",
-    "build_tiny_lm",
-    "build_tiny_vlm",
     "cached_tiny_vlm",
-    "chat_template",
     "embedded_model",
     "expand_image",
     "expand_video",
     "family_info",
-    "image_backend_of",
-    "image_kwargs",
-    "image_processor_class",
     "image_token_ids",
     "load_processor",
     "load_video_settings",
@@ -108,9 +77,4 @@ __all__ = [
     "model_inputs",
     "model_type",
     "processor_class",
-    "qwen_tokenizer",
-    "resolve_image_backend",
-    "sample_frames",
-    "tiny_tokenizer",
-    "torchvision_available",
 ]

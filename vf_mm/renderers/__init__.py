@@ -16,7 +16,6 @@ renderers share one ``ImageCache``: processed images, bounded in bytes);
 pieces are in ``vf_mm.models``.
 """
 
-from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
 from vf_mm.renderers._load import load_renderer
 from vf_mm.renderers._parse import ParsedResponse, format_tool_calls
@@ -31,10 +30,8 @@ __all__ = [
     "ImageCache",
     "ParsedResponse",
     "ProcessedImage",
-    "RenderError",
     "Renderer",
     "RendererPool",
-    "UnsupportedModelError",
     "VisionSpec",
     "bridge",
     "format_tool_calls",

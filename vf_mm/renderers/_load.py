@@ -9,12 +9,12 @@ from vf_mm.errors import UnsupportedModelError
 from vf_mm.images import ImagePolicy
 from vf_mm.models import (
     VISION_FAMILIES,
-    VideoSettings,
     family_info,
     load_processor,
     load_video_settings,
     model_type,
 )
+from vf_mm.models._internal import VideoSettings
 from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import VisionSpec

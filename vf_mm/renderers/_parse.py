@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vf_mm.errors import RenderError
 from vf_mm.renderers import _gemma4, _pythonic
 from vf_mm.types import AssistantMessage, ToolCall
 
@@ -229,3 +230,22 @@ def _xml_read(text: str) -> Any:
     except json.JSONDecodeError:
         return text
     return text if isinstance(value, str) else value
+
+
+def arguments_as_mapping(call: Any) -> Any:
+    """An OpenAI-style call whose ``function.arguments`` is a JSON object string, with the
+    arguments as that object (what a template that iterates arguments needs: the
+    ``"xml"`` and ``"gemma4"`` formats' templates write nothing, or the JSON text
+    verbatim, from a string)."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError as exc:
+        raise RenderError(
+            f"tool call {function.get('name')!r}: arguments are not JSON ({exc.msg})"
+        ) from None
+    if not isinstance(arguments, dict):
+        raise RenderError(f"tool call {function.get('name')!r}: arguments are not a JSON object")
+    return {**call, "function": {**function, "arguments": arguments}}

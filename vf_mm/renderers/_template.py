@@ -7,74 +7,50 @@ does (template, then one tokenizer pass over the text with pads expanded): image
 and the vision start/end markers around them are added tokens, at which the tokenizer
 splits its input anyway, so tokenizing piece by piece changes nothing.
 
-Bridging (``bridge_to_next_turn``): the next turn's prompt is the previous prompt, the
-sampled completion tokens verbatim, the template's turn closing, and the new messages
-rendered as the template would render them after that assistant turn. To know what the
-template does, the renderer renders a probe conversation (sentinel strings for the user
-and assistant text) with and without the new messages and compares. It returns None,
-and records why (in ``bridge_refusals`` and through ``on_refusal``), whenever it cannot
-guarantee the result equals a full render: an assistant message in the new messages, a
-template that renders earlier turns differently once later turns exist (Qwen3's
-dropping of earlier reasoning is caught this way), image pads in the previous tokens
-without the multi-modal data that explains them, and so on.
+Bridging (``bridge_to_next_turn``) is ``vf_mm.renderers._bridge``'s: the next turn's
+prompt is the previous prompt, the sampled completion verbatim and what the template
+writes after it; None, with the reason counted in ``bridge_refusals`` and passed to
+``on_refusal``, wherever the result might differ from a full render. What each template
+does (whether it renders reasoning, rewrites earlier turns, drops content) is probed
+once at load into ``TemplateFacts`` (``vf_mm.renderers._facts``).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import re
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.errors import RenderError, ReservedTokenError
 from vf_mm.models import VIDEO_FAMILIES
-from vf_mm.renderers._drops import TemplateDrops, probe_drops, refuse_dropped
+from vf_mm.renderers._bridge import Refusal, TurnBridge
+from vf_mm.renderers._drops import refuse_dropped
+from vf_mm.renderers._facts import TemplateFacts, probe_template
 from vf_mm.renderers._parse import (
     REASONING_END,
     TOOL_FORMATS,
     ParsedResponse,
+    arguments_as_mapping,
     format_tool_calls,
     parse_text,
 )
 from vf_mm.renderers._vision import ProcessedImage, VisionSpec
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
 
-#: Chat templates read line by line and known to render every message after the first as
-#: ChatML, ``<|im_start|>{role}\n{body}<|im_end|>\n``, its body a string verbatim or its
-#: parts in order (an image and a video as fixed text, a text part its text, nothing else
-#: looked at), with nothing in one message depending on another but the first (which may
-#: bring a default system message): Qwen2-VL's and Qwen2.5-VL's as published, and the
-#: tiny checkpoints' rendition. By sha256 of the template text: an edited template is not
-#: one of them. For these the text a bridge adds is built without running the template
-#: (``_chatml_tail``), and checked against the template on probes at load.
-_CHATML_TEMPLATES = frozenset(
-    {
-        "a0bc6f6fc7a29a80017a433e8f03a1cc1236e838a944a2d034295a60c4f2fddb",
-        "3831da04f324cf8f484e320a8e0eb838c02dce973297756204d958fc4e16047e",
-    }
-)
-_CHATML_END = "<|im_end|>"
-_CHATML_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-_CHATML_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
-_USER = "\ue000vf_mm user probe\ue000"
-_CONTENT = "\ue000vf_mm content probe\ue000"
-_REASONING = "\ue000vf_mm reasoning probe\ue000"
 _IMAGE_TYPES = ("image", "image_url")
 _VIDEO_TYPES = ("video", "video_url")
 _PART_TYPES = ("text", "image", "image_url", "video", "video_url")
-# the token lists this renderer returned whose embedding tokens it counted, by their total
-# length: a bridge onto one of them skips a scan of the whole previous prompt
-COUNTED_TOKENS = 1 << 20
 
 
 class ChatTemplateRenderer:
     """Renders with a Hugging Face tokenizer's chat template; expands images when ``vision``
-    is given (any family in ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the tokenizer, the template and the image cache are
-    shared, nothing else is kept between calls.
+    is given (any family in ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the
+    tokenizer, the template and the image cache are shared; between calls only the
+    bridge's probe renders and the counts of returned token lists are kept
+    (``TurnBridge``), both bounded.
 
     ``template_kwargs`` go to the template on every render (e.g. ``enable_thinking``).
     ``content_as_parts``: give the template every string content as one text part (for
@@ -112,12 +88,6 @@ class ChatTemplateRenderer:
         self.stop_token_ids: tuple[int, ...] = _stop_ids(tokenizer, stop_tokens)
         self.bridge_refusals: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._probe_cache: dict[str, str] = {}
-        # id(list) -> (the list, its length then, its embedding tokens per token group)
-        self._counted: OrderedDict[int, tuple[list[int], int, dict[tuple[int, ...], int]]] = (
-            OrderedDict()
-        )
-        self._counted_tokens = 0
         self._plain_decode = _plain_decode(tokenizer)
         # modalities that share embedding tokens (SmolVLM's frames are images) count together
         self._embed_groups: dict[tuple[int, ...], list[str]] = {}
@@ -129,13 +99,11 @@ class ChatTemplateRenderer:
         # another (SmolVLM); None: the tokenizer's own, for every conversation
         video_template = vision.video.chat_template if vision and vision.video else None
         self._video_template = video_template if video_template != tokenizer.chat_template else None
-        self._facts = {t: (self._probe_template(t), self._assistant_lead(t))
-                       for t in {None, self._video_template}}  # fmt: skip
-        self._renders, self._lead = self._facts[None]
-        self._chatml = {t: self._is_chatml(t) for t in {None, self._video_template}}
-        self._drops = {t: self._probe_drops(t) for t in {None, self._video_template}}
-        self._generation_prompt = {t: self._generation_prompt_ids(t)
-                                   for t in {None, self._video_template}}  # fmt: skip
+        # what each template does, probed once: the tokenizer's, and the clip template
+        self._facts: dict[str | None, TemplateFacts] = {
+            t: self._probe(t) for t in {None, self._video_template}
+        }
+        self._bridge = TurnBridge(self)
 
     @property
     def is_multimodal(self) -> bool:
@@ -146,77 +114,21 @@ class ChatTemplateRenderer:
         """The image processing backend (``"pil"`` / ``"torchvision"``), None for text."""
         return self.vision.backend if self.vision is not None else None
 
-    def _probe_template(self, template: str | None) -> dict[str, bool]:
-        """What the chat template does with an assistant turn: does it render
-        ``reasoning_content`` and ``tool_calls``, and does it render an earlier turn
-        differently once a later user query exists (Qwen3 drops earlier reasoning)?"""
-        user = {"role": "user", "content": _USER}
-        call = {
-            "id": "c",
-            "type": "function",
-            "function": {"name": "vf_mm_probe_tool", "arguments": "{}"},
-        }
-        if self.tool_format != "json":  # as _prepare hands calls to such a template
-            call = _arguments_as_mapping(call)
-        assistant = {"role": "assistant", "content": _CONTENT, "reasoning_content": _REASONING,
-                     "tool_calls": [call]}  # fmt: skip
-        try:
-            text = self._template([user, assistant], None, False, template)
-            later = self._template(
-                [user, assistant, {"role": "user", "content": _USER}], None, True, template
-            )
-        except Exception:  # a template that cannot render the probe: assume the safe answers
-            return {"reasoning": False, "tool_calls": False, "history_sensitive": True}
-        return {
-            "reasoning": _REASONING in text,
-            "tool_calls": "vf_mm_probe_tool" in text,
-            # the user turn and the assistant header must come out the same either way
-            "history_sensitive": not later.startswith(text[: text.find(_CONTENT)]),
-        }
+    def _probe(self, template: str | None) -> TemplateFacts:
+        """The facts of ``template`` (None: the tokenizer's), rendered as every
+        conversation is, with this renderer's settings."""
 
-    def _generation_prompt_ids(self, template: str | None) -> list[int] | None:
-        """The ids the template's generation prompt ends a prompt with (after a user
-        turn), None where the probe cannot tell."""
-        user = {"role": "user", "content": _USER}
-        try:
-            with_prompt = self._template([user], None, True, template)
-            without = self._template([user], None, False, template)
-        except RenderError:
-            return None
-        if not with_prompt.startswith(without) or with_prompt == without:
-            return None
-        return self._encode([with_prompt[len(without) :]])[0]
+        def render(messages: list[dict[str, Any]], tools: Any, prompt: bool) -> str:
+            return self._template(messages, tools, prompt, template)
 
-    def _probe_drops(self, template: str | None) -> TemplateDrops:
-        """What the template leaves out of a conversation (``_drops``), seen on probes."""
-        call = {"id": "c", "type": "function",
-                "function": {"name": "vf_mm_probe_tool", "arguments": "{}"}}  # fmt: skip
-        if self.tool_format != "json":
-            call = _arguments_as_mapping(call)
-        placeholder = self.vision.placeholders["image"] if self.vision is not None else None
-        return probe_drops(
-            lambda messages: self._template(messages, None, True, template),
-            placeholder=placeholder,
-            call=call,
+        return probe_template(
+            render,
+            text=template if template is not None else self.tokenizer.chat_template,
+            encode=self._encode,
+            tool_format=self.tool_format,
+            placeholder=self.vision.placeholders["image"] if self.vision is not None else None,
+            add_vision_id=bool(self.template_kwargs.get("add_vision_id")),
         )
-
-    def _assistant_lead(self, template: str | None) -> str:
-        """Whitespace the template writes between its generation prompt and an assistant
-        turn's content in the history (SmolVLM: ``Assistant:`` then ``Assistant: ``): the
-        model writes it itself, and it is not part of the message's content."""
-        user = {"role": "user", "content": _USER}
-        try:
-            prompt = self._probe_prompt(user, None, template)
-            full = self._template(
-                [user, {"role": "assistant", "content": _CONTENT}], None, False, template
-            )
-        except RenderError:
-            return ""
-        at = full.find(_CONTENT, len(prompt))
-        if not full.startswith(prompt) or at < 0:
-            return ""
-        lead = full[len(prompt) : at]
-        return lead if lead and not lead.strip() else ""
 
     # -- render -------------------------------------------------------------------------
 
@@ -230,11 +142,11 @@ class ChatTemplateRenderer:
         """Token ids (and images' multi-modal data) for a whole conversation."""
         template_messages, parts = self._prepare(messages)
         template = self._template_for(any(m == "video" for _, _, m in parts))
-        refuse_dropped(self._drops[template], template_messages, name=self.name or "this model",
+        refuse_dropped(self._facts[template].drops, template_messages, name=self.name or "this model",
                        after_call=False)  # fmt: skip
         text = self._template(template_messages, tools, add_generation_prompt, template)
         rendered = self._tokenize(text, parts, base=0)
-        self._remember(rendered.token_ids, self._count(rendered.token_ids))
+        self._bridge.remember(rendered.token_ids, self._count(rendered.token_ids))
         return rendered
 
     def _template_for(self, video: bool) -> str | None:
@@ -264,7 +176,7 @@ class ChatTemplateRenderer:
         them such a template is not bridged across a new user query once any turn so
         far holds reasoning.
         """
-        out = self._bridge(
+        out = self._bridge.build(
             previous_prompt_ids,
             previous_completion_ids,
             new_messages,
@@ -272,338 +184,17 @@ class ChatTemplateRenderer:
             previous_multi_modal_data,
             previous_messages,
         )
-        if isinstance(out, _Refusal):
+        if isinstance(out, Refusal):
             with self._lock:
-                _count(self.bridge_refusals, out.reason)
+                _count_reason(self.bridge_refusals, out.reason)
             if on_refusal is not None:
                 on_refusal(out.reason)
             return None
         return out
 
-    def _bridge(
-        self,
-        previous_prompt_ids: Sequence[int],
-        previous_completion_ids: Sequence[int],
-        new_messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        previous_multi_modal_data: MultiModalData | None,
-        previous_messages: Sequence[Mapping[str, Any]] | None,
-    ) -> RenderedTokens | _Refusal:
-        reason, counts = self._bridge_refusal(
-            previous_prompt_ids, previous_completion_ids, new_messages, previous_multi_modal_data
-        )
-        first = len(previous_messages) if previous_messages is not None else 0
-        template_messages, parts = self._prepare(new_messages, first=first)
-        had_video = previous_multi_modal_data is not None and bool(
-            previous_multi_modal_data.mm_placeholders.get("video")
-        )
-        has_video = had_video or any(m == "video" for _, _, m in parts)
-        template = self._template_for(has_video)
-        if reason is None and template != self._template_for(had_video):
-            reason = "the first clip switches the chat template (SmolVLM's processor does)"
-        renders, lead = self._facts[template]
-        drops = self._drops[template]
-        after_call = None  # whether the sampled turn made calls: known from the history
-        if previous_messages:
-            last = previous_messages[-1]
-            after_call = last.get("role") == "assistant" and bool(last.get("tool_calls"))
-        refuse_dropped(drops, template_messages, name=self.name or "this model", first=first,
-                       after_call=after_call)  # fmt: skip
-        if (
-            after_call is None
-            and drops.tool_without_call
-            and any(m.get("role") == "tool" for m in new_messages)
-        ):
-            reason = reason or (
-                "the template writes a tool message only after the call it answers, which "
-                "the bridge cannot see without previous_messages"
-            )
-        if reason is None and previous_messages is None and renders["history_sensitive"]:
-            # without the messages only the tokens can tell: the rewrite we know of
-            # (dropping earlier reasoning on a new user query) needs reasoning to drop
-            reasoning = (
-                self._think_end in previous_prompt_ids or self._think_end in previous_completion_ids
-            )
-            if reasoning and any(m.get("role") == "user" for m in new_messages):
-                reason = "the template drops the reasoning of earlier turns"
-            elif not _ends_with(previous_prompt_ids, self._generation_prompt[template]):
-                # the model went on inside a turn (Gemma 4 after tool results): how the
-                # template closes that turn depends on what follows, which only the
-                # messages show
-                reason = (
-                    "the previous prompt ends inside a model turn, which this template "
-                    "closes according to what follows: pass previous_messages"
-                )
-        if reason is not None:
-            return _Refusal(reason)
-        completion = list(previous_completion_ids)
-        # reasoning the template renders from ``reasoning_content`` (Qwen3) must survive the
-        # next turn; a template that does not render it (Qwen2-VL, Qwen2.5-VL) keeps the
-        # ``<think>`` text inside the content, which it renders verbatim: nothing to check
-        has_reasoning = renders["reasoning"] and self._think_end in completion
-        # with the real history one render shows the text after the sampled turn; the
-        # probe render (which names why not) only where that render does not fit
-        replayed = self._replayed_tail(
-            previous_messages, template_messages, tools, completion, template
-        )
-        tail = (
-            replayed
-            if replayed is not None
-            else self._tail_text(template_messages, tools, has_reasoning, template)
-        )
-        if isinstance(tail, _Refusal):
-            return tail
-        if lead and previous_messages is None:
-            # the template writes text between the generation prompt and the content
-            # (SmolVLM: "Assistant:" then ": " + content); the model wrote it itself when
-            # its completion starts with it, and then the tokens are the same
-            text = self._decode(completion)
-            if not text.startswith(lead):
-                return _Refusal(f"the template rewrites the assistant turn (adds {lead[:40]!r})")
-        # The completion ends with the stop token the template writes to close the turn
-        # (or was cut off by max_tokens and needs the whole closing).
-        if replayed is None and completion and completion[-1] in self.stop_token_ids:
-            stop_text = self.tokenizer.convert_ids_to_tokens(completion[-1])
-            if not tail.startswith(stop_text):
-                return _Refusal("the completion ends with a stop token the template does not write")
-            tail = tail[len(stop_text) :]
-        if replayed is None and previous_messages is not None:
-            replay = self._replay_refusal(
-                previous_messages, template_messages, tools, completion, tail, template
-            )
-            if replay is not None:
-                return _Refusal(replay)
-        base = [*previous_prompt_ids, *completion]
-        rendered = self._tokenize(tail, parts, base=len(base))
-        merged = rendered.multi_modal_data
-        if previous_multi_modal_data is not None and not previous_multi_modal_data.is_empty:
-            merged = previous_multi_modal_data.extended(merged or MultiModalData())
-        token_ids = base
-        token_ids += rendered.token_ids
-        if merged is not None:
-            merged.validate(len(token_ids))
-        if counts is not None:  # the completion holds no embedding tokens (checked)
-            new = self._count(rendered.token_ids)
-            self._remember(token_ids, {group: n + new[group] for group, n in counts.items()})
-        return RenderedTokens(token_ids=token_ids, multi_modal_data=merged)
-
-    def _bridge_refusal(
-        self,
-        prompt_ids: Sequence[int],
-        completion_ids: Sequence[int],
-        new_messages: Sequence[Mapping[str, Any]],
-        previous: MultiModalData | None,
-    ) -> tuple[str | None, dict[tuple[int, ...], int] | None]:
-        """Why the bridge cannot be built from these tokens (None: it can), and the
-        previous prompt's embedding tokens per token group (None for a text model)."""
-        if not new_messages:
-            return "no new messages", None
-        stops = [i for i, t in enumerate(completion_ids) if t in self.stop_token_ids]
-        if stops and stops[0] != len(completion_ids) - 1:
-            return "the completion has a stop token before its end", None
-        if any(m.get("role") == "assistant" for m in new_messages):
-            return "an assistant message in the new messages", None
-        if self.template_kwargs.get("add_vision_id"):
-            return "add_vision_id numbers images across the whole conversation", None
-        if self.vision is None:
-            return None, None
-        if not self.vision.marker_token_ids.isdisjoint(completion_ids):
-            return "the completion contains image tokens", None
-        counts = self._counted_in(prompt_ids)
-        for tokens, modalities in self._embed_groups.items():
-            covered = sum(
-                r.num_embeds
-                for m in modalities
-                for r in (previous.mm_placeholders.get(m, ()) if previous else ())
-            )
-            if counts[tokens] != covered:
-                return (
-                    f"the previous prompt has {counts[tokens]} {' and '.join(modalities)} "
-                    f"tokens but its multi-modal data covers {covered}"
-                ), None
-        return None, counts
-
-    # -- embedding-token counts ---------------------------------------------------------
-
     def _count(self, ids: list[int]) -> dict[tuple[int, ...], int]:
+        """The embedding tokens in ``ids`` per token group."""
         return {tokens: sum(ids.count(t) for t in tokens) for tokens in self._embed_groups}
-
-    def _counted_in(self, ids: Sequence[int]) -> dict[tuple[int, ...], int]:
-        """The embedding tokens in ``ids`` per token group. A list this renderer returned
-        (a render's or bridge's ``token_ids``) and that still has the length it had then
-        was counted when it was made (its new part only, for a bridge), so bridging onto
-        it does not scan the whole history again: the count costs nothing at turn 200.
-        Any other sequence is scanned."""
-        if isinstance(ids, list):
-            with self._lock:
-                entry = self._counted.get(id(ids))
-                if entry is not None and entry[0] is ids and entry[1] == len(ids):
-                    self._counted.move_to_end(id(ids))
-                    return entry[2]
-        return self._count(ids if isinstance(ids, list) else list(ids))
-
-    def _remember(self, ids: list[int], counts: dict[tuple[int, ...], int]) -> None:
-        """Keep ``ids``'s counts (and the list itself, so its id names no other list while
-        the entry lives), the least recently used dropped past ``COUNTED_TOKENS`` tokens in
-        all: a dropped list is scanned again when bridged onto, nothing else changes."""
-        if not self._embed_groups or len(ids) > COUNTED_TOKENS:
-            return
-        with self._lock:
-            old = self._counted.pop(id(ids), None)
-            if old is not None:
-                self._counted_tokens -= old[1]
-            self._counted[id(ids)] = (ids, len(ids), counts)
-            self._counted_tokens += len(ids)
-            while self._counted_tokens > COUNTED_TOKENS:
-                _, (_, length, _) = self._counted.popitem(last=False)
-                self._counted_tokens -= length
-
-    def _replay_refusal(
-        self,
-        previous_messages: Sequence[Mapping[str, Any]],
-        new_messages: list[dict[str, Any]],
-        tools: Any,
-        completion: list[int],
-        tail: str,
-        template: str | None,
-    ) -> str | None:
-        """With the real history: the template's render of the conversation must be the
-        previous prompt's render, then exactly the sampled completion and the tail. This
-        catches every rewrite of the history (Qwen3 dropping earlier reasoning: for a
-        template the probe found history-sensitive, the whole history is rendered) and of
-        the sampled turn (Gemma 3 and Qwen3.5 trimming its whitespace, Qwen3.5
-        re-serialising tool arguments, a SmolVLM completion without the space its
-        template writes: for any other template, the sampled turn alone is rendered after
-        a probe user turn, which costs the same at turn 2 and turn 200)."""
-        if not previous_messages or previous_messages[-1].get("role") != "assistant":
-            return "the previous messages do not end with the sampled assistant message"
-        if self._facts[template][0]["history_sensitive"]:  # the history may change: render it
-            history, _ = self._prepare(previous_messages)
-            prompt = self._template(history[:-1], tools, True, template)
-            full = self._template([*history, *new_messages], tools, True, template)
-        else:  # only the sampled turn can differ: render it after a probe user turn
-            (turn,), _ = self._prepare(previous_messages[-1:], first=len(previous_messages) - 1)
-            user = {"role": "user", "content": _USER}
-            prompt = self._probe_prompt(user, tools, template)
-            full = self._template([user, turn, *new_messages], tools, True, template)
-        if not full.startswith(prompt):
-            return "the template renders earlier turns differently once this turn is added"
-        sampled = self._decode(completion) + tail
-        if full[len(prompt) :] != sampled:
-            return "the template renders the sampled turn differently from what was sampled"
-        return None
-
-    def _replayed_tail(
-        self,
-        previous_messages: Sequence[Mapping[str, Any]] | None,
-        new_messages: list[dict[str, Any]],
-        tools: Any,
-        completion: list[int],
-        template: str | None,
-    ) -> str | None:
-        """The text after the sampled completion, when the template's render of the real
-        history (as ``_replay_refusal`` renders it) is the previous prompt's render, then
-        the completion verbatim: then the bridged text equals the full render's by
-        construction, and this one render replaces the probe render and the replay
-        check. Only for a completion closed by a stop token: the tail then starts after
-        an added token, where the tokenizer splits anyway (after a cut-off completion the
-        render could continue its last word). None where it does not fit (the probe path
-        then says why)."""
-        if not previous_messages or previous_messages[-1].get("role") != "assistant":
-            return None
-        if not completion or completion[-1] not in self.stop_token_ids:
-            return None
-        if self._facts[template][0]["history_sensitive"]:
-            history, _ = self._prepare(previous_messages)
-            prompt = self._template(history[:-1], tools, True, template)
-            full = self._template([*history, *new_messages], tools, True, template)
-        else:
-            (turn,), _ = self._prepare(previous_messages[-1:], first=len(previous_messages) - 1)
-            if self._chatml[template] and not tools:
-                tail = _chatml_tail(turn, new_messages, self._decode(completion))
-                if tail is not None:
-                    return tail
-            prompt = self._probe_prompt({"role": "user", "content": _USER}, tools, template)
-            full = self._template(
-                [{"role": "user", "content": _USER}, turn, *new_messages], tools, True, template
-            )
-        sampled = self._decode(completion)
-        if not full.startswith(prompt) or not full.startswith(sampled, len(prompt)):
-            return None
-        return full[len(prompt) + len(sampled) :]
-
-    def _is_chatml(self, template: str | None) -> bool:
-        """Whether ``template`` is one of ``_CHATML_TEMPLATES`` and renders, on probes of
-        every kind of message ``_chatml_tail`` builds, exactly what it builds: a template
-        text that matches but renders otherwise here (another Jinja, other settings)
-        runs itself, as any other template does."""
-        text = template if template is not None else self.tokenizer.chat_template
-        if not isinstance(text, str) or self.template_kwargs.get("add_vision_id"):
-            return False
-        if hashlib.sha256(text.encode()).hexdigest() not in _CHATML_TEMPLATES:
-            return False
-        user = {"role": "user", "content": _USER}
-        turn = {"role": "assistant", "content": " sampled,\n with <b>marks</b> "}
-        probes: list[list[dict[str, Any]]] = [
-            [{"role": "user", "content": "next?\n "}],
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"},
-                                          {"type": "video"}, {"type": "text", "text": " b\n"}]}],
-            [{"role": "tool", "content": "{\"x\": 1}"}, {"role": "system", "content": ""},
-             {"role": "user", "content": [{"type": "text", "text": "t", "image_url": None}]}],
-        ]  # fmt: skip
-        try:
-            prompt = self._template([user], None, True, template)
-            for new in probes:
-                full = self._template([user, turn, *new], None, True, template)
-                sampled = turn["content"] + _CHATML_END
-                tail = _chatml_tail(turn, new, sampled)
-                if tail is None or full != prompt + sampled + tail:
-                    return False
-        except RenderError:
-            return False
-        return True
-
-    def _tail_text(
-        self,
-        new_messages: list[dict[str, Any]],
-        tools: Any,
-        has_reasoning: bool,
-        template: str | None,
-    ) -> str | _Refusal:
-        """What the template writes after the sampled assistant content: turn closing,
-        the new messages, the generation prompt (whitespace before the content is the
-        template's lead, ``_assistant_lead``)."""
-        user = {"role": "user", "content": _USER}
-        assistant: dict[str, Any] = {"role": "assistant", "content": _CONTENT}
-        if has_reasoning:
-            assistant["reasoning_content"] = _REASONING
-        prompt = self._probe_prompt(user, tools, template)
-        full = self._template([user, assistant, *new_messages], tools, True, template)
-        if not full.startswith(prompt):
-            return _Refusal("the template renders earlier turns differently once later turns exist")
-        rest = full[len(prompt) :]
-        at = rest.find(_CONTENT)
-        if at < 0:
-            return _Refusal("the template drops the assistant's content")
-        before = rest[:at]
-        if has_reasoning and _REASONING not in before:
-            return _Refusal("the template drops the reasoning of earlier turns")
-        if not has_reasoning and before.strip():
-            return _Refusal(f"the template rewrites the assistant turn (adds {before[:40]!r})")
-        return rest[at + len(_CONTENT) :]
-
-    def _probe_prompt(self, user: dict[str, Any], tools: Any, template: str | None) -> str:
-        used = template if template is not None else self.tokenizer.chat_template
-        key = f"{hash(used)}:{json.dumps(tools, sort_keys=True, default=str)}"
-        with self._lock:
-            cached = self._probe_cache.get(key)
-        if cached is None:
-            cached = self._template([user], tools, True, template)
-            with self._lock:
-                if len(self._probe_cache) >= _MAX_PROBES:  # tools that vary by rollout
-                    self._probe_cache.pop(next(iter(self._probe_cache)))
-                self._probe_cache[key] = cached
-        return cached
 
     # -- parse --------------------------------------------------------------------------
 
@@ -618,12 +209,13 @@ class ChatTemplateRenderer:
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         # the whitespace the template puts before the content is the template's, not the
         # message's: kept in the content, it would be written twice on a re-render
-        lead = self._lead if self._lead and text.startswith(self._lead) else ""
+        facts = self._facts[None]
+        lead = facts.lead if facts.lead and text.startswith(facts.lead) else ""
         parsed = parse_text(
             text[len(lead) :],
             stopped=stopped,
-            keep_reasoning_in_content=not self._renders["reasoning"],
-            keep_tool_calls_in_content=not self._renders["tool_calls"],
+            keep_reasoning_in_content=not facts.reasoning,
+            keep_tool_calls_in_content=not facts.tool_calls,
             tool_format=self.tool_format,
         )
         parsed.text = text
@@ -727,7 +319,7 @@ class ChatTemplateRenderer:
             else:
                 message = dict(message)
             if self.tool_format != "json" and message.get("tool_calls"):
-                message["tool_calls"] = [_arguments_as_mapping(c) for c in message["tool_calls"]]
+                message["tool_calls"] = [arguments_as_mapping(c) for c in message["tool_calls"]]
             out.append(message)
         return out, parts
 
@@ -843,52 +435,6 @@ class ChatTemplateRenderer:
         return RenderedTokens(token_ids=ids, multi_modal_data=data)
 
 
-def _chatml_tail(
-    turn: Mapping[str, Any], new_messages: Sequence[Mapping[str, Any]], sampled: str
-) -> str | None:
-    """What one of ``_CHATML_TEMPLATES`` writes after the sampled assistant ``turn`` (its
-    text ``sampled``, closed by ``<|im_end|>``): the rest of its closing line, each new
-    message, the generation prompt. None where the template might not write this (an
-    assistant turn with anything but text, a sampled text other than the turn's, content
-    or parts of other forms), and the template itself runs."""
-    content = turn.get("content")
-    present = {k for k, v in turn.items() if v is not None}
-    if present - {"role", "content"} or not isinstance(content, str):
-        return None
-    if sampled != content + _CHATML_END:
-        return None
-    out = ["\n"]
-    for message in new_messages:
-        body = message.get("content")
-        if isinstance(body, list):
-            texts = []
-            for part in body:
-                if not isinstance(part, Mapping):
-                    return None
-                # the templates' own tests, in their order, on the part's keys
-                if part.get("type") == "image" or "image" in part or "image_url" in part:
-                    texts.append(_CHATML_IMAGE)
-                elif part.get("type") == "video" or "video" in part:
-                    texts.append(_CHATML_VIDEO)
-                elif "text" in part:
-                    if not isinstance(part["text"], str):
-                        return None
-                    texts.append(part["text"])
-            body = "".join(texts)
-        elif not isinstance(body, str):
-            return None
-        out.append(f"<|im_start|>{message['role']}\n{body}{_CHATML_END}\n")
-    out.append("<|im_start|>assistant\n")
-    return "".join(out)
-
-
-def _ends_with(ids: Sequence[int], suffix: list[int] | None) -> bool:
-    """Whether ``ids`` end with ``suffix`` (None, an unknown suffix: assume they do)."""
-    if suffix is None:
-        return True
-    return len(ids) >= len(suffix) and list(ids[len(ids) - len(suffix) :]) == suffix
-
-
 def _message_texts(message: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every text of ``message`` a template may write, with the field it is in: the
     content (a string, or its text parts), and any other string the message holds
@@ -952,23 +498,6 @@ def _placeholder_pattern(
     return re.compile(f"({alternatives})"), by_token
 
 
-def _arguments_as_mapping(call: Any) -> Any:
-    """An OpenAI-style call whose ``function.arguments`` is a JSON object string, with the
-    arguments as that object (what a template that iterates arguments needs)."""
-    function = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
-        return call
-    try:
-        arguments = json.loads(function["arguments"])
-    except json.JSONDecodeError as exc:
-        raise RenderError(
-            f"tool call {function.get('name')!r}: arguments are not JSON ({exc.msg})"
-        ) from None
-    if not isinstance(arguments, dict):
-        raise RenderError(f"tool call {function.get('name')!r}: arguments are not a JSON object")
-    return {**call, "function": {**function, "arguments": arguments}}
-
-
 def _stop_ids(tokenizer: Any, names: Sequence[str] | None) -> tuple[int, ...]:
     """The ids that end an assistant turn: the named tokens, else the tokenizer's eos and
     the ChatML turn ends (``<|im_end|>``, ``<|endoftext|>``) where the vocabulary has them."""
@@ -979,22 +508,13 @@ def _stop_ids(tokenizer: Any, names: Sequence[str] | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(vocab[t] for t in candidates if t in vocab))
 
 
-class _Refusal:
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
 #: distinct refusal reasons counted apart (a reason may quote the conversation: a run of any
 #: length must not keep one per rollout); the rest are counted under ``OTHER_REASONS``
 MAX_REASONS = 64
 OTHER_REASONS = "(other reasons)"
-#: prefix probes kept, one per (template, tools): a few, unless tools vary by rollout
-_MAX_PROBES = 64
 
 
-def _count(counter: Counter[str], reason: str) -> None:
+def _count_reason(counter: Counter[str], reason: str) -> None:
     """Count ``reason``, keeping at most ``MAX_REASONS`` distinct ones."""
     if reason not in counter and len(counter) >= MAX_REASONS:
         reason = OTHER_REASONS

@@ -48,17 +48,15 @@ from vf_mm.errors import RenderError
 from vf_mm.images import ImagePolicy, image_hash, load_image, source_key
 from vf_mm.models import (
     VIDEO_FAMILIES,
-    VIDEO_OPTIONS,
-    VideoSettings,
     expand_image,
     expand_video,
     family_info,
     image_backend_of,
-    image_kwargs,
     image_token_ids,
 )
+from vf_mm.models._internal import VideoSettings, image_kwargs
 from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
-from vf_mm.types import unknown_video_key
+from vf_mm.types import VIDEO_OPTIONS, unknown_video_key
 from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 

@@ -15,7 +15,7 @@ a reference that is not exactly such a file is shown as text, never as an image 
 and the CSP allows images only from ``'self'``. It is written streaming: one page in
 memory at a time, the rows read one at a time (``_pages``, ``_links``, ``_run``).
 
-**One file** (:func:`build_report` / :func:`make_report` return it, ``write_report``
+**One file** (:func:`make_report` returns it, ``write_report``
 writes it as ``OUTDIR/report.html``), that can be mailed around:
 
 - no network: CSS and JS are inline, images and videos are embedded as ``data:`` URIs,
@@ -46,7 +46,7 @@ Both kinds share the summary, the cards, the template and its escaping.
 
 Modules: ``_write`` (``write_report``: which kind, where, replaced atomically), ``_run``
 (the run directory read through ``vf_mm.results`` one row at a time, and the pass that
-sums it up), ``_build`` (``make_report`` / ``build_report``: the single file),
+sums it up), ``_build`` (``make_report``: the single file),
 ``_pages`` (the paged report), ``_assets`` (embedding images and videos), ``_links``
 (linking them, confined to the run's ``assets/``), ``_videos`` (a video's strip frames,
 and which files a browser plays), ``_views`` (view models for the template, and how
@@ -60,21 +60,20 @@ from vf_mm.report._assets import FULL_MIN as FULL_MIN
 from vf_mm.report._assets import THUMB_MAX_H as THUMB_MAX_H
 from vf_mm.report._assets import THUMB_MAX_W as THUMB_MAX_W
 from vf_mm.report._assets import THUMB_MIN as THUMB_MIN
-from vf_mm.report._build import Report, build_report, make_report
+from vf_mm.report._build import Report, make_report
 from vf_mm.report._links import MEMO_ENTRIES as MEMO_ENTRIES
-from vf_mm.report._pages import page_name
 from vf_mm.report._videos import STRIP_FRAMES as STRIP_FRAMES
 from vf_mm.report._views import TEXT_MAX_CHARS as TEXT_MAX_CHARS
 from vf_mm.report._views import TEXT_PREVIEW_CHARS as TEXT_PREVIEW_CHARS
 from vf_mm.report._views import TEXT_PREVIEW_LINES as TEXT_PREVIEW_LINES
-from vf_mm.report._write import PAGE_SIZE, WrittenReport, write_report
+from vf_mm.report._write import (
+    WrittenReport,
+    write_report,
+)
 
 __all__ = [
-    "PAGE_SIZE",
     "Report",
     "WrittenReport",
-    "build_report",
     "make_report",
-    "page_name",
     "write_report",
 ]

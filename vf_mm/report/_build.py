@@ -1,4 +1,4 @@
-"""``make_report`` / ``build_report``: the run directory in, one self-contained HTML page out.
+"""``make_report``: the run directory in, one self-contained HTML page out.
 
 The run directory is read through ``_run`` (``vf_mm.results``, the one reader, one row
 at a time): damage becomes warnings shown on the page, and runs whose metadata holds no
@@ -32,19 +32,14 @@ class Report:
     videos_embedded: int = 0  # distinct videos shown (each as a strip; a player if playable)
 
 
-def build_report(outdir: str | Path, *, max_rollouts: int | None = None) -> str:
-    """The HTML text of the report on the run directory ``outdir``.
+def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Report:
+    """The report on the run directory ``outdir``: its HTML text (``.html``), with the
+    counts and warnings kept apart for the caller.
 
     ``max_rollouts`` keeps the first N rollouts of ``results.jsonl`` (the aggregates still
     cover the whole file). Raises ``FileNotFoundError`` when ``outdir`` is not a directory or
     holds neither ``results.jsonl`` nor ``metadata.json``; anything else damaged is shown
     as a warning in the report.
-    """
-    return make_report(outdir, max_rollouts=max_rollouts).html
-
-
-def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Report:
-    """:func:`build_report`, with the counts and warnings kept apart for the caller.
 
     The single file holds every card it shows in memory while it is drawn (it is one
     page: that is what it is for); the rows are read one at a time, and the aggregates

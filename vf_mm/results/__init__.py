@@ -39,7 +39,11 @@ from __future__ import annotations
 
 from vf_mm.results._assets import ASSETS_DIR, AssetStore, to_json_value
 from vf_mm.results._dataset import to_dataset
-from vf_mm.results._format import METADATA_FILE, RESULTS_FILE, RESULTS_FORMAT, ROW_KEYS
+from vf_mm.results._format import (
+    METADATA_FILE,
+    RESULTS_FILE,
+    ROW_KEYS,
+)
 from vf_mm.results._merge import MergeResult, merge_runs
 from vf_mm.results._reader import (
     BadLine,
@@ -57,7 +61,6 @@ __all__ = [
     "ASSETS_DIR",
     "METADATA_FILE",
     "RESULTS_FILE",
-    "RESULTS_FORMAT",
     "ROW_KEYS",
     "AssetStore",
     "BadLine",

@@ -49,7 +49,6 @@ from vf_mm._lazy import lazy_exports
 from vf_mm.training._curve import write_key_pair
 from vf_mm.training._groups import (
     GROUP_FORMAT,
-    GROUP_FORMAT_BY_SOURCE,
     MAX_GROUP_ID_BYTES,
     TrainingRollout,
     pack_group,
@@ -66,11 +65,14 @@ from vf_mm.training._ledger import read_ledger
 from vf_mm.training._samples import Sample, build_samples, group_advantages
 from vf_mm.training._store import ImageStore, PruneReport
 from vf_mm.training._streaming import RolloutProgress, run_id_for, stream_rollouts
-from vf_mm.training._transport import GroupReceiver, GroupSender, is_endpoint, read_groups
+from vf_mm.training._transport import (
+    GroupReceiver,
+    GroupSender,
+    read_groups,
+)
 
 __all__ = [
     "GROUP_FORMAT",
-    "GROUP_FORMAT_BY_SOURCE",
     "GroupReceiver",
     "IMAGE_MODES",
     "ImageProcessing",
@@ -89,7 +91,6 @@ __all__ = [
     "group_advantages",
     "inputs_hash",
     "grpo_loss",
-    "is_endpoint",
     "logprob_mismatch",
     "make_batches",
     "pack_group",

@@ -131,7 +131,8 @@ class ImageProcessing:
     """
 
     def __init__(self, processor: Any, *, options: Mapping[str, Any] | None = None) -> None:
-        from vf_mm.models import image_backend_of, image_kwargs
+        from vf_mm.models import image_backend_of
+        from vf_mm.models._internal import image_kwargs
 
         self.processor = processor
         self.options = dict(options or {})

@@ -71,23 +71,11 @@ from __future__ import annotations
 from vf_mm.videos._container import VIDEO_EXTENSIONS, VIDEO_MEDIA_TYPES, video_extension
 from vf_mm.videos._encode import encode_lossless
 from vf_mm.videos._hash import video_hash, video_mm_hash
-from vf_mm.videos._limits import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_DECODED_BYTES,
-    DEFAULT_MAX_DURATION_S,
-    DEFAULT_MAX_FRAMES,
-    DEFAULT_MAX_PIXELS_PER_FRAME,
-    VideoLimits,
-)
+from vf_mm.videos._limits import VideoLimits
 from vf_mm.videos._load import is_raw_video, load_video, read_video_bytes
 from vf_mm.videos._video import Video
 
 __all__ = [
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_DECODED_BYTES",
-    "DEFAULT_MAX_DURATION_S",
-    "DEFAULT_MAX_FRAMES",
-    "DEFAULT_MAX_PIXELS_PER_FRAME",
     "VIDEO_EXTENSIONS",
     "VIDEO_MEDIA_TYPES",
     "Video",

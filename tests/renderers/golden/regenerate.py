@@ -883,7 +883,7 @@ def tokenizer_for(key: str, vocab: str, root: Path) -> Any:
     """The real Qwen2 vocabulary, or the tokenizer of the family's tiny checkpoint."""
     from transformers import AutoTokenizer
 
-    from vf_mm.models import build_tiny_vlm, qwen_tokenizer
+    from vf_mm.testing import build_tiny_vlm, qwen_tokenizer
 
     if vocab == "qwen":
         return qwen_tokenizer()

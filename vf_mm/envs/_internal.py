@@ -1,0 +1,15 @@
+"""The envs package's internal tier: what sibling packages use and users have no
+need of. Only vf_mm's own packages import this module (the architecture test allows
+``vf_mm.<package>._internal`` and no other private module); it carries no stability
+promise.
+"""
+
+from __future__ import annotations
+
+from vf_mm.envs._loading import Adapter, load_environment, load_environment_with
+
+__all__ = [
+    "Adapter",
+    "load_environment",
+    "load_environment_with",
+]

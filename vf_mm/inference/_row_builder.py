@@ -1,0 +1,94 @@
+"""A queued request made ready to run: the same for both engines of the local backend.
+
+``RowBuilder.row`` gives a request its images (``request_media``), the longest prefix
+the ``PrefixCache`` holds for it (counted into ``prefix_cache_queries`` /
+``prefix_cache_hits``, vLLM's meaning), the positions of its uncached tokens, its seed
+and stop ids. A request that cannot run is answered there, alone, and never reaches a
+forward. The pool engine may put a row back to wait for room (``uncount``: its lookup
+did not happen) or run it without its cached prefix (``unmatch``).
+"""
+
+from __future__ import annotations
+
+from vf_mm.inference._local_model import LocalModel, request_media
+from vf_mm.inference._local_stats import LocalStats
+from vf_mm.inference._prefix_cache import Match, PrefixCache
+from vf_mm.inference._rows import Pending, Row, answer
+from vf_mm.inference._sampling import Seeds
+
+
+class RowBuilder:
+    """Rows of ``model`` from queued requests. ``prefix_cache`` False: every prompt is
+    encoded whole (nothing looked up). ``generators``: give each row its own
+    ``torch.Generator`` (the batch engine; the pool engine draws noise from the seed)."""
+
+    def __init__(
+        self,
+        model: LocalModel,
+        prefix: PrefixCache,
+        *,
+        stats: LocalStats,
+        seeds: Seeds,
+        prefix_cache: bool,
+        generators: bool,
+    ) -> None:
+        self._model = model
+        self._prefix = prefix
+        self._stats = stats
+        self._seeds = seeds
+        self._lookup = prefix_cache
+        self._generators = generators
+
+    def row(self, pending: Pending) -> Row | None:
+        """A request made ready to run: its images, its cached prefix, its positions. A
+        request that cannot run is answered here, alone (None then, as for one
+        cancelled)."""
+        if pending.future.cancelled():
+            return None
+        request = pending.request
+        model = self._model
+        try:
+            media = request_media(request)
+            spans = tuple(span for span, _, _ in media)
+            prompt = list(request.prompt_ids)
+            match = Match(None, 0)
+            if self._lookup:
+                match = self._prefix.lookup(prompt, spans, limit=len(prompt) - 1)
+                self._stats.prefix_cache_queries += len(prompt)
+                self._stats.prefix_cache_hits += match.length
+            reach = match.entry.reach if match.entry is not None else None
+            positions, delta, reach = model.positions(prompt, media, match.length, reach)
+            params = request.sampling
+            seed = self._seeds.seed(params)
+            return Row(
+                pending=pending,
+                prompt=prompt,
+                spans=spans,
+                media=media,
+                match=match,
+                positions=positions,
+                delta=delta,
+                reach=reach,
+                sampling=params,
+                seed=seed,
+                generator=self._seeds.generator(seed) if self._generators else None,
+                stop_ids=model.eos_token_ids | set(params.stop_token_ids),
+                banned=model.extra_bans(request),
+            )
+        except Exception as exc:
+            answer(pending, model.failure(exc))
+            return None
+
+    def uncount(self, row: Row) -> None:
+        """Undo ``row``'s prefix-cache counts: it goes back to wait, and is looked up
+        again when it is admitted."""
+        if self._lookup:
+            self._stats.prefix_cache_queries -= len(row.prompt)
+            self._stats.prefix_cache_hits -= row.cached
+
+    def unmatch(self, row: Row) -> None:
+        """Run ``row`` without its cached prefix (the caller dropped the entry): its hits
+        uncounted, its whole prompt new, its positions from the start."""
+        self._stats.prefix_cache_hits -= row.cached
+        row.match = Match(None, 0)
+        row.positions, row.delta, row.reach = self._model.positions(row.prompt, row.media, 0)

@@ -1,0 +1,70 @@
+"""``GET /metrics`` of ``vf-mm serve``: the backend's prefix-cache counters in Prometheus'
+text format, as vLLM 0.32 publishes them.
+
+``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (prompt tokens
+looked up and found cached), each with its ``_created`` series (the server's start) and
+the ``engine`` / ``model_name`` labels, written byte for byte as prometheus_client
+writes them, so a dashboard or scraper made for vLLM reads them unchanged. A backend
+without the counters reads 0.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from vf_mm.inference._server_engine import ServerEngine
+
+__all__ = ["MetricsRoute", "sample_value"]
+
+# vLLM 0.32's counters (vllm/v1/metrics/loggers.py, PrometheusStatLogger): the name given
+# to prometheus_client (which adds the _total and _created series), the help text, and
+# the backend attribute that holds the count
+_METRICS = (
+    ("vllm:prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens.", "prefix_cache_queries"),
+    ("vllm:prefix_cache_hits",
+     "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+)  # fmt: skip
+# what prometheus_client answers a scrape that asks for no particular format
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsRoute:
+    """The handler of ``GET /metrics`` (see the module docstring)."""
+
+    def __init__(self, engine: ServerEngine) -> None:
+        self.engine = engine
+
+    async def __call__(self, request: Request) -> Response:
+        engine = self.engine
+        labels = f'engine="0",model_name="{_label_value(engine.model_name)}"'
+        lines = []
+        for name, help_text, attribute in _METRICS:
+            value = getattr(engine.backend, attribute, 0)
+            lines += [
+                f"# HELP {name}_total {help_text}",
+                f"# TYPE {name}_total counter",
+                f"{name}_total{{{labels}}} {sample_value(value)}",
+                f"# HELP {name}_created {help_text}",
+                f"# TYPE {name}_created gauge",
+                f"{name}_created{{{labels}}} {sample_value(engine.created_at)}",
+            ]
+        return Response("\n".join(lines) + "\n", media_type=_PROMETHEUS_TEXT)
+
+
+def _label_value(value: str) -> str:
+    """A label value escaped as the text format wants (backslash, newline, quote)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def sample_value(value: float) -> str:
+    """A sample as prometheus_client writes it: Python's shortest float, switched to an
+    exponent (at least two digits) once the integer part has more than 6 digits, as Go
+    does."""
+    text = repr(float(value))
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text

@@ -1,0 +1,216 @@
+"""``Retry``, ``Routing`` and ``Auth``: ``VLLMBackend``'s settings, each valid once made.
+
+Settings that belong to one concern are one frozen object (as httpx keeps its timeouts
+in ``httpx.Timeout`` and its pool sizes in ``httpx.Limits``), checked in its constructor:
+a wrong value fails where it is written, with a ``ValueError`` (``TypeError`` for a value
+of the wrong kind) that names the object, the field and what to give instead, never
+later at the first request. An object can be built once and shared by every backend of
+a run (each worker builds its own ``VLLMBackend``).
+
+``VLLMBackend``'s older keywords (``max_retries``, ``backoff_s``, ``max_backoff_s``;
+``shed_margin``, ``session_idle_s``; ``api_key``) still work: they build these objects
+(``with_keywords``), and giving one of them with its object is refused as ambiguous.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal, TypeVar, cast
+
+RoutingPolicy = Literal["sticky", "least_outstanding", "round_robin"]
+#: the routing policies ``Routing`` takes
+ROUTINGS: tuple[str, ...] = ("sticky", "least_outstanding", "round_robin")
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How a failed attempt is tried again.
+
+    ``max_retries``: attempts after the first (0: try once). ``backoff_s``: the first
+    wait before a retry on a server already tried; each further retry doubles it, up to
+    ``max_backoff_s``, and the wait is jittered (half of it, then up to as much again
+    at random). A server's ``Retry-After`` is honoured up to ``max_backoff_s``. A failing
+    server is avoided for the same growing, capped time.
+    """
+
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
+            raise TypeError(
+                f"Retry(max_retries={self.max_retries!r}): max_retries must be an int >= 0 "
+                "(the attempts after the first; 0 tries once)"
+            )
+        if self.max_retries < 0:
+            raise ValueError(
+                f"Retry(max_retries={self.max_retries!r}): max_retries must be an int >= 0 "
+                "(the attempts after the first; 0 tries once)"
+            )
+        for name in ("backoff_s", "max_backoff_s"):
+            value = _seconds("Retry", name, getattr(self, name), "a number of seconds >= 0")
+            if value < 0:
+                raise ValueError(
+                    f"Retry({name}={value!r}): {name} must be a number of seconds >= 0 "
+                    "(0: retry at once)"
+                )
+            object.__setattr__(self, name, value)
+
+    def backoff(self, retry: int) -> float:
+        """The jittered wait before retry number ``retry`` (1, 2, ...)."""
+        delay = self.cooldown(retry)
+        return delay / 2 + random.uniform(0, delay / 2)
+
+    def cooldown(self, failures: int) -> float:
+        """The wait after ``failures`` failures in a row (1, 2, ...), without jitter."""
+        return min(self.max_backoff_s, self.backoff_s * (2 ** (failures - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Which server each attempt goes to.
+
+    ``policy``: ``"sticky"`` (the default: a rollout's turns stay on the server that
+    holds its history in its prefix cache, new sessions go to the least-loaded server;
+    see ``vf_mm.inference._vllm``), ``"least_outstanding"`` or ``"round_robin"`` (both
+    ignore sessions). ``shed_margin``: a session leaves its server when that server has
+    this many more requests in flight than the least-loaded other one (None: only when
+    it fails). ``session_idle_s``: a session with no turn for this long is forgotten.
+    """
+
+    policy: RoutingPolicy = "sticky"
+    shed_margin: int | None = 4
+    session_idle_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ROUTINGS:
+            raise ValueError(
+                f"Routing(policy={self.policy!r}): the routing policy must be one of "
+                f"{', '.join(ROUTINGS)}"
+            )
+        margin = self.shed_margin
+        if margin is not None and (
+            isinstance(margin, bool) or not isinstance(margin, int) or margin < 1
+        ):
+            raise ValueError(
+                f"Routing(shed_margin={margin!r}): shed_margin must be an int >= 1 (requests "
+                "in flight above the least-loaded other server), or None to move a session "
+                "only off a failing server"
+            )
+        idle = _seconds("Routing", "session_idle_s", self.session_idle_s, "a number of seconds > 0")
+        if not idle > 0:
+            raise ValueError(
+                f"Routing(session_idle_s={idle!r}): session_idle_s must be a number of "
+                "seconds > 0 (math.inf: sessions end only with end_session)"
+            )
+        object.__setattr__(self, "session_idle_s", idle)
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Auth:
+    """The API keys sent as ``Authorization: Bearer KEY`` (vLLM's ``--api-key``).
+
+    ``api_key``: one key for every server, or a sequence of one key per base URL, in the
+    backend's order (None or ``""``: that server gets no header). Keys are secrets: the
+    repr and every error message leave them out.
+    """
+
+    api_key: str | tuple[str | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        key = self.api_key
+        if key is None or isinstance(key, str):
+            _check_key(key, "api_key")
+            return
+        if not isinstance(key, Sequence):
+            raise TypeError(
+                f"Auth(api_key=<{type(key).__name__}>): api_key must be a str, a sequence "
+                "of one str (or None) per base URL, or None"
+            )
+        keys = tuple(key)
+        for i, each in enumerate(keys):
+            _check_key(each, f"api_key[{i}]")
+        object.__setattr__(self, "api_key", keys)
+
+    def headers(self, servers: int) -> list[dict[str, str]]:
+        """The ``Authorization`` header of each of ``servers`` base URLs, in order (empty
+        for a server without a key)."""
+        key = self.api_key
+        keys = [key] * servers if key is None or isinstance(key, str) else list(key)
+        if len(keys) != servers:
+            raise ValueError(
+                f"{len(keys)} API keys for {servers} base URLs: give one per URL "
+                "(None for a server without one), or one str for every server"
+            )
+        return [{"Authorization": f"Bearer {k}"} if k else {} for k in keys]
+
+    def __repr__(self) -> str:
+        key = self.api_key
+        if key is None or isinstance(key, str):
+            shown = "None" if key is None else "'***'"
+        else:
+            shown = f"({', '.join('None' if k is None else repr('***') for k in key)})"
+        return f"Auth(api_key={shown})"
+
+
+def _check_key(key: object, where: str) -> None:
+    """A key is a str (or None) a header can carry as it is: one with whitespace at its
+    ends or a control character is refused (the usual cause: a key file's newline, which
+    httpx would refuse only at the first request, or a server would never match)."""
+    if key is None:
+        return
+    if not isinstance(key, str):
+        raise TypeError(f"Auth: {where} must be a str or None, not {type(key).__name__}")
+    if key != key.strip() or not key.isprintable():
+        raise ValueError(
+            f"Auth: {where} starts or ends with whitespace, or holds a control character "
+            "(a newline kept from a key file?): give the key alone, stripped"
+        )
+
+
+def _seconds(kind: str, name: str, value: object, wanted: str) -> float:
+    """``value`` as a float, refusing a non-number (bool included) and NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{kind}({name}={value!r}): {name} must be {wanted}")
+    if math.isnan(value):
+        raise ValueError(f"{kind}({name}=nan): {name} must be {wanted}")
+    return float(value)
+
+
+class Unset(Enum):
+    """The default of a keyword that builds a settings object: "not given"."""
+
+    UNSET = "unset"
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET = Unset.UNSET
+
+T = TypeVar("T")
+
+
+def with_keywords(kind: type[T], given: object, argument: str, **keywords: Any) -> T:
+    """``given`` (a ``kind``, or None: the default), or the ``kind`` built from the
+    keywords the caller gave (those not ``UNSET``); a ``kind`` given with such keywords
+    is refused, since either could be meant."""
+    passed = {k: v for k, v in keywords.items() if v is not UNSET}
+    if given is None:
+        return cast(Callable[..., T], kind)(**passed)
+    if not isinstance(given, kind):
+        raise TypeError(
+            f"{argument} must be a {kind.__name__}(...) or None, not {type(given).__name__}"
+        )
+    if passed:
+        raise TypeError(
+            f"{', '.join(passed)} given with {argument}={kind.__name__}(...): give "
+            f"{'them' if len(passed) > 1 else 'it'} inside the {kind.__name__}, or leave "
+            f"{argument} out"
+        )
+    return given

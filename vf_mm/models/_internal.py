@@ -1,0 +1,41 @@
+"""The models package's internal tier: what sibling packages use and users have no
+need of. Only vf_mm's own packages import this module (the architecture test allows
+``vf_mm.<package>._internal`` and no other private module); it carries no stability
+promise.
+"""
+
+from __future__ import annotations
+
+from vf_mm.models._families import (
+    QWEN_VL_FAMILIES,
+    image_kwargs,
+    image_processor_class,
+)
+from vf_mm.models._templates import (
+    CHAT_TEMPLATES,
+    QWEN2_VL_TEMPLATE,
+    QWEN3_VL_TEMPLATE,
+    chat_template,
+)
+from vf_mm.models._tiny_lm import build_tiny_lm
+from vf_mm.models._tiny_vlm import build_tiny_vlm
+from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings, sample_frames
+from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
+
+__all__ = [
+    "CHAT_TEMPLATES",
+    "ExpandedVideo",
+    "QWEN2_VL_TEMPLATE",
+    "QWEN3_VL_TEMPLATE",
+    "QWEN_VL_FAMILIES",
+    "SampledVideo",
+    "VideoSettings",
+    "build_tiny_lm",
+    "build_tiny_vlm",
+    "chat_template",
+    "image_kwargs",
+    "image_processor_class",
+    "qwen_tokenizer",
+    "sample_frames",
+    "tiny_tokenizer",
+]

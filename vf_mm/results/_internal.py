@@ -1,0 +1,13 @@
+"""The results package's internal tier: what sibling packages use and users have no
+need of. Only vf_mm's own packages import this module (the architecture test allows
+``vf_mm.<package>._internal`` and no other private module); it carries no stability
+promise.
+"""
+
+from __future__ import annotations
+
+from vf_mm.results._format import RESULTS_FORMAT
+
+__all__ = [
+    "RESULTS_FORMAT",
+]
