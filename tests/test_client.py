@@ -213,12 +213,15 @@ def test_a_renderer_with_the_core_bridge_signature_works_alone_and_in_a_pool(ren
 
 @pytest.fixture(scope="module")
 def family_renderers(tmp_path_factory):
-    """Every family the project renders, one tiny checkpoint each (PIL image processing)."""
-    from vf_mm.models import VISION_FAMILIES
+    """Every family the project renders with PIL image processing, one tiny checkpoint each
+    (LFM2-VL's image processor is torchvision's alone: tests/renderers/test_lfm2_vl.py)."""
+    from vf_mm.models import VISION_FAMILIES, family_info
 
     root = tmp_path_factory.mktemp("families")
     return {
-        f: load_renderer(build_tiny_vlm(root / f, f), image_backend="pil") for f in VISION_FAMILIES
+        f: load_renderer(build_tiny_vlm(root / f, f), image_backend="pil")
+        for f in VISION_FAMILIES
+        if family_info(f).pil_backend
     }
 
 

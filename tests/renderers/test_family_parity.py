@@ -35,7 +35,9 @@ from vf_mm.models import (
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
+FAMILIES = (
+    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl"
+)  # fmt: skip
 MODES = ("RGB", "L", "RGBA", "P", "LA")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
 
@@ -69,8 +71,8 @@ def conversation(family: str, seed: int) -> list[dict[str, Any]]:
     it: the model turn stays open for the model to go on)."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = []
-    system_images = family in ("smolvlm", "llava_onevision")
-    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4")
+    system_images = family in ("smolvlm", "llava_onevision", "internvl")
+    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4", "internvl")
     if rng.random() < 0.5:
         system = user_content(rng, 0) if system_images else "You count shapes.  "
         messages.append({"role": "system", "content": system})
@@ -173,6 +175,22 @@ def assert_matches(family: str, rendered: Any, ref: Any, processor: Any) -> None
     data.validate(len(ids))
 
 
+def test_only_the_models_image_token_takes_embeddings(tiny, family):
+    """The ids that placeholders mark as embeddings are the one id the model's forward
+    puts image features on (its config's): InternVL's processor also lists its <img> and
+    </img> markers among its image tokens, which must not be marked."""
+    config = json.loads((tiny[family] / "config.json").read_text())
+    model_token = config.get("image_token_id", config.get("image_token_index"))
+    processor = load_processor(tiny[family], image_backend="pil")
+    assert image_token_ids(processor) == (model_token,)
+    renderer = load_renderer(tiny[family], image_backend="pil")
+    picture = Image.new("RGB", (300, 90), "red")
+    rendered = renderer.render([{"role": "user", "content": [{"type": "image", "image": picture}]}])
+    ids = np.asarray(rendered.token_ids)
+    for placeholder in rendered.multi_modal_data.mm_placeholders["image"]:
+        assert set(ids[placeholder.embed_positions()].tolist()) == {model_token}
+
+
 @pytest.mark.parametrize("seed", seeds(3, 10))
 def test_generated_conversations_match_the_processor(tiny, family, seed):
     renderer = load_renderer(tiny[family], image_backend="pil")
@@ -269,9 +287,15 @@ def test_gemma3_template_refuses_a_tool_turn_by_name(tiny):
 @pytest.mark.parametrize("name", VISION_FAMILIES)
 def test_the_registry_says_which_templates_take_a_tool_message(tiny, checkpoints, name, tmp_path):
     """``VisionFamily.tool_role`` (what ``vf-mm init --tools`` relies on) is what the
-    family's template does with a tool result."""
+    family's template does with a tool result (LFM2-VL's, whose images need torchvision,
+    through its tokenizer: the template is what is asked)."""
     path = tiny.get(name) or checkpoints.get(name) or build_tiny_vlm(tmp_path / name, name)
-    renderer = load_renderer(path, image_backend="pil")
+    if family_info(name).pil_backend:
+        renderer = load_renderer(path, image_backend="pil")
+    else:
+        from transformers import AutoTokenizer
+
+        renderer = load_renderer(AutoTokenizer.from_pretrained(path))
     call = {"id": "c", "type": "function", "function": {"name": "zoom", "arguments": "{}"}}
     messages = [
         {"role": "user", "content": "zoom"},

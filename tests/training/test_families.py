@@ -23,7 +23,9 @@ from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next")
+FAMILIES = (
+    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl"
+)  # fmt: skip
 
 
 def picture(seed: int, size: tuple[int, int] = (84, 56)) -> Image.Image:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from vf_mm.errors import BackendError
@@ -75,7 +76,9 @@ class VisionCache:
             found.update(self._encode(missing))
         features = [found[span.key] for span, _, _ in new]
         output_class = features[0][0]
-        out: dict[str, Any] = {"pooler_output": tuple(f[1] for f in features)}
+        pooled = tuple(f[1] for f in features)
+        # a model whose tower gives one tensor for the batch (InternVL) takes one back
+        out: dict[str, Any] = {"pooler_output": torch.cat(pooled) if features[0][3] else pooled}
         if features[0][2] is not None:
             layers = len(features[0][2])
             out["deepstack_features"] = [tuple(f[2][i] for f in features) for i in range(layers)]
@@ -102,7 +105,16 @@ class VisionCache:
             )
             args = {k: v.to(model.device) for k, v in inputs.items() if k in info.image_inputs}
             output = model.model.model.get_image_features(**args, return_dict=True)
+            as_tensor = isinstance(output.pooler_output, torch.Tensor)
             pooled = list(output.pooler_output)
+            tiles = [len(images[k][info.image_inputs[0]]) for k in chunk]
+            if as_tensor and len(pooled) != len(chunk) and len(pooled) == sum(tiles):
+                # one output per tile (InternVL): an image's features are its tiles', in order
+                ends = np.cumsum(tiles).tolist()
+                pooled = [
+                    output.pooler_output[end - n : end].flatten(0, -2)
+                    for n, end in zip(tiles, ends, strict=True)
+                ]
             if len(pooled) != len(chunk):
                 raise BackendError(
                     f"the vision tower returned {len(pooled)} outputs for {len(chunk)} images",
@@ -111,7 +123,7 @@ class VisionCache:
             deep = getattr(output, "deepstack_features", None)
             for i, key in enumerate(chunk):
                 layers = tuple(layer[i] for layer in deep) if deep is not None else None
-                value = (type(output), pooled[i], layers)
+                value = (type(output), pooled[i], layers, as_tensor)
                 size = pooled[i].numel() * pooled[i].element_size() + sum(
                     t.numel() * t.element_size() for t in (layers or ())
                 )

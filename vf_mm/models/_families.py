@@ -48,7 +48,7 @@ class VisionFamily:
     ``token_types`` is the per-token input the model needs with images (1 on image
     embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
     Gemma 4: bidirectional attention over each image in the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
-    None (SmolVLM, LLaVA-OneVision find image tokens by id).
+    None (SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL find image tokens by id).
     """
 
     model_type: str
@@ -77,6 +77,8 @@ class VisionFamily:
     # processor's tile and crop markers. A model must never sample them (``VisionSpec``'s
     # ``banned_token_ids``); tokens a tokenizer lacks are skipped
     marker_tokens: tuple[str, ...] = ()
+    # the image processor has a PIL backend ("Pil" class); LFM2-VL's has only torchvision's
+    pil_backend: bool = True
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -85,6 +87,10 @@ _QWEN_MARKERS = ("<|vision_start|>", "<|vision_end|>")
 # SmolVLM writes a split image's tiles as <row_R_col_C> (R, C up to 6 in its vocabulary)
 _SMOLVLM_MARKERS = ("<fake_token_around_image>", "<global-img>",
                     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))  # fmt: skip
+
+# LFM2-VL writes a split image's tiles as <|img_row_R_col_C|> (up to 10 tiles a side)
+_LFM2_VL_MARKERS = ("<|image_start|>", "<|image_end|>", "<|img_thumbnail|>",
+                    *(f"<|img_row_{r}_col_{c}|>" for r in range(1, 11) for c in range(1, 11)))  # fmt: skip
 
 _FAMILIES = {
     f.model_type: f
@@ -143,6 +149,14 @@ _FAMILIES = {
                      "LlavaNextForConditionalGeneration", None,
                      "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1, tool_role=False,
                      content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
+        VisionFamily("internvl", "InternVL", "InternVLProcessor", "GotOcr2ImageProcessor",
+                     "InternVLForConditionalGeneration", None, "OpenGVLab/InternVL3-1B-hf",
+                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>")),
+        VisionFamily("lfm2_vl", "LFM2-VL", "Lfm2VlProcessor", "Lfm2VlImageProcessor",
+                     "Lfm2VlForConditionalGeneration", None, "LiquidAI/LFM2.5-VL-3B",
+                     ("<|im_end|>",), tool_format="pythonic",
+                     image_inputs=("pixel_values", "pixel_attention_mask", "spatial_shapes"),
+                     marker_tokens=_LFM2_VL_MARKERS, pil_backend=False),
     )
 }  # fmt: skip
 
@@ -208,9 +222,15 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     ``"auto"`` is resolved first)."""
     import transformers
 
-    name = family_info(family).image_processor
+    info = family_info(family)
     backend = resolve_image_backend(backend)
-    return getattr(transformers, name if backend == "torchvision" else name + "Pil")
+    if backend == "pil" and not info.pil_backend:
+        raise MissingDependencyError(
+            f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
+            "backend in transformers 5.23, and torchvision does not import here: install the "
+            "torchvision build that matches your torch (as beside vLLM) to render its images"
+        )
+    return getattr(transformers, info.image_processor + ("" if backend == "torchvision" else "Pil"))
 
 
 def image_backend_of(image_processor: Any) -> str:
@@ -319,7 +339,10 @@ def image_token_ids(processor: Any) -> tuple[int, ...]:
     """The ids of the tokens that stand for image embeddings (Gemma 3's soft tokens, not
     its ``<start_of_image>`` placeholder; Qwen's ``<|image_pad|>``)."""
     ids = getattr(processor, "image_token_ids", None) or [processor.image_token_id]
-    return tuple(int(i) for i in ids)
+    # InternVL lists its <img> and </img> markers among its image tokens (transformers'
+    # mm_token_type_ids mark them); its model puts no embedding there
+    markers = {getattr(processor, n, None) for n in ("start_image_token_id", "end_image_token_id")}
+    return tuple(int(i) for i in ids if i not in markers)
 
 
 def image_kwargs(processor: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -365,11 +388,23 @@ def expand_image(
     if kwargs is None:
         kwargs = image_kwargs(processor, options)
     processed = processor.image_processor([image], **kwargs)
-    replacement = processor.replace_image_token(processed, image_idx=0)
+    replacement = processor.replace_image_token(
+        processed, image_idx=0, **_replacement_options(processor, kwargs)
+    )
     unused = set(getattr(processor, "unused_input_names", ()) or ())
     keep = set(processor.image_processor.model_input_names) - unused
     item = {k: _numpy(v) for k, v in processed.items() if k in keep}
     return replacement, item
+
+
+def _replacement_options(processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the processor's own call passes ``replace_image_token`` besides the image:
+    LFM2-VL's takes the image options (tile size, thumbnail) and whether to write its
+    image and tile markers (``use_image_special_tokens``, on by default: without it the
+    text would lack them); the other families' take nothing."""
+    if not hasattr(processor, "use_image_special_tokens"):
+        return {}
+    return {**kwargs, "use_image_special_tokens": processor.use_image_special_tokens}
 
 
 def _numpy(value: Any) -> np.ndarray:

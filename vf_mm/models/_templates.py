@@ -572,6 +572,143 @@ LLAVA_NEXT_TEMPLATE = r"""
 """
 
 
+# InternVL3 (OpenGVLab/InternVL3-*-hf, converted by transformers' script): ChatML turns
+# with no default system message; every role written as given (``tool`` included), string
+# content verbatim, a list's parts in order: an image as <IMG_CONTEXT> and a newline (the
+# processor expands it to <img>, the image's tokens, </img>), a video as <video> and a
+# newline, text verbatim; tools, tool calls and reasoning are not written.
+INTERNVL_TEMPLATE = r"""
+{%- for message in messages -%}
+    {{- '<|im_start|>' + message['role'] + '\n' -}}
+    {%- if message['content'] is string -%}
+        {{- message['content'] -}}
+    {%- else -%}
+        {%- for part in message['content'] -%}
+            {%- if part['type'] == 'image' -%}
+                {{- '<IMG_CONTEXT>\n' -}}
+            {%- elif part['type'] == 'video' -%}
+                {{- '<video>\n' -}}
+            {%- elif part['type'] == 'text' -%}
+                {{- part['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+
+# LFM2.5-VL (LiquidAI/LFM2.5-VL-3B): <|startoftext|> first; the first system message's
+# text and the tools (``List of tools: [...]``, each as JSON) in one system turn; then every
+# message as a ChatML turn, its parts in order (an image as <image>, text verbatim, any
+# other part as JSON); an assistant turn's reasoning in <think>...</think> (no newlines)
+# only after the last user message unless ``preserve_thinking``, earlier ones also losing
+# a </think> left in the content; calls as one Python list (``vf_mm.renderers._pythonic``);
+# arguments given as a JSON string are refused. (transformers' continue_final_message
+# marker, which the real template moves after the calls, is not handled: vf_mm never
+# continues a final message.)
+LFM2_VL_TEMPLATE = r"""
+{%- macro text_of(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is mapping -%}
+        {{- content | tojson -}}
+    {%- elif content is iterable -%}
+        {%- for part in content -%}
+            {%- if part is string -%}
+                {{- part -}}
+            {%- elif part is mapping and part.get('type') == 'image' -%}
+                {{- '<image>' -}}
+            {%- elif part is mapping and part.get('type') == 'text' -%}
+                {{- (part.get('text') or '') | string -}}
+            {%- else -%}
+                {{- part | tojson -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro value_of(value) -%}
+    {%- if value is string -%}
+        {{- "'" + (value | replace('\\', '\\\\') | replace("'", "\\'") | replace('\n', '\\n') | replace('\r', '\\r')) + "'" -}}
+    {%- elif value is mapping or value is iterable -%}
+        {{- value | tojson -}}
+    {%- else -%}
+        {{- value | string -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro calls_of(tool_calls) -%}
+    {{- '<|tool_call_start|>[' -}}
+    {%- for call in tool_calls -%}
+        {%- set function = call['function'] if 'function' in call else call -%}
+        {%- set arguments = function.get('arguments') -%}
+        {%- if arguments is string and (arguments | trim) not in ['', '{}', 'null'] -%}
+            {{- raise_exception('Tool call arguments must be a mapping, not a JSON string') -}}
+        {%- endif -%}
+        {{- (', ' if not loop.first else '') + function['name'] + '(' -}}
+        {%- if arguments is mapping -%}
+            {%- for key, value in arguments.items() -%}
+                {{- (', ' if not loop.first else '') + key + '=' + value_of(value) -}}
+            {%- endfor -%}
+        {%- endif -%}
+        {{- ')' -}}
+    {%- endfor -%}
+    {{- ']<|tool_call_end|>' -}}
+{%- endmacro -%}
+{{- bos_token -}}
+{%- set keep_all = preserve_thinking | default(false) -%}
+{%- set system = namespace(text='') -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- if messages[0].get('content') -%}
+        {%- set system.text = text_of(messages[0]['content']) -%}
+    {%- endif -%}
+    {%- set messages = messages[1:] -%}
+{%- endif -%}
+{%- if tools -%}
+    {%- set system.text = system.text + ('\n' if system.text else '') + 'List of tools: [' -%}
+    {%- for tool in tools -%}
+        {%- set system.text = system.text + (tool if tool is string else tool | tojson) + ('' if loop.last else ', ') -%}
+    {%- endfor -%}
+    {%- set system.text = system.text + ']' -%}
+{%- endif -%}
+{%- if system.text -%}
+    {{- '<|im_start|>system\n' + system.text + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- set last = namespace(user=-1) -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'user' -%}
+        {%- set last.user = loop.index0 -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+    {{- '<|im_start|>' + message['role'] + '\n' -}}
+    {%- if message['role'] == 'assistant' -%}
+        {%- set keep = keep_all or loop.index0 > last.user -%}
+        {%- set thought = message.get('thinking') or message.get('reasoning') or message.get('reasoning_content') -%}
+        {%- if thought is string and thought and keep -%}
+            {{- '<think>' + thought + '</think>' -}}
+        {%- endif -%}
+        {%- set body = text_of(message['content']) if message.get('content') else '' -%}
+        {%- if not keep and '</think>' in body -%}
+            {%- set body = body.split('</think>')[-1] | trim -%}
+        {%- endif -%}
+        {{- body -}}
+        {%- if message.get('tool_calls') -%}
+            {{- calls_of(message['tool_calls']) -}}
+        {%- endif -%}
+    {%- elif message.get('content') -%}
+        {{- text_of(message['content']) -}}
+    {%- endif -%}
+    {{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+
 # Gemma 4: one Jinja body, two settings per variant (see the module docstring).
 _GEMMA4_BODY = r"""
 {#- vf_mm's Gemma 4 chat template: what google/gemma-4-*-it render at the revision set
@@ -1037,4 +1174,6 @@ CHAT_TEMPLATES = {
     "qwen3_vl_moe": QWEN3_VL_INSTRUCT_TEMPLATE,
     "qwen3_5_moe": TEMPLATE_VARIANTS["qwen3_5_moe"]["think"],
     "llava_next": LLAVA_NEXT_TEMPLATE,
+    "internvl": INTERNVL_TEMPLATE,
+    "lfm2_vl": LFM2_VL_TEMPLATE,
 }

@@ -27,6 +27,8 @@ from vf_mm.models._templates import CHAT_TEMPLATES, TEMPLATE_VARIANTS, chat_temp
 from vf_mm.models._vocab import (
     gemma4_tokenizer,
     gemma_tokenizer,
+    internvl_tokenizer,
+    lfm2_vl_tokenizer,
     llava_next_tokenizer,
     llava_onevision_tokenizer,
     qwen3_5_tokenizer,
@@ -47,6 +49,8 @@ Family = Literal[
     "qwen3_vl_moe",
     "qwen3_5_moe",
     "llava_next",
+    "internvl",
+    "lfm2_vl",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -115,6 +119,10 @@ def build_tiny_vlm(
         return _build_gemma4(path, seed, template, variant or "8995379")
     if family == "llava_next":
         return _build_llava_next(path, seed)
+    if family == "internvl":
+        return _build_internvl(path, seed)
+    if family == "lfm2_vl":
+        return _build_lfm2_vl(path, seed)
     return _build_qwen(path, family, vocab, seed, template)
 
 
@@ -196,7 +204,8 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
-    _siglip_keys_as_released(path)
+    if family not in ("internvl", "lfm2_vl"):  # their towers' names are the released ones
+        _siglip_keys_as_released(path)
 
 
 def _siglip_keys_as_released(path: Path) -> None:
@@ -531,4 +540,97 @@ def _build_llava_next(path: Path, seed: int) -> Path:
         tie_word_embeddings=False,
     )
     _save_model(path, config, "llava_next", seed, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    return path
+
+
+# InternVL3 (OpenGVLab/InternVL3-1B-hf): the real processor cuts each image into 448x448
+# tiles (InternViT, patch 14: 1024 patches, pixel-shuffled by 0.5 to 256 tokens) on the
+# grid of 1 to 12 tiles closest to its aspect ratio, plus a thumbnail when there are
+# several; the tiny one makes 32x32 tiles (patch 8: 16 patches, 4 tokens) on the same
+# grids, with the real mean and std.
+_INTERNVL = dict(tile=32, patch_size=8, tokens_per_tile=4)
+
+
+def _build_internvl(path: Path, seed: int) -> Path:
+    from transformers import InternVLConfig
+
+    tokenizer = internvl_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["internvl"])
+    tile = _INTERNVL["tile"]
+    image_processor_class("internvl")(
+        size={"height": tile, "width": tile}, crop_to_patches=True, min_patches=1,
+        max_patches=12, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225],
+    ).save_pretrained(path)  # fmt: skip
+    _write_processor_config(path, "internvl", image_seq_length=_INTERNVL["tokens_per_tile"])
+    text = _text_config(tokenizer, model_type="qwen2")
+    text["bos_token_id"] = None
+    vision = dict(
+        _SIGLIP, image_size=tile, patch_size=_INTERNVL["patch_size"], attention_bias=True,
+        use_absolute_position_embeddings=True, use_mean_pooling=False,
+    )  # fmt: skip
+    config = InternVLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
+        image_seq_length=_INTERNVL["tokens_per_tile"],
+        downsample_ratio=0.5,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+    )
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    _save_model(path, config, "internvl", seed, eos, tokenizer.pad_token_id)
+    return path
+
+
+# LFM2.5-VL (LiquidAI/LFM2.5-VL-3B): the real processor resizes an image to 64 to 256
+# tokens (SigLIP2 NaFlex, patch 16, 2x2 pixel-unshuffle) or, when it is larger, cuts it into
+# 2 to 10 tiles of 512x512 (256 tokens each) plus a thumbnail; the tiny one keeps patch 16
+# and the unshuffle and scales the tile to 64x64 (4 tokens) and the budget to 1 to 4
+# tokens. Its image processor has only a torchvision backend: the settings are written
+# as JSON, so the checkpoint builds where torchvision does not import (its images render
+# only where it does).
+_LFM2_VL = dict(
+    tile_size=64, encoder_patch_size=16, downsample_factor=2, min_image_tokens=1,
+    max_image_tokens=4, min_tiles=2, max_tiles=10,
+)  # fmt: skip
+
+
+def _build_lfm2_vl(path: Path, seed: int) -> Path:
+    from transformers import Lfm2VlConfig
+
+    tokenizer = lfm2_vl_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["lfm2_vl"])
+    tile = _LFM2_VL["tile_size"]
+    image = {
+        "image_processor_type": "Lfm2VlImageProcessor", **_LFM2_VL, "do_image_splitting": True,
+        "use_thumbnail": True, "max_pixels_tolerance": 2.0, "do_resize": True,
+        "size": {"height": tile, "width": tile}, "resample": 2, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5], "do_pad": True, "do_convert_rgb": True,
+    }  # fmt: skip
+    (path / "preprocessor_config.json").write_text(json.dumps(image, indent=2) + "\n")
+    _write_processor_config(path, "lfm2_vl")
+    patches = max(
+        _LFM2_VL["max_image_tokens"] * _LFM2_VL["downsample_factor"] ** 2,
+        (tile // _LFM2_VL["encoder_patch_size"]) ** 2,
+    )
+    text = _text_config(
+        tokenizer, model_type="lfm2", layer_types=["conv", "full_attention"], norm_eps=1e-5,
+        block_auto_adjust_ff_dim=False,
+    )  # fmt: skip
+    vision = dict(
+        _SIGLIP, model_type="siglip2_vision_model", patch_size=_LFM2_VL["encoder_patch_size"],
+        num_patches=patches,
+    )  # fmt: skip
+    config = Lfm2VlConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        projector_hidden_size=64,
+        downsample_factor=_LFM2_VL["downsample_factor"],
+        tie_word_embeddings=False,
+    )
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    _save_model(path, config, "lfm2_vl", seed, eos, tokenizer.pad_token_id)
     return path

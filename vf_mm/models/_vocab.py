@@ -153,6 +153,80 @@ def llava_onevision_tokenizer(vocab_size: int = 2000) -> Any:
     return tok
 
 
+# InternVL3's added tokens after Qwen2.5's (the real ids: <img> 151665, </img> 151666,
+# <IMG_CONTEXT> 151667), and the named tokens its processor reads.
+INTERNVL_ADDED_TOKENS = (
+    "<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>",
+)  # fmt: skip
+INTERNVL_NAMED_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+
+
+def internvl_tokenizer(vocab_size: int = 2000) -> Any:
+    """``tiny_tokenizer`` with InternVL3's added tokens after Qwen's specials and the
+    named tokens its processor reads (``<video>`` is named, not added, as in the
+    converted checkpoints)."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    vocab, merges = _train_bpe(vocab_size)
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
+        pad_token=None, extra_special_tokens=INTERNVL_NAMED_TOKENS,
+    )  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in INTERNVL_ADDED_TOKENS])
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
+    return tok
+
+
+# LFM2's specials in its order (the real ids: <|pad|> 0, <|startoftext|> 1, <|endoftext|> 2,
+# <|im_start|> 6, <|im_end|> 7, <|tool_call_start|> 10; <image> 396, <|img_row_1_col_1|> 397
+# on, <|img_thumbnail|> 497, <|image_start|> 498, <|image_end|> 499), with LFM2.5-VL's tile
+# markers up to its 10 tiles a side.
+LFM2_VL_SPECIAL_TOKENS = (
+    "<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>",
+    "<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>",
+    "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_response_start|>",
+    "<|tool_response_end|>", "<image>",
+    *(f"<|img_row_{r}_col_{c}|>" for r in range(1, 11) for c in range(1, 11)),
+    "<|img_thumbnail|>", "<|image_start|>", "<|image_end|>",
+)  # fmt: skip
+# <think> and </think> are plain text pieces of LFM2.5's vocabulary (added, not special)
+LFM2_VL_NAMED_TOKENS = {
+    "image_token": "<image>",
+    "image_start_token": "<|image_start|>",
+    "image_end_token": "<|image_end|>",
+    "image_thumbnail_token": "<|img_thumbnail|>",
+}
+
+
+def lfm2_vl_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small LFM2-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with LFM2's
+    specials and the named tokens LFM2-VL's processor reads; ``<|startoftext|>`` is its
+    bos (the template writes it first), ``<|im_end|>`` its eos, ``<|pad|>`` its pad."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    vocab, merges = _train_bpe(vocab_size)
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
+        pad_token=None, extra_special_tokens=LFM2_VL_NAMED_TOKENS,
+    )  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in LFM2_VL_SPECIAL_TOKENS])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")]
+    )
+    tok.bos_token = "<|startoftext|>"
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|pad|>"
+    return tok
+
+
 # Qwen3.5's pre-tokenizer split: as Qwen2's, but combining marks join letters (\p{M}).
 QWEN3_5_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""

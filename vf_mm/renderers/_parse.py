@@ -6,6 +6,9 @@ Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
 (``vf_mm.renderers._gemma4``):
 
 - ``"json"`` (Qwen2.5-VL, Qwen3-VL): ``{"name": ..., "arguments": {...}}``;
+- ``"pythonic"`` (LFM2.5-VL): reasoning in ``<think>...</think>``, calls as one Python
+  list per turn between ``<|tool_call_start|>`` and ``<|tool_call_end|>``
+  (``vf_mm.renderers._pythonic``);
 - ``"xml"`` (Qwen3.5): ``<function=NAME>`` then one ``<parameter=P>\\nVALUE\\n</parameter>``
   per argument, then ``</function>``. The template writes string values raw, objects and
   lists as JSON and other scalars as Python's ``str`` (``True``, ``None``, ``5``), so a
@@ -28,16 +31,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vf_mm.errors import RenderError
-from vf_mm.renderers import _gemma4
+from vf_mm.renderers import _gemma4, _pythonic
 from vf_mm.types import AssistantMessage, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>\n?(.*?)</function>\s*\Z", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
 _PYTHON_SCALARS = {"True": True, "False": False, "None": None}
-TOOL_FORMATS = ("json", "xml", "gemma4")
+TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic")
 #: the token that ends a format's reasoning
-REASONING_END = {"json": "</think>", "xml": "</think>", "gemma4": _gemma4.CHANNEL_END}
+REASONING_END = {
+    "json": "</think>", "xml": "</think>", "gemma4": _gemma4.CHANNEL_END, "pythonic": "</think>",
+}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -87,6 +92,12 @@ def parse_text(
         reasoning, body = _gemma4.split_thought(text)
         content, raws = _gemma4.split_calls(body)
         parsed_calls = [(raw, *_gemma4.parse_call(raw)) for raw in raws]
+    elif tool_format == "pythonic":  # LFM2.5-VL writes no newline around its think block
+        if "</think>" in body:
+            head, _, body = body.partition("</think>")
+            reasoning = head.split("<think>", 1)[-1]
+        content, raws = _pythonic.split_calls(body)
+        parsed_calls = [(raw, *call) for raw in raws for call in _pythonic.parse_block(raw)]
     else:
         if "</think>" in body:
             head, _, body = body.partition("</think>")
@@ -141,6 +152,8 @@ def format_tool_calls(
     if tool_format == "gemma4":  # the model ends a turn of calls with <|tool_response>
         text = "".join(_gemma4.format_call(name, arguments) for name, arguments in calls)
         return text + _gemma4.RESULTS_NEXT
+    if tool_format == "pythonic":
+        return _pythonic.format_calls(list(calls))
     if tool_format == "xml":
         return "\n".join(
             f"<tool_call>\n<function={name}>\n"

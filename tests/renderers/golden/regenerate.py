@@ -520,6 +520,52 @@ LLAVA_NEXT_CASES = [
     ),
 ]
 
+INTERNVL_CASES = [
+    case("text_only", [{"role": "user", "content": "Hello there, how many circles?"}]),
+    case(
+        "system_and_image",
+        [
+            {"role": "system", "content": "You count shapes."},
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+        ],
+    ),
+    case(
+        "several_images_between_text",
+        [{"role": "user", "content": [text("Compare "), IMAGE, text(" and "), IMAGE, text(".")]}],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "There are 3 circles."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "system_image_and_tool_image",
+        [
+            {"role": "system", "content": [text("Reference:"), IMAGE]},
+            {"role": "user", "content": [text("Zoom in.")]},
+            {"role": "assistant", "content": "Zooming."},
+            {"role": "tool", "content": [IMAGE, text("the crop")]},
+        ],
+    ),
+    case(
+        "tools_are_not_written",
+        [{"role": "user", "content": [IMAGE, text("Crop it.")]}],
+        tools=TOOLS,
+    ),
+    case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
+]
+
 
 GEMMA4_TOOLS = [
     TOOLS[0],
@@ -567,6 +613,97 @@ def called(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]
 
 def tool_result(call_id: str, name: str, content: Any) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+LFM2_VL_CASES = [
+    case("text_only", [{"role": "user", "content": "Hello there, how many circles?"}]),
+    case(
+        "system_and_images",
+        [
+            {"role": "system", "content": "You count shapes."},
+            {"role": "user", "content": [IMAGE, text("How many circles?"), IMAGE]},
+        ],
+    ),
+    case(
+        "system_parts_with_an_image",
+        [
+            {"role": "system", "content": [text("Reference: "), IMAGE]},
+            {"role": "user", "content": [text("Compare."), IMAGE]},
+        ],
+    ),
+    case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "There are 3 circles."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "tools_calls_and_an_image_result",
+        [
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": [IMAGE, text("Crop it.")]},
+            {
+                "role": "assistant",
+                "content": "Cropping.",
+                "tool_calls": [
+                    called(
+                        "c1",
+                        "zoom",
+                        {
+                            "x": 1,
+                            "label": "it's a\nline",
+                            "box": {"a": True, "b": None},
+                            "ids": [1, 2.5],
+                            "on": False,
+                            "none": None,
+                        },
+                    ),
+                    called("c2", "look", {}),
+                ],
+            },
+            tool_result("c1", "zoom", [IMAGE, text("the crop")]),
+            tool_result("c2", "look", "nothing"),
+        ],
+        tools=TOOLS,
+    ),
+    case(
+        "reasoning_after_and_before_the_last_query",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "count them"},
+            {"role": "user", "content": "Sure?"},
+            {"role": "assistant", "content": "Yes.", "reasoning_content": "recount"},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "reasoning_in_the_content_of_an_earlier_turn",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "<think>count them</think>  Three."},
+            {"role": "user", "content": "Sure?"},
+        ],
+    ),
+    case(
+        "preserve_thinking",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "count them"},
+            {"role": "user", "content": "Sure?"},
+        ],
+        template_kwargs={"preserve_thinking": True},
+    ),
+]
 
 
 GEMMA4_CASES = [
@@ -711,6 +848,8 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "llava_onevision": LLAVA_ONEVISION_CASES,
     "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
     "llava_next": LLAVA_NEXT_CASES,
+    "internvl": INTERNVL_CASES,
+    "lfm2_vl": LFM2_VL_CASES,
     **{f"qwen3_5@{variant}": QWEN3_5_VARIANT_CASES
        for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
@@ -727,6 +866,8 @@ VOCAB = {
     "smolvlm": "tiny",
     "llava_onevision": "tiny",
     "llava_next": "tiny",
+    "internvl": "tiny",
+    "lfm2_vl": "tiny",
     **{key: "tiny" for key in CASES if "@" in key},
 }
 
@@ -740,14 +881,15 @@ def family_and_variant(key: str) -> tuple[str, str | None]:
 
 def tokenizer_for(key: str, vocab: str, root: Path) -> Any:
     """The real Qwen2 vocabulary, or the tokenizer of the family's tiny checkpoint."""
-    from vf_mm.models import load_processor
+    from transformers import AutoTokenizer
+
     from vf_mm.testing import build_tiny_vlm, qwen_tokenizer
 
     if vocab == "qwen":
         return qwen_tokenizer()
     family, variant = family_and_variant(key)
     path = build_tiny_vlm(root / key.replace("@", "-"), family, variant=variant)  # type: ignore[arg-type]
-    return load_processor(path).tokenizer
+    return AutoTokenizer.from_pretrained(path)  # the processor's (LFM2-VL's needs torchvision)
 
 
 def render(tokenizer: Any, template: str, entry: dict[str, Any]) -> str:

@@ -250,6 +250,11 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc, unused-ignore]  # (mis
         media = {k: v.to(ids.device) for k, v in inputs.items() if k in _MEDIA}
         if images:
             media["num_images"] = [len(row.images) for row in rows]
+            if _tile_indexed(inputs, len(images)):
+                # TRL splits tile-indexed pixels (InternVL's, LFM2-VL's) by each row's tiles
+                media["num_tiles"] = [
+                    sum(len(image["pixel_values"]) for image in row.images) for row in rows
+                ]
         return media
 
     def _log_mismatch(self, rows: Sequence[Record], logps: torch.Tensor, width: int) -> None:
@@ -274,6 +279,16 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc, unused-ignore]  # (mis
         mode = "train" if self.model is not None and self.model.training else "eval"
         self._metrics[mode]["vf_mm/mismatch_kl"].append(stats["mismatch_kl"])
         self._metrics[mode]["vf_mm/logprob_diff_max"].append(stats["max_abs_diff"])
+
+
+def _tile_indexed(inputs: dict[str, Any], images: int) -> bool:
+    """Whether ``pixel_values`` holds a row per tile rather than per image (InternVL,
+    LFM2-VL): TRL's forward then needs ``num_tiles`` to give each row its own. Qwen's
+    rows are patches, told by ``image_grid_thw``; Gemma 4's carry ``image_position_ids``."""
+    pixels = inputs.get("pixel_values")
+    if pixels is None or "image_grid_thw" in inputs or "image_position_ids" in inputs:
+        return False
+    return bool(pixels.ndim in (3, 4) and pixels.shape[0] != images)
 
 
 def _check_rows(rows: Sequence[Record], ids: torch.Tensor, width: int, first: int) -> None:

@@ -1,0 +1,218 @@
+"""LFM2.5-VL (``lfm2_vl``): its format under the real template, and its images.
+
+transformers 5.23 has only a torchvision image processor for LFM2-VL, and the default
+tier runs without torchvision. So the default tier checks what needs no pixels: the tiny
+checkpoint's tokenizer and the real LFM2.5-VL template (``golden/lfm2_5_vl.jinja``, from
+the trl 1.16.0 wheel; ``test_golden.py`` holds vf_mm's template equal to it) rendering,
+parsing and bridging turns of reasoning and Python-list tool calls, the local backend
+sampling its text as a full forward scores it, and that a renderer asked for its images says torchvision is needed instead of rendering them wrong. The
+images themselves (token ids and every model-input tensor against the processor) are
+checked where torchvision imports: the vllm tier (``-m vllm``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vf_mm.errors import MissingDependencyError
+from vf_mm.models import family_info, load_processor, torchvision_available
+from vf_mm.renderers import ChatTemplateRenderer, load_renderer
+from vf_mm.testing import build_tiny_vlm
+
+REAL_TEMPLATE = (Path(__file__).parent / "golden" / "lfm2_5_vl.jinja").read_text()
+TOOLS = [{"type": "function", "function": {"name": "zoom", "description": "Zoom in.",
+          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("lfm2_vl") / "m", "lfm2_vl")
+
+
+@pytest.fixture(scope="module")
+def text_renderer(lfm2) -> ChatTemplateRenderer:
+    """The tiny checkpoint's tokenizer under the real template, with the family's stop
+    tokens and call format: LFM2.5-VL without its images."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(lfm2)
+    tokenizer.chat_template = REAL_TEMPLATE
+    info = family_info("lfm2_vl")
+    return ChatTemplateRenderer(
+        tokenizer, name="lfm2_vl", stop_tokens=info.stop_tokens, tool_format=info.tool_format
+    )
+
+
+def sampled(renderer: ChatTemplateRenderer, text: str) -> list[int]:
+    ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [*ids, renderer.stop_token_ids[0]]
+
+
+def test_a_turn_of_reasoning_and_calls_parses_and_re_renders_as_sampled(text_renderer):
+    """The model's reasoning and a list of calls with arguments of every type the
+    template writes come back as reasoning and calls, and the parsed message renders as
+    the tokens sampled."""
+    renderer = text_renderer
+    user = {"role": "user", "content": "Crop it."}
+    prompt = renderer.render([user], tools=TOOLS).token_ids
+    arguments = {"x": 1, "label": "it's a\nline", "box": {"a": True, "b": None},
+                 "ids": [1, 2.5], "on": False, "none": None}  # fmt: skip
+    calls = renderer.format_tool_calls([("zoom", arguments), ("look", {})])
+    assert calls == (
+        '<|tool_call_start|>[zoom(x=1, label=\'it\\\'s a\\nline\', box={"a": true, "b": null}, '
+        "ids=[1, 2.5], on=False, none=None), look()]<|tool_call_end|>"
+    )
+    completion = sampled(renderer, "<think>a crop helps</think>Cropping." + calls)
+    parsed = renderer.parse_response(completion)
+    assert parsed.reasoning == "a crop helps" and parsed.content == "Cropping."
+    assert not parsed.tool_call_errors
+    assert [json.loads(c["function"]["arguments"]) for c in parsed.tool_calls] == [arguments, {}]
+    history = renderer.render([user, parsed.message], tools=TOOLS, add_generation_prompt=False)
+    assert history.token_ids == [*prompt, *completion, *renderer.tokenizer("\n")["input_ids"]]
+
+
+def test_tool_results_bridge_to_a_full_render(text_renderer):
+    """The turn after the last user message keeps its reasoning, so a tool result does
+    not rewrite history: it bridges, to the tokens of a full render."""
+    renderer = text_renderer
+    messages: list = [{"role": "user", "content": "Crop it."}]
+    rendered = renderer.render(messages, tools=TOOLS)
+    for turn in range(3):
+        text = f"<think>step {turn}</think>" + renderer.format_tool_calls([("zoom", {"x": turn})])
+        completion = sampled(renderer, text)
+        parsed = renderer.parse_response(completion)
+        new = [{"role": "tool", "tool_call_id": parsed.tool_calls[0]["id"], "content": f"r{turn}"}]
+        bridged = renderer.bridge_to_next_turn(
+            rendered.token_ids, completion, new, tools=TOOLS,
+            previous_messages=[*messages, parsed.message],
+        )  # fmt: skip
+        assert bridged is not None, dict(renderer.bridge_refusals)
+        messages = [*messages, parsed.message, *new]
+        assert bridged.token_ids == renderer.render(messages, tools=TOOLS).token_ids
+        rendered = bridged
+
+
+def test_a_new_question_after_reasoning_is_rendered_in_full_not_bridged(text_renderer):
+    """A new user message drops the reasoning of the turns before it: that history is
+    rewritten, so the turn is not bridged (and the refusal says why)."""
+    renderer = text_renderer
+    messages = [{"role": "user", "content": "How many?"}]
+    rendered = renderer.render(messages)
+    completion = sampled(renderer, "<think>count</think>Three.")
+    parsed = renderer.parse_response(completion)
+    new = [{"role": "user", "content": "Sure?"}]
+    bridged = renderer.bridge_to_next_turn(
+        rendered.token_ids, completion, new, previous_messages=[*messages, parsed.message]
+    )
+    assert bridged is None and renderer.bridge_refusals
+    full = renderer.tokenizer.decode(renderer.render([*messages, parsed.message, *new]).token_ids)
+    assert "count" not in full and "Three." in full
+
+
+@pytest.mark.parametrize(
+    ("block", "error"),
+    [("[zoom(1)]", "by keyword"), ("[zoom(x=os.system('ls'))]", "not a literal"),
+     ("zoom(x=1)", "not a list"), ("[zoom(x=1]", "not a Python list")],
+)  # fmt: skip
+def test_a_malformed_call_is_reported_not_raised(text_renderer, block, error):
+    completion = sampled(text_renderer, f"<|tool_call_start|>{block}<|tool_call_end|>")
+    parsed = text_renderer.parse_response(completion)
+    assert not parsed.tool_calls
+    assert len(parsed.tool_call_errors) == 1 and error in parsed.tool_call_errors[0]
+
+
+def test_its_images_need_torchvision_and_the_renderer_says_so(lfm2):
+    """Without torchvision there is no LFM2-VL image processor at all: the renderer is
+    refused with a typed error naming torchvision, not loaded as a text model that would
+    drop the images."""
+    if torchvision_available():
+        pytest.skip("torchvision imports here: the images render (the vllm tier's test)")
+    with pytest.raises(MissingDependencyError, match="torchvision"):
+        load_renderer(lfm2)
+
+
+def test_the_local_backend_samples_its_hybrid_stack_as_a_full_forward_scores_it(lfm2):
+    """LFM2's short-convolution layers keep a state of their own while sampling: the
+    sampler's logprobs of a text turn equal one forward over the prompt and completion."""
+    import asyncio
+
+    import torch
+
+    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
+    from vf_mm.models import model_class
+
+    prompt = list(range(5, 40))
+
+    async def sample():
+        backend = LocalBackend(lfm2)
+        try:
+            params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+            return await backend.generate(GenerateRequest(prompt, params))
+        finally:
+            await backend.aclose()
+
+    result = asyncio.run(sample())
+    model = model_class("lfm2_vl").from_pretrained(lfm2).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt + result.completion_ids])
+        logprobs = model(input_ids=ids).logits.float().log_softmax(-1)[0]
+    expected = [
+        logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(result.completion_ids)
+    ]
+    assert len(result.completion_ids) == 6
+    assert result.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+# -- the images, where torchvision imports ---------------------------------------------
+
+SIZES = ((1, 1), (3, 500), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300))
+MODES = ("RGB", "L", "RGBA", "P", "LA")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("seed", range(4))
+def test_images_match_the_processor_bit_for_bit(lfm2, seed):
+    """Token ids, every model-input tensor and the placeholders equal LFM2-VL's processor
+    (torchvision), for images that force a resize or tiling, in every mode."""
+    pytest.importorskip("torchvision")
+    import torch
+
+    from vf_mm.models import image_token_ids, model_inputs
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for i in range(3):
+        w, h = SIZES[(seed * 3 + i) % len(SIZES)]
+        picture = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        mode = MODES[(seed + i) % len(MODES)]
+        images.append(picture.convert(mode) if mode != "P" else picture.quantize(16))
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": "Look: "},
+                                       {"type": "image", "image": images[0]}]},
+        {"role": "user", "content": [{"type": "image", "image": images[1]},
+                                     {"type": "text", "text": "How many?"},
+                                     {"type": "image", "image": images[2]}]},
+    ]  # fmt: skip
+    renderer = load_renderer(lfm2, image_backend="torchvision")
+    processor = load_processor(lfm2, image_backend="torchvision")
+    rendered = renderer.render(messages)
+    ref = processor.apply_chat_template(
+        messages, tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="np"
+    )
+    assert rendered.token_ids == ref["input_ids"][0].tolist()
+    items = rendered.multi_modal_data.mm_items["image"]
+    embed = image_token_ids(processor)
+    inputs = model_inputs("lfm2_vl", torch.tensor([rendered.token_ids]), items,
+                          image_token_ids=embed)  # fmt: skip
+    for name in family_info("lfm2_vl").image_inputs:
+        assert np.array_equal(inputs[name].numpy(), ref[name]), name
+    marked = np.isin(rendered.token_ids, embed)
+    covered = np.zeros(len(marked), dtype=bool)
+    for placeholder in rendered.multi_modal_data.mm_placeholders["image"]:
+        covered[placeholder.embed_positions()] = True
+    assert np.array_equal(covered, marked)
