@@ -68,8 +68,14 @@ def has_video(case: dict[str, Any]) -> bool:
     )
 
 
+def _tier(key: str) -> tuple[Any, ...]:
+    """A family whose image processor needs torchvision (LFM2-VL) is checked in the vllm
+    tier, whose venv has it; the default tier's has not."""
+    return () if family_info(key.partition("@")[0]).pil_backend else (pytest.mark.vllm,)
+
+
 IMAGE_CASES = [
-    pytest.param(family, case, id=f"{family}-{case['name']}")
+    pytest.param(family, case, id=f"{family}-{case['name']}", marks=_tier(family))
     for family, entry in RENDERINGS.items()
     for case in entry["cases"]
     if not has_video(case)

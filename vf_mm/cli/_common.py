@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 
 import vf_mm
+from vf_mm.cli._console import cli_console
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -498,7 +499,7 @@ def spawned_servers(args: argparse.Namespace) -> Iterator[None]:
         _refuse(args, "--spawn N needs --backend vllm, -m MODEL, N >= 1 and no -b")
     from vf_mm.inference import VLLMServers
 
-    err = Console(stderr=True)
+    err = cli_console(stderr=True)
     shown: list[Any] = [None, 0.0]
 
     def progress(ready: int, total: int, elapsed_s: float) -> None:

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 
 import vf_mm
@@ -46,6 +45,7 @@ from vf_mm.cli._common import (
     summary_table,
     worker_pool,
 )
+from vf_mm.cli._console import cli_console
 from vf_mm.errors import MissingDependencyError, WorkerError
 
 
@@ -123,7 +123,7 @@ async def _eval(args: argparse.Namespace, count: RunCount) -> int:
     from vf_mm.models import resolve_image_backend
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
-    console = Console()
+    console = cli_console()
     env = load_environment(args)
     model = resolve_model(args)
     if model is None:

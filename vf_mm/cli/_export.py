@@ -36,6 +36,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from vf_mm.cli._console import cli_console
+
 FORMATS = ("parquet", "hf")
 PARQUET_FILE = "results.parquet"
 
@@ -105,7 +107,7 @@ def run_export(args: argparse.Namespace, console: Console | None = None) -> int:
     from vf_mm.errors import ResultsError, VfMmError
     from vf_mm.results import to_dataset
 
-    console = console or Console()
+    console = console or cli_console()
     target: Path = args.dest_dir
     cache = _cache_beside(target)
     try:

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from vf_mm.cli._console import cli_console
 from vf_mm.errors import UnsupportedModelError
 from vf_mm.models import VISION_FAMILIES, family_info
 
@@ -68,7 +69,7 @@ def family_argument(text: str) -> str:
 def run_init(args: argparse.Namespace, console: Console | None = None) -> int:
     from vf_mm.envs import scaffold_environment
 
-    console = console or Console()
+    console = console or cli_console()
     try:
         files = scaffold_environment(
             args.name, kind=args.kind, directory=args.dir, family=args.family

@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from vf_mm._text import shorten
 from vf_mm.cli._common import summary_table
+from vf_mm.cli._console import cli_console
 
 
 def register(sub: Any) -> None:
@@ -58,7 +59,7 @@ def run_merge(args: argparse.Namespace, console: Console | None = None) -> int:
     from vf_mm.errors import ResultsError
     from vf_mm.results import merge_runs
 
-    console = console or Console()
+    console = console or cli_console()
     try:
         merged = merge_runs(args.outdir, args.sources, allow_partial=args.allow_partial)
     except (ResultsError, OSError) as exc:  # MergeError, a corrupt source line, a disk error

@@ -54,6 +54,7 @@ from vf_mm.cli._common import (
     summary_table,
     worker_pool,
 )
+from vf_mm.cli._console import cli_console
 from vf_mm.errors import MissingDependencyError, WorkerError
 
 _ABORT_LINGER_S = 5.0
@@ -197,7 +198,7 @@ async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
     from vf_mm.training import GroupSender
     from vf_mm.training._internal import is_endpoint
 
-    console = Console()
+    console = cli_console()
     is_endpoint(args.stream)  # an unsupported target fails before anything loads
     env = load_environment(args)
     model = resolve_model(args)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vf_mm._text import shorten
+from vf_mm.cli._console import cli_console
 from vf_mm.errors import StreamError
 from vf_mm.wire import StreamReader, packb, write_stream
 
@@ -69,7 +70,7 @@ def _image_summary(item: Any) -> tuple[str, int, int] | None:
 
 
 def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console = console or cli_console()
     table = Table(title=str(args.path))
     columns = ("frame", "offset", "keys", "tensors", "tensor bytes", "images", "bytes/image")
     for col in columns:
@@ -149,7 +150,7 @@ def _synthetic_rollout(rng: np.random.Generator, index: int, images: int) -> dic
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    console = Console()
+    console = cli_console()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "rollouts.vfmm"
     rng = np.random.default_rng(args.seed)

@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from vf_mm.cli._console import cli_console
+
 
 def _count(value: str) -> int:
     n = int(value)
@@ -90,7 +92,7 @@ def register(sub: Any) -> None:
 def run_view(args: argparse.Namespace, console: Console | None = None) -> int:
     from vf_mm.report import write_report
 
-    console = console or Console()
+    console = console or cli_console()
     try:
         written = write_report(
             args.outdir,
