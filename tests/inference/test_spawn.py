@@ -216,6 +216,9 @@ def _start_parent(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, list
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's default, whatever this process inherited (a pytest-xdist worker ignores
+        # SIGINT, and an ignored signal stays ignored across exec)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     line = parent.stdout.readline()  # type: ignore[union-attr]
     if not line:
