@@ -69,6 +69,7 @@ def test_ray_without_ray_installed_says_how_to_get_it(tmp_path, capsys, monkeypa
     assert "needs Ray: pip install 'vf-mm[ray]'" in out
 
 
+@pytest.mark.slow  # --workers with --stream is also run by the next test (one worker)
 def test_rollout_with_workers_streams_the_groups_one_process_streams(tmp_path, monkeypatch):
     from vf_mm.training import read_groups, unpack_group
 
