@@ -126,3 +126,21 @@ def test_keys_that_do_not_fit_are_refused_before_anything_opens(keys, tmp_path):
         GroupSender(
             "tcp://127.0.0.1:1", secret_key=tmp_path / "nope", trainer_key=made["trainer"][0]
         )
+
+
+@pytest.mark.parametrize(
+    ("event", "in_a_row", "refuses"),
+    [
+        (0x4000, 1, True),  # the trainer's allow-list refused this worker's key: final
+        (0x0800, 1, False),  # a trainer killed mid-handshake: it may answer the next one
+        (0x2000, 2, False),
+        (0x0800, 3, True),  # failing again at every reconnect: a wrong trainer key
+        (0x2000, 3, True),
+    ],
+)
+def test_only_an_explicit_or_repeated_handshake_failure_refuses_the_trainer(
+    event, in_a_row, refuses
+):
+    from vf_mm.training._transport_zmq import handshake_refuses
+
+    assert handshake_refuses(event, in_a_row) is refuses

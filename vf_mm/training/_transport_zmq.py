@@ -70,6 +70,13 @@ _HANDSHAKE_EVENTS = {
     0x4000: "a worker's key is not in the allow-list",
 }
 HANDSHAKE_FAILED = 0x0800 | 0x2000 | 0x4000
+_HANDSHAKE_SUCCEEDED = 0x1000
+_HANDSHAKE_FAILED_AUTH = 0x4000
+#: failed handshakes in a row (none succeeding between) that prove a wrong trainer key:
+#: zmq reconnects every 100 ms, so a wrong key fails again at once, while a trainer killed
+#: in the middle of one handshake fails it once and then answers (or is simply down). The
+#: trainer's explicit refusal of this worker's key (AUTH) is final the first time.
+_FAILURES_THAT_REFUSE = 3
 logger = logging.getLogger(__name__)
 
 
@@ -101,6 +108,12 @@ def as_bytes_view(message: Any) -> memoryview:
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
     return view
+
+
+def handshake_refuses(event: int, in_a_row: int) -> bool:
+    """Whether a failed CURVE handshake (monitor ``event``, the ``in_a_row``-th with none
+    succeeding between) means this trainer will never take this worker's groups."""
+    return event == _HANDSHAKE_FAILED_AUTH or in_a_row >= _FAILURES_THAT_REFUSE
 
 
 def _handshake_failure(event: int, endpoint: str | None) -> str:
@@ -161,7 +174,8 @@ class ZmqChannel:
         self._requests = 0
         self._resent_at: dict[str, int] = {}  # group id -> requests sent before its last resend
         self._end_resent_at = 0
-        self._refused: str | None = None  # why the trainer's handshake failed, if it did
+        self._refused: str | None = None  # why the trainer's handshakes keep failing
+        self._failed_handshakes = 0  # in a row, since the last one that succeeded
         zmq = zmq_module()
         if secret_key is None:
             check_plain_endpoint(target, insecure=insecure)
@@ -184,7 +198,7 @@ class ZmqChannel:
             self._socket.setsockopt(zmq.SNDTIMEO, _millis(timeout_s))
             # each connection made (a trainer that restarted is a new one): say hello
             self._monitor = self._socket.get_monitor_socket(
-                zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | HANDSHAKE_FAILED
+                zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | HANDSHAKE_FAILED | _HANDSHAKE_SUCCEEDED
             )
             self._poller = zmq.Poller()
             self._poller.register(self._socket, zmq.POLLIN)
@@ -281,8 +295,13 @@ class ZmqChannel:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 break
+            if event["event"] == _HANDSHAKE_SUCCEEDED:
+                self._failed_handshakes = 0
+                continue
             if event["event"] & HANDSHAKE_FAILED:
-                self._refused = _handshake_failure(event["event"], self.endpoint)
+                self._failed_handshakes += 1
+                if handshake_refuses(event["event"], self._failed_handshakes):
+                    self._refused = _handshake_failure(event["event"], self.endpoint)
                 continue
             self._connections += 1
             # the first connection is where the groups went; a later one may be a new trainer
