@@ -61,7 +61,7 @@ class ItemCache:
     kept: the cache never holds more than its bounds, whatever clients send.
 
     Each item keeps a digest of the ``kwargs_data`` string it was decoded from:
-    ``get_sent`` returns it for a request that sends the same string again, so a client
+    ``get(key, digest)`` returns it for a request that sends the same string again, so a client
     that re-sends every image of a growing conversation each turn (``VLLMBackend``'s
     default) costs one decode per image, not one per image per turn. Only a string equal
     to the one decoded matches (the same bytes decode to the same item): a client that
@@ -81,19 +81,12 @@ class ItemCache:
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
+    def get(self, key: tuple[str, str], digest: str | None = None) -> dict[str, Any] | None:
+        """The item cached under ``key``; with ``digest``, only if it was decoded from a
+        string of that digest."""
         with self._lock:
             found = self._items.get(key)
-            if found is None:
-                return None
-            self._items.move_to_end(key)
-            return found[0]
-
-    def get_sent(self, key: tuple[str, str], digest: str) -> dict[str, Any] | None:
-        """The item cached under ``key`` if it was decoded from a string of ``digest``."""
-        with self._lock:
-            found = self._items.get(key)
-            if found is None or found[2] != digest:
+            if found is None or (digest is not None and found[2] != digest):
                 return None
             self._items.move_to_end(key)
             return found[0]

@@ -124,7 +124,7 @@ class FeaturesReader:
                     continue
                 if isinstance(b64, str):  # the same string again: the item decoded then
                     digests[i] = sent_digest(b64)
-                    cached = cache.get_sent((modality, hashes[i]), digests[i])
+                    cached = cache.get((modality, hashes[i]), digests[i])
                     if cached is not None:
                         out[i] = cached
                         continue
