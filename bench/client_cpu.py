@@ -49,10 +49,9 @@ from typing import Any
 import transformers
 
 import vf_mm
-from vf_mm.inference import ScriptedBackend
-from vf_mm.models import build_tiny_vlm
 from vf_mm.renderers import load_renderer
 from vf_mm.results import evaluate_to_dir
+from vf_mm.testing import ScriptedBackend, build_tiny_vlm
 from vf_mm.workers import WorkerPool, WorkerSpec
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -37,8 +37,9 @@ from typing import Any
 import httpx
 
 import vf_mm
-from vf_mm.inference import ScriptedBackend, VLLMBackend, create_app
+from vf_mm.inference import VLLMBackend, create_app
 from vf_mm.renderers import load_renderer
+from vf_mm.testing import ScriptedBackend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _machine import cpu_name

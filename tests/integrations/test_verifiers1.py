@@ -389,7 +389,7 @@ def test_the_adapter_renders_what_renderers_own_renderer_renders(
     """Token for token, images and their placeholders included, processed and collapsed
     (``process_multimodal=False``, what verifiers sends), with and without the generation
     prompt; the one departure is renderers' own, stated and checked."""
-    from vf_mm.models import build_tiny_vlm
+    from vf_mm.testing import build_tiny_vlm
 
     _, integration = vf1
     if variant in (None, "nothink"):
