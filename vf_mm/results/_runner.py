@@ -105,8 +105,8 @@ async def evaluate_to_dir(
         workers: A started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
             workers (``client`` may then be None: the pool's media rules and summed client
             counts stand in for the client's); every rollout is still written here, once.
-        shard: A ``vf_mm.workers.Shard``; only the examples whose id falls in it run (``vf-mm merge``
-            joins the shards' directories).
+        shard: A ``vf_mm.workers.Shard``; only the examples whose id falls in it run
+            (``vf-mm merge`` joins the shards' directories).
 
     Raises:
         ResumeMismatchError: ``resume`` with a different run configuration.
