@@ -3,10 +3,11 @@
 The API reference (mkdocs.yml: mkdocstrings, ``docstring_style: google``) renders a
 parameter table only from an ``Args:`` section; a parameter described in prose or in a
 bullet list is missing from it, and one renamed in the code but not in its docstring
-leaves a stale row. This walks every public module's ``__all__`` the way the reference
-does (griffe, statically: the optional integrations import libraries the default tier
-does not install) and checks, for each public function, each class's constructor and
-each public method with parameters, that its docstring's ``Args:`` names exactly them.
+leaves a stale row. This walks the ``__all__`` of every module a ``:::`` line of
+docs/reference/ renders, the way the reference does (griffe, statically: the optional
+integrations import libraries the default tier does not install), and checks, for each
+public function, each class's constructor and each public method with parameters, that
+its docstring's ``Args:`` names exactly them.
 
 Rules (what counts as documented):
 - ``self`` / ``cls`` are never listed; ``*args`` / ``**kwargs`` may be, need not be;
@@ -23,6 +24,7 @@ Rules (what counts as documented):
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,39 +33,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The public modules: each package the API reference renders (docs/reference/*.md), the
-# public top-level modules, and the two public submodules.
-PUBLIC_MODULES = (
-    "vf_mm",
-    "vf_mm.adapters",
-    "vf_mm.cli",
-    "vf_mm.client",
-    "vf_mm.envs",
-    "vf_mm.errors",
-    "vf_mm.images",
-    "vf_mm.inference",
-    "vf_mm.integrations.trl",
-    "vf_mm.integrations.verifiers",
-    "vf_mm.models",
-    "vf_mm.recording",
-    "vf_mm.renderers",
-    "vf_mm.report",
-    "vf_mm.results",
-    "vf_mm.testing",
-    "vf_mm.training",
-    "vf_mm.types",
-    "vf_mm.videos",
-    "vf_mm.wire",
-    "vf_mm.wire.dtypes",
-    "vf_mm.workers",
-)
+# The public modules: each module the API reference renders (``::: name`` in
+# docs/reference/*.md), and the public ones it reaches only through a package.
+REFERENCE = ROOT / "docs" / "reference"
+EXTRA_MODULES = ("vf_mm.cli", "vf_mm.wire.dtypes")
+
+
+def _public_modules() -> list[str]:
+    rendered = re.findall(
+        r"^::: (\S+)$",
+        "\n".join(page.read_text(encoding="utf-8") for page in sorted(REFERENCE.glob("*.md"))),
+        flags=re.MULTILINE,
+    )
+    return list(dict.fromkeys([*rendered, *EXTRA_MODULES]))
+
 
 _NO_CONSTRUCTOR_BASES = {"Enum", "IntEnum", "StrEnum", "Protocol", "TypedDict", "NamedTuple"}
 _VARIADIC = {"variadic positional", "variadic keyword"}
-
-# Objects not yet converted to ``Args:``. The list may only shrink: an entry that now
-# passes fails the test until it is removed.
-PENDING: frozenset[str] = frozenset()
 
 
 def _load() -> griffe.Module:
@@ -131,10 +117,12 @@ def _documented_elsewhere(method: griffe.Function, protocols: dict[str, set[str]
 
 def _public_objects(package: griffe.Module) -> Iterator[griffe.Object]:
     seen: set[str] = set()
-    for path in PUBLIC_MODULES:
+    for path in _public_modules():
         module = package if path == "vf_mm" else package.modules_collection[path]
         if module.exports is None:
-            names = [n for n, m in module.members.items() if not n.startswith("_") and not m.is_alias]
+            names = [
+                n for n, m in module.members.items() if not n.startswith("_") and not m.is_alias
+            ]
         else:
             names = [n if isinstance(n, str) else n.name for n in module.exports]
         for name in names:
@@ -188,12 +176,9 @@ def package() -> griffe.Module:
 
 def test_public_docstrings_list_exactly_their_parameters(package):
     problems = _problems(package)
-    failing = {path: p for path, p in problems.items() if path not in PENDING}
-    assert not failing, "docstrings whose Args: does not match the signature:\n" + "\n".join(
-        f"  {path}: {problem}" for path, problem in sorted(failing.items())
+    assert not problems, "docstrings whose Args: does not match the signature:\n" + "\n".join(
+        f"  {path}: {problem}" for path, problem in sorted(problems.items())
     )
-    converted = sorted(PENDING - problems.keys())
-    assert not converted, f"now documented: remove from PENDING in {__file__}: {converted}"
 
 
 _BROKEN = '''
