@@ -172,8 +172,9 @@ class RendererClient:
 
         Args:
             prompt: The conversation so far.
-            trajectory: The rollout's earlier steps; the prompt is bridged from the last one's
-                tokens where the renderer can (the tokens the model saw stay exact).
+            trajectory: The rollout's earlier steps: the prompt is bridged onto the newest
+                step whose prompt and completion are a prefix of it (the tokens the model saw
+                stay exact); when none fits, it is rendered whole.
             tools: Tool schemas (OpenAI format) the template shows the model.
             sampling: This turn's sampling, over the client's defaults.
             session_id: Names the rollout the turn belongs to (the same for all its turns): a
