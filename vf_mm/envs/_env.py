@@ -549,18 +549,6 @@ class MultiTurnEnv(Environment):
         rollout_index: int = 0,
         sampling: SamplingParams | None = None,
     ) -> State:
-        """One rollout: model turn, ``env_response``, repeat, until a stop condition holds.
-
-        A failure (a backend, image or environment error, a timeout) is recorded as the state's
-        ``error``, never raised: it fails this rollout only.
-
-        Args:
-            client: The client model turns go through.
-            row: The dataset row.
-            example_id: The example's id.
-            rollout_index: Which of the example's rollouts this is.
-            sampling: This rollout's sampling (default: the environment's).
-        """
         start = time.perf_counter()
         try:
             state = self.new_state(row, example_id=example_id, rollout_index=rollout_index)
