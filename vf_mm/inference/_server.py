@@ -135,20 +135,26 @@ def create_app(
     api_keys: Sequence[str] = (),
     limits: ServerLimits | None = None,
 ) -> Starlette:
-    """The HTTP app of ``vf-mm serve`` over ``backend`` (a token-level ``Backend``).
+    """The HTTP app of ``vf-mm serve`` over ``backend``.
 
-    ``renderer``: needed for ``/v1/chat/completions`` (and tells which token is the
-    image pad); ``model_name``: the served name (``model`` fields must match it);
-    ``image_policy``: what images and clips a route may read (chat parts and
-    ``content_parts``; default: ``data:`` URLs only); ``mm_cache_items`` /
-    ``mm_cache_bytes`` bound the cache of decoded image and clip items that hash-only
-    requests resolve against. ``recorder`` (a ``vf_mm.recording.Recorder``):
-    chat calls become recorded turns of their sessions, and the session routes are
-    served. The caller owns ``backend`` and ``recorder`` (and closes them).
-    ``api_keys``: with any, every route but ``/health`` needs ``Authorization: Bearer``
-    one of them (``ServerGuard``); a recording keeps each key's sessions apart.
-    ``limits``: what one request may cost (``ServerLimits``: body size, images, prompt
-    tokens, a slow body, requests in flight per client).
+    The caller owns ``backend`` and ``recorder`` (and closes them).
+
+    Args:
+        backend: A token-level ``Backend``.
+        renderer: Needed for ``/v1/chat/completions`` (and tells which token is the image
+            pad).
+        model_name: The served name (``model`` fields must match it).
+        image_policy: What images and clips a route may read (chat parts and
+            ``content_parts``; default: ``data:`` URLs only).
+        mm_cache_items: Bounds the cache of decoded image and clip items that hash-only
+            requests resolve against (items).
+        mm_cache_bytes: Bounds the same cache (bytes).
+        recorder: A ``vf_mm.recording.Recorder``: chat calls become recorded turns of
+            their sessions, and the session routes are served.
+        api_keys: With any, every route but ``/health`` needs ``Authorization: Bearer``
+            one of them (``ServerGuard``); a recording keeps each key's sessions apart.
+        limits: What one request may cost (``ServerLimits``: body size, images, prompt
+            tokens, a slow body, requests in flight per client).
     """
     limits = limits or ServerLimits()
     engine = ServerEngine(

@@ -42,13 +42,48 @@ from vf_mm.errors import MissingDependencyError, UnsupportedModelError
 
 @dataclass(frozen=True, slots=True)
 class VisionFamily:
-    """One vision-language family: its transformers classes (by name, so nothing is
-    imported until used) and what its model's forward takes besides the images.
+    """One vision-language family: its transformers classes and its forward's other inputs.
 
-    ``token_types`` is the per-token input the model needs with images (1 on image
-    embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
-    Gemma 4: bidirectional attention over each image in the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
-    None (SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL find image tokens by id).
+    What its model's forward takes besides the images.
+
+    Classes are named, not imported, so nothing is imported until used.
+
+    Attributes:
+        model_type: The ``model_type`` of its checkpoints' ``config.json``.
+        label: Its name for people (``"Qwen2-VL"``).
+        processor: Its HF processor class.
+        image_processor: Its torchvision image processor class; the PIL one is this name +
+            ``"Pil"``.
+        model: Its transformers model class (``...ForConditionalGeneration``).
+        token_types: The per-token input the model needs with images (1 on image
+            embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL,
+            Qwen3.5: M-RoPE positions; Gemma 4: bidirectional attention over each image in
+            the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over
+            each image) or None (SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL find image
+            tokens by id).
+        mirrors: The real checkpoint the tiny one mirrors.
+        stop_tokens: The tokens that end an assistant turn.
+        image_axis: The axis along which a forward takes several images' inputs.
+        pad_axis: An axis padded with zeros to the batch's largest image.
+        tool_format: Tool calls: ``"json"`` (``<tool_call>{...}``), ``"xml"``
+            (``<function=...>``) or ``"gemma4"``.
+        tool_role: The template renders a ``"tool"`` message (Gemma 3's refuses one).
+        content_as_parts: The template renders only list content (drops strings).
+        image_inputs: One image's model inputs.
+        video_inputs: One video's model inputs (empty: no video support).
+        frames_as_images: The forward takes a clip's frames as images, in the images'
+            inputs (SmolVLM): images and clips then go in one sequence, in the order their
+            tokens appear.
+        feature_extractor: The processor's audio feature extractor class (Gemma 4's
+            processor needs one even for images), loaded from the checkpoint beside the
+            image processor.
+        marker_tokens: Tokens that only an image's or video's markup holds besides its
+            placeholder and pads (which the processor names itself): the template's vision
+            start/end markers, the processor's tile and crop markers. A model must never
+            sample them (``VisionSpec``'s ``banned_token_ids``); tokens a tokenizer lacks
+            are skipped.
+        pil_backend: The image processor has a PIL backend (a ``"Pil"`` class); LFM2-VL's
+            has only torchvision's.
     """
 
     model_type: str
@@ -166,7 +201,14 @@ IMAGE_BACKENDS = ("auto", "pil", "torchvision")
 
 
 def family_info(family: str) -> VisionFamily:
-    """The registry record of ``family`` (a ``model_type``)."""
+    """The registry record of ``family``.
+
+    Args:
+        family: A ``model_type``.
+
+    Raises:
+        UnsupportedModelError: A family vf_mm does not know.
+    """
     try:
         return _FAMILIES[family]
     except KeyError:
@@ -202,9 +244,15 @@ def torchvision_available() -> bool:
 
 
 def resolve_image_backend(backend: str = "auto") -> str:
-    """``"pil"`` or ``"torchvision"``: ``"auto"`` is what ``AutoProcessor`` picks on this
-    machine (torchvision where it imports, else PIL). Asking for torchvision where it does
-    not import raises ``MissingDependencyError``."""
+    """``"pil"`` or ``"torchvision"``.
+
+    Args:
+        backend: ``"auto"`` is what ``AutoProcessor`` picks on this machine (torchvision
+            where it imports, else PIL).
+
+    Raises:
+        MissingDependencyError: Asking for torchvision where it does not import.
+    """
     if backend not in IMAGE_BACKENDS:
         raise ValueError(f"image_backend must be one of {list(IMAGE_BACKENDS)}, not {backend!r}")
     if backend == "auto":
@@ -234,13 +282,21 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
 
 
 def image_backend_of(image_processor: Any) -> str:
-    """Which backend a loaded image processor computes with (``"pil"`` or ``"torchvision"``)."""
+    """Which backend a loaded image processor computes with (``"pil"`` or ``"torchvision"``).
+
+    Args:
+        image_processor: A loaded HF image processor.
+    """
     names = {cls.__name__ for cls in type(image_processor).__mro__}
     return "torchvision" if "TorchvisionBackend" in names else "pil"
 
 
 def model_class(family: str) -> type[Any]:
-    """The family's transformers model class (``...ForConditionalGeneration``)."""
+    """The family's transformers model class (``...ForConditionalGeneration``).
+
+    Args:
+        family: A ``model_type``.
+    """
     import transformers
 
     return getattr(transformers, family_info(family).model)
@@ -248,7 +304,11 @@ def model_class(family: str) -> type[Any]:
 
 @cache
 def processor_class(family: str) -> type[Any]:
-    """The family's HF processor, accepting ``video_processor=None``."""
+    """The family's HF processor, accepting ``video_processor=None``.
+
+    Args:
+        family: A ``model_type``.
+    """
     import transformers
 
     base = getattr(transformers, family_info(family).processor)
@@ -268,7 +328,11 @@ def processor_class(family: str) -> type[Any]:
 
 
 def model_type(path: str | Path) -> str:
-    """The ``model_type`` of a checkpoint directory's ``config.json``."""
+    """The ``model_type`` of a checkpoint directory's ``config.json``.
+
+    Args:
+        path: The checkpoint directory.
+    """
     config = Path(path) / "config.json"
     try:
         return json.loads(config.read_text())["model_type"]
@@ -277,9 +341,19 @@ def model_type(path: str | Path) -> str:
 
 
 def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
-    """The HF processor of a vision checkpoint directory (tokenizer + the image processor of
-    ``image_backend``: ``"auto"``, ``"pil"`` or ``"torchvision"``, + the processor options
-    of its ``processor_config.json``, e.g. Gemma 3's ``image_seq_length``)."""
+    """The HF processor of a vision checkpoint directory.
+
+    The tokenizer, the image processor of ``image_backend``, and the processor options of
+    its ``processor_config.json`` (e.g. Gemma 3's ``image_seq_length``).
+
+    Args:
+        path: The checkpoint directory.
+        image_backend: ``"auto"``, ``"pil"`` or ``"torchvision"``.
+
+    Raises:
+        UnsupportedModelError: A checkpoint of a family vf_mm does not know.
+        MissingDependencyError: ``"torchvision"`` where it does not import.
+    """
     from transformers import AutoTokenizer
 
     path = Path(path)
@@ -336,8 +410,14 @@ def _processor_options(path: Path) -> dict[str, Any]:
 
 
 def image_token_ids(processor: Any) -> tuple[int, ...]:
-    """The ids of the tokens that stand for image embeddings (Gemma 3's soft tokens, not
-    its ``<start_of_image>`` placeholder; Qwen's ``<|image_pad|>``)."""
+    """The ids of the tokens that stand for image embeddings.
+
+    Gemma 3's soft tokens, not its ``<start_of_image>`` placeholder; Qwen's
+    ``<|image_pad|>``.
+
+    Args:
+        processor: The family's HF processor.
+    """
     ids = getattr(processor, "image_token_ids", None) or [processor.image_token_id]
     # InternVL lists its <img> and </img> markers among its image tokens (transformers'
     # mm_token_type_ids mark them); its model puts no embedding there
@@ -372,18 +452,24 @@ def expand_image(
     options: dict[str, Any] | None = None,
     kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, np.ndarray]]:
-    """One image as the family's processor sees it: the text that replaces the image's
-    placeholder (``processor.image_token``) in the prompt, and the image's model inputs
-    (numpy arrays with a leading image axis, as the image processor returns them for a
-    batch of one; bookkeeping the model does not take, like Gemma 3's ``num_crops``, is
-    dropped, exactly as the processor drops it).
+    """One image as the family's processor sees it: replacement text and model inputs.
 
-    This is the processor's own per-image step (its image processor with the
-    processor's options, then its ``replace_image_token``), so the text equals what
+    The text replaces the image's placeholder (``processor.image_token``) in the prompt; the
+    inputs are numpy arrays with a leading image axis, as the image processor returns them
+    for a batch of one (bookkeeping the model does not take, like Gemma 3's ``num_crops``,
+    is dropped, exactly as the processor drops it).
+
+    This is the processor's own per-image step (its image processor with the processor's
+    options, then its ``replace_image_token``), so the text equals what
     ``processor(text=..., images=..., **options)`` puts in the prompt for this image.
-    ``options`` are processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``,
-    which the processor's own defaults switch off whatever the image processor's
-    config says); ``kwargs`` is ``image_kwargs(processor, options)`` computed beforehand.
+
+    Args:
+        processor: The family's HF processor.
+        image: A loaded RGB image.
+        options: Processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``, which
+            the processor's own defaults switch off whatever the image processor's config
+            says).
+        kwargs: ``image_kwargs(processor, options)``, computed beforehand.
     """
     if kwargs is None:
         kwargs = image_kwargs(processor, options)

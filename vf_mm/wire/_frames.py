@@ -50,15 +50,28 @@ class FrameHeader(NamedTuple):
 
 
 def stream_header(*, checksum: bool = True) -> bytes:
-    """The 16 bytes a stream starts with; ``checksum`` sets ``STREAM_HAS_CRC``."""
+    """The 16 bytes a stream starts with.
+
+    Args:
+        checksum: Sets ``STREAM_HAS_CRC``: the stream's frames carry a crc32.
+    """
     head = struct.pack("<8sHH", STREAM_MAGIC, STREAM_VERSION, STREAM_HAS_CRC if checksum else 0)
     return head + struct.pack("<I", zlib.crc32(head))
 
 
 def parse_stream_header(data: Any) -> bool:
-    """Check the stream header at the start of ``data``; returns whether its frames carry
-    a crc32. Raises ``StreamHeaderError`` for anything else: fewer than 16 bytes, another
-    magic, a failed header crc32, another version, an unknown flag."""
+    """Check the stream header at the start of ``data``.
+
+    Args:
+        data: The stream's first bytes (at least 16).
+
+    Returns:
+        Whether its frames carry a crc32.
+
+    Raises:
+        StreamHeaderError: Anything else: fewer than 16 bytes, another magic, a failed
+            header crc32, another version, an unknown flag.
+    """
     head = bytes(memoryview(data)[:STREAM_HEADER_SIZE])
     if len(head) < STREAM_HEADER_SIZE:
         if head and not STREAM_MAGIC.startswith(head[: len(STREAM_MAGIC)]):
@@ -81,8 +94,14 @@ def parse_stream_header(data: Any) -> bool:
 
 
 def frame_header(message: Any, *, kind: FrameKind = FrameKind.DATA, checksum: bool = True) -> bytes:
-    """The 16-byte frame head for an encoded ``message``: its length, its crc32 (0 when
-    ``checksum`` is off, as the stream header must then say) and ``kind``."""
+    """The 16-byte frame head for an encoded ``message``.
+
+    Args:
+        message: The encoded message (its length and crc32 go into the head).
+        kind: The frame's kind.
+        checksum: Whether to fill in the crc32 (0 when off, as the stream header must
+            then say).
+    """
     n = memoryview(message).nbytes
     crc = _crc(_LENGTH.pack(n), message) if checksum else 0
     return _FRAME_HEADER.pack(n, crc, FrameKind(kind))
@@ -95,9 +114,18 @@ def parse_frame_header(
     index: int = 0,
     offset: int = -1,
 ) -> FrameHeader:
-    """Unpack a 16-byte frame head. Fewer bytes mean the input ended inside it
-    (``TornFrameError``); a length over ``max_frame_bytes`` raises ``FrameTooLargeError``.
-    ``index`` and ``offset`` (-1: not a file) place the frame in error messages."""
+    """Unpack a 16-byte frame head.
+
+    Args:
+        head: The head's bytes; fewer than 16 mean the input ended inside it.
+        max_frame_bytes: The largest frame length accepted.
+        index: The frame's number, for error messages.
+        offset: The frame's byte offset (-1: not a file), for error messages.
+
+    Raises:
+        TornFrameError: Fewer than 16 bytes.
+        FrameTooLargeError: A length over ``max_frame_bytes``.
+    """
     head = memoryview(head).cast("B")
     if head.nbytes < FRAME_HEADER_SIZE:
         raise torn_frame(index, offset, FRAME_HEADER_SIZE, head.nbytes, "header")
@@ -124,9 +152,21 @@ def check_frame(
 ) -> FrameKind:
     """Check ``payload`` (the whole of it) against its ``header``; returns its kind.
 
-    ``checksum`` is what the stream header said. Raises ``CorruptFrameError`` when the
-    payload's size is not the declared length, when it fails its crc32 (or the crc32
-    field is not 0 in a stream without checksums), or when its kind is not in ``kinds``.
+    Args:
+        header: The frame's parsed head.
+        payload: The frame's message bytes.
+        checksum: What the stream header said (whether frames carry a crc32).
+        kinds: The frame kinds allowed here.
+        index: The frame's number, for error messages.
+        offset: The frame's byte offset in its file (-1: not a file), for error messages.
+
+    Returns:
+        The frame's kind.
+
+    Raises:
+        CorruptFrameError: The payload's size is not the declared length, it fails its
+            crc32 (or the crc32 field is not 0 in a stream without checksums), or its kind
+            is not in ``kinds``.
     """
     where = _where(index, offset)
     size = memoryview(payload).nbytes

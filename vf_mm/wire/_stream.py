@@ -44,15 +44,25 @@ Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
 class StreamWriter:
     """Writes items as ``DATA`` frames. Use as a context manager, or call ``close()``.
 
-    ``target`` is a path (created, or appended to with ``append=True``: the existing
-    stream's checksum setting is kept) or a binary file object (we write a stream header
-    first unless ``append=True``; then ``checksum`` must match the stream's).
     Appending to a path checks the file first: a torn tail raises ``TornFrameError``
     (truncate it with ``repair_stream``) rather than hiding later frames behind it.
 
-    The default ``encoder`` is an ``Encoder(reuse_buffer=True)``: each frame is encoded
-    into the buffer of the frame before, which was written and dropped, so a long
-    stream faults in its buffer's pages once, not once per frame.
+    Args:
+        target: A path (created, or appended to with ``append=True``: the existing
+            stream's checksum setting is kept) or a binary file object (we write a stream
+            header first unless ``append=True``; then ``checksum`` must match the
+            stream's).
+        append: Append to an existing stream instead of starting one.
+        checksum: Whether frames carry a crc32.
+        max_frame_bytes: The largest frame written; a larger one raises
+            ``FrameTooLargeError``.
+        encoder: The default is an ``Encoder(reuse_buffer=True)``: each frame is encoded
+            into the buffer of the frame before, which was written and dropped, so a long
+            stream faults in its buffer's pages once, not once per frame.
+
+    Raises:
+        TornFrameError: Appending to a file whose tail is torn.
+        StreamHeaderError: Appending to a file that is not a vf_mm stream.
     """
 
     def __init__(
@@ -84,11 +94,26 @@ class StreamWriter:
         self._file.write(stream_header(checksum=checksum))
 
     def write(self, item: Any) -> int:
-        """Encode and write one item; returns the frame's size in bytes."""
+        """Encode and write one item; returns the frame's size in bytes.
+
+        Args:
+            item: The object to encode.
+
+        Raises:
+            EncodeError: A value the encoder cannot put on the wire.
+            FrameTooLargeError: A frame over ``max_frame_bytes``.
+        """
         return self.write_message(self.encoder.encode(item))
 
     def write_message(self, message: Any) -> int:
-        """Write an already encoded message as one frame."""
+        """Write an already encoded message as one frame; returns the frame's size in bytes.
+
+        Args:
+            message: The encoded message's bytes.
+
+        Raises:
+            FrameTooLargeError: A frame over ``max_frame_bytes``.
+        """
         n = memoryview(message).nbytes
         if n > self.max_frame_bytes:
             raise FrameTooLargeError(
@@ -126,7 +151,15 @@ def write_stream(
     checksum: bool = True,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> int:
-    """Write ``items`` as a framed stream; returns the number of frames written."""
+    """Write ``items`` as a framed stream; returns the number of frames written.
+
+    Args:
+        target: A path or a binary file object (see ``StreamWriter``).
+        items: The objects to write, one frame each.
+        append: Append to an existing stream instead of starting one.
+        checksum: Whether frames carry a crc32.
+        max_frame_bytes: The largest frame written.
+    """
     with StreamWriter(
         target, append=append, checksum=checksum, max_frame_bytes=max_frame_bytes
     ) as writer:
@@ -144,14 +177,23 @@ class StreamReader:
     reader tailing a file that is still being written can keep ``offset`` and come back
     later.
 
-    ``errors="raise"`` (the default) raises at a frame that fails ``check_frame`` (its
-    crc32, or a kind other than ``DATA``) or whose message does not decode.
-    ``errors="skip"`` records such a frame's error in ``skipped`` (as ``(index, offset,
-    error)``) and goes on to the next frame: its length was intact, so nothing after it
-    is lost. A torn tail and a frame over ``max_frame_bytes`` always raise, because the
-    frames after them cannot be found.
+    Args:
+        source: A path or a binary file object.
+        tensors: What tensors come back as (see ``Decoder``).
+        max_frame_bytes: The largest frame accepted.
+        errors: ``"raise"`` (the default) raises at a frame that fails ``check_frame``
+            (its crc32, or a kind other than ``DATA``) or whose message does not decode.
+            ``"skip"`` records such a frame's error in ``skipped`` (as ``(index, offset,
+            error)``) and goes on to the next frame: its length was intact, so nothing
+            after it is lost. A torn tail and a frame over ``max_frame_bytes`` always
+            raise, because the frames after them cannot be found.
+        raw: Yield each frame's message bytes undecoded.
 
-    ``raw=True`` yields each frame's message bytes undecoded.
+    Raises:
+        StreamHeaderError: Not a vf_mm stream, or a version we do not read.
+        TornFrameError: The stream ends inside a frame (after the last whole one).
+        FrameTooLargeError: A frame over ``max_frame_bytes``.
+        CorruptFrameError: A frame failing its checks (``errors="raise"``).
     """
 
     def __init__(
@@ -253,8 +295,17 @@ def read_stream(
     tensors: TensorType = "auto",
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> Iterator[Any]:
-    """Yield each item of a framed stream; raises ``TornFrameError`` after the last
-    whole frame of a torn stream. See ``StreamReader`` for skipping bad frames."""
+    """Yield each item of a framed stream. See ``StreamReader`` for skipping bad frames.
+
+    Args:
+        source: A path or a binary file object.
+        tensors: What tensors come back as (see ``Decoder``).
+        max_frame_bytes: The largest frame accepted.
+
+    Raises:
+        TornFrameError: After the last whole frame of a torn stream.
+        StreamHeaderError: Not a vf_mm stream, or a version we do not read.
+    """
     with StreamReader(source, tensors=tensors, max_frame_bytes=max_frame_bytes) as reader:
         yield from reader
 
@@ -262,7 +313,12 @@ def read_stream(
 def repair_stream(
     path: str | os.PathLike[str], *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 ) -> int:
-    """Truncate a torn tail off a stream file; returns the number of bytes removed."""
+    """Truncate a torn tail off a stream file; returns the number of bytes removed.
+
+    Args:
+        path: The stream file.
+        max_frame_bytes: The largest frame accepted while finding the last whole frame.
+    """
     path = Path(path)
     size = path.stat().st_size
     try:
