@@ -384,10 +384,18 @@ def expand_image(
     ``options`` are processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``,
     which the processor's own defaults switch off whatever the image processor's
     config says); ``kwargs`` is ``image_kwargs(processor, options)`` computed beforehand.
+
+    ``image`` is a PIL image or a channels-last ``(H, W, C)`` array, and the processor is
+    told so (``input_data_format``): left to itself, it guesses an array's layout from
+    its shape and reads a picture 1, 3 or 4 pixels tall as channels-first (its rows taken
+    for colours), without an error. A PIL image is read channels-last whatever it is
+    told, so saying it changes nothing there.
     """
     if kwargs is None:
         kwargs = image_kwargs(processor, options)
-    processed = processor.image_processor([image], **kwargs)
+    processed = processor.image_processor(
+        [image], **{**kwargs, "input_data_format": "channels_last"}
+    )
     replacement = processor.replace_image_token(
         processed, image_idx=0, **_replacement_options(processor, kwargs)
     )
