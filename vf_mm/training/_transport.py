@@ -85,6 +85,8 @@ class _Source(Protocol):
     ends: list[dict[str, Any]]
 
     @property
+    def ended(self) -> bool: ...
+    @property
     def index(self) -> int: ...
     @property
     def skipped(self) -> list[tuple[int, int, Exception]]: ...
@@ -104,7 +106,8 @@ class GroupSender:
     and deduplicated by the trainer. Both return the message's size and block while
     ``hwm`` groups are unacknowledged; ``timeout_s`` bounds the wait
     (``BackPressureTimeout``). ``asend`` / ``aclose`` are the same for an event loop.
-    ``close()`` (or the end of a ``with`` block) sends the end-of-stream marker and waits
+    ``close()`` (or the end of a ``with`` block) sends the end-of-stream marker (a file
+    ends with it too: ``close(error)`` says why the sender stopped early) and waits
     up to ``linger_s`` (``None``: as long as it takes) for the trainer to acknowledge
     everything; ``delivered`` says whether it did.
 
@@ -237,8 +240,8 @@ class GroupSender:
         return await loop.run_in_executor(self._executor, call)
 
     def close(self, error: str | None = None) -> None:
-        """Finish pending ``asend`` calls, send the end-of-stream marker (ZeroMQ; ``error``
-        goes in it), wait up to ``linger_s`` for the trainer to acknowledge everything
+        """Finish pending ``asend`` calls, send the end-of-stream marker (``error``, why the
+        sender stops early, goes in it; a file writes it as its last frame), wait up to ``linger_s`` for the trainer to acknowledge everything
         (sending again what a restarted trainer lost), close."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -298,7 +301,9 @@ class GroupReceiver:
     none); ``committed`` counts ids committed by this receiver, ``recovered`` the ids its
     ledger held when it opened; ``instance`` (ZeroMQ) is this receiver's id in its
     answers, new each time; ``ends`` holds each sender's end marker's ``{"sent",
-    "error"}``; ``skipped`` the ``(index, offset, error)`` of each message skipped with
+    "error"}`` (a file's, once it is read to its end: a file whose writer stopped early,
+    its marker's ``error`` set, raises ``StreamEndedEarlyError`` after its last group);
+    ``skipped`` the ``(index, offset, error)`` of each message skipped with
     ``errors="skip"``. ``raw=True`` yields each group's message undecoded (a
     ``memoryview``, e.g. to append it to a stream file with ``write_message``); a raw
     file receiver does not look inside messages, so it neither deduplicates nor takes a
@@ -410,8 +415,10 @@ class GroupReceiver:
 
     @property
     def ended(self) -> bool:
-        """Whether every expected sender has sent its end marker."""
-        return self.senders is not None and len(self.ends) >= self.senders
+        """ZeroMQ: whether every expected sender has sent its end marker. A file: whether
+        its last frame read is its writer's end marker (read to its end and still False:
+        the writer was cut off, or is still writing)."""
+        return self._source.ended
 
     @property
     def duplicates(self) -> int:
