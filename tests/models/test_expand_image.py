@@ -53,5 +53,5 @@ def test_a_thin_pil_image_of_any_mode_is_read_channels_last(processor):
         for mode in ("L", "RGB", "RGBA", "P"):
             picture = rgb.quantize(4) if mode == "P" else rgb.convert(mode)
             _, item = expand_image(processor, picture)
-            told = _told(processor, convert_to_rgb(picture, return_numpy=True))
+            told = _told(processor, np.asarray(convert_to_rgb(picture)))
             _assert_same(item, told, f"{mode} {width}x{height}")

@@ -385,17 +385,19 @@ def expand_image(
     which the processor's own defaults switch off whatever the image processor's
     config says); ``kwargs`` is ``image_kwargs(processor, options)`` computed beforehand.
 
-    ``image`` is a PIL image or a channels-last ``(H, W, C)`` array, and the processor is
-    told so (``input_data_format``): left to itself, it guesses an array's layout from
-    its shape and reads a picture 1, 3 or 4 pixels tall as channels-first (its rows taken
-    for colours), without an error. A PIL image is read channels-last whatever it is
-    told, so saying it changes nothing there.
+    ``image`` is a PIL image or a channels-last ``(H, W, C)`` array. An array's layout is
+    told to the processor (``input_data_format``): left to itself, it guesses it from
+    the shape and reads a picture 1, 3 or 4 pixels tall as channels-first (its rows
+    taken for colours), without an error. A PIL image is not told: every backend reads
+    it by its own layout, and transformers 5.19's torchvision backend, which turns it
+    into a channels-first tensor first, would permute it again if told channels-last.
     """
+    from PIL import Image
+
     if kwargs is None:
         kwargs = image_kwargs(processor, options)
-    processed = processor.image_processor(
-        [image], **{**kwargs, "input_data_format": "channels_last"}
-    )
+    layout = {} if isinstance(image, Image.Image) else {"input_data_format": "channels_last"}
+    processed = processor.image_processor([image], **kwargs, **layout)
     replacement = processor.replace_image_token(
         processed, image_idx=0, **_replacement_options(processor, kwargs)
     )
