@@ -66,7 +66,9 @@ against the standard exceptions keeps working.
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
     │   ├── LedgerError                        a receiver's ledger of committed group ids: held by another
     │   │                                      receiver, not a ledger, or a corrupt line before the last
-    │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
+    │   ├── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
+    │   └── StreamEndedEarlyError              a stream file whose writer stopped early (its end marker
+    │                                          says why): raised after its last group
     ├── WorkerError                            rollout workers (vf_mm.workers, --workers / --ray)
     │   ├── WorkerStartError                   a worker could not build its environment or client
     │   └── WorkerLostError                    a worker died (or its Ray actor) with groups in flight
@@ -124,6 +126,7 @@ __all__ = [
     "ResultsError",
     "ResumeMismatchError",
     "RewardFunctionError",
+    "StreamEndedEarlyError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
@@ -688,6 +691,20 @@ class LedgerError(TransportError):
 
 class ReceiveTimeout(TransportError, TimeoutError):
     """No message reached the receiver within its ``timeout_s``."""
+
+
+class StreamEndedEarlyError(TransportError):
+    """A stream file of groups whose writer stopped before its run was done: its end
+    marker carries the reason (``reason``: an exception, Ctrl-C, ``--max-errors``) and
+    the groups it had written (``sent``). Raised by the file's reader after the last
+    group, every group before it whole (as a torn tail is), so a trainer cannot take a
+    partial run for a whole one; ``source`` names the file."""
+
+    def __init__(self, message: str, *, source: str, sent: int, reason: str) -> None:
+        super().__init__(message)
+        self.source = source
+        self.sent = sent
+        self.reason = reason
 
 
 class WorkerError(VfMmError):

@@ -459,11 +459,20 @@ class Environment:
         prompt = check_messages(
             formatted, where=f"{self.env_id}: the prompt of example {example_id!r}"
         )
+        info = row.get("info")
+        if info is not None and not isinstance(info, Mapping):
+            raise MessageError(
+                f"example {example_id!r}: {self.env_id}: the 'info' column is a "
+                f"{type(info).__name__}, not a dict",
+                where=f"example {example_id!r}, the 'info' column",
+                hint='info is a dict of JSON values (a note goes in as {"note": "..."}); '
+                "other per-row values are columns of their own",
+            )
         return State(
             prompt=prompt,
             completion=[],
             answer=row.get("answer"),
-            info=dict(row.get("info") or {}),
+            info=dict(info or {}),
             task=row.get("task", self.env_id),
             example_id=example_id,
             rollout_index=rollout_index,
@@ -554,7 +563,7 @@ class MultiTurnEnv(Environment):
             state = self.new_state(row, example_id=example_id, rollout_index=rollout_index)
         except Exception as exc:
             state = State(
-                prompt=[], completion=[], answer=row.get("answer"), info=dict(row.get("info") or {}),
+                prompt=[], completion=[], answer=row.get("answer"), info=_info_or_empty(row),
                 task=self.env_id, example_id=example_id, rollout_index=rollout_index, turn=0,
                 trajectory=[], error=RolloutError.from_exception(exc, where="making the prompt"),
                 timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
@@ -661,6 +670,13 @@ class _Stage:
 
     def __init__(self) -> None:
         self.where = "starting"
+
+
+def _info_or_empty(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A failed rollout's ``info``: the row's, where it is a dict (``new_state`` refuses
+    any other by name), else empty."""
+    info = row.get("info")
+    return dict(info) if isinstance(info, Mapping) else {}
 
 
 def _check_dataset(name: str, value: Any) -> None:

@@ -463,17 +463,27 @@ def expand_image(
     options, then its ``replace_image_token``), so the text equals what
     ``processor(text=..., images=..., **options)`` puts in the prompt for this image.
 
+    ``image`` is a PIL image or a channels-last ``(H, W, C)`` array. An array's layout is
+    told to the processor (``input_data_format``): left to itself, it guesses it from the
+    shape and reads a picture 1, 3 or 4 pixels tall as channels-first (its rows taken for
+    colours), without an error. A PIL image is not told: every backend reads it by its own
+    layout, and transformers 5.19's torchvision backend, which turns it into a
+    channels-first tensor first, would permute it again if told channels-last.
+
     Args:
         processor: The family's HF processor.
-        image: A loaded RGB image.
+        image: A loaded RGB PIL image, or a channels-last ``(H, W, C)`` array.
         options: Processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``, which
             the processor's own defaults switch off whatever the image processor's config
             says).
         kwargs: ``image_kwargs(processor, options)``, computed beforehand.
     """
+    from PIL import Image
+
     if kwargs is None:
         kwargs = image_kwargs(processor, options)
-    processed = processor.image_processor([image], **kwargs)
+    layout = {} if isinstance(image, Image.Image) else {"input_data_format": "channels_last"}
+    processed = processor.image_processor([image], **kwargs, **layout)
     replacement = processor.replace_image_token(
         processed, image_idx=0, **_replacement_options(processor, kwargs)
     )

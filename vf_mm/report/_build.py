@@ -102,8 +102,9 @@ def _render_single(run: _Run, survey: _Survey, *, max_rollouts: int | None) -> R
         summary=True,
         paged=False,
     )
-    # lone surrogates (legal in JSON, not in UTF-8) become "?" so the file always writes
-    html = html.encode("utf-8", "replace").decode("utf-8")
+    # a lone surrogate (legal in JSON, not in UTF-8) is shown as its escape, \ud800: the
+    # file always writes, and the text shown is never silently another character
+    html = html.encode("utf-8", "backslashreplace").decode("utf-8")
     return Report(
         html, survey.total, len(cards), len(assets.embedded()), warnings, len(assets.videos())
     )

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm._asset_refs import image_asset_hash, video_asset_hash
-from vf_mm._text import shorten
+from vf_mm._text import lone_surrogate, shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
 from vf_mm.images import ImagePolicy, decode_data_url, encode_png, image_hash, load_image
 from vf_mm.images._internal import (
@@ -231,6 +231,7 @@ def pack_group(
                 f"{where} is empty (no message, no model turn, no error): nothing to train on "
                 "or to skip; a rollout that did not run is sent with its error"
             )
+        _check_text(output, where)
         entry: dict[str, Any] = {
             "rollout_index": indices[r],
             "reward": output.reward,
@@ -294,6 +295,22 @@ def check_group_id(group_id: Any) -> str:
             f"{shorten(repr(group_id), 80)}"
         )
     return group_id
+
+
+def _check_text(output: Any, where: str) -> None:
+    """Refuse a rollout whose ``answer``, ``info`` or ``metrics`` hold a lone surrogate,
+    naming the field: a frame's strings are UTF-8 (msgpack's), which cannot carry one,
+    and the codec's own error would name neither the rollout nor the field."""
+    for field in ("answer", "info", "metrics"):
+        found = lone_surrogate(getattr(output, field, None), field)
+        if found is not None:
+            path, at = found
+            raise GroupFrameError(
+                f"{where}, field {path!r}: the text holds a lone surrogate (at character "
+                f"{at}), which a group frame's UTF-8 strings cannot carry: decode the "
+                'row\'s original bytes with their encoding (raw.decode("utf-8")) where the '
+                "dataset is read; bytes decoded with errors='surrogateescape' make these"
+            )
 
 
 class _Packer:

@@ -75,6 +75,7 @@ class RolloutProgress:
     rewarded: int = 0
     started: float = dataclasses.field(default_factory=time.perf_counter)
     run_id: str | None = None  # the run's groups are f"{run_id}/{example_id}"
+    stopped: str | None = None  # why max_errors ended the run early (None: it did not)
 
     @property
     def mean_reward(self) -> float | None:
@@ -108,6 +109,7 @@ async def stream_rollouts(
     image_processing: Any = None,
     image_store: Any = None,
     advantages: str = "grpo",
+    max_errors: int | None = None,
 ) -> RolloutProgress:
     """Run the train split's groups and send each through ``sender`` once it is scored.
 
@@ -145,7 +147,14 @@ async def stream_rollouts(
             ``group_advantages`` of its group's rewards (None for a failed rollout) and
             records ``advantage_method="grpo"`` in the frame; ``"none"`` sends no
             advantages, for a trainer that computes its own (module docstring).
+        max_errors: Stop the run once that many rollouts have been sent with an error
+            (``evaluate_to_dir``'s rule): the group that reached it is sent whole, no new
+            rollout starts, and ``progress.stopped`` says why; the caller closes
+            ``sender`` with that reason, so the trainer's end marker says the stream ended
+            early.
     """
+    if max_errors is not None and max_errors < 1:
+        raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     if advantages not in ADVANTAGE_METHODS:
         raise ValueError(f"advantages must be one of {list(ADVANTAGE_METHODS)}, not {advantages!r}")
     if images not in IMAGE_MODES:
@@ -237,6 +246,13 @@ async def stream_rollouts(
                 progress.rewarded += 1
         if on_progress is not None:
             on_progress(progress)
+        if max_errors is not None and progress.errors >= max_errors and progress.stopped is None:
+            planned = "" if progress.total_groups is None else f" of {progress.total_groups}"
+            progress.stopped = (
+                f"stopped after {progress.errors} failed rollouts (--max-errors {max_errors}); "
+                f"{progress.groups}{planned} groups sent"
+            )
+            run.cancel()
 
     async def collect(output: Any, rollout_index: int) -> None:
         # evaluate hands over a group's rollouts one after another once it is scored
@@ -255,10 +271,15 @@ async def stream_rollouts(
         "seed": seed,
         "on_result": collect,
     }
-    if workers is not None:
-        await workers.evaluate(env, **options)
-    else:
-        await env.evaluate(client, **options)
+    run = asyncio.ensure_future(
+        workers.evaluate(env, **options) if workers is not None else env.evaluate(client, **options)
+    )
+    try:
+        await run
+    except asyncio.CancelledError:
+        if progress.stopped is None:
+            raise
+        return progress  # the groups still running were never scored: none is sent
     for example_id, done in list(pending.items()):  # never expected; never dropped either
         del pending[example_id]
         await deliver(example_id, done)

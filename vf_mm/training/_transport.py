@@ -85,6 +85,8 @@ class _Source(Protocol):
     ends: list[dict[str, Any]]
 
     @property
+    def ended(self) -> bool: ...
+    @property
     def index(self) -> int: ...
     @property
     def skipped(self) -> list[tuple[int, int, Exception]]: ...
@@ -97,13 +99,15 @@ class GroupSender:
     """Sends groups to a stream file or a ZeroMQ endpoint (``docs/formats/transport.md``).
 
     ``send(group)`` encodes with ``vf_mm.wire.packb`` and sends; ``send_message(buf)``
-    sends an already encoded message. A group's id is ``group_id=``, else (``send``) the
-    group's ``group_id`` field; with one, the group is held until the trainer commits it,
-    sent again if the trainer restarts before that, and deduplicated by the trainer. Both
-    return the message's size and block while ``hwm`` groups are unacknowledged.
-    ``asend`` / ``aclose`` are the same for an event loop. ``close()`` (or the end of a
-    ``with`` block) sends the end-of-stream marker and waits for the trainer to
-    acknowledge everything; ``delivered`` says whether it did.
+    sends an already encoded message (do not modify ``buf`` afterwards: ZeroMQ sends it
+    without copying, and a group with an id is kept to be sent again). A group's id is
+    ``group_id=``, else (``send``) the group's ``group_id`` field; with one, the group is
+    held until the trainer commits it, sent again if the trainer restarts before that, and
+    deduplicated by the trainer. Both return the message's size and block while ``hwm``
+    groups are unacknowledged. ``asend`` / ``aclose`` are the same for an event loop.
+    ``close()`` (or the end of a ``with`` block) sends the end-of-stream marker (a file
+    ends with it too: ``close(error)`` says why the sender stopped early) and waits for the
+    trainer to acknowledge everything; ``delivered`` says whether it did.
 
     Thread-safe: sends from several threads go out one at a time. ``sent`` counts groups
     sent (once each), ``resent`` the groups sent again to a trainer that had lost them,
@@ -279,7 +283,8 @@ class GroupSender:
         restarted trainer lost).
 
         Args:
-            error: Goes in the end-of-stream marker (ZeroMQ).
+            error: Why the sender stops early (None: it finished); goes in the end-of-stream
+                marker, which a file writes as its last frame.
         """
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -334,8 +339,10 @@ class GroupReceiver:
     groups returned; ``group_id`` is the id of the group last returned (None: it has none);
     ``committed`` counts ids committed by this receiver, ``recovered`` the ids its ledger
     held when it opened; ``instance`` (ZeroMQ) is this receiver's id in its answers, new
-    each time; ``ends`` holds each sender's end marker's ``{"sent", "error"}``; ``skipped``
-    the ``(index, offset, error)`` of each message skipped with ``errors="skip"``.
+    each time; ``ends`` holds each sender's end marker's ``{"sent", "error"}`` (a file's, once it is
+    read to its end: a file whose writer stopped early, its marker's ``error`` set, raises
+    ``StreamEndedEarlyError`` after its last group); ``skipped`` the ``(index, offset,
+    error)`` of each message skipped with ``errors="skip"``.
 
     Args:
         source: A stream file, or a ZeroMQ endpoint to bind to.
@@ -361,6 +368,8 @@ class GroupReceiver:
 
     Raises:
         LedgerError: Another receiver holds the ledger, or it is not a ledger.
+        StreamEndedEarlyError: Iterating a file whose writer stopped early (after its last
+            group).
     """
 
     def __init__(
@@ -468,8 +477,10 @@ class GroupReceiver:
 
     @property
     def ended(self) -> bool:
-        """Whether every expected sender has sent its end marker."""
-        return self.senders is not None and len(self.ends) >= self.senders
+        """ZeroMQ: whether every expected sender has sent its end marker. A file: whether
+        its last frame read is its writer's end marker (read to its end and still False:
+        the writer was cut off, or is still writing)."""
+        return self._source.ended
 
     @property
     def duplicates(self) -> int:

@@ -35,9 +35,10 @@ class FrameKind(IntEnum):
     """What a frame's payload is (the head's ``kind`` word)."""
 
     DATA = 0
-    """A message of the stream's content: the only kind in a stream file."""
+    """A message of the stream's content."""
     END = 1
-    """A sender's end-of-stream marker; the transport that sends it defines its payload."""
+    """A writer's end-of-stream marker (the last frame of a stream file, or a ZeroMQ
+    sender's last message); the transport that writes it defines its payload."""
 
 
 class FrameHeader(NamedTuple):
@@ -103,7 +104,7 @@ def frame_header(message: Any, *, kind: FrameKind = FrameKind.DATA, checksum: bo
             then say).
     """
     n = memoryview(message).nbytes
-    crc = _crc(_LENGTH.pack(n), message) if checksum else 0
+    crc = _crc(FrameKind(kind), _LENGTH.pack(n), message) if checksum else 0
     return _FRAME_HEADER.pack(n, crc, FrameKind(kind))
 
 
@@ -176,9 +177,6 @@ def check_frame(
             offset=offset,
             index=index,
         )
-    expected = _crc(_LENGTH.pack(header.length), payload) if checksum else 0
-    if header.crc != expected:
-        raise CorruptFrameError(f"{where} fails its checksum", offset=offset, index=index)
     if header.kind not in kinds:
         accepted = ", ".join(f"{FrameKind(k).name} ({int(k)})" for k in sorted(kinds))
         found = (
@@ -191,7 +189,11 @@ def check_frame(
             offset=offset,
             index=index,
         )
-    return FrameKind(header.kind)
+    kind = FrameKind(header.kind)
+    expected = _crc(kind, _LENGTH.pack(header.length), payload) if checksum else 0
+    if header.crc != expected:
+        raise CorruptFrameError(f"{where} fails its checksum", offset=offset, index=index)
+    return kind
 
 
 def torn_frame(index: int, offset: int, expected: int, available: int, part: str) -> TornFrameError:
@@ -211,5 +213,10 @@ def _where(index: int, offset: int) -> str:
     return f"frame {index} at byte offset {offset}" if offset >= 0 else f"frame {index}"
 
 
-def _crc(length_bytes: bytes, payload: Any) -> int:
-    return zlib.crc32(payload, zlib.crc32(length_bytes))
+def _crc(kind: FrameKind, length_bytes: bytes, payload: Any) -> int:
+    """A frame's crc32: over its length bytes and payload, and for a kind other than
+    ``DATA`` its kind word before them, so a flipped kind bit between two kinds a reader
+    accepts is caught, while a ``DATA`` frame's bytes stay what they were before other
+    kinds existed."""
+    start = 0 if kind == FrameKind.DATA else zlib.crc32(struct.pack("<I", kind))
+    return zlib.crc32(payload, zlib.crc32(length_bytes, start))

@@ -1,10 +1,15 @@
 """Stream files: many messages in one file or pipe, safe against a writer cut off mid-write.
 
 A stream is a stream header and then one ``DATA`` frame per item, laid out as
-``vf_mm/wire/_frames.py`` documents; its end is the end of the input (a file holds no
-end marker). A stream that ends inside a frame head or payload is *torn*: the reader
-yields every whole frame before it, then raises ``TornFrameError`` with the torn
-frame's offset. Nothing is dropped silently and no partial frame is ever decoded.
+``vf_mm/wire/_frames.py`` documents, and, where its writer says how it finished, an
+``END`` frame (an *end marker*, ``StreamWriter.write_end``: its message is the writer's
+account, e.g. the trainer hop's ``{"sent", "error"}``). The input ends where it ends;
+an end marker is never an item: a reader keeps the decoded markers in ``ends``, and
+``ended`` says whether the last frame it read was one, which tells a writer that
+finished (or said why it stopped) from one cut off. A stream that ends inside a frame
+head or payload is *torn*: the reader yields every whole frame before it, then raises
+``TornFrameError`` with the torn frame's offset. Nothing is dropped silently and no
+partial frame is ever decoded.
 
 Each frame is read into its own freshly allocated, 64-byte-aligned buffer, so the
 reader holds at most one frame in memory and decoded tensors are writable views of
@@ -28,6 +33,7 @@ from vf_mm.wire._frames import (
     DEFAULT_MAX_FRAME_BYTES,
     FRAME_HEADER_SIZE,
     STREAM_HEADER_SIZE,
+    FrameKind,
     check_frame,
     frame_header,
     parse_frame_header,
@@ -37,6 +43,7 @@ from vf_mm.wire._frames import (
 )
 
 _CHUNK = 64 << 20  # reads from pipes grow a frame this much at a time
+_KINDS = (FrameKind.DATA, FrameKind.END)  # what a stream file holds
 
 Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
 
@@ -105,11 +112,12 @@ class StreamWriter:
         """
         return self.write_message(self.encoder.encode(item))
 
-    def write_message(self, message: Any) -> int:
+    def write_message(self, message: Any, *, kind: FrameKind = FrameKind.DATA) -> int:
         """Write an already encoded message as one frame; returns the frame's size in bytes.
 
         Args:
             message: The encoded message's bytes.
+            kind: The frame's kind (``DATA``; ``END`` for an end marker: ``write_end``).
 
         Raises:
             FrameTooLargeError: A frame over ``max_frame_bytes``.
@@ -122,10 +130,18 @@ class StreamWriter:
                 length=n,
                 limit=self.max_frame_bytes,
             )
-        self._file.write(frame_header(message, checksum=self.checksum))
+        self._file.write(frame_header(message, kind=kind, checksum=self.checksum))
         self._file.write(message)
         self.frames_written += 1
         return FRAME_HEADER_SIZE + n
+
+    def write_end(self, marker: Any) -> int:
+        """Encode ``marker`` and write it as the stream's end marker (an ``END`` frame,
+        flushed): how the writer finished, for readers to tell that from a writer cut
+        off. Items written after it (an appended stream) are read as usual."""
+        size = self.write_message(self.encoder.encode(marker), kind=FrameKind.END)
+        self.flush()
+        return size
 
     def flush(self) -> None:
         self._file.flush()
@@ -177,12 +193,16 @@ class StreamReader:
     reader tailing a file that is still being written can keep ``offset`` and come back
     later.
 
+    ``END`` frames (end markers) are not items: each one's decoded message is appended
+    to ``ends``, and ``ended`` says whether the last frame read was one (a stream read to
+    its end with ``ended`` False was cut off, or is still being written).
+
     Args:
         source: A path or a binary file object.
         tensors: What tensors come back as (see ``Decoder``).
         max_frame_bytes: The largest frame accepted.
         errors: ``"raise"`` (the default) raises at a frame that fails ``check_frame``
-            (its crc32, or a kind other than ``DATA``) or whose message does not decode.
+            (its crc32, or a kind other than ``DATA`` and ``END``) or whose message does not decode.
             ``"skip"`` records such a frame's error in ``skipped`` (as ``(index, offset,
             error)``) and goes on to the next frame: its length was intact, so nothing
             after it is lost. A torn tail and a frame over ``max_frame_bytes`` always
@@ -220,6 +240,8 @@ class StreamReader:
         self.index = 0
         self.frame_offset = -1
         self.skipped: list[tuple[int, int, Exception]] = []
+        self.ends: list[Any] = []
+        self.ended = False
         try:
             self.offset = self._read_header()
         except BaseException:
@@ -238,20 +260,22 @@ class StreamReader:
             frame = self._next_frame()
             if frame is None:
                 raise StopIteration
-            start, message = frame
-            self.frame_offset = start
-            if self.raw:
-                return message
+            start, message, kind = frame
+            self.ended = kind == FrameKind.END
             try:
-                return self.decoder.decode(message)
+                if self.ended:
+                    self.ends.append(self.decoder.decode(message))
+                    continue
+                self.frame_offset = start
+                return message if self.raw else self.decoder.decode(message)
             except DecodeError as exc:
                 exc.add_note(f"in frame {self.index - 1} at byte offset {start}")
                 if self.errors == "raise":
                     raise
                 self.skipped.append((self.index - 1, start, exc))
 
-    def _next_frame(self) -> tuple[int, memoryview] | None:
-        """The next whole frame's (offset, message); None at a clean end."""
+    def _next_frame(self) -> tuple[int, memoryview, FrameKind] | None:
+        """The next whole frame's (offset, message, kind); None at a clean end."""
         while True:
             start, index = self.offset, self.index
             head = _read_exactly(self._file, FRAME_HEADER_SIZE)
@@ -270,13 +294,15 @@ class StreamReader:
             self.offset = start + FRAME_HEADER_SIZE + length
             self.index += 1
             try:
-                check_frame(header, message, checksum=self.checksum, index=index, offset=start)
+                kind = check_frame(
+                    header, message, checksum=self.checksum, kinds=_KINDS, index=index, offset=start
+                )
             except CorruptFrameError as error:
                 if self.errors == "raise":
                     raise
                 self.skipped.append((index, start, error))
                 continue
-            return start, message.data
+            return start, message.data, kind
 
     def close(self) -> None:
         if self._owns:
