@@ -694,11 +694,18 @@ class ReceiveTimeout(TransportError, TimeoutError):
 
 
 class StreamEndedEarlyError(TransportError):
-    """A stream file of groups whose writer stopped before its run was done: its end
-    marker carries the reason (``reason``: an exception, Ctrl-C, ``--max-errors``) and
-    the groups it had written (``sent``). Raised by the file's reader after the last
-    group, every group before it whole (as a torn tail is), so a trainer cannot take a
-    partial run for a whole one; ``source`` names the file."""
+    """A stream file of groups whose writer stopped before its run was done.
+
+    Raised by the file's reader after the last group, every group before it whole (as a
+    torn tail is), so a trainer cannot take a partial run for a whole one.
+
+    Args:
+        message: What went wrong.
+        source: The file (kept as ``source``).
+        sent: The groups the writer had written (kept as ``sent``).
+        reason: Why it stopped, from its end marker: an exception, Ctrl-C,
+            ``--max-errors`` (kept as ``reason``).
+    """
 
     def __init__(self, message: str, *, source: str, sent: int, reason: str) -> None:
         super().__init__(message)

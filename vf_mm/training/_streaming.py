@@ -62,6 +62,7 @@ class RolloutProgress:
         rewarded: Rollouts with a reward.
         started: When the run started (``time.perf_counter()``).
         run_id: The run's groups are ``f"{run_id}/{example_id}"``.
+        stopped: Why ``max_errors`` ended the run early (None: it did not).
     """
 
     total_groups: int | None  # None: a streamed dataset, whose size is known at its end

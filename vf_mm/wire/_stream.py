@@ -136,9 +136,16 @@ class StreamWriter:
         return FRAME_HEADER_SIZE + n
 
     def write_end(self, marker: Any) -> int:
-        """Encode ``marker`` and write it as the stream's end marker (an ``END`` frame,
-        flushed): how the writer finished, for readers to tell that from a writer cut
-        off. Items written after it (an appended stream) are read as usual."""
+        """Encode ``marker`` and write it as the stream's end marker; returns its size.
+
+        The marker is an ``END`` frame, flushed: how the writer finished, for readers to
+        tell that from a writer cut off. Items written after it (an appended stream) are
+        read as usual.
+
+        Args:
+            marker: What the writer says about its end (the transport's ``{"sent",
+                "error"}``).
+        """
         size = self.write_message(self.encoder.encode(marker), kind=FrameKind.END)
         self.flush()
         return size
