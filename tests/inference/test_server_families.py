@@ -100,6 +100,60 @@ def test_a_served_image_answers_what_the_local_backend_answers(served, family):
     assert _post(s, hash_only).json()["choices"][0]["token_ids"] == choice["token_ids"]
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gemma3"])
+def test_content_parts_expand_as_the_renderer_renders(served, family):
+    """A rollout worker's ``VLLMBackend`` in content_parts mode (one placeholder per image,
+    the server processes it): the prompt the server expands, its placeholders (with their
+    ``is_embed``) and the greedy answer are what the renderer and the local backend make
+    in-process."""
+    import httpx
+
+    from vf_mm.inference import VLLMBackend
+
+    s = served(family)
+    rendered = s.rendered()
+    tokenizer = s.renderer.tokenizer
+    text = tokenizer.apply_chat_template(  # the template's prompt: one placeholder per image
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}],
+        tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    collapsed = tokenizer(text, add_special_tokens=False)["input_ids"]
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (60, 100, 3), dtype=np.uint8))
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, logprobs=True)
+    banned = tuple(sorted(s.renderer.vision.banned_token_ids))
+
+    async def send() -> Any:
+        client = VLLMBackend(
+            "http://vf-mm.test", model="m", mode="content_parts",
+            transport=httpx.ASGITransport(app=s.app),
+            embed_token_ids={"image": s.renderer.vision.embed_ids("image")},
+        )  # fmt: skip
+        try:
+            return await client.generate(
+                GenerateRequest(collapsed, sampling, banned_token_ids=banned,
+                                content_parts=[{"type": "image", "image": image}])
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+
+    served_result = asyncio.run(send())
+    local = asyncio.run(
+        s.backend.generate(
+            GenerateRequest(
+                rendered.token_ids,
+                sampling,
+                banned_token_ids=banned,
+                multi_modal_data=rendered.multi_modal_data,
+            )
+        )
+    )
+    assert served_result.prompt_ids == rendered.token_ids
+    mm = served_result.multi_modal_data
+    assert mm.mm_placeholders == rendered.multi_modal_data.mm_placeholders
+    assert list(served_result.completion_ids) == list(local.completion_ids)
+    assert list(served_result.logprobs) == list(local.logprobs)
+
+
 def _set(key: str, value: Callable[[Any], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def apply(item: dict[str, Any]) -> dict[str, Any]:
         return {**item, key: value(np.asarray(item[key]))}
