@@ -276,3 +276,21 @@ def test_a_vision_model_served_without_its_renderer_takes_no_processed_images(se
     with TestClient(create_app(s.backend, model_name="m")) as client:
         r = client.post("/inference/v1/generate", json=s.body(s.rendered()))
     assert r.status_code == 400 and "renderer" in r.json()["error"]["message"]
+
+
+def test_a_clip_of_a_family_whose_clips_are_not_checked_is_refused_as_features(served):
+    """LLaVA-OneVision's processed clips are not checked: refused by name, even by hash
+    only (a clip cached from content_parts), never read unchecked."""
+    s = served("llava_onevision")
+    video = s.renderer.vision.video_token_id
+    body = {
+        "token_ids": [1, video, 2],
+        "features": {
+            "mm_hashes": {"video": ["clip"]},
+            "mm_placeholders": {"video": [{"offset": 1, "length": 1}]},
+            "kwargs_data": None,
+        },
+        "sampling_params": {"max_tokens": 1},
+    }
+    r = _post(s, body)
+    assert r.status_code == 400 and "clips are not checked" in r.json()["error"]["message"]

@@ -97,6 +97,13 @@ class FeaturesReader:
                 f"cannot check processed {modality}s: send none, or start it with one",
                 param="features",
             )
+        if modality == "video" and not checker.takes_video:
+            raise RequestError(
+                f"{checker.label}'s processed clips are not checked, so vf-mm serve does not "
+                "take them as features: send the clips as content_parts (the server processes "
+                "them)",
+                param="features",
+            )
         hashes = features.mm_hashes[modality]
         ranges = features.mm_placeholders.get(modality, [])
         if len(ranges) != len(hashes):

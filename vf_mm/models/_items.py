@@ -121,6 +121,9 @@ class ItemChecker:
         self.sparse = self.layout in _SPARSE_LAYOUTS
         self.image_inputs = frozenset(info.image_inputs)
         self.video_inputs = frozenset(info.video_inputs)
+        #: clips are taken as processed inputs (the grid layout's; another family's clips
+        #: must come as content_parts, which the server processes itself)
+        self.takes_video = self.layout == "grid" and bool(self.video_inputs)
         self.processor = processor
         image_processor = processor.image_processor
         layouts: dict[str, tuple[Callable[[dict[str, Any]], None], Callable[..., int]]] = {
@@ -159,7 +162,7 @@ class ItemChecker:
         if not isinstance(item, Mapping):
             raise _bad("item", f"must be a map of input names to arrays, got {type(item).__name__}")
         if modality == "video":
-            if self.layout != "grid" or not self.video_inputs:
+            if not self.takes_video:
                 raise _bad(
                     "video",
                     f"{self.label}'s processed clips are not checked: send its clips as "
