@@ -23,8 +23,9 @@ route as ``image_url`` / ``video_url`` parts (clips need a family that reads vid
 Qwen-VL's). A route reads a URL only under the server's ``image_policy``
 (default ``DEFAULT_SERVER_IMAGE_POLICY``: ``data:`` URLs only), never the renderer's:
 a server must never fetch what a client names (a recorded chat call is read by the
-recorder's client, under its policy alone). Other vision families than Qwen-VL are
-refused at start (``UnsupportedModelError``); text models are served.
+recorder's client, under its policy alone). Every vision family whose processed images
+``vf_mm.models``' ``ItemChecker`` checks is served, and text models; another (LFM2-VL) is
+refused at start (``UnsupportedModelError``), saying why.
 
 Every request, whichever route, first passes ``ServerGuard`` (``_server_guard``): with
 ``api_keys`` every route but ``/health`` needs ``Authorization: Bearer`` one of them

@@ -114,6 +114,10 @@ class VisionFamily:
     marker_tokens: tuple[str, ...] = ()
     # the image processor has a PIL backend ("Pil" class); LFM2-VL's has only torchvision's
     pil_backend: bool = True
+    # how one image's inputs are laid out, which ``ItemChecker`` (``_items``) checks a
+    # client's against: "grid", "crops", "tiles", "anyres", "soft_tokens"; None: not
+    # checked (a server refuses to take the family's processed images)
+    item_layout: str | None = "grid"
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -151,27 +155,31 @@ _FAMILIES = {
                      "Gemma3ForConditionalGeneration", "token_type_ids",
                      "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"), tool_role=False,
                      image_inputs=("pixel_values",),
-                     marker_tokens=("<start_of_image>", "<end_of_image>")),
+                     marker_tokens=("<start_of_image>", "<end_of_image>"),
+                     item_layout="crops"),
         VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
                      "SmolVLMForConditionalGeneration", None,
                      "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
                      image_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "pixel_attention_mask"),
                      video_inputs=("pixel_values", "pixel_attention_mask"),
-                     frames_as_images=True, marker_tokens=_SMOLVLM_MARKERS),
+                     frames_as_images=True, marker_tokens=_SMOLVLM_MARKERS,
+                     item_layout="tiles"),
         VisionFamily("llava_onevision", "LLaVA-OneVision", "LlavaOnevisionProcessor",
                      "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
                      None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
                      pad_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "image_sizes", "batch_num_images"),
-                     video_inputs=("pixel_values_videos",)),
+                     video_inputs=("pixel_values_videos",),
+                     item_layout="anyres"),
         VisionFamily("gemma4", "Gemma 4", "Gemma4Processor", "Gemma4ImageProcessor",
                      "Gemma4ForConditionalGeneration", "mm_token_type_ids",
                      "google/gemma-4-E2B-it", ("<turn|>", "<|tool_response>", "<eos>"),
                      tool_format="gemma4", image_inputs=("pixel_values", "image_position_ids"),
                      feature_extractor="Gemma4AudioFeatureExtractor",
                      marker_tokens=("<|image>", "<image|>", "<|video|>", "<|audio>", "<audio|>",
-                                    "<|audio|>")),
+                                    "<|audio|>"),
+                     item_layout="soft_tokens"),
         VisionFamily("qwen3_vl_moe", "Qwen3-VL-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3VLMoeForConditionalGeneration", "mm_token_type_ids",
                      "Qwen/Qwen3-VL-30B-A3B-Instruct", video_inputs=_QWEN_VIDEO,
@@ -183,15 +191,18 @@ _FAMILIES = {
         VisionFamily("llava_next", "LLaVA-NeXT", "LlavaNextProcessor", "LlavaNextImageProcessor",
                      "LlavaNextForConditionalGeneration", None,
                      "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1, tool_role=False,
-                     content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
+                     content_as_parts=True, image_inputs=("pixel_values", "image_sizes"),
+                     item_layout="anyres"),
         VisionFamily("internvl", "InternVL", "InternVLProcessor", "GotOcr2ImageProcessor",
                      "InternVLForConditionalGeneration", None, "OpenGVLab/InternVL3-1B-hf",
-                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>")),
+                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>"),
+                     item_layout="crops"),
         VisionFamily("lfm2_vl", "LFM2-VL", "Lfm2VlProcessor", "Lfm2VlImageProcessor",
                      "Lfm2VlForConditionalGeneration", None, "LiquidAI/LFM2.5-VL-3B",
                      ("<|im_end|>",), tool_format="pythonic",
                      image_inputs=("pixel_values", "pixel_attention_mask", "spatial_shapes"),
-                     marker_tokens=_LFM2_VL_MARKERS, pil_backend=False),
+                     marker_tokens=_LFM2_VL_MARKERS, pil_backend=False,
+                     item_layout=None),
     )
 }  # fmt: skip
 
