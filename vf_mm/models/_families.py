@@ -84,6 +84,10 @@ class VisionFamily:
             are skipped.
         pil_backend: The image processor has a PIL backend (a ``"Pil"`` class); LFM2-VL's
             has only torchvision's.
+        item_layout: How one image's inputs are laid out, which ``ItemChecker``
+            (``_items``) checks a client's against: ``"grid"``, ``"crops"``, ``"tiles"``,
+            ``"anyres"``, ``"soft_tokens"``; None: not checked (a server refuses to take
+            the family's processed images).
     """
 
     model_type: str
