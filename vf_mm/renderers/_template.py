@@ -30,6 +30,7 @@ from vf_mm.renderers._bridge import Refusal, TurnBridge
 from vf_mm.renderers._drops import refuse_dropped
 from vf_mm.renderers._facts import TemplateFacts, probe_template
 from vf_mm.renderers._parse import (
+    ARGUMENTS_AS_TEXT,
     REASONING_END,
     TOOL_FORMATS,
     ParsedResponse,
@@ -237,6 +238,16 @@ class ChatTemplateRenderer:
     ) -> str:
         from jinja2 import TemplateError
 
+        if tools and self.tool_format == "kimi" and not self.template_kwargs.get("tools_ts_str"):
+            # Kimi's own tokenizer hands its template the tools as TypeScript declarations
+            # (tools_ts_str), which vf_mm does not write; the template's JSON fallback
+            # would be a prompt the served model never sees
+            raise RenderError(
+                f"{self.name or 'this model'}: Kimi-K2.5 declares tools as TypeScript, which "
+                "its tokenizer writes and vf_mm does not: pass the declaration as "
+                "template_kwargs={'tools_ts_str': ...}, or describe the tools in the system "
+                "message and render without tools="
+            )
         if self.content_as_parts:
             messages = [
                 {**m, "content": [{"type": "text", "text": m["content"]}]}
@@ -318,7 +329,7 @@ class ChatTemplateRenderer:
                 message = {**message, "content": new_content}
             else:
                 message = dict(message)
-            if self.tool_format != "json" and message.get("tool_calls"):
+            if self.tool_format not in ARGUMENTS_AS_TEXT and message.get("tool_calls"):
                 message["tool_calls"] = [arguments_as_mapping(c) for c in message["tool_calls"]]
             out.append(message)
         return out, parts
