@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import vf_mm as vf
 from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -176,6 +177,16 @@ def test_a_turn_after_an_answer_is_rendered_in_full_not_bridged(kimi, with_histo
     assert "count" not in full and "<think></think>Three." in full
 
 
+def test_the_probe_sees_that_an_answers_reasoning_is_rewritten(renderer):
+    """The template probe (``TemplateFacts``) knows Kimi's template writes reasoning and
+    calls, and that it rewrites history: not on a turn of calls (kept until an answer
+    follows) but on an answer, which every later turn writes ``<think></think>``. So a
+    bridge given the real history replays all of it, not just the sampled turn."""
+    facts = renderer._facts[None]
+    assert facts.reasoning and facts.tool_calls
+    assert facts.history_sensitive
+
+
 def test_tools_are_refused_without_their_typescript_declaration(renderer):
     """Kimi's tokenizer declares tools to the template as TypeScript (``tools_ts_str``),
     which vf_mm does not write: rendering with ``tools=`` is refused by name rather than
@@ -281,3 +292,93 @@ def test_images_expand_the_message_level_layout_exactly_as_the_processor(kimi, s
             image_grid_thw=torch.from_numpy(item["image_grid_thw"]),
         ).logits
     assert logits.shape[1] == len(ids)
+
+
+class _Ask(vf.MultiTurnEnv):
+    """Every turn asks again, in text (the default tier has no Kimi-K2.5 images)."""
+
+    async def env_response(self, messages, state):
+        return [{"role": "user", "content": f"and now {state['turn']}?"}]
+
+
+def test_a_text_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(kimi, renderer):
+    """A text rollout sampled by the local backend becomes samples whose DeepSeek-V3
+    forward (MLA attention, routed experts) gives back the sampler's logprobs, and a
+    GRPO step moves the language model's weights (router included)."""
+    import asyncio
+
+    import torch
+
+    from vf_mm.inference import LocalBackend
+    from vf_mm.models import model_class
+    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+
+    env = _Ask(dataset=[{"question": "what is it?"}], max_turns=3,
+               sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
+    state = asyncio.run(env.rollout(vf.RendererClient(LocalBackend(kimi), renderer),
+                                    env.get_dataset()[0]))  # fmt: skip
+    image_token = renderer.tokenizer.convert_tokens_to_ids("<|media_pad|>")
+    samples = build_samples(state, advantage=1.0, image_token_id=image_token)
+    batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
+                           image_token_id=image_token, family="kimi_k25")  # fmt: skip
+    model = model_class("kimi_k25").from_pretrained(kimi, dtype=torch.float32).eval()
+    for batch in batches:
+        with torch.no_grad():
+            ours = token_logprobs(model, batch)
+        mask = batch.loss_mask.bool()
+        assert mask.any()
+        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    model.train()
+    loss, _ = grpo_loss(model, batches[0])
+    loss.backward()
+    router = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    assert router and any(p.grad is not None and p.grad.abs().sum() > 0 for p in router)
+
+
+class _Look(vf.MultiTurnEnv):
+    """Every turn shows the model one more picture."""
+
+    async def env_response(self, messages, state):
+        from PIL import Image
+
+        picture = Image.new("RGB", (60 + 20 * state["turn"], 40), (40 * state["turn"], 90, 200))
+        return [{"role": "user", "content": [{"type": "image", "image": picture},
+                                             {"type": "text", "text": "and now?"}]}]  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_an_image_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(kimi):
+    """Where torchvision imports: a rollout with an image each turn, sampled by the local
+    backend, becomes samples whose forward (MoonViT, the projector, the DeepSeek-V3
+    stack) gives back the sampler's logprobs, and a GRPO step reaches the vision tower."""
+    pytest.importorskip("torchvision")
+    import asyncio
+
+    import torch
+    from PIL import Image
+
+    from vf_mm.inference import LocalBackend
+    from vf_mm.models import model_class
+    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+
+    renderer = load_renderer(kimi, image_backend="torchvision")
+    env = _Look(dataset=[{"question": "what is it?", "image": Image.new("RGB", (300, 90), "red")}],
+                max_turns=3, sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
+    state = asyncio.run(env.rollout(vf.RendererClient(LocalBackend(kimi), renderer),
+                                    env.get_dataset()[0]))  # fmt: skip
+    token = renderer.vision.image_token_id
+    samples = build_samples(state, advantage=1.0, image_token_id=token)
+    assert samples[-1].is_multimodal and len(samples[-1].images) == 3
+    batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
+                           image_token_id=token, family="kimi_k25")  # fmt: skip
+    model = model_class("kimi_k25").from_pretrained(kimi, dtype=torch.float32).eval()
+    for batch in batches:
+        with torch.no_grad():
+            ours = token_logprobs(model, batch)
+        mask = batch.loss_mask.bool()
+        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    model.train()
+    loss, _ = grpo_loss(model, batches[-1])
+    loss.backward()
+    vision = [p for n, p in model.named_parameters() if "vision" in n]
+    assert vision and any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision)
