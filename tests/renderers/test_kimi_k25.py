@@ -27,6 +27,7 @@ import vf_mm as vf
 from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
+from vf_mm.renderers._kimi import typescript_tools
 from vf_mm.testing import build_tiny_vlm
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -52,10 +53,12 @@ def renderer(kimi) -> ChatTemplateRenderer:
 
 def template_ids(renderer: ChatTemplateRenderer, case: dict[str, Any], template: str | None):
     tokenizer = renderer.tokenizer
+    kwargs: dict[str, Any] = {"thinking": False} if case.get("thinking") is False else {}
+    if case.get("tools"):  # what Kimi's tokenizer hands the template beside the tools
+        kwargs["tools_ts_str"] = typescript_tools(case["tools"])
     text = tokenizer.apply_chat_template(
-        case["messages"], tokenize=False, chat_template=template,
-        add_generation_prompt=case["add_generation_prompt"],
-        **({"thinking": False} if case.get("thinking") is False else {}),
+        case["messages"], tools=case.get("tools"), tokenize=False, chat_template=template,
+        add_generation_prompt=case["add_generation_prompt"], **kwargs,
     )  # fmt: skip
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -77,7 +80,8 @@ def test_the_renderer_renders_the_oracles_ids(renderer, case):
     tokenizer = renderer.tokenizer
     r = ChatTemplateRenderer(tokenizer, name="kimi_k25", template_kwargs=kwargs,
                              stop_tokens=family_info("kimi_k25").stop_tokens, tool_format="kimi")  # fmt: skip
-    rendered = r.render(case["messages"], add_generation_prompt=case["add_generation_prompt"])
+    rendered = r.render(case["messages"], tools=case.get("tools"),
+                        add_generation_prompt=case["add_generation_prompt"])  # fmt: skip
     assert rendered.token_ids == case["ids"]
 
 
@@ -187,13 +191,14 @@ def test_the_probe_sees_that_an_answers_reasoning_is_rewritten(renderer):
     assert facts.history_sensitive
 
 
-def test_tools_are_refused_without_their_typescript_declaration(renderer):
+def test_tools_the_declaration_cannot_write_are_refused_and_a_given_one_is_written(renderer):
     """Kimi's tokenizer declares tools to the template as TypeScript (``tools_ts_str``),
-    which vf_mm does not write: rendering with ``tools=`` is refused by name rather than
-    sending the template's JSON fallback, a prompt the served model never sees; a
-    declaration passed in is written verbatim."""
-    tools = [{"type": "function", "function": {"name": "zoom", "parameters": {}}}]
-    with pytest.raises(RenderError, match="tools_ts_str"):
+    which vf_mm writes (the golden cases above); a schema it does not write (``$ref``
+    interfaces) is refused by name rather than sending the template's JSON fallback, a
+    prompt the served model never sees; a declaration passed in is written verbatim."""
+    tools = [{"type": "function", "function": {"name": "zoom", "parameters": {
+        "type": "object", "properties": {"box": {"$ref": "#/$defs/Box"}}}}}]  # fmt: skip
+    with pytest.raises(RenderError, match=r"tools_ts_str.*|\$ref"):
         renderer.render([{"role": "user", "content": "Hi"}], tools=tools)
     declared = ChatTemplateRenderer(renderer.tokenizer, tool_format="kimi",
                                     template_kwargs={"tools_ts_str": "# Tools\nTS"})  # fmt: skip

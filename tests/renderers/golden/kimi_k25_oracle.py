@@ -41,6 +41,55 @@ def case(name: str, messages: list[dict[str, Any]], **options: Any) -> dict[str,
     return {"name": name, "messages": messages, "add_generation_prompt": True, **options}
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "zoom",
+            "description": "Crop a region.\n\nThen zoom in.",
+            "parameters": {
+                "type": "object",
+                "required": ["y", "x"],
+                "properties": {
+                    "x": {"type": "integer", "description": "Left edge.", "minimum": 0},
+                    "y": {"type": "integer", "maximum": 100, "minimum": 0},
+                    "label": {
+                        "type": "string",
+                        "maxLength": 20,
+                        "pattern": "^[a-z]+$",
+                        "default": "box",
+                    },
+                    "mode": {"type": "string", "enum": ["fast", "exact"], "description": "How."},
+                    "scale": {"type": ["number", "null"]},
+                    "maybe": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]},
+                    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                    "boxes": {
+                        "type": "array",
+                        "description": "Boxes.",
+                        "items": {
+                            "type": "object",
+                            "description": "One box.",
+                            "required": ["w"],
+                            "properties": {"w": {"type": "number"}, "h": {"type": "number"}},
+                        },
+                    },
+                    "extra": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "open": {"type": "object", "additionalProperties": True},
+                    "anything": {},
+                    "flag": {"type": "boolean", "default": False},
+                    "nothing": {"type": "array"},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "look",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    },
+]
 USER = {"role": "user", "content": "How many circles?"}
 ZOOM = {
     "role": "assistant",
@@ -80,6 +129,17 @@ CASES = [
     case(
         "calls_after_an_answer", [USER, ANSWER, {"role": "user", "content": "Zoom."}, ZOOM, RESULT]
     ),
+    case("tools_declared", [USER], tools=TOOLS),
+    case("tools_and_a_call", [USER, ZOOM, RESULT], tools=TOOLS),
+    case(
+        "tools_without_parameters",
+        [USER],
+        tools=[
+            {"type": "function", "function": {"name": "ping"}},
+            {"name": "flat", "description": "A bare spec.", "parameters": {"type": "object"}},
+            {"type": "retrieval"},
+        ],
+    ),
     case("one_image", [{"role": "user", "content": [IMAGE, {"type": "text", "text": "Count."}]}]),
     case(
         "several_images_and_system",
@@ -117,6 +177,7 @@ def main() -> None:
         config = KimiK25RendererConfig(thinking=c.get("thinking", True))
         rendered = KimiK25Renderer(tokenizer, config).render(
             c["messages"],
+            tools=c.get("tools"),
             add_generation_prompt=c["add_generation_prompt"],
             process_multimodal=False,
         )
