@@ -231,6 +231,12 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     info = family_info(family)
     backend = resolve_image_backend(backend)
     if backend == "pil" and not info.pil_backend:
+        if torchvision_available():  # asked for PIL by name
+            raise MissingDependencyError(
+                f"{info.label}'s image processor ({info.image_processor}) has only a "
+                "torchvision backend in transformers 5.23: use image_backend='torchvision' "
+                "(or 'auto')"
+            )
         raise MissingDependencyError(
             f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
             "backend in transformers 5.23, and torchvision does not import here: install the "
