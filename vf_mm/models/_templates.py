@@ -1231,9 +1231,13 @@ TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
 
 
 def chat_template(family: str, variant: str | None = None) -> str:
-    """The tiny checkpoints' chat template of ``family`` (a ``model_type``), in
-    ``variant`` where the family has several (None: its default, the first of
-    ``TEMPLATE_VARIANTS[family]``)."""
+    """The tiny checkpoints' chat template of ``family``.
+
+    Args:
+        family: A ``model_type``.
+        variant: One of ``TEMPLATE_VARIANTS[family]`` where the family has several (None:
+            its default, the first).
+    """
     variants = TEMPLATE_VARIANTS.get(family)
     if variants is None:
         if variant is not None:

