@@ -66,7 +66,7 @@ class VisionFamily:
         image_axis: The axis along which a forward takes several images' inputs.
         pad_axis: An axis padded with zeros to the batch's largest image.
         tool_format: Tool calls: ``"json"`` (``<tool_call>{...}``), ``"xml"``
-            (``<function=...>``) or ``"gemma4"``.
+            (``<function=...>``), ``"gemma4"``, ``"pythonic"`` (LFM2) or ``"kimi"``.
         tool_role: The template renders a ``"tool"`` message (Gemma 3's refuses one).
         content_as_parts: The template renders only list content (drops strings).
         image_inputs: One image's model inputs.
@@ -83,7 +83,7 @@ class VisionFamily:
             sample them (``VisionSpec``'s ``banned_token_ids``); tokens a tokenizer lacks
             are skipped.
         pil_backend: The image processor has a PIL backend (a ``"Pil"`` class); LFM2-VL's
-            has only torchvision's.
+            and Kimi-K2.5's have only torchvision's.
         item_layout: How one image's inputs are laid out, which ``ItemChecker``
             (``_items``) checks a client's against: ``"grid"``, ``"crops"``, ``"tiles"``,
             ``"anyres"``, ``"soft_tokens"``; None: not checked (a server refuses to take
@@ -207,6 +207,12 @@ _FAMILIES = {
                      image_inputs=("pixel_values", "pixel_attention_mask", "spatial_shapes"),
                      marker_tokens=_LFM2_VL_MARKERS, pil_backend=False,
                      item_layout=None),
+        VisionFamily("kimi_k25", "Kimi-K2.5", "Kimi_K25Processor", "Kimi_K25ImageProcessor",
+                     "Kimi_K25ForConditionalGeneration", None, "moonshotai/Kimi-K2.5",
+                     ("<|im_end|>", "[EOS]"), tool_format="kimi",
+                     marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>",
+                                    "<|kimi_k25_video_placeholder|>"),
+                     pil_backend=False, item_layout=None),
     )
 }  # fmt: skip
 
@@ -288,6 +294,12 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     info = family_info(family)
     backend = resolve_image_backend(backend)
     if backend == "pil" and not info.pil_backend:
+        if torchvision_available():  # asked for PIL by name
+            raise MissingDependencyError(
+                f"{info.label}'s image processor ({info.image_processor}) has only a "
+                "torchvision backend in transformers 5.23: use image_backend='torchvision' "
+                "(or 'auto')"
+            )
         raise MissingDependencyError(
             f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
             "backend in transformers 5.23, and torchvision does not import here: install the "

@@ -6,6 +6,9 @@ Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
 (``vf_mm.renderers._gemma4``):
 
 - ``"json"`` (Qwen2.5-VL, Qwen3-VL): ``{"name": ..., "arguments": {...}}``;
+- ``"kimi"`` (Kimi-K2.5): reasoning in ``<think>...</think>``, calls in one
+  ``<|tool_calls_section_begin|>`` section, each its id (``functions.NAME:INDEX``) and its
+  arguments, both kept as written (``vf_mm.renderers._kimi``);
 - ``"pythonic"`` (LFM2.5-VL): reasoning in ``<think>...</think>``, calls as one Python
   list per turn between ``<|tool_call_start|>`` and ``<|tool_call_end|>``
   (``vf_mm.renderers._pythonic``);
@@ -31,17 +34,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vf_mm.errors import RenderError
-from vf_mm.renderers import _gemma4, _pythonic
+from vf_mm.renderers import _gemma4, _kimi, _pythonic
 from vf_mm.types import AssistantMessage, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>\n?(.*?)</function>\s*\Z", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
 _PYTHON_SCALARS = {"True": True, "False": False, "None": None}
-TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic")
+TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic", "kimi")
+#: the formats whose templates write a call's OpenAI-style JSON arguments string verbatim
+#: (the others are handed the arguments as a mapping: ``arguments_as_mapping``)
+ARGUMENTS_AS_TEXT = ("json", "kimi")
 #: the token that ends a format's reasoning
 REASONING_END = {
     "json": "</think>", "xml": "</think>", "gemma4": _gemma4.CHANNEL_END, "pythonic": "</think>",
+    "kimi": "</think>",
 }  # fmt: skip
 
 
@@ -104,6 +111,12 @@ def parse_text(
         reasoning, body = _gemma4.split_thought(text)
         content, raws = _gemma4.split_calls(body)
         parsed_calls = [(raw, *_gemma4.parse_call(raw)) for raw in raws]
+    elif tool_format == "kimi":  # nor does Kimi-K2.5; its calls keep their ids and text
+        if "</think>" in body:
+            head, _, body = body.partition("</think>")
+            reasoning = head.split("<think>", 1)[-1]
+        content, raws = _kimi.split_calls(body)
+        parsed_calls = [(raw, *_kimi.parse_call(raw)) for raw in raws]
     elif tool_format == "pythonic":  # LFM2.5-VL writes no newline around its think block
         if "</think>" in body:
             head, _, body = body.partition("</think>")
@@ -127,13 +140,16 @@ def parse_text(
             errors.append(f"tool call {i}: {error}: {raw[:200]!r}")
         else:
             assert call is not None
+            # a format whose template writes the id and the arguments text (Kimi's) keeps
+            # them as the model wrote them, so the conversation re-renders to its tokens
             calls.append(
                 {
-                    "id": f"{call_id_prefix}_{i}",
+                    "id": call.get("id") or f"{call_id_prefix}_{i}",
                     "type": "function",
                     "function": {
                         "name": call["name"],
-                        "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                        "arguments": call.get("arguments_text")
+                        or json.dumps(call["arguments"], ensure_ascii=False),
                     },
                 }
             )
@@ -172,6 +188,8 @@ def format_tool_calls(
         return text + _gemma4.RESULTS_NEXT
     if tool_format == "pythonic":
         return _pythonic.format_calls(list(calls))
+    if tool_format == "kimi":
+        return _kimi.format_calls(list(calls))
     if tool_format == "xml":
         return "\n".join(
             f"<tool_call>\n<function={name}>\n"

@@ -29,7 +29,9 @@ from vf_mm.models import VIDEO_FAMILIES
 from vf_mm.renderers._bridge import Refusal, TurnBridge
 from vf_mm.renderers._drops import refuse_dropped
 from vf_mm.renderers._facts import TemplateFacts, probe_template
+from vf_mm.renderers._kimi import typescript_tools
 from vf_mm.renderers._parse import (
+    ARGUMENTS_AS_TEXT,
     REASONING_END,
     TOOL_FORMATS,
     ParsedResponse,
@@ -278,6 +280,18 @@ class ChatTemplateRenderer:
     ) -> str:
         from jinja2 import TemplateError
 
+        extra: dict[str, Any] = {}
+        if tools and self.tool_format == "kimi" and not self.template_kwargs.get("tools_ts_str"):
+            # Kimi's own tokenizer hands its template the tools as TypeScript declarations;
+            # the template's JSON fallback would be a prompt the served model never sees
+            try:
+                extra["tools_ts_str"] = typescript_tools(list(tools))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise RenderError(
+                    f"{self.name or 'this model'}: the tools cannot be declared as Kimi-K2.5's "
+                    f"tokenizer declares them ({type(exc).__name__}: {exc}); pass the "
+                    "declaration as template_kwargs={'tools_ts_str': ...}"
+                ) from None
         if self.content_as_parts:
             messages = [
                 {**m, "content": [{"type": "text", "text": m["content"]}]}
@@ -293,6 +307,7 @@ class ChatTemplateRenderer:
                 add_generation_prompt=add_generation_prompt,
                 chat_template=template,
                 **self.template_kwargs,
+                **extra,
             )
         except (TemplateError, TypeError, ValueError) as exc:
             # the template's own raise_exception, a bad template, or content it cannot
@@ -359,7 +374,7 @@ class ChatTemplateRenderer:
                 message = {**message, "content": new_content}
             else:
                 message = dict(message)
-            if self.tool_format != "json" and message.get("tool_calls"):
+            if self.tool_format not in ARGUMENTS_AS_TEXT and message.get("tool_calls"):
                 message["tool_calls"] = [arguments_as_mapping(c) for c in message["tool_calls"]]
             out.append(message)
         return out, parts
