@@ -592,7 +592,7 @@ def _build_internvl(path: Path, seed: int) -> Path:
 # only where it does).
 _LFM2_VL = dict(
     tile_size=64, encoder_patch_size=16, downsample_factor=2, min_image_tokens=1,
-    max_image_tokens=4, min_tiles=2, max_tiles=10,
+    max_image_tokens=64, min_tiles=2, max_tiles=10,
 )  # fmt: skip
 
 
