@@ -225,10 +225,17 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     info = family_info(family)
     backend = resolve_image_backend(backend)
     if backend == "pil" and not info.pil_backend:
-        raise MissingDependencyError(
+        only = (
             f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
-            "backend in transformers 5.23, and torchvision does not import here: install the "
-            "torchvision build that matches your torch (as beside vLLM) to render its images"
+            "backend in transformers 5.23"
+        )
+        if torchvision_available():  # "pil" was asked for by name
+            raise MissingDependencyError(
+                f"{only} (no PIL one): load it with image_backend='torchvision' or 'auto'"
+            )
+        raise MissingDependencyError(
+            f"{only}, and torchvision does not import here: install the torchvision build "
+            "that matches your torch (as beside vLLM) to render its images"
         )
     return getattr(transformers, info.image_processor + ("" if backend == "torchvision" else "Pil"))
 
