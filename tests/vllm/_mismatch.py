@@ -92,9 +92,13 @@ def combined(batches: list[MicroBatch], logprobs: list[torch.Tensor]) -> dict[st
     }
 
 
-def rollouts(family: str, server_url: str, path: Path, *, count: int) -> list[RolloutOutput]:
+def rollouts(
+    family: str, server_url: str, path: Path, *, count: int, seed: int | None = 0
+) -> list[RolloutOutput]:
     """``count`` two-turn gridnav rollouts sampled by vLLM through vf_mm's client: the
-    second prompt holds the first image and the environment's new one."""
+    second prompt holds the first image and the environment's new one. ``seed=None``
+    sends unseeded requests: vLLM 0.32's CPU engine fails a seeded request to a hybrid
+    model (Qwen3.5: "CPU Generator does not use offset") and its engine dies with it."""
     env = vf.load_environment(
         "gridnav", difficulty="easy", num_examples=count, num_eval_examples=count,
         max_turns=2, sampling_args={"max_tokens": 8, "temperature": 1.0, "logprobs": True},
@@ -104,13 +108,15 @@ def rollouts(family: str, server_url: str, path: Path, *, count: int) -> list[Ro
     async def go() -> list[RolloutOutput]:
         async with VLLMBackend(server_url, mode="features") as backend:
             client = vf.RendererClient(backend, renderer)
-            return await env.evaluate(client, num_examples=count, seed=0)
+            return await env.evaluate(client, num_examples=count, seed=seed)
 
     return asyncio.run(go())
 
 
-def measure(family: str, server_url: str, path: Path, *, count: int = 2) -> Mismatch:
-    outputs = rollouts(family, server_url, path, count=count)
+def measure(
+    family: str, server_url: str, path: Path, *, count: int = 2, seed: int | None = 0
+) -> Mismatch:
+    outputs = rollouts(family, server_url, path, count=count, seed=seed)
     for output in outputs:
         assert output.error is None, (family, str(output.error))
         assert len(output.trajectory) == 2, (family, len(output.trajectory))

@@ -209,4 +209,6 @@ def test_the_trainer_scores_vllms_multi_turn_image_samples_as_vllm_did(family):
     if name not in PLAIN_RUNS:
         assert_refused(name, server.base_url, path)
         return
-    assert_agrees(measure(name, server.base_url, path), bf16_sampler=name == "qwen3_5")
+    hybrid = name == "qwen3_5"  # seeded requests kill vLLM 0.32's CPU engine (_mismatch.py)
+    result = measure(name, server.base_url, path, seed=None if hybrid else 0)
+    assert_agrees(result, bf16_sampler=hybrid)
