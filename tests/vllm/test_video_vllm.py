@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.vllm._mismatch import assert_agrees, measure
 from tests.vllm.conftest import VLLMServer, free_port
 from vf_mm.errors import MultiModalDataError
 from vf_mm.inference import (
@@ -212,3 +213,13 @@ def test_the_backend_sends_raw_frames_as_content_parts(family):
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]
     assert theirs.num_embeds == mine.num_embeds and theirs.end == mine.end
     assert result.multi_modal_data.mm_hashes == ours.multi_modal_data.mm_hashes
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_trainer_scores_vllms_multi_turn_image_samples_as_vllm_did(servers, name):
+    """Issue 31's mismatch metric on these servers' image families (LLaVA-OneVision's is
+    measured in test_families_vllm.py): vLLM's multi-turn gridnav samples, images in both
+    turns, scored by the same checkpoint's transformers forward (``tests/vllm/_mismatch.py``)."""
+    server, path = servers[name]
+    server.wait_healthy()
+    assert_agrees(measure(name, server.base_url, path))

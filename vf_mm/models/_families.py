@@ -294,16 +294,17 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     info = family_info(family)
     backend = resolve_image_backend(backend)
     if backend == "pil" and not info.pil_backend:
-        if torchvision_available():  # asked for PIL by name
+        only = (
+            f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
+            "backend in transformers 5.23"
+        )
+        if torchvision_available():  # "pil" was asked for by name
             raise MissingDependencyError(
-                f"{info.label}'s image processor ({info.image_processor}) has only a "
-                "torchvision backend in transformers 5.23: use image_backend='torchvision' "
-                "(or 'auto')"
+                f"{only} (no PIL one): load it with image_backend='torchvision' or 'auto'"
             )
         raise MissingDependencyError(
-            f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
-            "backend in transformers 5.23, and torchvision does not import here: install the "
-            "torchvision build that matches your torch (as beside vLLM) to render its images"
+            f"{only}, and torchvision does not import here: install the torchvision build "
+            "that matches your torch (as beside vLLM) to render its images"
         )
     return getattr(transformers, info.image_processor + ("" if backend == "torchvision" else "Pil"))
 
@@ -524,10 +525,20 @@ def _replacement_options(processor: Any, kwargs: dict[str, Any]) -> dict[str, An
     """What the processor's own call passes ``replace_image_token`` besides the image:
     LFM2-VL's takes the image options (tile size, thumbnail) and whether to write its
     image and tile markers (``use_image_special_tokens``, on by default: without it the
-    text would lack them); the other families' take nothing."""
-    if not hasattr(processor, "use_image_special_tokens"):
+    text would lack them); the other families' take nothing.
+
+    transformers 5.23 keeps that flag on the processor; 5.19 to 5.22 keep it as a
+    ``text_kwargs`` default of the processor's kwargs class (their call moves it to the
+    image options). It is read from either: missed, ``replace_image_token`` writes no
+    markers and the prompt silently differs from the processor's."""
+    flag = getattr(processor, "use_image_special_tokens", None)  # transformers >= 5.23
+    if flag is None:
+        kwargs_class = getattr(processor, "valid_processor_kwargs", None)
+        defaults = getattr(kwargs_class, "_defaults", None) or {}
+        flag = defaults.get("text_kwargs", {}).get("use_image_special_tokens")
+    if flag is None:
         return {}
-    return {**kwargs, "use_image_special_tokens": processor.use_image_special_tokens}
+    return {**kwargs, "use_image_special_tokens": flag}
 
 
 def _numpy(value: Any) -> np.ndarray:

@@ -215,19 +215,17 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
-    if family not in (
-        "internvl",
-        "lfm2_vl",
-        "kimi_k25",
-    ):  # their towers' names are the released ones
+    if family == "lfm2_vl":
+        _siglip_keys_as_released(path, prefix="model.vision_tower.")
+    elif family not in ("internvl", "kimi_k25"):  # their towers' names are the released ones
         _siglip_keys_as_released(path)
 
 
-def _siglip_keys_as_released(path: Path) -> None:
+def _siglip_keys_as_released(path: Path, *, prefix: str = "vision_tower.") -> None:
     """Name a SigLIP vision tower's weights as the released checkpoints do
-    (``vision_tower.vision_model.*``). transformers 5.23 saves Gemma 3's and
-    LLaVA-OneVision's tower without the ``vision_model`` level; it reads both layouts,
-    vLLM 0.32 only the released one."""
+    (``{prefix}vision_model.*``). transformers 5.19 to 5.23 save Gemma 3's,
+    LLaVA-OneVision's and LFM2.5-VL's (``model.vision_tower.``) tower without the
+    ``vision_model`` level; they read both layouts, vLLM 0.32 only the released one."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -235,7 +233,7 @@ def _siglip_keys_as_released(path: Path) -> None:
     with safe_open(str(file), "pt") as handle:
         metadata = handle.metadata()
         keys = list(handle.keys())
-    prefix, released = "vision_tower.", "vision_tower.vision_model."
+    released = prefix + "vision_model."
     if not any(k.startswith(prefix) and not k.startswith(released) for k in keys):
         return
     tensors = load_file(str(file))
@@ -506,6 +504,9 @@ def _build_gemma4(path: Path, seed: int, template: str, variant: str) -> Path:
         _SIGLIP, num_key_value_heads=2, head_dim=32, global_head_dim=32,
         patch_size=_GEMMA4["patch_size"], pooling_kernel_size=_GEMMA4["pooling"],
         position_embedding_size=256, use_clipped_linears=not large, standardize=large,
+        # the released configs' soft tokens per image (Gemma4VisionConfig does not define
+        # it; vLLM 0.32 reads it to size its image budget)
+        default_output_length=_GEMMA4["soft_tokens"],
     )  # fmt: skip
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
         ("boi_token_id", "<|image>"), ("eoi_token_id", "<image|>"), ("image_token_id", "<|image|>"),
@@ -607,7 +608,7 @@ def _build_internvl(path: Path, seed: int) -> Path:
 # only where it does).
 _LFM2_VL = dict(
     tile_size=64, encoder_patch_size=16, downsample_factor=2, min_image_tokens=1,
-    max_image_tokens=4, min_tiles=2, max_tiles=10,
+    max_image_tokens=64, min_tiles=2, max_tiles=10,
 )  # fmt: skip
 
 
@@ -634,9 +635,13 @@ def _build_lfm2_vl(path: Path, seed: int) -> Path:
         tokenizer, model_type="lfm2", layer_types=["conv", "full_attention"], norm_eps=1e-5,
         block_auto_adjust_ff_dim=False,
     )  # fmt: skip
+    # keys the released LFM2 configs carry and transformers' Lfm2Config does not define
+    # (it keeps them as given); vLLM 0.32's LFM2 layers read them
+    width = text["hidden_size"]
+    text.update(conv_dim=width, conv_dim_out=width, block_dim=width)
     vision = dict(
         _SIGLIP, model_type="siglip2_vision_model", patch_size=_LFM2_VL["encoder_patch_size"],
-        num_patches=patches,
+        num_patches=patches, vision_use_head=False,  # as released: the model reads no pooled output
     )  # fmt: skip
     config = Lfm2VlConfig(
         text_config=text,
