@@ -128,7 +128,12 @@ def setup_tier(root: Path, requirements: Path, *, unpinned: tuple[str, ...] = ()
 
 #: the vllm tier's tests: tests/vllm, and LFM2.5-VL's image parity and golden image cases,
 #: which need torchvision (only .venv-vllm has it) and live beside the family's other tests
-VLLM_TESTS = ("tests/vllm", "tests/renderers/test_lfm2_vl.py", "tests/renderers/test_golden.py")
+VLLM_TESTS = (
+    "tests/vllm",
+    "tests/renderers/test_lfm2_vl.py",
+    "tests/renderers/test_kimi_k25.py",
+    "tests/renderers/test_golden.py",
+)
 
 JOBS = {
     "demo": [
