@@ -97,6 +97,7 @@ from vf_mm.inference._vllm_protocol import (
     RequestBody,
     ResponseNotJSON,
     ResponseSchemaError,
+    check_features,
     decode_response,
     encode_request,
     error_detail,
@@ -160,7 +161,8 @@ class VLLMBackend:
     request goes as ``null`` with the digest of what was sent, and a miss is sent again
     in full (``item_stats``; ``vf_mm.inference._vllm_items`` says why a real vLLM server
     is always sent every item). ``send_kwargs_data=False`` sends ``kwargs_data: null``:
-    the server looks every item up by hash in its cache. ``transport`` replaces httpx's (tests, a Unix socket).
+    the server looks every item up by hash in its cache. ``transport`` replaces httpx's
+    (tests, a Unix socket).
     Proxy environment variables are ignored: inference servers are reached directly.
     ``embed_token_ids`` (content_parts mode): per modality, the token ids that take
     embeddings (``renderer.vision.embed_ids("video")``), so the returned placeholders say
@@ -280,8 +282,9 @@ class VLLMBackend:
     def item_stats(self) -> dict[str, dict[str, int]]:
         """Per base URL, the images' (and clips') tensors in features mode, in the
         requests it answered: items ``sent`` with their tensors, ``skipped`` (sent as
-        ``null``: the server held them from an earlier request), ``misses`` (requests the server answered that it
-        lacked one, sent again in full) and ``held`` (items recorded as held now). A
+        ``null``: the server held them from an earlier request), ``misses`` (requests
+        the server answered that it lacked one, sent again in full) and ``held`` (items
+        recorded as held now). A
         server is sent ``null`` items only if it advertises its item cache (``vf-mm
         serve``; see ``vf_mm.inference._vllm_items``), never a real vLLM server."""
         return {
@@ -333,7 +336,7 @@ class VLLMBackend:
 
     # -- the request body ---------------------------------------------------------------
 
-    async def _prepare(self, request: GenerateRequest) -> RequestBody:
+    async def _prepare(self, request: GenerateRequest) -> _Prepared:
         parts = request.content_parts
         mmd = request.multi_modal_data
         has_parts = bool(parts)
@@ -349,7 +352,9 @@ class VLLMBackend:
                 "(multi_modal_data), or create the backend with mode='content_parts'"
             )
         if has_features and self.send_kwargs_data:
-            return _Prepared(strings=ItemStrings())  # each attempt's body made by _body
+            assert mmd is not None  # checked before a server is chosen; bodies made by _body
+            check_features(mmd, len(request.prompt_ids), send_kwargs_data=True)
+            return _Prepared(strings=ItemStrings())
         if has_parts or has_features:
             # image decoding / encoding and base64 of the tensors: off the event loop
             return _Prepared(fixed=await asyncio.to_thread(self._encode, request, None, None))

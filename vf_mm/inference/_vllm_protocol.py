@@ -245,16 +245,10 @@ def _sampling_params(sampling: SamplingParams, banned: Sequence[int] = ()) -> di
     return params
 
 
-def _features(
-    mmd: MultiModalData,
-    num_tokens: int,
-    send_kwargs_data: bool,
-    strings: ItemStrings | None,
-    held: Mapping[tuple[str, str], tuple[str, str]] | None,
-    out: RequestBody,
-) -> tuple[dict[str, Any], dict[str, list[str | None]]]:
-    """The ``features`` of ``mmd``, and per modality the digest of each item sent as
-    ``null`` because the server ``held`` it (None for the others); counts in ``out``."""
+def check_features(mmd: MultiModalData, num_tokens: int, *, send_kwargs_data: bool) -> None:
+    """Raise ``MultiModalDataError`` for features a prompt of ``num_tokens`` cannot carry
+    (what ``encode_request`` checks first, and a caller may check before choosing a
+    server)."""
     modalities = list(mmd.mm_placeholders)
     # without kwargs_data the items are only counted: empty ones stand in for them
     items = (
@@ -270,6 +264,20 @@ def _features(
             "which vLLM's features route cannot carry (its placeholders are offset and length "
             f"only): send this model's {sparse[0]}s as content_parts instead"
         )
+
+
+def _features(
+    mmd: MultiModalData,
+    num_tokens: int,
+    send_kwargs_data: bool,
+    strings: ItemStrings | None,
+    held: Mapping[tuple[str, str], tuple[str, str]] | None,
+    out: RequestBody,
+) -> tuple[dict[str, Any], dict[str, list[str | None]]]:
+    """The ``features`` of ``mmd``, and per modality the digest of each item sent as
+    ``null`` because the server ``held`` it (None for the others); counts in ``out``."""
+    modalities = list(mmd.mm_placeholders)
+    check_features(mmd, num_tokens, send_kwargs_data=send_kwargs_data)
     kwargs_data: dict[str, list[str | None]] | None = None
     skipped: dict[str, list[str | None]] = {}  # the digest of each null sent for a held item
     if send_kwargs_data:
