@@ -390,6 +390,19 @@ class VLLMBackend:
         snapshot = dict(held.items) if held is not None and held.may_keep else None
         return await asyncio.to_thread(self._encode, request, prepared.strings, snapshot)
 
+    async def _body_for(
+        self, request: GenerateRequest, prepared: _Prepared, index: int
+    ) -> RequestBody:
+        """``_body`` for server ``index``, counted in flight there from its choice on: a
+        request chosen meanwhile sees it (``_attempt`` counts it again, with no await
+        between)."""
+        server = self._servers[index]
+        server.outstanding += 1
+        try:
+            return await self._body(request, prepared, self._held[index])
+        finally:
+            server.outstanding -= 1
+
     # -- sending, with retries ------------------------------------------------------
 
     def _get_client(self) -> httpx.AsyncClient:
@@ -428,7 +441,7 @@ class VLLMBackend:
             if server.url not in used:
                 used.append(server.url)
             held = self._held[index]
-            body = await self._body(request, prepared, held)
+            body = await self._body_for(request, prepared, index)
             try:
                 try:
                     content, advert = await self._attempt(client, server, body, retry=attempt > 0)
@@ -436,7 +449,7 @@ class VLLMBackend:
                     # the server lost what we sent it (restarted, evicted): once, in full
                     held.misses += 1
                     held.forget()
-                    body = await self._body(request, prepared, held)  # now holds nothing
+                    body = await self._body_for(request, prepared, index)  # holds nothing
                     content, advert = await self._attempt(client, server, body, retry=True)
                 result = self._result(content, request, body, server)
                 self._router.touch(request.session_id)
