@@ -198,3 +198,37 @@ def test_a_miss_on_a_body_that_skipped_nothing_is_final():
 
     with pytest.raises(BackendHTTPError, match="no"):
         asyncio.run(main())
+
+
+def test_a_request_counts_in_flight_on_its_server_while_its_body_is_made():
+    """The body is made for the chosen server (after the choice): meanwhile the request
+    counts as in flight there, so requests chosen meanwhile see the load."""
+    import threading
+
+    backend = VLLMBackend(
+        "http://s.test", max_model_len=4096, transport=httpx.MockTransport(_Server("i1"))
+    )
+    started, release = threading.Event(), threading.Event()
+    encode = backend._encode
+
+    def slow(*args: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return encode(*args)
+
+    backend._encode = slow  # type: ignore[method-assign]
+
+    async def main() -> int:
+        try:
+            task = asyncio.create_task(backend.generate(_request(A)))
+            await asyncio.to_thread(started.wait, 10)
+            during = backend.stats["http://s.test"]["outstanding"]
+            release.set()
+            await task
+            return during
+        finally:
+            release.set()
+            await backend.aclose()
+
+    assert asyncio.run(main()) == 1
+    assert backend.stats["http://s.test"]["outstanding"] == 0
