@@ -425,7 +425,8 @@ def test_odd_values_do_not_crash(tmp_path):
     assert len(page.having("img-missing")) == 4
     assert report.images_embedded == 1  # the data: URL
     assert any("line 9: a JSON list, not an object" in w for w in report.warnings)
-    report.html.encode("utf-8")  # the lone surrogate was replaced
+    report.html.encode("utf-8")  # the lone surrogate is shown as its escape, not as "?"
+    assert "\\ud800 lone surrogate" in text
 
 
 def test_cli_writes_the_report(run, capsys):

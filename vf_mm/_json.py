@@ -39,9 +39,17 @@ def to_json_value(value: Any, where: str, path: str = "") -> Any:
     """A JSON-native copy of ``value`` (dicts, lists, str, int, float, bool, None).
 
     Tuples become lists; ``numbers.Integral``/``numbers.Real`` (numpy scalars) become
-    ``int``/``float``. Refused with ``ResultsError`` naming ``where`` and the path inside
-    it (``path`` names ``value`` itself): anything else (bytes, tensors, arrays, sets, objects), dict keys that are not
-    ``str``, and NaN or infinity (JSON has no such numbers).
+    ``int``/``float``.
+
+    Args:
+        value: The value to copy.
+        where: Names the value in an error (a row, a field).
+        path: The place of ``value`` inside ``where``; nested values extend it.
+
+    Raises:
+        ResultsError: Anything else (bytes, tensors, arrays, sets, objects), dict keys
+            that are not ``str``, and NaN or infinity (JSON has no such numbers), naming
+            ``where`` and the path inside it.
     """
 
     def convert(v: Any, path: str) -> Any:

@@ -20,7 +20,12 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """Shard ``index`` of ``count`` (``0 <= index < count``)."""
+    """Shard ``index`` of ``count`` (``0 <= index < count``).
+
+    Attributes:
+        index: This shard's number, from 0.
+        count: How many shards there are.
+    """
 
     index: int
     count: int
@@ -29,14 +34,22 @@ class Shard:
         return f"{self.index}/{self.count}"
 
     def holds(self, example_id: Any) -> bool:
-        """Whether the example with this id belongs to this shard."""
+        """Whether the example with this id belongs to this shard.
+
+        Args:
+            example_id: The example's id.
+        """
         return shard_of(example_id, self.count) == self.index
 
     def select(self, rows: Iterable[Any]) -> tuple[Iterator[Any], Iterator[Any]]:
-        """The rows (dataset rows: their ``example_id``, else their position) that this
-        shard holds, and their ids: two iterators over one pass of ``rows``, read in step
-        (``evaluate`` takes a row and its id together), so a streamed dataset is read once
-        and never listed."""
+        """The rows that this shard holds, and their ids.
+
+        Two iterators over one pass of ``rows``, read in step (``evaluate`` takes a row and its
+        id together), so a streamed dataset is read once and never listed.
+
+        Args:
+            rows: Dataset rows; a row's id is its ``example_id``, else its position.
+        """
         pairs = (
             (row.get("example_id", position), row)
             for position, row in enumerate(rows)
@@ -47,7 +60,14 @@ class Shard:
 
 
 def parse_shard(text: str) -> Shard:
-    """``"i/N"`` as a ``Shard``; ``ValueError`` naming the mistake otherwise."""
+    """``"i/N"`` as a ``Shard``.
+
+    Args:
+        text: The spec, ``"i/N"``.
+
+    Raises:
+        ValueError: Anything else, naming the mistake.
+    """
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
     if match is None:
         raise ValueError(f"{text!r} is not a shard: write i/N, e.g. 0/4")
@@ -58,7 +78,12 @@ def parse_shard(text: str) -> Shard:
 
 
 def shard_of(example_id: Any, count: int) -> int:
-    """The shard (of ``count``) an example id falls in."""
+    """The shard (of ``count``) an example id falls in.
+
+    Args:
+        example_id: The example's id.
+        count: How many shards there are.
+    """
     if isinstance(example_id, bool) or not isinstance(example_id, int):
         return zlib.crc32(str(example_id).encode("utf-8")) % count
     return example_id % count

@@ -33,7 +33,18 @@ from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
 
 @dataclass(slots=True)
 class ClientStats:
-    """What the client did, summed over its turns (read it, don't write it)."""
+    """What the client did, summed over its turns (read it, don't write it).
+
+    Attributes:
+        turns: Model turns taken.
+        bridges: Turns whose prompt was bridged from the previous turn's tokens.
+        renders: Turns whose prompt was rendered in full.
+        fallbacks: Why a turn was fully rendered instead of bridged, counted by reason.
+        render_s: Seconds spent rendering.
+        backend_s: Seconds spent waiting on the backend.
+        prompt_tokens: Prompt tokens sent.
+        completion_tokens: Completion tokens received.
+    """
 
     turns: int = 0
     bridges: int = 0
@@ -47,8 +58,17 @@ class ClientStats:
 
 @dataclass(slots=True)
 class ModelTurn:
-    """One model turn: the assistant message to append, and its tokens (None when the
-    backend works on messages and never saw token ids)."""
+    """One model turn: the assistant message to append, and its tokens.
+
+    Attributes:
+        message: The assistant message.
+        tokens: Its tokens; None when the backend works on messages and never saw token
+            ids.
+        usage: The backend's token counts.
+        bridged: Whether the prompt was bridged from the previous turn's tokens.
+        tool_call_errors: Tool calls in the completion that did not parse, one message
+            each.
+    """
 
     message: dict[str, Any]
     tokens: ResponseTokens | None
@@ -59,8 +79,12 @@ class ModelTurn:
     def step(self, prompt: Messages, **extras: Any) -> TrajectoryStep:
         """The trajectory step this turn makes (its completion is ``[self.message]``).
 
-        The messages are copied (dicts and content lists; images are shared), so an
-        environment that later edits its message list in place cannot rewrite this step.
+        The messages are copied (dicts and content lists; images are shared), so an environment
+        that later edits its message list in place cannot rewrite this step.
+
+        Args:
+            prompt: The messages the turn saw.
+            **extras: The step's ``extras``.
         """
         return TrajectoryStep(
             prompt=cast(Messages, [_copy_message(m) for m in prompt]),
@@ -73,10 +97,14 @@ class ModelTurn:
 class RendererClient:
     """Turns messages into model turns through a renderer and a backend.
 
-    ``renderer``: a ``vf_mm.renderers.Renderer``, e.g. a ``RendererPool`` (needed for
-    token backends; use a pool when many rollouts run concurrently). ``backend``: a
-    ``Backend`` (token ids) or a ``ChatBackend`` (messages). ``sampling``: defaults for
-    every turn, overridable per call.
+    Args:
+        backend: A ``Backend`` (token ids) or a ``ChatBackend`` (messages).
+        renderer: A ``vf_mm.renderers.Renderer``, e.g. a ``RendererPool`` (needed for
+            token backends; use a pool when many rollouts run concurrently).
+        sampling: Defaults for every turn, overridable per call.
+
+    Raises:
+        ValueError: A token backend without a renderer.
     """
 
     def __init__(
@@ -140,11 +168,28 @@ class RendererClient:
         session_id: str | None = None,
         max_prompt_tokens: int | None = None,
     ) -> ModelTurn:
-        """One model turn. ``session_id`` names the rollout the turn belongs to (the same
-        for all its turns): a backend with several servers sends them all to one server,
-        whose prefix cache holds the earlier turns; end it with ``end_session``.
-        ``max_prompt_tokens`` (token-level backends): a rendered prompt longer than this
-        is refused (``PromptTooLongError``) before anything is sent (a server's cap)."""
+        """One model turn.
+
+        Args:
+            prompt: The conversation so far.
+            trajectory: The rollout's earlier steps: the prompt is bridged onto the newest
+                step whose prompt and completion are a prefix of it (the tokens the model saw
+                stay exact); when none fits, it is rendered whole.
+            tools: Tool schemas (OpenAI format) the template shows the model.
+            sampling: This turn's sampling, over the client's defaults.
+            session_id: Names the rollout the turn belongs to (the same for all its turns): a
+                backend with several servers sends them all to one server, whose prefix cache
+                holds the earlier turns; end it with ``end_session``.
+            max_prompt_tokens: Token-level backends only: a rendered prompt longer than this
+                is refused before anything is sent (a server's cap).
+
+        Raises:
+            PromptTooLongError: The rendered prompt is over ``max_prompt_tokens``.
+            BackendProtocolError: The backend's answer breaks its schema (logprobs missing or
+                of the wrong length).
+            ReservedTokenError: The completion holds a token reserved for images and videos.
+            ValueError: ``max_prompt_tokens`` with a chat backend.
+        """
         sampling = sampling or self.sampling
         self.stats.turns += 1
         if not self.token_level:
@@ -233,8 +278,14 @@ class RendererClient:
             )
 
     def end_session(self, session_id: str) -> None:
-        """The rollout ``session_id`` named is over: a backend that routes sessions (one
-        with an ``end_session`` of its own) stops counting it; others ignore it."""
+        """The rollout ``session_id`` named is over.
+
+        A backend that routes sessions (one with an ``end_session`` of its own) stops counting
+        it; others ignore it.
+
+        Args:
+            session_id: The rollout's session id, as passed to ``generate``.
+        """
         end = getattr(self.backend, "end_session", None)
         if end is not None:
             end(session_id)

@@ -66,7 +66,9 @@ against the standard exceptions keeps working.
     │   ├── BackPressureTimeout (TimeoutError) a send blocked past timeout_s: the trainer is not reading
     │   ├── LedgerError                        a receiver's ledger of committed group ids: held by another
     │   │                                      receiver, not a ledger, or a corrupt line before the last
-    │   └── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
+    │   ├── ReceiveTimeout (TimeoutError)      no message arrived within the receiver's timeout_s
+    │   └── StreamEndedEarlyError              a stream file whose writer stopped early (its end marker
+    │                                          says why): raised after its last group
     ├── WorkerError                            rollout workers (vf_mm.workers, --workers / --ray)
     │   ├── WorkerStartError                   a worker could not build its environment or client
     │   └── WorkerLostError                    a worker died (or its Ray actor) with groups in flight
@@ -124,6 +126,7 @@ __all__ = [
     "ResultsError",
     "ResumeMismatchError",
     "RewardFunctionError",
+    "StreamEndedEarlyError",
     "StreamError",
     "StreamHeaderError",
     "TornFrameError",
@@ -164,15 +167,19 @@ class TrajectoryError(VfMmError, ValueError):
 
 
 class MediaError(VfMmError, ValueError):
-    """An image or a video that could not be loaded: refused, unreadable, undecodable or
-    too large. ``ImageError`` and ``VideoError`` are its two kinds; catch this one for
-    either.
+    """An image or a video that could not be loaded: refused, unreadable, undecodable or too large.
 
-    ``reason`` says what went wrong; ``source`` is a short description of the source (a
-    shortened URL or path, never a whole base64 payload, with any query string and
-    credentials left out; ``<array (8, 48, 64, 3) uint8>`` for raw frames); ``where`` is
-    its place in a conversation (``"message 2, part 1"``) when the caller gave one.
-    ``str(error)`` puts the three together, led by the medium (``image`` / ``video``).
+    ``ImageError`` and ``VideoError`` are its two kinds; catch this one for either.
+    ``str(error)`` puts the three arguments together, led by the medium (``image`` /
+    ``video``); each is kept as the attribute of the same name.
+
+    Args:
+        reason: What went wrong.
+        source: A short description of the source: a shortened URL or path, never a whole
+            base64 payload, with any query string and credentials left out;
+            ``<array (8, 48, 64, 3) uint8>`` for raw frames.
+        where: Its place in a conversation (``"message 2, part 1"``) when the caller
+            gave one.
     """
 
     medium = "media"
@@ -222,8 +229,17 @@ class UnsafeImageSourceError(ImageError):
 
 
 class ImageFetchError(_FetchFailure, ImageError):
-    """Reading the image failed: DNS, connection, TLS, an HTTP error status (``status``),
-    a timeout, too many redirects, a body over ``max_bytes``, or a missing local file."""
+    """Reading the image failed.
+
+    DNS, connection, TLS, an HTTP error status, a timeout, too many redirects, a body over
+    ``max_bytes``, or a missing local file.
+
+    Args:
+        reason: What went wrong (see ``MediaError``).
+        source: A short description of the source (see ``MediaError``).
+        where: Its place in a conversation (see ``MediaError``).
+        status: The HTTP status, when there was one (kept as ``status``).
+    """
 
 
 class ImageDecodeError(ImageError):
@@ -250,8 +266,17 @@ class UnsafeVideoSourceError(VideoError):
 
 
 class VideoFetchError(_FetchFailure, VideoError):
-    """Reading the video's bytes failed: DNS, connection, TLS, an HTTP error status
-    (``status``), a timeout, too many redirects, or a missing local file."""
+    """Reading the video's bytes failed.
+
+    DNS, connection, TLS, an HTTP error status, a timeout, too many redirects, or a missing
+    local file.
+
+    Args:
+        reason: What went wrong (see ``MediaError``).
+        source: A short description of the source (see ``MediaError``).
+        where: Its place in a conversation (see ``MediaError``).
+        status: The HTTP status, when there was one (kept as ``status``).
+    """
 
 
 class VideoDecodeError(VideoError):
@@ -282,11 +307,20 @@ class EnvironmentLoadError(EnvError):
 
 
 class EnvironmentArgsError(EnvironmentLoadError, TypeError):
-    """``env_args`` that the environment's ``load_environment`` does not take: ``name`` is
-    a keyword it does not know (``unknown``) or a required one not given (``missing``),
-    ``accepted`` the keywords it names (``passes_on``: the callable its ``**kwargs`` went
-    to, which did not take ``name`` either), ``suggestion`` the nearest accepted one. A
-    mistake in the arguments, not in the environment: the CLI exits 2 with it."""
+    """``env_args`` that the environment's ``load_environment`` does not take.
+
+    A mistake in the arguments, not in the environment: the CLI exits 2 with it. Each
+    argument is kept as the attribute of the same name.
+
+    Args:
+        message: What went wrong.
+        name: A keyword it does not know, or a required one not given.
+        kind: ``"unknown"`` or ``"missing"``.
+        accepted: The keywords it names.
+        suggestion: The nearest accepted keyword, if one is near.
+        passes_on: The callable its ``**kwargs`` went to, which did not take ``name``
+            either.
+    """
 
     def __init__(
         self,
@@ -315,9 +349,15 @@ class UnsupportedEnvironmentError(EnvironmentLoadError):
 
 
 class MessageError(EnvError, ValueError):
-    """A message that entered a rollout (a dataset prompt, an ``env_response`` return, a
-    tool result) and is not one: ``where`` names the method, turn and field, ``hint``
-    how to write it."""
+    """A message that entered a rollout and is not one.
+
+    A dataset prompt, an ``env_response`` return, a tool result.
+
+    Args:
+        message: What is wrong with it.
+        where: The method, turn and field (kept as ``where``).
+        hint: How to write it (kept as ``hint``).
+    """
 
     def __init__(self, message: str, *, where: str, hint: str | None = None) -> None:
         super().__init__(f"{message} ({hint})" if hint else message)
@@ -326,10 +366,16 @@ class MessageError(EnvError, ValueError):
 
 
 class MissingColumnError(EnvError, KeyError):
-    """A reward function asks for a dataset column (``answer``, ``info``) that the rollout's
-    row does not have (or holds null): scoring it against a made-up ``None`` could match a
-    parser that found nothing. ``column`` names it; declare it optional on the
-    environment (``optional_columns=``) if the reward function copes without it."""
+    """A reward function asks for a dataset column the rollout's row lacks (or holds null).
+
+    The column is ``answer`` or ``info``. Scoring it against a made-up ``None`` could match a
+    parser that found nothing. Declare the column optional on the environment
+    (``optional_columns=``) if the reward function copes without it.
+
+    Args:
+        message: What went wrong.
+        column: The column (kept as ``column``).
+    """
 
     def __init__(self, message: str, *, column: str) -> None:
         super().__init__(message)
@@ -348,7 +394,12 @@ class RewardFunctionError(EnvError, TypeError):
 
 
 class EnvironmentCheckError(EnvError, AssertionError):
-    """``check_environment`` found problems; ``problems`` lists every one of them."""
+    """``check_environment`` found problems.
+
+    Args:
+        message: The summary.
+        problems: Every problem found (kept as ``problems``).
+    """
 
     def __init__(self, message: str, *, problems: list[str]) -> None:
         super().__init__(message)
@@ -360,11 +411,17 @@ class RenderError(VfMmError, ValueError):
 
 
 class ReservedTokenError(RenderError):
-    """Text holding a token the model family reserves for images and videos (a
-    placeholder, a pad, a vision marker): in a message (``where`` names it), or in a
-    completion the model sampled (a backend that ignored the ban on those tokens).
-    Rendered again, the text would be read as an image or video no input explains, so
-    the rollout fails instead. ``token`` is the literal token."""
+    """Text holding a token the model family reserves for images and videos.
+
+    A placeholder, a pad, a vision marker; in a message (the message says where), or in a
+    completion the model sampled (a backend that ignored the ban on those tokens). Rendered
+    again, the text would be read as an image or video no input explains, so the rollout fails
+    instead.
+
+    Args:
+        message: What went wrong, and where.
+        token: The literal token (kept as ``token``).
+    """
 
     def __init__(self, message: str, *, token: str) -> None:
         super().__init__(message)
@@ -376,10 +433,17 @@ class UnsupportedModelError(RenderError):
 
 
 class ResultsError(VfMmError, ValueError):
-    """The evaluation results store (``vf_mm.results``) refused: a value JSON cannot hold
-    (bytes, a tensor, NaN), an outdir that already holds results (without ``resume``) or is
-    held by another writer, or a results file with a corrupt line (``path`` and 1-based
-    ``line`` say which, when known)."""
+    """The evaluation results store (``vf_mm.results``) refused.
+
+    A value JSON cannot hold (bytes, a tensor, NaN), an outdir that already holds results
+    (without ``resume``) or is held by another writer, or a results file with a corrupt
+    line.
+
+    Args:
+        message: What went wrong.
+        path: The file, when known (kept as ``path``).
+        line: The bad line (1-based), when known (kept as ``line``).
+    """
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
         super().__init__(message)
@@ -388,9 +452,14 @@ class ResultsError(VfMmError, ValueError):
 
 
 class ResumeMismatchError(ResultsError):
-    """``resume=True`` on an outdir whose stored run configuration differs from the new one;
-    ``differences`` maps each differing key to ``(stored, new)`` (a missing side is
-    ``ResumeMismatchError.MISSING``)."""
+    """``resume=True`` on an outdir whose stored run configuration differs from the new one.
+
+    Args:
+        message: What went wrong.
+        path: Where the stored run configuration lives.
+        differences: Each differing key to ``(stored, new)`` (a missing side is
+            ``ResumeMismatchError.MISSING``; kept as ``differences``).
+    """
 
     MISSING = "<missing>"
 
@@ -400,12 +469,20 @@ class ResumeMismatchError(ResultsError):
 
 
 class AssetError(ResultsError):
-    """An asset that a results row refers to (``assets/<hash>.<ext>`` in its messages)
-    cannot be used: the file is missing or unreadable, it does not decode, or its content
-    does not hash to the name it is stored under (changed after it was written). ``asset``
-    is the URL as the row holds it; ``example_id`` and ``rollout_index`` name the row;
-    ``where`` the place in it (``"prompt, message 0, part 1"``); ``path`` the run's
-    ``results.jsonl``."""
+    """A results row's asset (``assets/<hash>.<ext>`` in its messages) cannot be used.
+
+    The file is missing or unreadable, it does not decode, or its content does not hash to
+    the name it is stored under (changed after it was written). Each argument is kept as
+    the attribute of the same name.
+
+    Args:
+        message: What went wrong.
+        asset: The URL as the row holds it.
+        example_id: The row's example.
+        rollout_index: The row's rollout.
+        where: The place in the row (``"prompt, message 0, part 1"``).
+        path: The run's ``results.jsonl``.
+    """
 
     def __init__(
         self,
@@ -425,13 +502,19 @@ class AssetError(ResultsError):
 
 
 class MergeError(ResultsError):
-    """``vf_mm.results.merge_runs`` (``vf-mm merge``) refused to combine run directories:
-    a source that is missing or not a run directory, configs that differ in more than
-    ``"shard"``, two sources holding the same shard, different shard counts, one
-    (example, rollout) in two sources, a shard missing (without ``allow_partial``), an
-    asset that is missing or does not match its content hash, or an outdir that is not
-    empty. ``sources`` names the directories involved (``path``: the outdir, when it is
-    the problem). Nothing has been written when it is raised."""
+    """``vf_mm.results.merge_runs`` (``vf-mm merge``) refused to combine run directories.
+
+    A source that is missing or not a run directory, configs that differ in more than
+    ``"shard"``, two sources holding the same shard, different shard counts, one (example,
+    rollout) in two sources, a shard missing (without ``allow_partial``), an asset that is
+    missing or does not match its content hash, or an outdir that is not empty. Nothing has
+    been written when it is raised.
+
+    Args:
+        message: What went wrong.
+        path: The outdir, when it is the problem (kept as ``path``).
+        sources: The source directories involved (kept as ``sources``).
+    """
 
     def __init__(
         self, message: str, *, path: str | None = None, sources: tuple[str, ...] = ()
@@ -449,9 +532,15 @@ class GroupFrameError(VfMmError, ValueError):
 
 
 class ImageRebuildError(GroupFrameError):
-    """An image of a group sent ``encoded`` or ``ref`` (``vf_mm.training``) that the trainer
-    could not turn back into the sampler's exact model inputs. ``image_hash`` names the
-    image (its ``mm_hash``); the group fails, never trains on other pixels."""
+    """A group's image the trainer could not rebuild into the sampler's exact model inputs.
+
+    The group was sent ``encoded`` or ``ref`` (``vf_mm.training``). The group fails, never
+    trains on other pixels.
+
+    Args:
+        message: What went wrong.
+        image_hash: The image's ``mm_hash`` (kept as ``image_hash``).
+    """
 
     def __init__(self, message: str, *, image_hash: str | None = None) -> None:
         super().__init__(message)
@@ -466,10 +555,17 @@ class ImageRefError(ImageRebuildError):
 
 
 class ProcessingMismatchError(ImageRebuildError):
-    """The trainer's image processing differs from the sampler's: the rebuilt model inputs
-    do not hash to what the group recorded, or the recorded processor config or backend
-    is not the trainer's. ``differs`` names which of ``"config"``, ``"backend"`` and
-    ``"versions"`` differ (empty when none of them does and the inputs still differ)."""
+    """The trainer's image processing differs from the sampler's.
+
+    The rebuilt model inputs do not hash to what the group recorded, or the recorded
+    processor config or backend is not the trainer's.
+
+    Args:
+        message: What went wrong.
+        differs: Which of ``"config"``, ``"backend"`` and ``"versions"`` differ (empty
+            when none of them does and the inputs still differ; kept as ``differs``).
+        image_hash: The image's ``mm_hash``.
+    """
 
     def __init__(
         self, message: str, *, differs: tuple[str, ...] = (), image_hash: str | None = None
@@ -479,7 +575,12 @@ class ProcessingMismatchError(ImageRebuildError):
 
 
 class BackendError(VfMmError):
-    """An inference request that failed; ``backend`` names the server or model."""
+    """An inference request that failed (after the backend's retries).
+
+    Args:
+        message: What went wrong.
+        backend: The server or model (kept as ``backend``).
+    """
 
     def __init__(self, message: str, *, backend: str = "") -> None:
         super().__init__(message)
@@ -491,7 +592,14 @@ class BackendUnavailableError(BackendError):
 
 
 class BackendHTTPError(BackendError):
-    """The server answered with an error status; ``status`` and the server's ``detail``."""
+    """The server answered with an error status.
+
+    Args:
+        message: What went wrong.
+        backend: The server or model.
+        status: The HTTP status (kept as ``status``).
+        detail: The server's own message (kept as ``detail``).
+    """
 
     def __init__(self, message: str, *, backend: str = "", status: int, detail: str = "") -> None:
         super().__init__(message, backend=backend)
@@ -504,7 +612,14 @@ class BackendProtocolError(BackendError):
 
 
 class PromptTooLongError(BackendError, ValueError):
-    """A request refused before sending: prompt plus max_tokens exceed the model's length."""
+    """A request refused before sending: prompt plus max_tokens exceed the model's length.
+
+    Args:
+        message: What went wrong.
+        backend: The server or model.
+        prompt_tokens: The prompt's length in tokens (kept as ``prompt_tokens``).
+        limit: The model's length (kept as ``limit``).
+    """
 
     def __init__(self, message: str, *, backend: str = "", prompt_tokens: int, limit: int) -> None:
         super().__init__(message, backend=backend)
@@ -513,9 +628,17 @@ class PromptTooLongError(BackendError, ValueError):
 
 
 class BackendOutOfMemoryError(BackendError, MemoryError):
-    """The local backend cannot hold a request: its prompt and ``max_tokens`` need more KV
-    slots than the pool has (``needed`` / ``available`` tokens), or a forward ran out of
-    GPU memory. That request fails; the others and the backend go on."""
+    """The local backend cannot hold a request.
+
+    Its prompt and ``max_tokens`` need more KV slots than the pool has, or a forward ran
+    out of GPU memory. That request fails; the others and the backend go on.
+
+    Args:
+        message: What went wrong.
+        backend: The model.
+        needed: KV slots (tokens) the request needs (kept as ``needed``).
+        available: KV slots (tokens) the pool has (kept as ``available``).
+    """
 
     def __init__(
         self, message: str, *, backend: str = "", needed: int = 0, available: int = 0
@@ -532,8 +655,14 @@ class TransportError(VfMmError):
 
 
 class BackPressureTimeout(TransportError, TimeoutError):
-    """A send waited longer than the sender's ``timeout_s`` for room in its bounded queue:
-    the trainer is not reading (or not there). ``sent`` groups went out before it."""
+    """A send waited longer than the sender's ``timeout_s`` for room in its bounded queue.
+
+    The trainer is not reading (or not there).
+
+    Args:
+        message: What went wrong.
+        sent: How many groups went out before it (kept as ``sent``).
+    """
 
     def __init__(self, message: str, *, sent: int = 0) -> None:
         super().__init__(message)
@@ -541,11 +670,18 @@ class BackPressureTimeout(TransportError, TimeoutError):
 
 
 class LedgerError(TransportError):
-    """A ``GroupReceiver``'s ledger (the file of group ids the trainer has committed)
-    cannot be used: another receiver holds it (one receiver per ledger: it is locked
-    while open), the file is not a ledger, or a line before the last is corrupt (a torn
-    *last* line is an interrupted commit and is dropped, never an error). ``path`` names
-    the file and ``line`` (1-based) the bad line, when there is one."""
+    """A ``GroupReceiver``'s ledger cannot be used.
+
+    The ledger is the file of group ids the trainer has committed. Another receiver holds it
+    (one receiver per ledger: it is locked while open), the file is not a ledger, or a line
+    before the last is corrupt (a torn *last* line is an interrupted commit and is dropped,
+    never an error).
+
+    Args:
+        message: What went wrong.
+        path: The ledger file (kept as ``path``).
+        line: The bad line (1-based), when there is one (kept as ``line``).
+    """
 
     def __init__(self, message: str, *, path: str, line: int | None = None) -> None:
         super().__init__(message)
@@ -555,6 +691,27 @@ class LedgerError(TransportError):
 
 class ReceiveTimeout(TransportError, TimeoutError):
     """No message reached the receiver within its ``timeout_s``."""
+
+
+class StreamEndedEarlyError(TransportError):
+    """A stream file of groups whose writer stopped before its run was done.
+
+    Raised by the file's reader after the last group, every group before it whole (as a
+    torn tail is), so a trainer cannot take a partial run for a whole one.
+
+    Args:
+        message: What went wrong.
+        source: The file (kept as ``source``).
+        sent: The groups the writer had written (kept as ``sent``).
+        reason: Why it stopped, from its end marker: an exception, Ctrl-C,
+            ``--max-errors`` (kept as ``reason``).
+    """
+
+    def __init__(self, message: str, *, source: str, sent: int, reason: str) -> None:
+        super().__init__(message)
+        self.source = source
+        self.sent = sent
+        self.reason = reason
 
 
 class WorkerError(VfMmError):
@@ -594,7 +751,14 @@ class StreamHeaderError(StreamError):
 
 
 class FrameTooLargeError(StreamError):
-    """A frame declares (or would need) more bytes than the configured maximum."""
+    """A frame declares (or would need) more bytes than the configured maximum.
+
+    Args:
+        message: What went wrong.
+        offset: The frame's byte offset (kept as ``offset``).
+        length: The frame's length in bytes (kept as ``length``).
+        limit: The maximum (kept as ``limit``).
+    """
 
     def __init__(self, message: str, *, offset: int, length: int, limit: int) -> None:
         super().__init__(message)
@@ -604,7 +768,13 @@ class FrameTooLargeError(StreamError):
 
 
 class CorruptFrameError(StreamError):
-    """A frame whose bytes do not match the checksum written with it."""
+    """A frame whose bytes do not match the checksum written with it.
+
+    Args:
+        message: What went wrong.
+        offset: The frame's byte offset (kept as ``offset``).
+        index: The frame's number in the stream (kept as ``index``).
+    """
 
     def __init__(self, message: str, *, offset: int, index: int) -> None:
         super().__init__(message)
@@ -615,8 +785,14 @@ class CorruptFrameError(StreamError):
 class TornFrameError(StreamError):
     """The stream ends part-way through a frame, as when a writer is killed mid-write.
 
-    ``offset`` is where the torn frame starts: everything before it is whole, and a
-    writer that resumes should truncate the file there (see ``repair_stream``).
+    Args:
+        message: What went wrong.
+        offset: Where the torn frame starts: everything before it is whole, and a writer
+            that resumes should truncate the file there (see ``repair_stream``; kept as
+            ``offset``).
+        index: The torn frame's number (kept as ``index``).
+        expected: The bytes the frame needed (kept as ``expected``).
+        available: The bytes there were (kept as ``available``).
     """
 
     def __init__(

@@ -178,8 +178,14 @@ Messages = list[Message]
 
 
 def content_parts(message: Mapping[str, Any]) -> list[ContentPart]:
-    """The message's content as a new list of parts: ``str`` -> ``[TextPart]``, ``None``
-    (or no content) -> ``[]``. The parts themselves are the message's own dicts."""
+    """The message's content as a new list of parts.
+
+    The parts themselves are the message's own dicts.
+
+    Args:
+        message: A chat message; ``str`` content gives ``[TextPart]``, ``None`` (or no
+            content) gives ``[]``.
+    """
     content = message.get("content")
     if content is None:
         return []
@@ -193,8 +199,11 @@ def content_parts(message: Mapping[str, Any]) -> list[ContentPart]:
 def image_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, ContentPart]]:
     """``(message index, part index, part)`` for every image part, in conversation order.
 
-    This order is the order of a rendered prompt's image placeholders, which is how
-    a renderer pairs each image with its ``mm_placeholders`` entry (by position).
+    This order is the order of a rendered prompt's image placeholders, which is how a
+    renderer pairs each image with its ``mm_placeholders`` entry (by position).
+
+    Args:
+        messages: The conversation.
     """
     found: list[tuple[int, int, ContentPart]] = []
     for m, message in enumerate(messages):
@@ -205,8 +214,13 @@ def image_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, C
 
 
 def video_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, ContentPart]]:
-    """``(message index, part index, part)`` for every video part, in conversation order
-    (the order of a rendered prompt's video placeholders)."""
+    """``(message index, part index, part)`` for every video part, in conversation order.
+
+    The order of a rendered prompt's video placeholders.
+
+    Args:
+        messages: The conversation.
+    """
     found: list[tuple[int, int, ContentPart]] = []
     for m, message in enumerate(messages):
         for p, part in enumerate(content_parts(message)):
@@ -216,9 +230,17 @@ def video_parts(messages: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, C
 
 
 def unknown_video_key(part: Mapping[str, Any]) -> str | None:
-    """The first key a video part may not hold (``VIDEO_PART_KEYS``), quoted and with the
-    closest known key when there is one (``"'num_frame' (did you mean 'num_frames'?)"``);
-    None when every key is known. A misspelt option would otherwise change nothing."""
+    """The first key a video part may not hold (``VIDEO_PART_KEYS``), or None.
+
+    A misspelt option would otherwise change nothing.
+
+    Args:
+        part: A video content part.
+
+    Returns:
+        The key quoted, with the closest known key when there is one (``"'num_frame'
+            (did you mean 'num_frames'?)"``).
+    """
     import difflib
 
     for key in part:
@@ -229,12 +251,19 @@ def unknown_video_key(part: Mapping[str, Any]) -> str | None:
 
 
 def video_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The processing options (``VIDEO_OPTIONS``) a video part or call sets, checked and
-    normalised: ``fps`` a finite positive number; ``num_frames``, ``min_pixels`` and
-    ``max_pixels`` finite positive whole numbers (as ints); ``do_sample_frames`` a bool;
-    not ``fps`` and ``num_frames`` both. Keys set to None and other keys are left out.
-    Raises ``ValueError`` naming the option: the one rule every entry point applies
-    (message checks, the renderer, the servers)."""
+    """The processing options (``VIDEO_OPTIONS``) a video part or call sets, checked and normalised.
+
+    The one rule every entry point applies (message checks, the renderer, the servers).
+    Keys set to None and other keys are left out.
+
+    Args:
+        options: ``fps`` a finite positive number; ``num_frames``, ``min_pixels`` and
+            ``max_pixels`` finite positive whole numbers (returned as ints);
+            ``do_sample_frames`` a bool; not ``fps`` and ``num_frames`` both.
+
+    Raises:
+        ValueError: An option breaks its rule (named in the message).
+    """
     import math
 
     out: dict[str, Any] = {}
@@ -261,10 +290,15 @@ def video_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def image_part_source(part: Mapping[str, Any]) -> Any:
-    """The image an image part points at, unchecked: the URL of an OpenAI
-    ``{"type": "image_url", "image_url": {"url": ...}}`` (or ``"image_url": "..."``), else the
-    first of ``image`` / ``url`` / ``path`` that is set (vf_mm's and transformers' forms);
-    None when there is none. ``vf_mm.images.load_image`` is what checks and loads it."""
+    """The image an image part points at, unchecked; None when there is none.
+
+    ``vf_mm.images.load_image`` is what checks and loads it.
+
+    Args:
+        part: A content part: the URL of an OpenAI ``{"type": "image_url", "image_url":
+            {"url": ...}}`` (or ``"image_url": "..."``) is taken, else the first of
+            ``image`` / ``url`` / ``path`` that is set (vf_mm's and transformers' forms).
+    """
     if part.get("type") == "image_url":
         inner = part.get("image_url")
         return inner.get("url") if isinstance(inner, Mapping) else inner
@@ -272,10 +306,15 @@ def image_part_source(part: Mapping[str, Any]) -> Any:
 
 
 def video_part_source(part: Mapping[str, Any]) -> Any:
-    """The clip a video part points at, unchecked: the URL of an OpenAI ``{"type":
-    "video_url", "video_url": {"url": ...}}`` (or ``"video_url": "..."``, or vLLM's flat
-    ``"url"``), else the first of ``video`` / ``url`` / ``path`` that is set; None when
-    there is none. ``vf_mm.videos.load_video`` is what checks and loads it."""
+    """The clip a video part points at, unchecked; None when there is none.
+
+    ``vf_mm.videos.load_video`` is what checks and loads it.
+
+    Args:
+        part: A content part: the URL of an OpenAI ``{"type": "video_url", "video_url":
+            {"url": ...}}`` (or ``"video_url": "..."``, or vLLM's flat ``"url"``) is
+            taken, else the first of ``video`` / ``url`` / ``path`` that is set.
+    """
     if part.get("type") == "video_url":
         inner = part.get("video_url", part.get("url"))
         return inner.get("url") if isinstance(inner, Mapping) else inner
@@ -283,7 +322,11 @@ def video_part_source(part: Mapping[str, Any]) -> Any:
 
 
 def text_of(message: Mapping[str, Any]) -> str:
-    """The message's text parts joined with no separator (images are skipped)."""
+    """The message's text parts joined with no separator (images are skipped).
+
+    Args:
+        message: A chat message.
+    """
     return "".join(
         str(part.get("text", ""))
         for part in content_parts(message)
@@ -298,14 +341,18 @@ def text_of(message: Mapping[str, Any]) -> str:
 class PlaceholderRange:
     """Where one multi-modal item's tokens sit: ``token_ids[offset:offset + length]``.
 
-    ``offset`` is absolute in the step's prompt token ids. ``is_embed`` says which
-    positions inside the range take the item's embeddings, for items whose tokens are
-    not one contiguous run (tiles separated by row/column text tokens, begin/end markers
-    inside the range; vLLM's ``PlaceholderRange.is_embed``): one bool per position,
-    at least one True. ``None`` (the Qwen-VL case) means every position is an embedding;
-    an all-True mask is stored as ``None``, so equal ranges compare equal. Frozen, so
-    ranges can be shared between copies of a ``MultiModalData`` without one copy
-    changing another.
+    Frozen, so ranges can be shared between copies of a ``MultiModalData`` without one
+    copy changing another.
+
+    Attributes:
+        offset: Absolute in the step's prompt token ids.
+        length: The number of tokens.
+        is_embed: Which positions inside the range take the item's embeddings, for items
+            whose tokens are not one contiguous run (tiles separated by row/column text
+            tokens, begin/end markers inside the range; vLLM's
+            ``PlaceholderRange.is_embed``): one bool per position, at least one True.
+            ``None`` (the Qwen-VL case) means every position is an embedding; an all-True
+            mask is stored as ``None``, so equal ranges compare equal.
     """
 
     offset: int
@@ -358,18 +405,21 @@ class PlaceholderRange:
 class MultiModalData:
     """The images (or other modalities) of one prompt, beside its token ids.
 
-    Per modality (``"image"``, ...) three lists, parallel by index: ``mm_hashes[m][i]``
-    is item i's content hash, ``mm_placeholders[m][i]`` its token range, and
-    ``mm_items[m][i]`` its model inputs (e.g. ``{"pixel_values": tensor,
-    "image_grid_thw": tensor}``). Invariants, checked by ``validate``:
-    the three dicts have the same modality keys, equal list lengths per modality,
-    placeholders sorted by offset and non-overlapping across *all* modalities.
+    Per modality (``"image"``, ...) three lists, parallel by index. Invariants, checked by
+    ``validate``: the three dicts have the same modality keys, equal list lengths per
+    modality, placeholders sorted by offset and non-overlapping across *all* modalities.
 
     The same image twice is two entries with the same hash (items are matched by
     position, not by hash); both entries may share one item dict, so its tensors are
     held once. Methods never mutate ``self`` or their arguments: a bridge copies,
     then appends. ``==`` compares items too; tensors that are not the same object
     make it raise, so compare hashes and placeholders instead.
+
+    Attributes:
+        mm_hashes: ``mm_hashes[m][i]`` is item i's content hash.
+        mm_placeholders: ``mm_placeholders[m][i]`` is item i's token range.
+        mm_items: ``mm_items[m][i]`` is item i's model inputs (e.g. ``{"pixel_values":
+            tensor, "image_grid_thw": tensor}``).
     """
 
     mm_hashes: dict[str, list[str]] = field(default_factory=dict)
@@ -382,8 +432,12 @@ class MultiModalData:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MultiModalData:
-        """Rebuild from its wire form (``unpackb`` gives dataclasses back as dicts, so
-        placeholders arrive as ``{"offset", "length"}`` maps). Items are not copied."""
+        """Rebuild from its wire form. Items are not copied.
+
+        Args:
+            data: The wire form: ``unpackb`` gives dataclasses back as dicts, so placeholders
+                arrive as ``{"offset", "length"}`` maps.
+        """
 
         def ranges(values: Iterable[Any]) -> list[PlaceholderRange]:
             return [
@@ -413,7 +467,11 @@ class MultiModalData:
         return not any(self.mm_placeholders.values())
 
     def num_items(self, modality: str | None = None) -> int:
-        """Items of ``modality`` (0 if absent), or of all modalities when None."""
+        """The number of items of one modality, or of all.
+
+        Args:
+            modality: The modality (0 if absent), or None for all modalities.
+        """
         if modality is not None:
             return len(self.mm_placeholders.get(modality, ()))
         return sum(len(ranges) for ranges in self.mm_placeholders.values())
@@ -427,8 +485,15 @@ class MultiModalData:
         return out
 
     def validate(self, num_tokens: int | None = None) -> None:
-        """Raise ``MultiModalDataError`` if a sidecar rule (class docstring) is broken; ``num_tokens``
-        (the prompt's length) also checks that every placeholder lies inside it."""
+        """Check the sidecar rules (class docstring).
+
+        Args:
+            num_tokens: The prompt's length; when given, also checks that every placeholder
+                lies inside it.
+
+        Raises:
+            MultiModalDataError: A rule is broken.
+        """
         keys = (set(self.mm_hashes), set(self.mm_placeholders), set(self.mm_items))
         if not keys[0] == keys[1] == keys[2]:
             raise MultiModalDataError(
@@ -494,8 +559,11 @@ class MultiModalData:
     def extended(self, other: MultiModalData) -> MultiModalData:
         """A new object with ``other``'s entries after ``self``'s, per modality.
 
-        Offsets are taken as they are (both absolute in the same prompt); call
-        ``validate`` on the result to check they do not overlap.
+        Offsets are taken as they are (both absolute in the same prompt); call ``validate`` on
+        the result to check they do not overlap.
+
+        Args:
+            other: The entries to append (shared, not copied).
         """
         out = self.copy()
         for m, hashes in other.mm_hashes.items():
@@ -509,7 +577,11 @@ class MultiModalData:
     def shifted(self, delta: int) -> MultiModalData:
         """A new object with every placeholder moved by ``delta`` tokens (items shared).
 
-        Raises ``MultiModalDataError`` if a range would start before token 0.
+        Args:
+            delta: Tokens to move by (negative moves left).
+
+        Raises:
+            MultiModalDataError: A range would start before token 0.
         """
         out = self.copy()
         out.mm_placeholders = {
@@ -524,7 +596,13 @@ class MultiModalData:
 
 @dataclass(slots=True)
 class RenderedTokens:
-    """A rendered prompt: token ids, with the images' placeholders offset into them."""
+    """A rendered prompt: token ids, with the images' placeholders offset into them.
+
+    Attributes:
+        token_ids: The prompt's token ids.
+        multi_modal_data: Its images (placeholders are offsets into ``token_ids``), or
+            None for a text-only prompt.
+    """
 
     token_ids: list[int]
     multi_modal_data: MultiModalData | None = None
@@ -534,10 +612,16 @@ class RenderedTokens:
 class ResponseTokens:
     """One model turn at the token level, exactly as sampled.
 
-    ``completion_logprobs`` and ``completion_mask`` are parallel to
-    ``completion_ids``; mask 1 = sampled by the model (trained on), 0 = not (e.g.
-    tokens the environment inserted). ``multi_modal_data`` placeholders are offsets
-    into ``prompt_ids``.
+    Attributes:
+        prompt_ids: The prompt's token ids.
+        completion_ids: The sampled token ids.
+        completion_logprobs: One logprob per completion token (parallel to
+            ``completion_ids``).
+        completion_mask: Parallel to ``completion_ids``: 1 = sampled by the model (trained
+            on), 0 = not (e.g. tokens the environment inserted).
+        finish_reason: Why sampling stopped (``"stop"``, ``"length"``), when known.
+        multi_modal_data: The prompt's images; placeholders are offsets into
+            ``prompt_ids``.
     """
 
     prompt_ids: list[int]
@@ -567,8 +651,13 @@ class ResponseTokens:
 class TrajectoryStep:
     """One model turn of a rollout: the messages it saw and wrote, and its tokens.
 
-    ``tokens`` is None when the backend gives no token ids (an OpenAI-compatible
-    API): such steps can be evaluated but not trained on.
+    Attributes:
+        prompt: The messages the model saw.
+        completion: The messages it wrote.
+        tokens: None when the backend gives no token ids (an OpenAI-compatible API):
+            such steps can be evaluated but not trained on.
+        reward: This turn's reward, when the environment gives one.
+        extras: Anything else the environment records for the turn.
     """
 
     prompt: Messages
@@ -582,11 +671,15 @@ class TrajectoryStep:
 class RolloutError:
     """Why one rollout failed, as results.jsonl and the training wire carry it.
 
-    ``type``: the exception's class name (``"ImageFetchError"``), what summaries count
-    errors by. ``message``: its message. ``where``: the stage of the rollout that failed
-    (``"turn 2: gridnav.env_response"``, ``"reward function correct"``), and for an
-    exception raised outside vf_mm (environment code) the file, line and function that
-    raised it. ``str()`` gives the one-line form ``"type: message (where)"``.
+    ``str()`` gives the one-line form ``"type: message (where)"``.
+
+    Attributes:
+        type: The exception's class name (``"ImageFetchError"``), what summaries count
+            errors by.
+        message: Its message.
+        where: The stage of the rollout that failed (``"turn 2: gridnav.env_response"``,
+            ``"reward function correct"``), and for an exception raised outside vf_mm
+            (environment code) the file, line and function that raised it.
     """
 
     type: str
@@ -598,9 +691,13 @@ class RolloutError:
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, where: str = "") -> RolloutError:
-        """The record of ``exc``, raised at stage ``where``; for an exception that is not a
-        vf_mm error, the innermost line of the author's code it passed through is added
-        to ``where``."""
+        """The record of ``exc``, raised at stage ``where``.
+
+        Args:
+            exc: The exception; for one that is not a vf_mm error, the innermost line of the
+                author's code it passed through is added to ``where``.
+            where: The stage of the rollout that raised it.
+        """
         location = _user_code_location(exc)
         if location:
             where = f"{where}, {location}" if where else location
@@ -608,8 +705,13 @@ class RolloutError:
 
     @classmethod
     def coerce(cls, value: Any) -> RolloutError | None:
-        """``from_value``, but never refusing: a value that is no error record (something
-        environment code stored as its error) becomes type ``Error`` with its repr."""
+        """``from_value``, but never refusing.
+
+        Args:
+            value: Anything an error field may hold; a value that is no error record
+                (something environment code stored as its error) becomes type ``Error`` with
+                its repr.
+        """
         try:
             return cls.from_value(value)
         except TypeError:
@@ -620,10 +722,16 @@ class RolloutError:
 
     @classmethod
     def from_value(cls, value: Any) -> RolloutError | None:
-        """A ``RolloutError`` from anything an error field may hold: ``None``, a
-        ``RolloutError``, an exception, a ``{"type", "message", "where"}`` mapping (results
-        lines, group frames), or a ``"Type: message"`` string (the one-line form; results
-        files of format 1 hold that). Anything else is refused (``TypeError``)."""
+        """A ``RolloutError`` from anything an error field may hold.
+
+        Args:
+            value: ``None``, a ``RolloutError``, an exception, a ``{"type", "message",
+                "where"}`` mapping (results lines, group frames), or a ``"Type: message"``
+                string (the one-line form; results files of format 1 hold that).
+
+        Raises:
+            TypeError: Anything else.
+        """
         if value is None or isinstance(value, RolloutError):
             return value
         if isinstance(value, BaseException):
@@ -679,14 +787,27 @@ def _user_code_location(exc: BaseException) -> str:
 class RolloutOutput:
     """One finished rollout of one example.
 
-    A rollout that failed is recorded with ``error`` set (a ``RolloutError``: type,
-    message, where; and whatever it had produced), never dropped, so a run's results line
-    up with its examples.
+    A rollout that failed is recorded with ``error`` set, never dropped, so a run's results
+    line up with its examples.
 
-    ``truncated``: the rollout ran out of context (its next prompt, after at least one
-    model turn, was longer than the model takes: ``PromptTooLongError``). It ended there
-    and was scored on the turns it has, like any finished rollout (no ``error``); the
-    flag lets a trainer or a summary tell it apart (verifiers calls it ``is_truncated``).
+    Attributes:
+        example_id: The example's id.
+        prompt: The prompt messages.
+        completion: Every message after the prompt (model turns and environment
+            responses).
+        answer: The example's answer column.
+        info: The example's info column.
+        trajectory: One step per model turn.
+        reward: The rubric's reward (None when it failed before scoring).
+        metrics: Each reward function's score, by name.
+        error: Why it failed (a ``RolloutError``: type, message, where; the other fields
+            hold whatever it had produced), or None.
+        timing: Seconds per stage.
+        truncated: The rollout ran out of context (its next prompt, after at least one
+            model turn, was longer than the model takes: ``PromptTooLongError``). It ended
+            there and was scored on the turns it has, like any finished rollout (no
+            ``error``); the flag lets a trainer or a summary tell it apart (verifiers calls
+            it ``is_truncated``).
     """
 
     example_id: int | str
@@ -710,11 +831,19 @@ class RolloutOutput:
         metrics: dict[str, float],
         error: RolloutError | None,
     ) -> RolloutOutput:
-        """The output of a finished rollout's state (an environment's ``State``: its
-        ``example_id``, ``prompt``, ``completion``, ``answer``, ``info``, ``trajectory``,
-        ``timing`` and ``truncated``), scored ``reward`` / ``metrics``. The one place a
-        state becomes an output, so every environment (vf_mm's own and adapted ones)
-        carries the same fields."""
+        """The output of a finished rollout's state, scored.
+
+        The one place a state becomes an output, so every environment (vf_mm's own and adapted
+        ones) carries the same fields.
+
+        Args:
+            state: An environment's ``State``: its ``example_id``, ``prompt``,
+                ``completion``, ``answer``, ``info``, ``trajectory``, ``timing`` and
+                ``truncated``.
+            reward: The rubric's reward.
+            metrics: Each reward function's score.
+            error: Why it failed, or None.
+        """
         return cls(
             example_id=state["example_id"],
             prompt=state["prompt"],

@@ -43,3 +43,19 @@ def test_version_flag(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert "vf-mm 0.1.0" in capsys.readouterr().out
+
+
+def test_inspect_says_how_a_group_stream_ends(tmp_path, capsys):
+    from vf_mm.training import GroupSender
+
+    path = tmp_path / "groups.vfs"
+    with pytest.raises(RuntimeError), GroupSender(path) as sender:
+        sender.send({"x": 1})
+        raise RuntimeError("backend died")
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 frames" in out and "which says it stopped early" in out
+    assert "'error': 'RuntimeError: backend died'" in out
+    write_stream(path, [{"x": 1}])
+    assert main(["inspect", str(path)]) == 0
+    assert "no end marker after the last frame" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from vf_mm.cli import main
+from vf_mm.errors import StreamEndedEarlyError
 from vf_mm.training import GroupReceiver, group_advantages, read_groups, unpack_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,7 +312,10 @@ def test_ctrl_c_keeps_the_stream_whole_says_so_in_one_line_and_a_rerun_sends_the
     line = (f"vf-mm rollout: interrupted: 1/3 groups written to {path}, each whole; the same "
             "command writes the file anew, every group under the same group id")  # fmt: skip
     assert line in done.stderr.splitlines()
-    (first,) = read_groups(path)  # no torn frame after it
+    read = []
+    with pytest.raises(StreamEndedEarlyError, match=r"after 1 groups \(interrupted\)"):
+        read.extend(read_groups(path))  # no torn frame: the end marker says why it ended
+    (first,) = read
     gate.touch()
     again = tmp_path / "again.vfs"
     assert main([*args, "--stream", str(again)]) == 0
@@ -369,3 +373,53 @@ def test_help_describes_the_command_and_says_each_default_once(command, capsys, 
         assert "every group is still packed and sent from here, once" in text
         assert "their group ids (RUN_ID/EXAMPLE_ID) never collide" in text
         assert "130 interrupted" in text and "There is no resume" in text
+
+
+FAULTY = """
+import vf_mm as vf
+
+
+class Faulty(vf.MultiTurnEnv):
+    async def env_response(self, messages, state):
+        if state["row"]["fault"]:
+            raise RuntimeError("env code blew up")
+        return [{"role": "user", "content": "go on"}]
+
+
+def load_environment(**kwargs):
+    rows = [{"question": "q", "answer": "a", "fault": i == 1} for i in range(4)]
+    return Faulty(dataset=rows, eval_dataset=rows, max_turns=2, rubric=vf.Rubric([lambda: 1.0]))
+"""
+
+
+def test_max_errors_is_one_option_of_eval_and_rollout():
+    from vf_mm.cli._main import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    helps = {
+        name: next(a.help for a in commands[name]._actions if "--max-errors" in a.option_strings)
+        for name in ("eval", "rollout")
+    }
+    assert helps["eval"] == helps["rollout"] and "exit status 3" in helps["rollout"]
+
+
+def test_rollout_max_errors_stops_with_exit_3_and_the_stream_file_says_why(
+    tmp_path, monkeypatch, capsys
+):
+    """The stream file ends with an end marker naming the stop; its reader raises it after
+    the last group sent, so a trainer cannot take a stopped run's file for a whole one."""
+    env_dir = tmp_path / "environments" / "faulty"
+    env_dir.mkdir(parents=True)
+    (env_dir / "faulty.py").write_text(FAULTY)
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "groups.vfs"
+    code = main(["rollout", "faulty", "-n", "-1", "-r", "1", "-c", "1", "--max-errors", "1",
+                 "--stream", str(path), "-S", SAMPLING])  # fmt: skip
+    assert code == 3
+    assert "stopped after 1 failed rollouts (--max-errors 1)" in capsys.readouterr().out
+    got = []
+    with pytest.raises(StreamEndedEarlyError) as info:
+        for group in read_groups(path):
+            got.append(group["example_id"])
+    assert got == [0, 1] and info.value.sent == 2
+    assert "--max-errors 1" in info.value.reason

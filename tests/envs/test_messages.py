@@ -206,3 +206,24 @@ def test_a_system_prompt_that_is_not_text_is_refused_when_the_env_is_made():
         vf.SingleTurnEnv(dataset=[{"question": "q"}], system_prompt=b"Be brief.", env_id="quiz")
     with pytest.raises(MessageError, match="lone surrogate"):
         vf.SingleTurnEnv(dataset=[{"question": "q"}], system_prompt=SURROGATE)
+
+
+@pytest.mark.parametrize("info", ["a note", ["a", "list"], 5, [("k", "v")]])
+def test_an_info_that_is_not_a_dict_fails_its_rollout_naming_the_row(info):
+    """A str or list info crashed the whole run with dict()'s ValueError (and a list of
+    pairs was silently turned into a dict); now that row's rollout fails, by name."""
+    import asyncio
+
+    import vf_mm as vf
+    from vf_mm.testing import ScriptedChatBackend
+
+    rows = [{"question": "fine", "info": {"k": 1}}, {"question": "q", "info": info}]
+    env = vf.SingleTurnEnv(dataset=rows, env_id="quiz")
+    outs = asyncio.run(env.evaluate(vf.RendererClient(ScriptedChatBackend(["ok"]))))
+    assert outs[0].error is None and outs[0].info == {"k": 1}
+    error = outs[1].error
+    assert error.type == "MessageError" and outs[1].info == {}
+    assert error.message.startswith(
+        f"example 1: quiz: the 'info' column is a {type(info).__name__}, not a dict"
+    )
+    assert '{"note": "..."}' in error.message

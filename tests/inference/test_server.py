@@ -1093,18 +1093,20 @@ def test_vf_mm_serve_cli(serve_cli, renderer):
 
 
 def test_a_family_the_server_does_not_check_is_refused_at_start():
-    """The request checks are Qwen-VL's: a Gemma 3 or SmolVLM backend is refused when the
-    app is made, naming the family and what to use instead, not on its first image."""
+    """A family whose processed images are not checked (LFM2-VL) is refused when the app
+    is made, naming the family, why, and what to use instead, not on its first image;
+    every other vision family is served (tests/inference/test_server_families.py)."""
     from types import SimpleNamespace
 
     from vf_mm.errors import UnsupportedModelError
 
-    for family in ("qwen3_5", "gemma3", "smolvlm", "llava_onevision"):
-        with pytest.raises(UnsupportedModelError, match=f"not '{family}' yet.*LocalBackend"):
-            create_app(SimpleNamespace(family=family), model_name="m")
+    with pytest.raises(
+        UnsupportedModelError, match=r"not serve 'lfm2_vl'.*not checked.*LocalBackend"
+    ):
+        create_app(SimpleNamespace(family="lfm2_vl"), model_name="m")
     # a backend that does not say its family (a scripted one): the renderer's is checked
-    renderer = SimpleNamespace(vision=object(), name="gemma3")
-    with pytest.raises(UnsupportedModelError, match="not 'gemma3' yet"):
+    renderer = SimpleNamespace(vision=object(), name="lfm2_vl")
+    with pytest.raises(UnsupportedModelError, match="not serve 'lfm2_vl'"):
         create_app(SimpleNamespace(), renderer=renderer, model_name="m")
 
 

@@ -29,9 +29,9 @@ import pytest
 pytestmark = pytest.mark.verifiers1
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the families an episode runs for against vf-mm serve (which serves the Qwen-VL families;
-#: Qwen3.5 it refuses, so its rendering is checked against renderers' alone, below)
-FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+#: the checkpoints an episode runs for against vf-mm serve: (family, chat template variant;
+#: None the family's default, Qwen3.5's with thinking off)
+EPISODES = (("qwen2_5_vl", None), ("qwen3_vl", None), ("qwen3_5", None), ("qwen3_5", "think"))
 ENV_ARGS = {"difficulty": "easy", "num_examples": 2, "max_turns": 2}
 
 
@@ -52,19 +52,38 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def serve(checkpoints):
-    """``serve(family)``: the base URL of ``vf-mm serve`` on that family's tiny checkpoint
-    (one process per family, stopped at the module's end)."""
+def variant_checkpoint(checkpoints, tmp_path_factory):
+    """``variant_checkpoint(family, variant)``: the family's shared tiny checkpoint
+    (``variant`` None), or one with that chat template variant, built once."""
+    from vf_mm.testing import build_tiny_vlm
+
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, variant: str | None) -> Path:
+        if variant is None:
+            return checkpoints(family)
+        if (family, variant) not in built:
+            root = tmp_path_factory.mktemp(f"{family}-{variant}")
+            built[family, variant] = build_tiny_vlm(root / "m", family, variant=variant)
+        return built[family, variant]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def serve():
+    """``serve(checkpoint)``: the base URL of ``vf-mm serve`` on that checkpoint (one
+    process per checkpoint, stopped at the module's end)."""
     import httpx
 
-    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    servers: dict[Path, tuple[subprocess.Popen, str]] = {}
 
-    def get(family: str) -> str:
-        if family not in servers:
+    def get(checkpoint: Path) -> str:
+        if checkpoint not in servers:
             port = _free_port()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "vf_mm.cli._main", "serve", "--model",
-                 str(checkpoints(family)), "--port", str(port), "--log-level", "warning"],
+                 str(checkpoint), "--port", str(port), "--log-level", "warning"],
                 cwd=ROOT, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
             base = f"http://127.0.0.1:{port}"
@@ -78,8 +97,8 @@ def serve(checkpoints):
                     pass
                 assert time.monotonic() < deadline, "vf-mm serve did not come up"
                 time.sleep(0.2)
-            servers[family] = (proc, base)
-        return servers[family][1]
+            servers[checkpoint] = (proc, base)
+        return servers[checkpoint][1]
 
     yield get
     for proc, _ in servers.values():
@@ -225,13 +244,17 @@ def test_a_rubric_with_group_reward_functions_is_refused_by_name(vf1, monkeypatc
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    ("family", "variant"), EPISODES, ids=[f + (f"-{v}" if v else "") for f, v in EPISODES]
+)
 def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
-    vf1, checkpoints, serve, family, monkeypatch
+    vf1, variant_checkpoint, serve, family, variant, monkeypatch
 ):
     """Three turns, a new picture in each: verifiers' own flattening of each trace equals
     ``build_samples`` of vf_mm's rollout of the same row with the same completions: token
-    ids, loss mask, logprobs, token types, and each image's model inputs and placeholder."""
+    ids, loss mask, logprobs, token types, and each image's model inputs and placeholder.
+    Qwen3.5 with thinking off and on (its think template writes the sampled turn's
+    reasoning block, its nothink one an empty one)."""
     import vf_mm as vf
     from vf_mm.client import RendererClient
     from vf_mm.renderers import load_renderer
@@ -240,9 +263,9 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
     v1, integration = vf1
     vf_env = pictures_env()
     monkeypatch.setattr(vf, "load_environment", lambda env_id, **kw: vf_env)
-    checkpoint = checkpoints(family)
+    checkpoint = variant_checkpoint(family, variant)
     env = v1.load_environment(_env_config(v1, env="pictures", env_args={}))
-    tasks, episodes = _run_episodes(v1, env, serve(family), checkpoint)
+    tasks, episodes = _run_episodes(v1, env, serve(checkpoint), checkpoint)
     adapter = integration.VfMMRenderer(None, integration.VfMMRendererConfig(model=str(checkpoint)))
     vision = adapter.renderer.vision
     rows = vf_env.get_dataset(2)

@@ -156,12 +156,20 @@ def test_unicode_is_written_as_utf8_and_line_separators_stay_inside_the_line(tmp
     text = "héllo\u2028next\u2029para\x85nel 日本 \ud800"  # U+2028 etc. are not line ends
     with new_writer(tmp_path) as writer:
         writer.write(
-            output(0, completion=[{"role": "assistant", "content": text}]), rollout_index=0
+            output(
+                0,
+                completion=[{"role": "assistant", "content": text}],
+                answer="caf\udce9",
+                info={"note\udce9": ["\ud800"]},
+            ),
+            rollout_index=0,
         )
         writer.write(output(1), rollout_index=0)
     assert len(raw_lines(tmp_path)) == 2
     rows = read_results(tmp_path)
     assert rows[0]["completion"][0]["content"] == text
+    # a lone surrogate is stored losslessly (a JSON escape) and read back the same
+    assert rows[0]["answer"] == "caf\udce9" and rows[0]["info"] == {"note\udce9": ["\ud800"]}
     with new_writer(tmp_path / "b") as writer:
         writer.write(
             output(0, completion=[{"role": "assistant", "content": "日本"}]), rollout_index=0

@@ -800,3 +800,23 @@ def test_real_renderer_branching_group(renderer):
     # the shared steps' items are one object in every rollout
     first = [g.trajectory[0].tokens.multi_modal_data.mm_items["image"][0] for g in got]
     assert first[0] is first[1] is first[2]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        ("answer", "caf\udce9", "answer"),
+        ("info", {"source": {"notes": ["ok", "\ud800"]}}, "info.source.notes[1]"),
+        ("metrics", {"\udce9": 1.0}, "metrics.\udce9 (the key)"),
+    ],
+)
+def test_a_lone_surrogate_in_a_rollouts_text_is_refused_naming_the_field(field, value, path):
+    """msgpack's strings are UTF-8: the codec failed with "surrogates not allowed",
+    naming neither the rollout nor the field, and stream_rollouts stripped the group."""
+    outputs = plain_group(World(4), 1, rollouts=2)
+    setattr(outputs[1], field, value)
+    with pytest.raises(GroupFrameError) as info:
+        pack_group(outputs)
+    message = str(info.value)
+    assert message.startswith(f"example 'ex-7', rollout 1, field {path!r}: the text holds a lone")
+    assert 'raw.decode("utf-8")' in message

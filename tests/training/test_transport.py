@@ -24,6 +24,7 @@ from vf_mm.errors import (
     DecodeError,
     FrameTooLargeError,
     ReceiveTimeout,
+    StreamEndedEarlyError,
     StreamError,
     StreamHeaderError,
     TornFrameError,
@@ -114,17 +115,72 @@ def test_file_round_trip_and_torn_tail(tmp_path):
     for a, b in zip(sent, got, strict=True):
         assert_same(a, b)
     assert torch.equal(got[1]["rollouts"][0]["t"], sent[1]["rollouts"][0]["t"])
-    assert len(list(read_stream(path))) == 3  # the file holds the groups and nothing else
+    assert len(list(read_stream(path))) == 3  # the groups; the end marker is no item
     assert list(read_groups(f"file://{path}"))[2]["example_id"] == 2
 
+    end_marker = FRAME_HEADER_SIZE + len(packb({"sent": 3, "error": None}))
     size = path.stat().st_size
     with open(path, "r+b") as f:
-        f.truncate(size - 10)
+        f.truncate(size - end_marker - 10)  # into the last group
     receiver = GroupReceiver(path)
     assert [g["example_id"] for g in (next(receiver), next(receiver))] == [0, 1]
     with pytest.raises(TornFrameError):
         next(receiver)
     receiver.close()
+
+
+def test_a_file_ends_with_an_end_marker_that_tells_finished_from_cut_off(tmp_path):
+    """A finished file's last frame is its end marker; a file cut off after a whole group
+    (a writer killed -9) reads the same groups, and ``ended`` says it has none."""
+    path = tmp_path / "groups.vfs"
+    with GroupSender(path) as sender:
+        sender.send(group(0))
+        sender.send(group(1))
+    with GroupReceiver(path) as receiver:
+        assert [g["example_id"] for g in receiver] == [0, 1]
+        assert receiver.ended and receiver.ends == [{"sent": 2, "error": None}]
+    with StreamReader(path) as reader:  # the wire's reader: the marker is no item
+        assert len(list(reader)) == 2 and reader.ended and reader.ends[0]["sent"] == 2
+    end_marker = FRAME_HEADER_SIZE + len(packb({"sent": 2, "error": None}))
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - end_marker)
+    with GroupReceiver(path) as receiver:
+        assert [g["example_id"] for g in receiver] == [0, 1]
+        assert not receiver.ended and receiver.ends == []
+
+
+def test_a_file_whose_writer_stopped_early_raises_after_its_last_group(tmp_path):
+    """The reason an early stop gave (an exception, Ctrl-C, --max-errors) is the file's
+    end marker; its reader raises it, typed, after every whole group."""
+    path = tmp_path / "groups.vfs"
+    with pytest.raises(RuntimeError), GroupSender(path) as sender:
+        sender.send(group(0))
+        raise RuntimeError("backend died")
+    got = []
+    with pytest.raises(StreamEndedEarlyError) as info:
+        for g in read_groups(path):
+            got.append(g["example_id"])
+    assert got == [0]
+    assert info.value.sent == 1 and info.value.reason == "RuntimeError: backend died"
+    assert "stopped early after 1 groups (RuntimeError: backend died)" in str(info.value)
+    receiver = GroupReceiver(path)
+    next(receiver)
+    with pytest.raises(StreamEndedEarlyError):
+        next(receiver)
+    assert receiver.ended and receiver.ends == [{"sent": 1, "error": "RuntimeError: backend died"}]
+    receiver.close()
+    assert [g["example_id"] for g in read_stream(path)] == [0]  # the wire reads it as before
+
+
+def test_appending_after_an_end_marker_reads_every_group(tmp_path):
+    path = tmp_path / "groups.vfs"
+    with GroupSender(path) as sender:
+        sender.send(group(0))
+    with GroupSender(path, append=True) as sender:
+        sender.send(group(1))
+    with GroupReceiver(path) as receiver:
+        assert [g["example_id"] for g in receiver] == [0, 1]
+        assert receiver.ended and [e["sent"] for e in receiver.ends] == [1, 1]
 
 
 def test_unsupported_scheme_and_closed_sender(tmp_path):

@@ -479,19 +479,19 @@ def test_flipped_kind_field_is_detected(stream_bytes: bytes, items: list[Any]) -
 
 
 @pytest.mark.parametrize("errors", ["raise", "skip"])
-def test_a_frame_of_another_kind_in_a_file_is_corrupt(items: list[Any], errors: str) -> None:
-    # a file's end is the end of the file: an END frame (or any kind but DATA) in it is
-    # refused like a failed checksum, and skipping it loses nothing after it
+def test_a_frame_of_an_unknown_kind_in_a_file_is_corrupt(items: list[Any], errors: str) -> None:
+    # a file holds DATA frames and END markers: any other kind is refused like a failed
+    # checksum, and skipping it loses nothing after it
     message = bytes(packb("not data"))
     data = bytearray(stream_head())
     data += frame_header(packb(items[1])) + bytes(packb(items[1]))
     start = len(data)
-    data += frame_header(message, kind=FrameKind.END) + message
+    data += frame_header(message)[:12] + struct.pack("<I", 2) + message
     data += frame_header(packb(items[4])) + bytes(packb(items[4]))
     with StreamReader(io.BytesIO(bytes(data)), errors=errors) as reader:
         if errors == "raise":
             got = []
-            with pytest.raises(CorruptFrameError, match=r"kind 1 \(END\)") as info:
+            with pytest.raises(CorruptFrameError, match=r"kind 2 \(unknown") as info:
                 for item in reader:
                     got.append(item)
             assert got == [items[1]]
@@ -502,6 +502,34 @@ def test_a_frame_of_another_kind_in_a_file_is_corrupt(items: list[Any], errors: 
             assert [(i, o, type(e)) for i, o, e in reader.skipped] == [
                 (1, start, CorruptFrameError)
             ]
+
+
+def test_an_end_marker_is_no_item_and_ended_says_whether_it_came_last(tmp_path: Path) -> None:
+    path = tmp_path / "s.vfmm"
+    with StreamWriter(path) as writer:
+        writer.write("first")
+        writer.write_end({"why": "done"})
+    with StreamReader(path) as reader:
+        assert list(reader) == ["first"] and reader.ends == [{"why": "done"}] and reader.ended
+    with StreamWriter(path, append=True) as writer:  # an appended stream goes on after it
+        writer.write("second")
+    with StreamReader(path) as reader:
+        assert list(reader) == ["first", "second"] and not reader.ended
+        assert reader.ends == [{"why": "done"}]
+
+
+def test_a_kind_flip_between_data_and_end_fails_the_checksum(items: list[Any]) -> None:
+    """Both kinds are accepted in a file, so the crc32 of an END frame covers its kind:
+    a group flipped into an end marker (or back) is corrupt, never silently no item."""
+    data = bytearray(stream_head())
+    data += frame_header(packb(items[1])) + bytes(packb(items[1]))
+    end = bytes(packb({"sent": 1}))
+    data += frame_header(end, kind=FrameKind.END) + end
+    for frame_start in frame_starts(bytes(data)):
+        flipped = bytearray(data)
+        flipped[frame_start + 12] ^= 0x01
+        with pytest.raises(CorruptFrameError, match="fails its checksum"):
+            list(StreamReader(io.BytesIO(bytes(flipped))))
 
 
 def test_undecodable_frame_skip_mode(tmp_path: Path) -> None:

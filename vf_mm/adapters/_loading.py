@@ -37,8 +37,23 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def load_environment(
     env_id: str, *, search_paths: Sequence[str | Path] | None = None, **env_args: Any
 ) -> Environment:
-    """The environment ``env_id`` (an id or a path) names, built with ``env_args``: a vf_mm
-    ``Environment`` as is, a verifiers classic environment as a ``VerifiersEnv``."""
+    """The environment ``env_id`` names, built with ``env_args``.
+
+    A vf_mm ``Environment`` comes back as is, a verifiers classic environment as a
+    ``VerifiersEnv``.
+
+    Args:
+        env_id: An id or a path (see ``vf_mm.envs`` for where ids are looked up).
+        search_paths: Folders holding ``<env_id>/`` environments, searched first (the
+            CLI's ``--env-dir``, in order).
+        **env_args: The keyword arguments of the environment's ``load_environment``.
+
+    Raises:
+        EnvironmentNotFoundError: No installed package or folder for the id.
+        EnvironmentArgsError: ``env_args`` it does not take, or a required one missing.
+        EnvironmentLoadError: Its module fails to import, or ``load_environment`` raises.
+        UnsupportedEnvironmentError: Another framework's environment vf_mm cannot run.
+    """
     with _signals_kept():
         return load_environment_with(
             env_id, adapters=ADAPTERS, search_paths=search_paths, env_args=env_args

@@ -74,8 +74,13 @@ CHAT_ROUTE = "/chat/completions"
 
 
 def is_verifiers_environment(obj: Any) -> bool:
-    """Whether ``obj``'s class (or a base) is defined in the verifiers package: read from
-    module names, so asking never imports verifiers."""
+    """Whether ``obj``'s class (or a base) is defined in the verifiers package.
+
+    Read from module names, so asking never imports verifiers.
+
+    Args:
+        obj: Any object.
+    """
     return any(
         (getattr(cls, "__module__", "") or "").split(".")[0] == "verifiers"
         for cls in type(obj).__mro__
@@ -83,20 +88,32 @@ def is_verifiers_environment(obj: Any) -> bool:
 
 
 def adapt_verifiers(obj: Any, env_id: str) -> VerifiersEnv | None:
-    """The ``vf_mm.envs._internal.Adapter`` for verifiers: ``obj`` wrapped, None when it is not
-    verifiers'. Refuses (``UnsupportedEnvironmentError``) what it cannot run."""
+    """The ``vf_mm.envs._internal.Adapter`` for verifiers: ``obj`` wrapped, or None.
+
+    None when ``obj`` is not verifiers'.
+
+    Args:
+        obj: What an environment's ``load_environment`` returned.
+        env_id: The id it was loaded as.
+
+    Raises:
+        UnsupportedEnvironmentError: A verifiers environment it cannot run.
+    """
     if not is_verifiers_environment(obj):
         return None
     return VerifiersEnv(obj, env_id=env_id)
 
 
 class VerifiersEnv(Environment):
-    """A verifiers classic environment (``env``) as a vf_mm ``Environment``.
+    """A verifiers classic environment as a vf_mm ``Environment``.
 
-    ``env_id``: the id runs and results use (default: the environment's own, else its
-    class name). ``model``: the model name its calls send (its rubric sees it in
-    ``state["model"]``). ``timeout_s``: a hard limit on one rollout, on top of the
-    environment's own ``timeout_seconds`` (which ends a rollout as verifiers does).
+    Args:
+        env: The verifiers environment.
+        env_id: The id runs and results use (default: the environment's own, else its
+            class name).
+        model: The model name its calls send (its rubric sees it in ``state["model"]``).
+        timeout_s: A hard limit on one rollout, on top of the environment's own
+            ``timeout_seconds`` (which ends a rollout as verifiers does).
     """
 
     def __init__(
@@ -124,8 +141,12 @@ class VerifiersEnv(Environment):
         self.chat_client_class = _chat_client_class()
 
     def format_prompt(self, row: Mapping[str, Any]) -> Messages:
-        """The row's prompt as the environment sends it: its ``prompt`` messages (a str is
-        one user message), without Arrow's null keys in content parts."""
+        """The row's prompt as the environment sends it.
+
+        Args:
+            row: A dataset row; its ``prompt`` messages (a str is one user message) are taken,
+                without Arrow's null keys in content parts.
+        """
         prompt = row.get("prompt")
         if isinstance(prompt, str):
             return [{"role": "user", "content": prompt}]
@@ -142,9 +163,18 @@ class VerifiersEnv(Environment):
         rollout_index: int = 0,
         sampling: Any = None,
     ) -> State:
-        """One verifiers rollout through a recording session over ``client`` (see the
-        module docstring); never raises but for cancellation: a failure is the state's
-        ``error``."""
+        """One verifiers rollout through a recording session over ``client``.
+
+        See the module docstring. Never raises but for cancellation: a failure is the state's
+        ``error``.
+
+        Args:
+            client: A ``RendererClient``.
+            row: The dataset row.
+            example_id: The example's id.
+            rollout_index: Which of the example's rollouts this is.
+            sampling: Sampling for its model calls.
+        """
         start = time.perf_counter()
         state = self._new_state(row, example_id, rollout_index)
         if state["error"] is not None:
@@ -197,9 +227,14 @@ class VerifiersEnv(Environment):
         return state
 
     async def score(self, states: Sequence[State]) -> list[RolloutOutput]:
-        """Score one example's group with the environment's rubric (its ``score_group``);
-        failed rollouts are not scored, and a reward function that raises fails the
-        rollout it raised for (all of them, for a group function)."""
+        """Score one example's group with the environment's rubric (its ``score_group``).
+
+        Failed rollouts are not scored, and a reward function that raises fails the rollout it
+        raised for (all of them, for a group function).
+
+        Args:
+            states: The group's finished states.
+        """
         start = time.perf_counter()
         ok = [s for s in states if s["error"] is None and "verifiers_state" in s]
         if ok:

@@ -71,8 +71,8 @@ def add_run_arguments(
     output: str,
 ) -> None:
     """The arguments every command that runs an environment takes: which environment,
-    which model on which backend, how many rollouts, and the environment's and
-    sampler's settings. ``num_examples`` / ``rollouts_per_example`` are (default, help);
+    which model on which backend, how many rollouts, the environment's and sampler's
+    settings, and how many failed rollouts stop the run (``--max-errors``). ``num_examples`` / ``rollouts_per_example`` are (default, help);
     each help line names only the ``backends`` this command has. ``output`` is what the
     command writes ("results" or "groups"), for ``--workers`` and ``--shard``."""
     p.add_argument(
@@ -168,6 +168,13 @@ def add_run_arguments(
         "\"temperature\": 0.7}' (over the environment's own)",
     )
     p.add_argument("-s", "--seed", type=int, default=0, help="seeds sampling per rollout")
+    p.add_argument(
+        "--max-errors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop the run once N rollouts have failed (exit status 3); default: never",
+    )
     add_image_backend_argument(p)
     add_engine_arguments(p)
     add_memory_arguments(p)

@@ -93,13 +93,6 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --resume: keep failed rollouts as they are instead of running them again",
     )
-    p.add_argument(
-        "--max-errors",
-        type=int,
-        default=None,
-        metavar="N",
-        help="stop the run once N rollouts have failed (exit status 3); default: never",
-    )
     p.set_defaults(run=run_eval)
 
 

@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``vf-mm`` command line; returns its exit status.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     server_args: list[str] = []
     if "--" in argv:  # what follows goes to the vLLM servers --spawn starts

@@ -2,7 +2,7 @@
 
     vf-mm rollout ENV --stream PATH|tcp://HOST:PORT|ipc://PATH [-m MODEL]
                   [--backend local|vllm] [-b BASE_URL] [-n N] [-r R] [-c CONC]
-                  [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-s SEED]
+                  [-a ENV_ARGS_JSON] [-S SAMPLING_ARGS_JSON] [-s SEED] [--max-errors N]
                   [--hwm N] [--send-timeout S] [--bind] [--run-id ID] [-k KEY]
                   [--secret-key PATH --trainer-key PATH | --insecure]
                   [--workers W] [--ray [ADDRESS]] [--shard i/N]
@@ -22,9 +22,11 @@ written once to ``--image-store``, a directory the trainer shares or an object s
 URL such as ``s3://bucket/images``, and a reference with their sha256 in the group).
 
 With no ``-m`` it runs the embedded tiny model (as ``vf-mm eval`` does). Ctrl-C ends it
-with one line (the groups sent so far, each whole) and exit status 130; there is no
-resume: the same command sends every group again under the same ids, which a trainer
-with a ledger takes once.
+with one line (the groups sent so far, each whole) and exit status 130; ``--max-errors N``
+ends it once N rollouts have failed, with exit status 3. Either way the stream's end
+marker says why it ended early (``docs/formats/transport.md``). There is no resume: the
+same command sends every group again under the same ids, which a trainer with a ledger
+takes once.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from rich.markup import escape
 from rich.progress import TextColumn
 
 from vf_mm.cli._common import (
+    EXIT_STOPPED,
     HelpFormatter,
     RunCount,
     add_run_arguments,
@@ -72,8 +75,9 @@ def register(sub: Any) -> None:
         "trainer with a ledger takes each once. Exit status: 0 every group sent (and, to "
         "an endpoint, taken by the trainer), 1 refused (an environment that cannot be "
         "found or loaded, a stream target that cannot be one) or a trainer that did not "
-        "take every group, 2 bad arguments (checked before anything is written), 130 "
-        "interrupted (Ctrl-C: the groups written so far are whole).",
+        "take every group, 2 bad arguments (checked before anything is written), 3 stopped "
+        "by --max-errors, 130 interrupted (Ctrl-C: the groups written so far are whole). "
+        "A run that stops early says why in the stream's end marker.",
         formatter_class=HelpFormatter,
     )
     add_run_arguments(
@@ -244,7 +248,7 @@ async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
             await client.backend.aclose()
     if sender.pending:
         console.print(f"waiting for the trainer to take the last {sender.pending} groups...")
-    await sender.aclose()
+    await sender.aclose(progress.stopped)  # the end marker says why a stopped run ended
     rows: list[tuple[str, Any]] = [
         ("model", Path(model).name),
         ("sent to", str(args.stream)),
@@ -279,6 +283,9 @@ async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
             f"({sender.pending} not acknowledged): it is gone, or still busy[/]"
         )
         return 1
+    if progress.stopped is not None:
+        console.print(f"[red]{escape(progress.stopped)}[/]")
+        return EXIT_STOPPED
     return 0
 
 
@@ -388,5 +395,6 @@ async def _stream(
             workers=workers,
             shard=args.shard,
             advantages=args.advantages,
+            max_errors=args.max_errors,
             **image_modes,
         )

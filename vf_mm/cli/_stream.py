@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vf_mm._text import shorten
@@ -101,6 +102,7 @@ def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int
                 tensor_count += len(tensors)
                 tensor_bytes += size
             end = reader.offset
+            ending = _ending(reader)
             for index, offset, error in reader.skipped:
                 console.print(f"[red]frame {index} at byte offset {offset} skipped:[/] {error}")
                 status = 1
@@ -115,7 +117,23 @@ def run_inspect(args: argparse.Namespace, console: Console | None = None) -> int
         f"{frames} frames, {tensor_count} tensors, {tensor_bytes / 1e6:.1f} MB of tensor data, "
         f"{end:,} bytes read"
     )
+    console.print(ending)
     return status
+
+
+def _ending(reader: StreamReader) -> str:
+    """How the stream ends: its writer's end marker (red when it says the writer stopped
+    early), or none after the last frame."""
+    if not reader.ended:
+        return (
+            "no end marker after the last frame: its writer was cut off, is still writing, "
+            "or writes none"
+        )
+    marker = reader.ends[-1]
+    text = escape(shorten(repr(marker), 200))
+    if isinstance(marker, dict) and marker.get("error") is not None:
+        return f"[red]ends with its writer's end marker, which says it stopped early:[/] {text}"
+    return f"ends with its writer's end marker: {text}"
 
 
 def _image_columns(summary: tuple[str, int, int] | None) -> tuple[str, str]:

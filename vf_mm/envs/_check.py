@@ -66,8 +66,9 @@ def check_environment(
     model_dir: str | Path | None = None,
     image_policy: Any = None,
 ) -> dict[str, Any]:
-    """Run the checks; raise ``EnvironmentCheckError`` listing every problem found, or
-    return the report::
+    """Run the checks; return the report, or raise listing every problem found.
+
+    The report::
 
         {"family": the model_type rendered with, "rows": rows checked,
          "images": dataset images loaded,
@@ -78,17 +79,27 @@ def check_environment(
          "warnings": [what a tool schema leaves the model to guess],
          "rewards": [reward per rollout], "seconds": wall time}
 
-    ``replies``: what the model "says": strings used in turn, or a function of the
-    ``GenerateRequest`` (``request.messages`` is the conversation so far). Default: the
-    scripted tool policy described in the module docstring, then ``DEFAULT_ANSWER``.
-    ``tool_args``: arguments per tool name for that policy, where the schema's own
-    examples (the first enum value, 1, 1.0, "a", ...) would be refused by the tool.
-    ``family``: the model family the environment is meant for (a ``model_type``, one of
-    ``vf_mm.models.VISION_FAMILIES``): the rollouts render with that family's tiny
-    checkpoint, built offline once and cached (``vf_mm.models.cached_tiny_vlm``), so
-    what its template or processor refuses (a literal ``<image>`` on LLaVA-OneVision, a
-    ``tool`` message on Gemma 3) is found here. Default: ``qwen2_5_vl``.
-    ``model_dir``: a checkpoint directory to render with instead (not with ``family``).
+    Args:
+        env: The environment to check.
+        num_examples: How many rows to roll out.
+        replies: What the model "says": strings used in turn, or a function of the
+            ``GenerateRequest`` (``request.messages`` is the conversation so far). Default:
+            the scripted tool policy described in the module docstring, then
+            ``DEFAULT_ANSWER``.
+        tool_args: Arguments per tool name for that policy, where the schema's own
+            examples (the first enum value, 1, 1.0, "a", ...) would be refused by the tool.
+        family: The model family the environment is meant for (a ``model_type``, one of
+            ``vf_mm.models.VISION_FAMILIES``): the rollouts render with that family's tiny
+            checkpoint, built offline once and cached (``vf_mm.models.cached_tiny_vlm``), so
+            what its template or processor refuses (a literal ``<image>`` on
+            LLaVA-OneVision, a ``tool`` message on Gemma 3) is found here. Default:
+            ``qwen2_5_vl``.
+        model_dir: A checkpoint directory to render with instead (not with ``family``).
+        image_policy: The ``ImagePolicy`` dataset images are loaded under (default:
+            ``ImagePolicy()``).
+
+    Raises:
+        EnvironmentCheckError: Problems were found (all of them listed).
     """
     from vf_mm.images import ImagePolicy
 

@@ -56,8 +56,13 @@ _STOP_ATTR = "__vf_mm_stop__"
 
 
 def stop(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark a ``MultiTurnEnv`` method ``(self, state) -> bool`` (sync or async) as a stop
-    condition: the rollout ends after a model turn for which any of them is true."""
+    """Mark a ``MultiTurnEnv`` method ``(self, state) -> bool`` (sync or async) as a stop condition.
+
+    The rollout ends after a model turn for which any of them is true.
+
+    Args:
+        func: The method.
+    """
     setattr(func, _STOP_ATTR, True)
     return func
 
@@ -85,18 +90,31 @@ class State(dict):
 class Environment:
     """The base: a dataset, how a row becomes a prompt, a rubric, sampling defaults.
 
-    ``dataset`` / ``eval_dataset``: Hugging Face ``datasets.Dataset`` (or a list of
-    dicts; or, for a dataset of any size, a ``vf.LazyRows``, a streaming
-    ``datasets.IterableDataset``, a generator function: rows are read one at a time as a
-    run needs them, see ``vf_mm.envs._rows``) with a ``question`` column (or ``prompt``: a message list), optional
-    ``answer``, ``info`` (a dict), ``task``, image columns (``image``: one image,
-    ``images``: a list; PIL images, bytes or paths) and video columns (``video``: one clip,
-    a frames list or ``(T, H, W, 3)`` array or path or a video part; ``videos``: a list of
-    them), which become video and image parts of the first user message, before its text.
+    Args:
+        dataset: The train rows: a Hugging Face ``datasets.Dataset`` (or a list of dicts;
+            or, for a dataset of any size, a ``vf.LazyRows``, a streaming
+            ``datasets.IterableDataset``, a generator function: rows are read one at a time
+            as a run needs them, see ``vf_mm.envs._rows``) with a ``question`` column (or
+            ``prompt``: a message list), optional ``answer``, ``info`` (a dict), ``task``,
+            image columns (``image``: one image, ``images``: a list; PIL images, bytes or
+            paths) and video columns (``video``: one clip, a frames list or ``(T, H, W, 3)``
+            array or path or a video part; ``videos``: a list of them), which become video
+            and image parts of the first user message, before its text.
+        eval_dataset: The eval rows, in the same forms (at least one of the two).
+        system_prompt: A system message put first in each prompt that has none.
+        parser: Reads answers from completions (default: the rubric's, else ``Parser()``).
+        rubric: The reward functions (default: an empty ``Rubric``).
+        sampling_args: Sampling defaults for every rollout.
+        env_id: The id runs and results use (default: the class name).
+        timeout_s: A hard limit on one rollout, in seconds (None: no limit).
+        optional_columns: The scored columns (``answer``, ``info``) a row may lack: a
+            reward function that asks for a column its row lacks fails that rollout
+            (``MissingColumnError``) unless the column is declared optional here.
 
-    ``optional_columns`` names the scored columns (``answer``, ``info``) a row may lack:
-    a reward function that asks for a column its row lacks fails that rollout
-    (``MissingColumnError``) unless the column is declared optional here.
+    Raises:
+        ValueError: No dataset at all, a ``timeout_s`` not above 0, an optional column
+            that is not a scored column.
+        MessageError: A ``system_prompt`` that is not text.
     """
 
     def __init__(
@@ -141,50 +159,91 @@ class Environment:
     # -- data ---------------------------------------------------------------------------
 
     def get_dataset(self, n: int = -1, *, seed: int | None = None) -> list[dict[str, Any]]:
-        """The first ``n`` train rows as a list (all of them held: ``iter_dataset`` for a
-        run of any length)."""
+        """The first ``n`` train rows as a list.
+
+        All of them are held: ``iter_dataset`` is for a run of any length.
+
+        Args:
+            n: How many rows (-1: all).
+            seed: Shuffles a sized dataset.
+        """
         return list(self.iter_dataset(n, seed=seed))
 
     def get_eval_dataset(self, n: int = -1, *, seed: int | None = None) -> list[dict[str, Any]]:
-        """The first ``n`` eval rows as a list (all of them held: ``iter_eval_dataset`` for
-        a run of any length)."""
+        """The first ``n`` eval rows as a list.
+
+        All of them are held: ``iter_eval_dataset`` is for a run of any length.
+
+        Args:
+            n: How many rows (-1: all).
+            seed: Shuffles a sized dataset.
+        """
         return list(self.iter_eval_dataset(n, seed=seed))
 
     def iter_dataset(self, n: int = -1, *, seed: int | None = None) -> Iterator[dict[str, Any]]:
-        """The first ``n`` train rows (the eval rows when there is no train split), read
-        one at a time as the iterator advances (``vf_mm.envs`` rows: any size, streamed
-        sources included; ``seed`` shuffles a sized dataset)."""
+        """The first ``n`` train rows (the eval rows when there is no train split), one at a time.
+
+        Read as the iterator advances (``vf_mm.envs`` rows: any size, streamed sources
+        included).
+
+        Args:
+            n: How many rows (-1: all).
+            seed: Shuffles a sized dataset.
+        """
         source = self.dataset if self.dataset is not None else self.eval_dataset
         return iter_rows(source, n, seed=seed, name=f"{self.env_id}: dataset")
 
     def iter_eval_dataset(
         self, n: int = -1, *, seed: int | None = None
     ) -> Iterator[dict[str, Any]]:
-        """The first ``n`` eval rows (the train rows when there is no eval split), read one
-        at a time as the iterator advances; what ``evaluate`` runs when given no rows."""
+        """The first ``n`` eval rows (the train rows when there is no eval split), one at a time.
+
+        Read as the iterator advances; what ``evaluate`` runs when given no rows.
+
+        Args:
+            n: How many rows (-1: all).
+            seed: Shuffles a sized dataset.
+        """
         source = self.eval_dataset if self.eval_dataset is not None else self.dataset
         return iter_rows(source, n, seed=seed, name=f"{self.env_id}: eval_dataset")
 
     def dataset_size(
         self, n: int = -1, *, holds: Callable[[Any], bool] | None = None
     ) -> int | None:
-        """How many rows ``iter_dataset(n)`` gives (``holds``: only those whose example id
-        it holds, a shard), or None when the dataset is streamed (no length: the count is
-        known only at its end)."""
+        """How many rows ``iter_dataset(n)`` gives, or None when the dataset is streamed.
+
+        A streamed dataset has no length: the count is known only at its end.
+
+        Args:
+            n: As for ``iter_dataset``.
+            holds: Count only the rows whose example id it holds (a shard).
+        """
         source = self.dataset if self.dataset is not None else self.eval_dataset
         return count_rows(source, n, holds=holds)
 
     def eval_dataset_size(
         self, n: int = -1, *, holds: Callable[[Any], bool] | None = None
     ) -> int | None:
-        """How many rows ``iter_eval_dataset(n)`` gives (``holds``: only those whose example
-        id it holds, a shard), or None when that is not known without reading the rows (a
-        streamed dataset)."""
+        """How many rows ``iter_eval_dataset(n)`` gives, or None when that needs reading them.
+
+        A streamed dataset has no length.
+
+        Args:
+            n: As for ``iter_eval_dataset``.
+            holds: Count only the rows whose example id it holds (a shard).
+        """
         source = self.eval_dataset if self.eval_dataset is not None else self.dataset
         return count_rows(source, n, holds=holds)
 
     def format_prompt(self, row: Mapping[str, Any]) -> Messages:
-        """The prompt messages of one dataset row (never mutates the row)."""
+        """The prompt messages of one dataset row (never mutates the row).
+
+        Args:
+            row: A dataset row (see the class for its columns).
+
+        Raises:
+            MessageError: A row whose prompt is not a message list.
+        """
         messages: list[dict[str, Any]]
         if isinstance(row.get("prompt"), str):  # a bare string is the user's text
             messages = [{"role": "user", "content": row["prompt"]}]
@@ -222,6 +281,11 @@ class Environment:
         return cast(Messages, messages)
 
     def sampling(self, overrides: Mapping[str, Any] | None = None) -> SamplingParams:
+        """The environment's sampling defaults with ``overrides`` over them.
+
+        Args:
+            overrides: Sampling arguments that win over ``sampling_args``.
+        """
         return SamplingParams.from_dict({**self.sampling_args, **dict(overrides or {})})
 
     # -- rollouts -----------------------------------------------------------------------
@@ -235,6 +299,18 @@ class Environment:
         rollout_index: int = 0,
         sampling: SamplingParams | None = None,
     ) -> State:
+        """Run one rollout of ``row`` and return its final state (subclasses implement it).
+
+        A failure (a backend, image or environment error, a timeout) is recorded as the state's
+        ``error``, never raised: it fails this rollout only.
+
+        Args:
+            client: The client model turns go through.
+            row: The dataset row.
+            example_id: The example's id.
+            rollout_index: Which of the example's rollouts this is.
+            sampling: This rollout's sampling (default: the environment's).
+        """
         raise NotImplementedError
 
     async def evaluate(
@@ -254,27 +330,36 @@ class Environment:
     ) -> list[RolloutOutput]:
         """Run ``rollouts_per_example`` rollouts of the first ``num_examples`` eval rows.
 
-        Rollouts of one example are scored together (group rewards see the group). Each
-        scored rollout is passed to ``on_result(output, rollout_index)`` as soon as its
-        group finishes. ``skip`` holds ``(example_id, rollout_index)`` pairs already done
-        (a resumed run). ``seed`` seeds sampling per rollout (example, index). ``rows``
-        replaces the eval dataset (a trainer passes a batch of training rows): any
-        iterable of rows, a generator included; ``example_ids`` names its rows, in step
-        with them (default: a row's ``example_id`` column, else its position), so a slice
-        of a dataset run elsewhere keeps the ids it has in the whole.
+        Rollouts of one example are scored together (group rewards see the group).
 
-        Memory is flat in the number of rows: at most ``concurrency`` rollouts run at once,
-        and a row is pulled from ``rows`` (or the eval dataset) only when a rollout slot
-        frees up, never scheduled up front; a group's finished rollouts wait for its last
-        one, then are scored and handed over. The slot a group's last rollout held is
-        released only after ``on_result`` returns, so a slow consumer (a writer, a
-        trainer stream) slows the run instead of piling up scored groups.
+        Memory is flat in the number of rows: at most ``concurrency`` rollouts run at once, and
+        a row is pulled from ``rows`` (or the eval dataset) only when a rollout slot frees up,
+        never scheduled up front; a group's finished rollouts wait for its last one, then are
+        scored and handed over. The slot a group's last rollout held is released only after
+        ``on_result`` returns, so a slow consumer (a writer, a trainer stream) slows the run
+        instead of piling up scored groups.
 
-        ``keep_outputs``: whether the outputs are also kept and returned, in the order
-        they were handed over. They hold every step's tokens and images' model inputs, so
-        a run of any length must not keep them: by default (None) they are kept only when
-        there is no ``on_result`` (the returned list is then the only way to see them);
-        with ``on_result`` the list returned is empty unless ``keep_outputs=True``.
+        Args:
+            client: The client the rollouts' model turns go through.
+            num_examples: How many rows (-1: all).
+            rollouts_per_example: Rollouts per row (a group).
+            concurrency: The most rollouts running at once.
+            sampling_args: Sampling over the environment's defaults.
+            seed: Seeds sampling per rollout (example, index).
+            skip: ``(example_id, rollout_index)`` pairs already done (a resumed run).
+            on_result: ``on_result(output, rollout_index)``, called with each scored rollout
+                as soon as its group finishes (sync or async).
+            rows: Replaces the eval dataset (a trainer passes a batch of training rows): any
+                iterable of rows, a generator included.
+            example_ids: Names the ``rows``, in step with them (default: a row's
+                ``example_id`` column, else its position), so a slice of a dataset run
+                elsewhere keeps the ids it has in the whole.
+            keep_outputs: Whether the outputs are also kept and returned, in the order they
+                were handed over. They hold every step's tokens and images' model inputs, so a
+                run of any length must not keep them: by default (None) they are kept only
+                when there is no ``on_result`` (the returned list is then the only way to see
+                them); with ``on_result`` the list returned is empty unless
+                ``keep_outputs=True``.
         """
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
@@ -326,9 +411,15 @@ class Environment:
         return outputs
 
     async def score(self, states: Sequence[State]) -> list[RolloutOutput]:
-        """Score one example's group of rollouts. A reward function that fails on one rollout
-        fails that rollout (``Rubric.score_group``); a failure that concerns the whole group
-        (a group reward function) becomes each rollout's error."""
+        """Score one example's group of rollouts.
+
+        A reward function that fails on one rollout fails that rollout
+        (``Rubric.score_group``); a failure that concerns the whole group (a group reward
+        function) becomes each rollout's error.
+
+        Args:
+            states: The group's finished states.
+        """
         start = time.perf_counter()
         try:
             scores = await self.rubric.score_group(states)
@@ -349,6 +440,16 @@ class Environment:
         return outputs
 
     def new_state(self, row: Mapping[str, Any], *, example_id: Any, rollout_index: int) -> State:
+        """A fresh rollout ``State`` for one row: its checked prompt, its columns, a new session id.
+
+        Args:
+            row: The dataset row.
+            example_id: The example's id (named in errors).
+            rollout_index: Which of the example's rollouts this is.
+
+        Raises:
+            MessageError: The row's prompt is not a message list (naming the example).
+        """
         try:
             formatted = self.format_prompt(row)
         except MessageError as exc:  # name the row: format_prompt sees only its columns
@@ -358,11 +459,20 @@ class Environment:
         prompt = check_messages(
             formatted, where=f"{self.env_id}: the prompt of example {example_id!r}"
         )
+        info = row.get("info")
+        if info is not None and not isinstance(info, Mapping):
+            raise MessageError(
+                f"example {example_id!r}: {self.env_id}: the 'info' column is a "
+                f"{type(info).__name__}, not a dict",
+                where=f"example {example_id!r}, the 'info' column",
+                hint='info is a dict of JSON values (a note goes in as {"note": "..."}); '
+                "other per-row values are columns of their own",
+            )
         return State(
             prompt=prompt,
             completion=[],
             answer=row.get("answer"),
-            info=dict(row.get("info") or {}),
+            info=dict(info or {}),
             task=row.get("task", self.env_id),
             example_id=example_id,
             rollout_index=rollout_index,
@@ -377,16 +487,30 @@ class Environment:
         )
 
     def missing_columns(self, row: Mapping[str, Any]) -> tuple[str, ...]:
-        """The scored columns ``row`` lacks (or holds null) that are not declared optional."""
+        """The scored columns ``row`` lacks (or holds null) that are not declared optional.
+
+        Args:
+            row: A dataset row.
+        """
         return tuple(
             c for c in SCORED_COLUMNS if row.get(c) is None and c not in self.optional_columns
         )
 
 
 class MultiTurnEnv(Environment):
-    """Model turn, ``env_response``, repeat; until ``max_turns`` model turns or a stop
-    condition (a method marked ``@vf_mm.stop``) holds, or ``env_response`` sets
-    ``state["done"] = True``. ``timeout_s`` bounds one rollout."""
+    """Model turn, ``env_response``, repeat.
+
+    Until ``max_turns`` model turns or a stop condition (a method marked
+    ``@vf_mm.stop``) holds, or ``env_response`` sets ``state["done"] = True``.
+    ``timeout_s`` bounds one rollout.
+
+    Args:
+        max_turns: The most model turns in a rollout (an int >= 1).
+        **kwargs: ``Environment``'s arguments.
+
+    Raises:
+        ValueError: ``max_turns`` is not an int >= 1.
+    """
 
     def __init__(self, *, max_turns: int = 10, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -400,16 +524,30 @@ class MultiTurnEnv(Environment):
         ]
 
     async def setup_state(self, state: State) -> None:
-        """Hook: prepare per-rollout state before the first turn (sync or async)."""
+        """Hook: prepare per-rollout state before the first turn (sync or async).
+
+        Args:
+            state: The rollout's state.
+        """
 
     async def env_response(self, messages: Messages, state: State) -> Messages:
-        """The environment's answer to the model's last message (new messages to append)."""
+        """The environment's answer to the model's last message (new messages to append).
+
+        Args:
+            messages: The conversation so far, the model's message last.
+            state: The rollout's state.
+        """
         return []
 
     async def finish_state(self, state: State) -> None:
-        """Hook: called once the rollout's last model turn is in (sync or async), before
-        scoring. The last turn gets no ``env_response`` (nobody would read it), so an
-        environment whose state changes with the model's final action applies it here."""
+        """Hook: called once the rollout's last model turn is in (sync or async), before scoring.
+
+        The last turn gets no ``env_response`` (nobody would read it), so an environment whose
+        state changes with the model's final action applies it here.
+
+        Args:
+            state: The rollout's state.
+        """
 
     async def rollout(
         self,
@@ -425,7 +563,7 @@ class MultiTurnEnv(Environment):
             state = self.new_state(row, example_id=example_id, rollout_index=rollout_index)
         except Exception as exc:
             state = State(
-                prompt=[], completion=[], answer=row.get("answer"), info=dict(row.get("info") or {}),
+                prompt=[], completion=[], answer=row.get("answer"), info=_info_or_empty(row),
                 task=self.env_id, example_id=example_id, rollout_index=rollout_index, turn=0,
                 trajectory=[], error=RolloutError.from_exception(exc, where="making the prompt"),
                 timing={"generation_s": 0.0, "env_s": 0.0, "total_s": 0.0},
@@ -532,6 +670,13 @@ class _Stage:
 
     def __init__(self) -> None:
         self.where = "starting"
+
+
+def _info_or_empty(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A failed rollout's ``info``: the row's, where it is a dict (``new_state`` refuses
+    any other by name), else empty."""
+    info = row.get("info")
+    return dict(info) if isinstance(info, Mapping) else {}
 
 
 def _check_dataset(name: str, value: Any) -> None:

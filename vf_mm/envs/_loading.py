@@ -188,7 +188,11 @@ def _display_id(env_id: str) -> str:
 
 
 def list_environments(search_paths: Sequence[str | Path] | None = None) -> list[str]:
-    """Ids of the installed environments and of those in ``environments/``."""
+    """Ids of the installed environments and of those in ``environments/``.
+
+    Args:
+        search_paths: Folders searched first (as for ``load_environment``).
+    """
     found = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     for root in _roots(search_paths):
         if root.is_dir():

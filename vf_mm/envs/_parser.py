@@ -19,9 +19,19 @@ class Parser:
     """The identity parser: the answer is the last assistant message's text, stripped."""
 
     def parse(self, text: str) -> Any:
+        """The answer in one message's text: here, the text stripped.
+
+        Args:
+            text: A message's text.
+        """
         return text.strip()
 
     def parse_answer(self, completion: Messages | str) -> str | None:
+        """The parsed last assistant message, or None when there is none.
+
+        Args:
+            completion: The completion messages, or one text (parsed as is).
+        """
         if isinstance(completion, str):
             return self.parse(completion)
         for message in reversed(completion):
@@ -30,16 +40,24 @@ class Parser:
         return None
 
     def format_reward(self, completion: Messages) -> float:
-        """1.0 when the last assistant message parses to a non-empty answer."""
+        """1.0 when the last assistant message parses to a non-empty answer.
+
+        Args:
+            completion: The rollout's completion messages.
+        """
         answer = self.parse_answer(completion)
         return 1.0 if answer not in (None, "") else 0.0
 
 
 class XMLParser(Parser):
-    """Reads ``<field>...</field>`` blocks; ``answer_field`` is what ``parse_answer`` returns.
+    """Reads ``<field>...</field>`` blocks.
 
     ``parse`` returns a dict of every field found (the last occurrence wins, as a model
     that corrects itself means its final answer).
+
+    Args:
+        fields: The tags to read.
+        answer_field: The field ``parse_answer`` returns.
     """
 
     def __init__(
@@ -53,6 +71,11 @@ class XMLParser(Parser):
         }
 
     def parse(self, text: str) -> dict[str, str | None]:
+        """Each field's text (its last occurrence), None for a field not found.
+
+        Args:
+            text: A message's text.
+        """
         out: dict[str, str | None] = {}
         for field, pattern in self._patterns.items():
             found = pattern.findall(text)
@@ -60,6 +83,11 @@ class XMLParser(Parser):
         return out
 
     def parse_answer(self, completion: Messages | str) -> str | None:
+        """The ``answer_field`` of the last assistant message, or None.
+
+        Args:
+            completion: The completion messages, or one text.
+        """
         if isinstance(completion, str):
             return self.parse(completion).get(self.answer_field)
         for message in reversed(completion):
@@ -70,8 +98,13 @@ class XMLParser(Parser):
         return None
 
     def format_reward(self, completion: Messages) -> float:
-        """Share of assistant messages that contain every field exactly once (turns that
-        only call tools are not answers, and do not count)."""
+        """Share of assistant messages that contain every field exactly once.
+
+        Turns that only call tools are not answers, and do not count.
+
+        Args:
+            completion: The rollout's completion messages.
+        """
         assistant = [
             m for m in completion if m.get("role") == "assistant" and not _only_tool_calls(m)
         ]
@@ -84,13 +117,23 @@ class XMLParser(Parser):
 
 
 class ThinkParser(Parser):
-    """Drops reasoning (``<think>...</think>``, or everything before a lone ``</think>``),
-    then applies ``inner`` (default: strip) to what follows."""
+    """Drops reasoning, then applies ``inner`` to what follows.
+
+    Reasoning is ``<think>...</think>``, or everything before a lone ``</think>``.
+
+    Args:
+        inner: The parser for what follows (default: ``Parser()``, which strips).
+    """
 
     def __init__(self, inner: Parser | None = None) -> None:
         self.inner = inner or Parser()
 
     def parse(self, text: str) -> Any:
+        """``inner``'s parse of what follows the last ``</think>`` (of all of it when none).
+
+        Args:
+            text: A message's text.
+        """
         if "</think>" in text:
             text = text.rsplit("</think>", 1)[1]
         return self.inner.parse(text)

@@ -33,12 +33,16 @@ __all__ = ["LazyRows", "count_rows", "iter_rows", "is_sized"]
 
 
 class LazyRows(Sequence[dict[str, Any]]):
-    """``length`` rows, row ``i`` being ``make_row(i)``, built each time it is read and
-    never kept: a dataset of any size that costs memory only for the rows in use.
+    """A dataset of any size that costs memory only for the rows in use.
 
-    ``make_row`` must be deterministic in ``i`` (a resumed run, or a second pass, reads a
-    row again and must get the same example) and return a dict. Slicing gives another
-    ``LazyRows`` over the slice's indices.
+    Row ``i`` is ``make_row(i)``, built each time it is read and never kept. Slicing gives
+    another ``LazyRows`` over the slice's indices.
+
+    Args:
+        length: How many rows (or the range of indices).
+        make_row: Builds row ``i``; must be deterministic in ``i`` (a resumed run, or a
+            second pass, reads a row again and must get the same example) and return a
+            dict.
     """
 
     __slots__ = ("_indices", "_make_row")

@@ -51,6 +51,21 @@ class RewardFunc:
 
 
 class Rubric:
+    """Reward functions that receive what they name, weighted into one reward.
+
+    See the module docstring for the arguments a reward function may name.
+
+    Args:
+        funcs: The reward functions.
+        weights: One weight per function (default: 1.0 each); 0 makes it a metric.
+        parser: The parser reward functions receive as ``parser`` (default: ``Parser()``).
+
+    Raises:
+        ValueError: ``weights`` and ``funcs`` differ in length.
+        RewardFunctionError: A function asks for an argument the rubric does not supply,
+            or is not callable.
+    """
+
     def __init__(
         self,
         funcs: Sequence[Callable[..., Any]] = (),
@@ -66,13 +81,40 @@ class Rubric:
             self.add_reward_func(func, weight=1.0 if weights is None else weights[i])
 
     def add_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
+        """Add a reward function.
+
+        Args:
+            func: Takes the arguments it names (``prompt``, ``completion``, ``answer``, ...)
+                and returns a number; may be async.
+            weight: Its weight in the reward (0: a metric).
+
+        Raises:
+            RewardFunctionError: It asks for an argument the rubric does not supply.
+        """
         self.funcs.append(RewardFunc(self._checked(func, False), self._name(func), weight))
 
     def add_metric(self, func: Callable[..., Any]) -> None:
-        """A function that is reported but does not count toward the reward."""
+        """Add a function that is reported but does not count toward the reward.
+
+        Args:
+            func: A reward function (weight 0).
+
+        Raises:
+            RewardFunctionError: It asks for an argument the rubric does not supply.
+        """
         self.funcs.append(RewardFunc(self._checked(func, False), self._name(func), 0.0))
 
     def add_group_reward_func(self, func: Callable[..., Any], *, weight: float = 1.0) -> None:
+        """Add a group reward function: it sees all of one example's rollouts at once.
+
+        Args:
+            func: Takes ``prompts``, ``completions``, ``answers``, ``states``, ``infos``, ...
+                by name and returns one number per rollout.
+            weight: Its weight in the reward (0: a metric).
+
+        Raises:
+            RewardFunctionError: It asks for an argument the rubric does not supply.
+        """
         rf = RewardFunc(self._checked(func, True), self._name(func), weight, group=True)
         self.funcs.append(rf)
 
@@ -100,7 +142,14 @@ class Rubric:
     async def score_group(
         self, states: Sequence[dict[str, Any]]
     ) -> list[tuple[float | None, dict[str, float]]]:
-        """(reward, metrics) for each rollout of one example's group."""
+        """(reward, metrics) for each rollout of one example's group.
+
+        A failed rollout is not scored (reward None); a function that raises or returns no
+        finite number fails the rollout it was called for.
+
+        Args:
+            states: The group's finished states.
+        """
         ok = [i for i, s in enumerate(states) if not s.get("error")]
         metrics: list[dict[str, float]] = [{} for _ in states]
         for rf in self.funcs:
@@ -140,6 +189,11 @@ class Rubric:
         return _number(rf.name, await _call(rf.func, self._kwargs(rf.func, state)))
 
     async def score_rollout(self, state: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+        """(reward, metrics) for one rollout (a group of one).
+
+        Args:
+            state: The rollout's finished state.
+        """
         return (await self.score_group([state]))[0]
 
     def _kwargs(self, func: Callable[..., Any], state: dict[str, Any]) -> dict[str, Any]:

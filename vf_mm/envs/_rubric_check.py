@@ -147,7 +147,8 @@ def _probe(
     probe.parser = _Echo(reply)
     completion = [{"role": "assistant", "content": _written(rubric.parser, reply)}]
     state = {"prompt": [], "completion": completion, "answer": answer,
-             "info": dict(row.get("info") or {}), "example_id": 0, "task": task,
+             "info": dict(info) if isinstance(info := row.get("info"), Mapping) else {},
+             "example_id": 0, "task": task,
              "turn": 1, "trajectory": [], "error": None}  # fmt: skip
 
     async def score() -> float:

@@ -302,14 +302,20 @@ def scaffold_environment(
     family: str = "qwen2_5_vl",
 ) -> list[Path]:
     """Write ``directory/name/`` (module, pyproject, test, README) and return the files.
-    The test checks the environment on ``family`` (a ``model_type``): the family the
-    author targets, whose template and processor the checks render with.
 
-    Refused with ``ValueError`` (nothing written): a name that is not a valid id, or
-    whose module would shadow an importable module (``json``, ``test``, ``vf_mm``...),
-    an unknown family (``UnsupportedModelError``, naming the nearest), ``tools`` for a
-    family whose template has no tool role (Gemma 3); ``FileExistsError``: the folder
-    exists.
+    Args:
+        name: The environment's id.
+        kind: The template to start from.
+        directory: Where the environment's folder goes.
+        family: A ``model_type``: the family the author targets; the written test checks
+            the environment with its template and processor.
+
+    Raises:
+        ValueError: Nothing written: a name that is not a valid id, or whose module would
+            shadow an importable module (``json``, ``test``, ``vf_mm``...), ``tools`` for a
+            family whose template has no tool role (Gemma 3).
+        UnsupportedModelError: An unknown family (naming the nearest).
+        FileExistsError: The folder exists.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, not {kind!r}")

@@ -41,7 +41,11 @@ _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", b
 
 
 def tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
-    """The OpenAI-style tool schema of ``func``."""
+    """The OpenAI-style tool schema of ``func``.
+
+    Args:
+        func: A function with annotated parameters (and a docstring describing them).
+    """
     doc = inspect.getdoc(func) or ""
     description, arg_docs = _parse_doc(doc)
     hints = typing.get_type_hints(func)
@@ -87,7 +91,18 @@ def schema_gaps(func: Callable[..., Any]) -> list[str]:
 
 
 class ToolEnv(MultiTurnEnv):
-    """A multi-turn environment whose environment turns are tool results."""
+    """A multi-turn environment whose environment turns are tool results.
+
+    Args:
+        tools: Plain functions the model may call, by their names; their schemas come from
+            their signatures and docstrings (``tool_schema``).
+        max_turns: The most model turns in a rollout.
+        **kwargs: ``Environment``'s arguments.
+
+    Raises:
+        TypeError: A tool that is not a function.
+        ValueError: A tool name the model cannot call, or two tools of one name.
+    """
 
     def __init__(
         self, *, tools: Sequence[Callable[..., Any]], max_turns: int = 10, **kwargs: Any
@@ -110,6 +125,11 @@ class ToolEnv(MultiTurnEnv):
 
     @stop
     def no_tool_calls(self, state: State) -> bool:
+        """Stop condition: the model's last message called no tool.
+
+        Args:
+            state: The rollout's state.
+        """
         last = state["completion"][-1] if state["completion"] else {}
         return not last.get("tool_calls")
 
@@ -128,6 +148,16 @@ class ToolEnv(MultiTurnEnv):
         return cast(Messages, replies)
 
     async def call_tool(self, call: Mapping[str, Any], state: State) -> str | list[dict[str, Any]]:
+        """Run one tool call and return its answer (the tool message's content).
+
+        An unknown tool, arguments that are not a JSON object, or a tool that raises come back
+        as an ``Error: ...`` answer the model can read and may act on. A return value the tool
+        message cannot hold is the tool's bug: it raises, failing the rollout.
+
+        Args:
+            call: The OpenAI-style tool call (``{"id", "function": {"name", "arguments"}}``).
+            state: The rollout's state.
+        """
         function = call.get("function") or {}
         name = function.get("name")
         func = self.tool_funcs.get(name) if isinstance(name, str) else None

@@ -86,9 +86,19 @@ def _refused_media_type(media_type: str, medium: str) -> str | None:
 
 
 def decode_data_url(url: str, *, max_bytes: int, medium: str = "image") -> bytes:
-    """The bytes a ``data:image/...;base64,`` URL holds (``medium="video"``: a
-    ``data:video/...`` or ``data:application/octet-stream`` one), refused with that
-    medium's ``DecodeError`` / ``TooLargeError``."""
+    """The bytes a ``data:`` URL holds.
+
+    Args:
+        url: A ``data:image/...;base64,`` URL (``medium="video"``: a ``data:video/...`` or
+            ``data:application/octet-stream`` one).
+        max_bytes: The most decoded bytes accepted.
+        medium: ``"image"`` or ``"video"``: which errors refuse it.
+
+    Raises:
+        ImageDecodeError: Not a base64 data URL of an image (``VideoDecodeError`` for a
+            video).
+        ImageTooLargeError: Over ``max_bytes`` (``VideoTooLargeError`` for a video).
+    """
     decode_error, too_large, example = _MEDIA[medium]
     comma = url.find(",")
     if comma < 0:

@@ -35,18 +35,19 @@ _MAX_IDAT = 1 << 30
 
 
 def encode_png(image: Image.Image, *, compress_level: int = 1, filtered: bool = True) -> bytes:
-    """``image`` as PNG bytes (``compress_level`` 0-9: speed against size, never quality).
+    """``image`` as PNG bytes.
 
-    ``filtered=True``: Pillow's writer (adaptive row filters, and what Pillow writes from
-    ``image.info``: an ICC profile, a transparency colour).
-
-    ``filtered=False``, for an RGB image: our writer, 8-bit RGB (colour type 2), not
-    interlaced, every row filtered with 0 (None), the pixels alone in IDAT chunks (no
-    other chunk, nothing from ``image.info``, so a decoder gives back exactly these
-    pixels). Faster to write and 1.7-2.7x faster to decode than
-    Pillow's file; larger where filters help the compressor (about 1.8x for a photo).
-    Any other mode, or a zero-sized image, goes to Pillow's writer as with
-    ``filtered=True``.
+    Args:
+        image: The image.
+        compress_level: 0-9: speed against size, never quality.
+        filtered: True: Pillow's writer (adaptive row filters, and what Pillow writes
+            from ``image.info``: an ICC profile, a transparency colour). False, for an RGB
+            image: our writer, 8-bit RGB (colour type 2), not interlaced, every row
+            filtered with 0 (None), the pixels alone in IDAT chunks (no other chunk,
+            nothing from ``image.info``, so a decoder gives back exactly these pixels).
+            Faster to write and 1.7-2.7x faster to decode than Pillow's file; larger where
+            filters help the compressor (about 1.8x for a photo). Any other mode, or a
+            zero-sized image, goes to Pillow's writer as with True.
     """
     if filtered or image.mode != "RGB" or image.width == 0 or image.height == 0:
         buffer = io.BytesIO()
@@ -77,5 +78,9 @@ def _unfiltered_rgb_png(image: Image.Image, compress_level: int) -> bytes:
 
 
 def png_data_url(image: Image.Image) -> str:
-    """``image`` as a ``data:image/png;base64,...`` URL."""
+    """``image`` as a ``data:image/png;base64,...`` URL.
+
+    Args:
+        image: The image.
+    """
     return "data:image/png;base64," + base64.b64encode(encode_png(image)).decode("ascii")

@@ -75,18 +75,28 @@ def _in_redirect(exc: UnsafeImageSourceError, hop: int, url: str) -> None:
 class Fetcher:
     """Gets the bytes of an http(s) URL that the policy allows, or raises.
 
-    ``transport``: an ``httpx.BaseTransport`` to send requests through; ``None``
-    builds a fresh ``httpx.HTTPTransport`` for each fetch. A transport passed here is
-    used as it is and never closed. ``resolver``: see ``Resolver``.
+    Attributes:
+        transport: An ``httpx.BaseTransport`` to send requests through; ``None`` builds a
+            fresh ``httpx.HTTPTransport`` for each fetch. A transport passed here is used as
+            it is and never closed.
+        resolver: ``(host, port) -> IP address strings`` (see ``Resolver``); the default
+            uses ``socket.getaddrinfo``.
     """
 
     transport: httpx.BaseTransport | None = None
     resolver: Resolver = system_resolver
 
     def fetch(self, url: str, policy: ImagePolicy) -> bytes:
-        """The body of ``url``: guard, resolve, pin, follow redirects, cap. Raises
-        ``UnsafeImageSourceError`` before any connection to a refused target and
-        ``ImageFetchError`` when the fetch fails."""
+        """The body of ``url``: guard, resolve, pin, follow redirects, cap.
+
+        Args:
+            url: An http(s) URL.
+            policy: What may be fetched, and the limits.
+
+        Raises:
+            UnsafeImageSourceError: Before any connection to a refused target.
+            ImageFetchError: The fetch fails.
+        """
         deadline = time.monotonic() + policy.timeout_s
         target = check_http_url(url, policy)  # refuses before we build a transport
         transport = self.transport

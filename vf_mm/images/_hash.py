@@ -31,7 +31,17 @@ _PREFIX = b"vf_mm.image.v1\0RGB\0"
 
 
 def image_hash(image: Image.Image) -> str:
-    """32 hex characters: sha256 (first 128 bits) of the RGB pixels and the size (see module doc)."""
+    """32 hex characters: sha256 (first 128 bits) of the RGB pixels and the size.
+
+    See the module doc.
+
+    Args:
+        image: An RGB PIL image (what ``load_image`` returns).
+
+    Raises:
+        TypeError: Not a PIL image.
+        ValueError: Not in mode RGB.
+    """
     if not isinstance(image, Image.Image):
         raise TypeError(f"image_hash takes a PIL image, not {type(image).__name__}")
     if image.mode != "RGB":

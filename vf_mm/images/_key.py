@@ -107,11 +107,16 @@ class SourceKey:
 
 
 def source_key(source: Any, *, policy: ImagePolicy | None = None) -> SourceKey | None:
-    """The key of ``source`` (any form ``load_image`` takes), or None when it has no
-    identity cheaper than its pixels (see the module doc) or when ``load_image`` would
-    refuse it: the guard runs first (a path outside ``policy.local_roots`` gets no key),
-    and whatever is wrong with a source is ``load_image``'s to report, so this never
-    raises for a source."""
+    """The key of ``source``, or None when it has no identity cheaper than its pixels.
+
+    None as well when ``load_image`` would refuse it: the guard runs first (a path outside
+    ``policy.local_roots`` gets no key), and whatever is wrong with a source is
+    ``load_image``'s to report, so this never raises for a source.
+
+    Args:
+        source: Any form ``load_image`` takes.
+        policy: The policy ``load_image`` would apply (``ImagePolicy()`` when None).
+    """
     try:
         return _key(source, _DEFAULT_POLICY if policy is None else policy)
     except (ImageError, OSError, ValueError):

@@ -36,22 +36,27 @@ def load_image(
 ) -> Image.Image:
     """Load ``source`` as a fully decoded RGB image, as ``policy`` allows.
 
-    ``source``: a PIL image; an ``(H, W[, C])`` uint8 array (grey, RGB or RGBA); encoded
-    image bytes (``bytes``, ``bytearray``,
-    ``memoryview``); a ``data:image/...;base64,`` URL; a local path (``str`` or
-    ``os.PathLike``) or ``file://`` URL; an ``http(s)://`` URL; or a content part
-    (``{"type": "image_url", "image_url": {"url": ...}}``, ``{"type": "image",
-    "image": ...}``, or transformers' ``{"type": "image", "url" | "path": ...}``).
-
-    ``policy``: ``ImagePolicy()`` when None (any local path, no network). ``where``:
-    the image's place in a conversation (``"message 2, part 1"``), put in errors.
-    ``fetcher``: how http(s) is fetched (transport and DNS resolver); the default uses
-    httpx and ``socket.getaddrinfo``.
-
     The result is always a new object (a PIL image passed in is never modified) in mode
-    ``RGB`` with its pixels loaded. Raises ``vf_mm.errors.ImageError``:
-    ``UnsafeImageSourceError``, ``ImageFetchError``, ``ImageDecodeError`` or
-    ``ImageTooLargeError``, naming the source (shortened, no secrets) and ``where``.
+    ``RGB`` with its pixels loaded.
+
+    Args:
+        source: A PIL image; an ``(H, W[, C])`` uint8 array (grey, RGB or RGBA); encoded
+            image bytes (``bytes``, ``bytearray``, ``memoryview``); a
+            ``data:image/...;base64,`` URL; a local path (``str`` or ``os.PathLike``) or
+            ``file://`` URL; an ``http(s)://`` URL; or a content part (``{"type":
+            "image_url", "image_url": {"url": ...}}``, ``{"type": "image", "image": ...}``,
+            or transformers' ``{"type": "image", "url" | "path": ...}``).
+        policy: ``ImagePolicy()`` when None (any local path, no network).
+        where: The image's place in a conversation (``"message 2, part 1"``), put in
+            errors.
+        fetcher: How http(s) is fetched (transport and DNS resolver); the default uses
+            httpx and ``socket.getaddrinfo``.
+
+    Raises:
+        UnsafeImageSourceError: The policy refuses where it comes from.
+        ImageFetchError: Reading it failed.
+        ImageDecodeError: Not a whole image in a format the policy allows.
+        ImageTooLargeError: Over the policy's byte or pixel limit.
     """
     return load_image_with_png(source, policy=policy, where=where, fetcher=fetcher)[0]
 

@@ -100,27 +100,29 @@ def _positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ImagePolicy:
-    """What ``load_image`` may read. The defaults suit trusted code: any local path, no
-    network. For data you did not write (a dataset row, a tool result, a model's output)
-    use ``ImagePolicy.dataset(roots=...)``.
+    """What ``load_image`` may read.
 
-    - ``allow_network``: fetch ``http(s)://`` URLs at all. Off by default.
-    - ``allowed_domains``: when non-empty, the URL's host must equal one of these or be a
-      subdomain of one (``example.com`` allows ``cdn.example.com``). Empty means any
-      host. Either way every address the host resolves to must be public: loopback,
-      private, link-local (cloud metadata at 169.254.169.254), CGNAT, multicast, reserved
-      and unspecified addresses are always refused, in any spelling.
-    - ``local_roots``: ``None`` allows any local path (trusted code). A tuple confines
-      paths, after resolving symlinks and ``..``, to those directories; ``()`` allows no
-      local path at all. A single path may be given bare, and a root as its ``file:``
-      URL.
-    - ``max_bytes``: the most encoded bytes read from any source.
-    - ``max_pixels``: the most pixels (width x height) decoded; checked from the header,
-      before any pixel is decoded.
-    - ``timeout_s``: the limit for each network operation (connect, each read) and for a
-      whole fetch, redirects included.
-    - ``max_redirects``: HTTP redirects followed (each hop checked like the first).
-    - ``formats``: Pillow format ids decoded (``DEFAULT_FORMATS``).
+    The defaults suit trusted code: any local path, no network. For data you did not write
+    (a dataset row, a tool result, a model's output) use ``ImagePolicy.dataset(roots=...)``.
+
+    Attributes:
+        allow_network: Fetch ``http(s)://`` URLs at all. Off by default.
+        allowed_domains: When non-empty, the URL's host must equal one of these or be a
+            subdomain of one (``example.com`` allows ``cdn.example.com``). Empty means any
+            host. Either way every address the host resolves to must be public: loopback,
+            private, link-local (cloud metadata at 169.254.169.254), CGNAT, multicast,
+            reserved and unspecified addresses are always refused, in any spelling.
+        local_roots: ``None`` allows any local path (trusted code). A tuple confines
+            paths, after resolving symlinks and ``..``, to those directories; ``()`` allows
+            no local path at all. A single path may be given bare, and a root as its
+            ``file:`` URL.
+        max_bytes: The most encoded bytes read from any source.
+        max_pixels: The most pixels (width x height) decoded; checked from the header,
+            before any pixel is decoded.
+        timeout_s: The limit for each network operation (connect, each read) and for a
+            whole fetch, redirects included.
+        max_redirects: HTTP redirects followed (each hop checked like the first).
+        formats: Pillow format ids decoded (``DEFAULT_FORMATS``).
     """
 
     allow_network: bool = False
@@ -175,8 +177,14 @@ class ImagePolicy:
         allowed_domains: Iterable[str] = (),
         **overrides: Any,
     ) -> ImagePolicy:
-        """For data you did not write: local paths only under ``roots`` (none if empty),
-        the network only if ``allow_network`` (limited to ``allowed_domains`` if given)."""
+        """A policy for data you did not write.
+
+        Args:
+            roots: Local paths are allowed only under these (none if empty).
+            allow_network: Whether http(s) may be fetched at all.
+            allowed_domains: When given, the only hosts fetched (and their subdomains).
+            **overrides: Any other field of the policy.
+        """
         return cls(
             allow_network=allow_network,
             allowed_domains=tuple(allowed_domains)

@@ -87,30 +87,39 @@ _GIB = 1 << 30
 
 
 class LocalBackend:
-    """Serve a transformers model in-process. ``model`` is a checkpoint directory (any
-    ``build_tiny_vlm`` / ``build_tiny_lm`` output, or a real Qwen-VL / causal LM).
+    """Serve a transformers model in-process.
 
     Prompts arrive as token ids with their images' ``pixel_values`` / ``image_grid_thw``
     in ``multi_modal_data`` (as a ``vf_mm`` renderer produces them).
 
-    ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; ``dtype``: the weights' dtype
-    (default float32). ``prefix_cache``: keep history between requests (module
-    docstring); ``prefix_cache_bytes`` bounds the KV entries kept (default: the KV pool
-    on a GPU, 2 GiB on CPU) and ``vision_cache_bytes`` the vision tower's outputs kept
-    (default: an eighth of that).
-
-    ``kv_pool``: run the pool engine (module docstring); None (default) runs it on a
-    CUDA device in bfloat16 / float16, True asks for it anywhere (on CPU with exact,
-    slow per-sequence attention) and is an error for a family it cannot run.
-    ``kv_pool_bytes``: the arena's size, all the KV memory the engine ever holds
-    (default 60% of the GPU memory free after loading; 256 MiB elsewhere): a request
-    waits for room, and one that cannot fit at all fails alone
-    (``BackendOutOfMemoryError``). ``cuda_graphs``: capture decode steps as CUDA graphs
-    (the pool engine on CUDA).
-
     The model's facts (``family``, ``image_token_id``, ``eos_token_ids``, ...) are
     attributes and the counters (``batches_run``, ``prefix_cache_hits``, ...) read-only
     properties: read them, never write them.
+
+    Args:
+        model: A checkpoint directory (any ``build_tiny_vlm`` / ``build_tiny_lm`` output,
+            or a real Qwen-VL / causal LM).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+        dtype: The weights' dtype (default float32).
+        batch_window_ms: When idle, the worker takes the first waiting request and
+            whatever else arrives within this window (module docstring).
+        max_batch: The most rows in one batch.
+        max_model_len: The longest prompt plus completion (default: the model's
+            ``max_position_embeddings``).
+        seed: Starts the stream of seeds for requests that set none, so the same requests
+            in the same order sample the same tokens.
+        prefix_cache: Keep history between requests (module docstring).
+        prefix_cache_bytes: Bounds the KV entries kept (default: the KV pool on a GPU,
+            2 GiB on CPU).
+        vision_cache_bytes: Bounds the vision tower's outputs kept (default: an eighth of
+            ``prefix_cache_bytes``).
+        kv_pool: Run the pool engine (module docstring); None (default) runs it on a CUDA
+            device in bfloat16 / float16, True asks for it anywhere (on CPU with exact, slow
+            per-sequence attention) and is an error for a family it cannot run.
+        kv_pool_bytes: The arena's size, all the KV memory the engine ever holds (default
+            60% of the GPU memory free after loading; 256 MiB elsewhere): a request waits for
+            room, and one that cannot fit at all fails alone (``BackendOutOfMemoryError``).
+        cuda_graphs: Capture decode steps as CUDA graphs (the pool engine on CUDA).
     """
 
     def __init__(
@@ -212,8 +221,15 @@ class LocalBackend:
         return await future
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Replace the model's weights in place, between batches: running rows finish on
-        the old weights, waiting ones start on the new; every cache is dropped."""
+        """Replace the model's weights in place, between batches.
+
+        Running rows finish on the old weights, waiting ones start on the new; every cache is
+        dropped.
+
+        Args:
+            state_dict: The new weights, by parameter name.
+            strict: Refuse a ``state_dict`` whose names are not exactly the model's.
+        """
         with self._scheduler.between_batches(), torch.no_grad():
             self.model.load_state_dict(dict(state_dict), strict=strict)
             self._stats.weights_version += 1

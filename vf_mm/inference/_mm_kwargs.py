@@ -76,6 +76,11 @@ FIELD_SPECS: dict[str, tuple[str, Literal["flat", "batched"], bool]] = {
     "video_grid_thw": ("video", "batched", True),
     "second_per_grid_ts": ("video", "batched", True),
     "timestamps": ("video", "batched", True),
+    # SmolVLM's per-tile masks and Gemma 4's patch positions, as transformers' processors
+    # make them and vf_mm's renderer keeps them (one item's arrays whole, leading axis
+    # included): what ``vf-mm serve`` reads in features mode
+    "pixel_attention_mask": ("image", "flat", False),
+    "image_position_ids": ("image", "flat", False),
 }
 
 # How LLaVA-OneVision declares them (vllm/model_executor/models/llava_onevision.py):

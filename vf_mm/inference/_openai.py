@@ -39,15 +39,22 @@ __all__ = ["OpenAIChatBackend"]
 class OpenAIChatBackend:
     """The ``ChatBackend`` contract over the ``openai`` SDK's ``AsyncOpenAI``.
 
-    ``model``: the model name sent with each request. ``base_url``: the API root
-    (``http://host:port/v1`` for a self-hosted server; None for OpenAI's, or
-    ``OPENAI_BASE_URL``). ``api_key``: None reads ``OPENAI_API_KEY``; a self-hosted
-    ``base_url`` without a key gets ``"EMPTY"``. ``image_policy``: what image sources
-    may be read (``ImagePolicy()`` when None: any local path, no network).
-    ``timeout_s`` / ``max_retries``: per request, as the SDK applies them (retries on
-    connection errors, 408/409/429 and 5xx). ``client``: an ``AsyncOpenAI`` to use
-    instead (not closed by ``aclose``). ``max_tokens_param``: the request field that
-    carries ``SamplingParams.max_tokens`` (``max_tokens`` for older servers).
+    Args:
+        model: The model name sent with each request.
+        base_url: The API root (``http://host:port/v1`` for a self-hosted server; None for
+            OpenAI's, or ``OPENAI_BASE_URL``).
+        api_key: None reads ``OPENAI_API_KEY``; a self-hosted ``base_url`` without a key
+            gets ``"EMPTY"``.
+        image_policy: What image sources may be read (``ImagePolicy()`` when None: any
+            local path, no network).
+        timeout_s: Per request, as the SDK applies it.
+        max_retries: Per request, as the SDK applies them (retries on connection errors,
+            408/409/429 and 5xx).
+        client: An ``AsyncOpenAI`` to use instead (not closed by ``aclose``).
+        max_tokens_param: The request field that carries ``SamplingParams.max_tokens``
+            (``max_tokens`` for older servers).
+        image_cache_size: How many encoded images (PNG data URLs, by pixel hash) are kept,
+            so a conversation's earlier images are not encoded again each turn (0: none).
     """
 
     def __init__(

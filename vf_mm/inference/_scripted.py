@@ -17,23 +17,27 @@ from vf_mm.inference._types import GenerateRequest, GenerateResult, Usage, check
 
 
 class ScriptedBackend:
-    """A token-level ``Backend`` that answers with scripted text, tokenized by ``renderer``'s
-    tokenizer and closed with its first stop token unless the text ends with one of its
-    stop tokens itself (Gemma 4's calls end with ``<|tool_response>``; cut at
-    ``max_tokens`` like a model).
+    """A token-level ``Backend`` that answers with scripted text.
 
-    ``renderer`` supplies the tokenizer (its ``tokenizer``; itself when it has none) and
-    the stop token (its first ``stop_token_ids``).
-    ``replies``: strings used in turn (cycling), or one function of the
-    ``GenerateRequest`` returning the text: it sees the prompt's token ids
-    (``request.prompt_ids``) and, from a ``RendererClient``, the conversation they were
-    rendered from (``request.messages``), so a scripted policy can answer what it was shown. Every sampled token gets logprob ``-0.5``.
-    ``max_model_len``: a prompt that cannot fit with its ``max_tokens`` is refused
-    (``PromptTooLongError``) as a real backend refuses it, so a test can make a rollout
-    run out of context at a chosen turn.
-    ``requests`` keeps what was asked, for assertions; ``record=False`` keeps nothing (each
-    request holds its images' model inputs: a long run, a soak test or a benchmark of
-    memory must not keep them).
+    The text is tokenized by ``renderer``'s tokenizer and closed with its first stop token
+    unless it ends with one of its stop tokens itself (Gemma 4's calls end with
+    ``<|tool_response>``); cut at ``max_tokens`` like a model. Every sampled token gets
+    logprob ``-0.5``. ``requests`` keeps what was asked, for assertions.
+
+    Args:
+        renderer: Supplies the tokenizer (its ``tokenizer``; itself when it has none) and
+            the stop token (its first ``stop_token_ids``).
+        replies: Strings used in turn (cycling), or one function of the
+            ``GenerateRequest`` returning the text: it sees the prompt's token ids
+            (``request.prompt_ids``) and, from a ``RendererClient``, the conversation they
+            were rendered from (``request.messages``), so a scripted policy can answer what
+            it was shown.
+        name: The backend's name.
+        max_model_len: A prompt that cannot fit with its ``max_tokens`` is refused
+            (``PromptTooLongError``) as a real backend refuses it, so a test can make a
+            rollout run out of context at a chosen turn.
+        record: False keeps nothing in ``requests`` (each request holds its images' model
+            inputs: a long run, a soak test or a benchmark of memory must not keep them).
     """
 
     def __init__(self, renderer: Any, replies: Sequence[str] | Callable[[GenerateRequest], str], *,

@@ -23,8 +23,9 @@ route as ``image_url`` / ``video_url`` parts (clips need a family that reads vid
 Qwen-VL's). A route reads a URL only under the server's ``image_policy``
 (default ``DEFAULT_SERVER_IMAGE_POLICY``: ``data:`` URLs only), never the renderer's:
 a server must never fetch what a client names (a recorded chat call is read by the
-recorder's client, under its policy alone). Other vision families than Qwen-VL are
-refused at start (``UnsupportedModelError``); text models are served.
+recorder's client, under its policy alone). Every vision family whose processed images
+``vf_mm.models``' ``ItemChecker`` checks is served, and text models; another (LFM2-VL) is
+refused at start (``UnsupportedModelError``), saying why.
 
 Every request, whichever route, first passes ``ServerGuard`` (``_server_guard``): with
 ``api_keys`` every route but ``/health`` needs ``Authorization: Bearer`` one of them
@@ -137,20 +138,26 @@ def create_app(
     api_keys: Sequence[str] = (),
     limits: ServerLimits | None = None,
 ) -> Starlette:
-    """The HTTP app of ``vf-mm serve`` over ``backend`` (a token-level ``Backend``).
+    """The HTTP app of ``vf-mm serve`` over ``backend``.
 
-    ``renderer``: needed for ``/v1/chat/completions`` (and tells which token is the
-    image pad); ``model_name``: the served name (``model`` fields must match it);
-    ``image_policy``: what images and clips a route may read (chat parts and
-    ``content_parts``; default: ``data:`` URLs only); ``mm_cache_items`` /
-    ``mm_cache_bytes`` bound the cache of decoded image and clip items that hash-only
-    requests resolve against. ``recorder`` (a ``vf_mm.recording.Recorder``):
-    chat calls become recorded turns of their sessions, and the session routes are
-    served. The caller owns ``backend`` and ``recorder`` (and closes them).
-    ``api_keys``: with any, every route but ``/health`` needs ``Authorization: Bearer``
-    one of them (``ServerGuard``); a recording keeps each key's sessions apart.
-    ``limits``: what one request may cost (``ServerLimits``: body size, images, prompt
-    tokens, a slow body, requests in flight per client).
+    The caller owns ``backend`` and ``recorder`` (and closes them).
+
+    Args:
+        backend: A token-level ``Backend``.
+        renderer: Needed for ``/v1/chat/completions`` (and tells which token is the image
+            pad).
+        model_name: The served name (``model`` fields must match it).
+        image_policy: What images and clips a route may read (chat parts and
+            ``content_parts``; default: ``data:`` URLs only).
+        mm_cache_items: Bounds the cache of decoded image and clip items that hash-only
+            requests resolve against (items).
+        mm_cache_bytes: Bounds the same cache (bytes).
+        recorder: A ``vf_mm.recording.Recorder``: chat calls become recorded turns of
+            their sessions, and the session routes are served.
+        api_keys: With any, every route but ``/health`` needs ``Authorization: Bearer``
+            one of them (``ServerGuard``); a recording keeps each key's sessions apart.
+        limits: What one request may cost (``ServerLimits``: body size, images, prompt
+            tokens, a slow body, requests in flight per client).
     """
     limits = limits or ServerLimits()
     engine = ServerEngine(

@@ -6,8 +6,9 @@ renderer or the limits but through this class, so every route checks a request t
 way and reaches the engine the same way:
 
 - the model's facts, read once at start: vocabulary size, image and video pad tokens,
-  merge size, a vision patch row's width, context length, the renderer's stop tokens and
-  the tokens it bans (``VisionSpec.banned_token_ids``);
+  the checks of a client's processed images (``items``: the family's ``ItemChecker``,
+  over the renderer's processor), context length, the renderer's stop tokens and the
+  tokens it bans (``VisionSpec.banned_token_ids``);
 - the checks a request meets whatever its route: the ``model`` name (404 as vLLM's
   ``_check_model``), token ids inside the vocabulary, ``ServerLimits`` (images and clips,
   prompt tokens), ``max_tokens`` against the context (vLLM's ``get_max_tokens``);
@@ -16,9 +17,11 @@ way and reaches the engine the same way:
   400 (a prompt too long) or a 500 with the engine's message;
 - the ``ItemCache`` of decoded multi-modal items that hash-only requests resolve against.
 
-Only Qwen-VL checkpoints and text models are served: the item checks are Qwen-VL's
-(patch rows, grids, merge size), and another vision family is refused at start with
-``UnsupportedModelError`` rather than served wrong.
+Every vision family whose processed images ``ItemChecker`` checks is served, and text
+models; a family it cannot check (``VisionFamily.item_layout`` None: LFM2-VL) is refused
+at start with ``UnsupportedModelError`` saying why, rather than served wrong. A vision
+model served without its renderer takes text only: its images' checks read the
+renderer's processor.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from vf_mm.inference._server_errors import RequestError, json_error, validation_
 from vf_mm.inference._server_guard import ServerLimits
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
 from vf_mm.inference._vllm_items import item_cache_advert
-from vf_mm.models import VISION_FAMILIES
-from vf_mm.models._internal import QWEN_VL_FAMILIES
+from vf_mm.models import VISION_FAMILIES, family_info
+from vf_mm.models._internal import ItemChecker
 
 __all__ = ["ItemCache", "ServerEngine", "clamp_logprob", "renderer_attribute"]
 
@@ -160,11 +163,11 @@ class ServerEngine:
         if family not in VISION_FAMILIES and renderer_attribute(renderer, "vision") is not None:
             # a vision renderer is named for its family
             family = renderer_attribute(renderer, "name")
-        if family in VISION_FAMILIES and family not in QWEN_VL_FAMILIES:
-            # the request checks are Qwen-VL's (patch rows, grids, merge size)
+        if family in VISION_FAMILIES and family_info(family).item_layout is None:
             raise UnsupportedModelError(
-                f"the vf_mm server serves Qwen-VL checkpoints and text models, not {family!r} "
-                "yet; use LocalBackend in-process, or vLLM in content_parts mode"
+                f"the vf_mm server does not serve {family!r}: its processed images "
+                f"({', '.join(family_info(family).image_inputs)}) are not checked yet, and a "
+                "server must check what clients send; use LocalBackend in-process, or vLLM"
             )
         self.family: str | None = family if family in VISION_FAMILIES else None
         self.backend = backend
@@ -178,7 +181,6 @@ class ServerEngine:
         self.max_model_len: int | None = getattr(backend, "max_model_len", None)
         vision = renderer_attribute(renderer, "vision")
         config = getattr(getattr(backend, "model", None), "config", None)
-        vision_config = getattr(config, "vision_config", None)
         text_config = getattr(config, "text_config", config)
         self.image_token_id: int | None = (
             vision.image_token_id
@@ -190,16 +192,12 @@ class ServerEngine:
             if vision is not None and vision.video is not None
             else getattr(backend, "video_token_id", None)
         )
-        self.merge_size = int(
-            vision.merge_size
-            if vision is not None
-            else getattr(vision_config, "spatial_merge_size", 2)
+        # the checks of a client's processed images: the family's, over its processor
+        self.items: ItemChecker | None = (
+            ItemChecker(self.family, processor=vision.processor)
+            if self.family is not None and vision is not None
+            else None
         )
-        self.patch_dim: int | None = None
-        if vision_config is not None and hasattr(vision_config, "patch_size"):
-            channels = getattr(vision_config, "in_channels", getattr(vision_config, "in_chans", 3))
-            temporal = getattr(vision_config, "temporal_patch_size", 2)
-            self.patch_dim = int(channels * temporal * vision_config.patch_size**2)
         vocab = getattr(backend, "vocab_size", None) or getattr(text_config, "vocab_size", None)
         if vocab is None:
             tokenizer = renderer_attribute(renderer, "tokenizer")

@@ -10,14 +10,17 @@ takes too. Clips (Qwen-VL families) come under ``"video"`` (``pixel_values_video
 ``video_grid_thw``, ...).
 
 What is checked, so that nothing reaches the model that would be read wrong: every
-placeholder is a run of its modality's pad token and the pads are all covered; each item
-has its pixels and grid, the grid is three positive ints divisible by the merge size,
-the pixel rows match the grid and the model's patch width; a clip has exactly its
-family's inputs. An entry of ``None`` is resolved from the engine's ``ItemCache`` (items
-earlier requests sent, keyed by hash, as vLLM does); decoded items join the cache. With
-a digest in ``vf_mm_kwargs_digests`` (``VLLMBackend`` sends one with each ``null`` it
-sends us) only to the item decoded from a string of that digest. An item the cache
-lacks is a 400 of type ``MultiModalCacheMissError``, which that client answers by
+placeholder is a run of its modality's pad token (for a family whose image span holds
+markers between its pads, ``ItemChecker.sparse``: Gemma 3 and 4, SmolVLM, InternVL, a
+range that holds pads, its other positions then taking no embedding) and the pads are
+all covered; each item passes its family's ``ItemChecker`` (its inputs, dtypes and
+shapes the processor's, Qwen-VL's grids consistent with their patch rows and merge
+size, LLaVA's tiles with their ``image_sizes``, ...), and the embeddings the model
+fills from it equal the pads of its placeholder. An entry of ``None`` is resolved from
+the engine's ``ItemCache`` (items earlier requests sent, keyed by hash, as vLLM does);
+decoded items join the cache. With a digest in ``vf_mm_kwargs_digests`` (``VLLMBackend``
+sends one with each ``null`` it sends us) only to the item decoded from a string of that
+digest. An item the cache lacks is a 400 of type ``MultiModalCacheMissError``, which that client answers by
 sending the request again in full.
 """
 
@@ -35,7 +38,6 @@ from vf_mm.inference._server_engine import ServerEngine
 from vf_mm.inference._server_errors import RequestError
 from vf_mm.inference._server_models import GenerateRequestModel
 from vf_mm.inference._vllm_items import DIGESTS_FIELD, MISS_ERROR_TYPE
-from vf_mm.models import family_info
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 __all__ = ["FeaturesReader"]
@@ -99,7 +101,21 @@ class FeaturesReader:
     ) -> MultiModalData:
         """One modality's features checked (every placeholder a run of its pad tokens, the
         grids' token counts) and its items decoded or found in the cache."""
-        cache, merge_size = self.engine.cache, self.engine.merge_size
+        engine = self.engine
+        cache, checker = engine.cache, engine.items
+        if checker is None:
+            raise RequestError(
+                f"this server was started without {engine.model_name}'s renderer, so it "
+                f"cannot check processed {modality}s: send none, or start it with one",
+                param="features",
+            )
+        if modality == "video" and not checker.takes_video:
+            raise RequestError(
+                f"{checker.label}'s processed clips are not checked, so vf-mm serve does not "
+                "take them as features: send the clips as content_parts (the server processes "
+                "them)",
+                param="features",
+            )
         hashes = features.mm_hashes[modality]
         ranges = features.mm_placeholders.get(modality, [])
         if len(ranges) != len(hashes):
@@ -107,18 +123,25 @@ class FeaturesReader:
                 f"features has {len(hashes)} {modality} hashes but {len(ranges)} placeholders",
                 param="features.mm_placeholders",
             )
+        embeds: list[np.ndarray] = []  # per range: which positions take an embedding
         for i, p in enumerate(ranges):
-            span = ids[p.offset : p.offset + p.length]
-            if not bool((span == pad).all()):
-                bad = p.offset + int(np.argmax(span != pad))
+            span = ids[p.offset : p.offset + p.length] == pad
+            where = f"features.mm_placeholders.{modality}[{i}] (offset {p.offset}, length {p.length})"  # fmt: skip
+            if checker.sparse and not span.any():
                 raise RequestError(
-                    f"features.mm_placeholders.{modality}[{i}] (offset {p.offset}, length "
-                    f"{p.length}) must cover {modality} pad tokens ({pad}) only, but "
+                    f"{where} holds no {modality} pad token ({pad})",
+                    param="features.mm_placeholders",
+                )
+            if not checker.sparse and not bool(span.all()):
+                bad = p.offset + int(np.argmax(~span))
+                raise RequestError(
+                    f"{where} must cover {modality} pad tokens ({pad}) only, but "
                     f"token_ids[{bad}] is {int(ids[bad])}",
                     param="features.mm_placeholders",
                 )
+            embeds.append(span)
         total = int((ids == pad).sum())
-        covered = sum(p.length for p in ranges)
+        covered = sum(int(span.sum()) for span in embeds)
         if total != covered:
             raise RequestError(
                 f"token_ids hold {total} {modality} pad tokens ({pad}) but mm_placeholders "
@@ -161,7 +184,6 @@ class FeaturesReader:
         items: list[dict[str, Any]] = []
         # the first item of each hash in this request, and the digest it was decoded from
         seen: dict[str, tuple[dict[str, Any], str | None]] = {}
-        grid_key = f"{modality}_grid_thw"
         for i, h in enumerate(hashes):
             item = decoded.get(i)
             digest = digests.get(i)
@@ -181,12 +203,13 @@ class FeaturesReader:
                         param="features.kwargs_data",
                     )
             seen.setdefault(h, (item, digest))
-            tokens = int(np.prod(item[grid_key])) // merge_size**2
-            if tokens != ranges[i].length:
-                grid = [int(x) for x in np.asarray(item[grid_key]).reshape(-1)]
+            tokens = checker.embeds(item, modality=modality)
+            pads = int(embeds[i].sum())
+            if tokens != pads:
                 raise RequestError(
-                    f"{modality} {i} ({h!r}): its placeholder has length {ranges[i].length} but "
-                    f"its {grid_key} {grid} makes prod(grid) / merge_size^2 = {tokens} tokens",
+                    f"{modality} {i} ({h!r}): its placeholder holds {pads} {modality} pad "
+                    f"tokens but its inputs make {tokens} embeddings "
+                    f"({checker.describe(item, modality=modality)})",
                     param="features.mm_placeholders",
                 )
             items.append(item)
@@ -194,66 +217,23 @@ class FeaturesReader:
             cache.put((modality, hashes[i]), item, digests.get(i))
         return MultiModalData(
             mm_hashes={modality: list(hashes)},
-            mm_placeholders={modality: [PlaceholderRange(p.offset, p.length) for p in ranges]},
+            mm_placeholders={
+                modality: [
+                    PlaceholderRange(p.offset, p.length, tuple(span.tolist()))
+                    for p, span in zip(ranges, embeds, strict=True)
+                ]
+            },
             mm_items={modality: items},
         )
 
     def _check_item(
         self, item: dict[str, Any], where: str, modality: str = "image"
     ) -> dict[str, Any]:
-        """One decoded item checked against the model; its pixels float32, its grid
-        ``(1, 3)`` int64 (the shapes the local engine takes)."""
-        engine = self.engine
-
-        def bad(message: str) -> RequestError:
-            return RequestError(f"features.{where}: {message}", param="features.kwargs_data")
-
-        pixels_key = "pixel_values" if modality == "image" else "pixel_values_videos"
-        grid_key = f"{modality}_grid_thw"
-        missing = [k for k in (pixels_key, grid_key) if k not in item]
-        if missing:
-            raise bad(f"no {' or '.join(missing)} (got {', '.join(sorted(item)) or 'nothing'})")
-        grid = np.asarray(item[grid_key])
-        if grid.shape not in ((1, 3), (3,)) or grid.dtype.kind not in "iu" or (grid <= 0).any():
-            raise bad(f"{grid_key} must be 3 positive ints, got {grid.tolist()}")
-        grid = grid.astype(np.int64).reshape(1, 3)
-        pv = np.asarray(item[pixels_key])
-        if pv.ndim != 2 or not (pv.dtype.kind == "f" or pv.dtype.name == "bfloat16"):
-            raise bad(f"{pixels_key} must be a 2-D float array, got {pv.dtype} {pv.shape}")
-        rows = int(np.prod(grid))
-        if pv.shape[0] != rows:
-            raise bad(
-                f"{pixels_key} has {pv.shape[0]} rows but {grid_key} "
-                f"{grid[0].tolist()} needs {rows}"
-            )
-        if engine.patch_dim is not None and pv.shape[1] != engine.patch_dim:
-            raise bad(
-                f"{pixels_key} rows have {pv.shape[1]} values; the model takes {engine.patch_dim}"
-            )
-        merge_size = engine.merge_size
-        if grid[0, 1] % merge_size or grid[0, 2] % merge_size:
-            raise bad(f"{grid_key} {grid[0].tolist()} is not a multiple of merge_size {merge_size}")
-        if pv.dtype != np.float32:
-            pv = pv.astype(np.float32)
-            pv.flags.writeable = False
-        out = dict(item)
-        out[pixels_key] = pv
-        out[grid_key] = grid
-        if "second_per_grid_ts" in out:
-            seconds = np.asarray(out["second_per_grid_ts"])
-            if (
-                seconds.size != 1
-                or seconds.dtype.kind != "f"
-                or not np.isfinite(seconds).all()
-                or (seconds <= 0).any()
-            ):
-                raise bad(
-                    "second_per_grid_ts must be one finite positive float, got "
-                    f"{seconds.dtype} {seconds.tolist()}"
-                )
-            out["second_per_grid_ts"] = seconds.astype(np.float32).reshape(1)
-        if modality == "video" and engine.family is not None:
-            expected = set(family_info(engine.family).video_inputs)
-            if set(out) != expected:
-                raise bad(f"a {engine.family} video takes {sorted(expected)}, got {sorted(out)}")
-        return out
+        """One decoded item checked by the family's ``ItemChecker``: its inputs as the
+        local engine takes them, or a 400 naming the item and the field."""
+        checker = self.engine.items
+        assert checker is not None  # _modality refuses items without one
+        try:
+            return checker.check(item, modality=modality)
+        except (VfMmError, ValueError, TypeError) as exc:
+            raise RequestError(f"features.{where}: {exc}", param="features.kwargs_data") from None

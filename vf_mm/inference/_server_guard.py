@@ -44,10 +44,12 @@ OPEN_PATHS = frozenset({"/health"})
 class ServerLimits:
     """What one request may cost ``vf-mm serve`` (each refusal names the limit).
 
-    ``max_body_bytes``: a request body's size. ``max_images``: images and clips in one
-    request. ``max_request_tokens``: a prompt's tokens (None: the model's context).
-    ``body_timeout_s``: the longest wait for the next chunk of a body.
-    ``max_requests_per_client``: requests in flight from one client address.
+    Attributes:
+        max_body_bytes: A request body's size.
+        max_images: Images and clips in one request.
+        max_request_tokens: A prompt's tokens (None: the model's context).
+        body_timeout_s: The longest wait for the next chunk of a body.
+        max_requests_per_client: Requests in flight from one client address.
     """
 
     max_body_bytes: int = 256 << 20

@@ -94,12 +94,16 @@ def server_flags(
     """The vLLM flags ``VLLMBackend`` needs, those ``extra_args`` does not already give.
 
     ``--enable-scale-out``: vLLM 0.32 serves the token-in/token-out route
-    (``/inference/v1/generate``) only with it (or ``--tokens-only``). ``features`` mode:
-    ``--no-mm-device-do-normalize``, since the client sends pixel values already
-    normalised and vLLM would normalise them again, silently (``VLLMBackend``'s module
-    docstring). ``--limit-mm-per-prompt`` when limits are given (vLLM's default is 999
-    per modality, and it sizes its memory profile by them). ``--tensor-parallel-size K``
-    for ``K`` GPUs per server.
+    (``/inference/v1/generate``) only with it (or ``--tokens-only``).
+
+    Args:
+        mode: ``features`` adds ``--no-mm-device-do-normalize``, since the client sends
+            pixel values already normalised and vLLM would normalise them again, silently
+            (``VLLMBackend``'s module docstring).
+        limit_mm_per_prompt: Adds ``--limit-mm-per-prompt`` when given (vLLM's default is
+            999 per modality, and it sizes its memory profile by them).
+        gpus_per_server: ``--tensor-parallel-size K`` for ``K`` GPUs per server.
+        extra_args: The flags already given.
     """
     given = {a.split("=", 1)[0] for a in extra_args if a.startswith("-")}
     taken = sorted(given & set(_RESERVED))
@@ -132,21 +136,35 @@ def server_flags(
 
 
 class VLLMServers:
-    """``n`` vLLM servers of ``model``, each on its own GPUs and port, for a ``with`` block.
-
-    ``gpus_per_server``: GPUs each server gets (0: leave ``CUDA_VISIBLE_DEVICES`` as it
-    is, for CPU servers). ``gpus``: the device ids to hand out, in order (default: this
-    process's ``CUDA_VISIBLE_DEVICES``, else ``0 .. n * gpus_per_server - 1``).
-    ``mode``, ``limit_mm_per_prompt``: see ``server_flags``. ``extra_args``: more vLLM
-    arguments, the same for every server. ``command``: what starts one server, before
-    its arguments (default ``vllm_command()``). ``base_port``: server ``i`` listens on
-    ``base_port + i`` (default: free ports). ``log_dir``: where ``server-<i>.log`` go
-    (default: a new temporary folder, kept). ``env``: variables added to this process's
-    environment for the servers. ``on_progress(ready, total, elapsed_s)``: called about
-    twice a second while waiting for health.
+    """``n`` vLLM servers of ``model``, each on its own GPUs and port.
 
     ``base_urls`` is what ``VLLMBackend`` takes. Use it as ``with VLLMServers(...) as
     servers:``, or ``start()`` / ``wait_healthy()`` / ``stop()`` by hand.
+
+    Args:
+        model: The checkpoint (a path or a Hub id).
+        n: How many servers.
+        gpus_per_server: GPUs each server gets (0: leave ``CUDA_VISIBLE_DEVICES`` as it
+            is, for CPU servers).
+        gpus: The device ids to hand out, in order (default: this process's
+            ``CUDA_VISIBLE_DEVICES``, else ``0 .. n * gpus_per_server - 1``).
+        mode: See ``server_flags``.
+        limit_mm_per_prompt: See ``server_flags``.
+        extra_args: More vLLM arguments, the same for every server.
+        command: What starts one server, before its arguments (default
+            ``vllm_command()``).
+        host: The address the servers listen on.
+        base_port: Server ``i`` listens on ``base_port + i`` (default: free ports).
+        log_dir: Where ``server-<i>.log`` go (default: a new temporary folder, kept).
+        env: Variables added to this process's environment for the servers.
+        startup_timeout_s: How long the servers may take to become healthy; past it (or
+            when a server exits first) they are all stopped and starting raises.
+        stop_timeout_s: How long a server has after SIGTERM before SIGKILL.
+        on_progress: ``on_progress(ready, total, elapsed_s)``, called about twice a second
+            while waiting for health.
+
+    Raises:
+        ValueError: A timeout not above 0, or arguments that do not go together.
     """
 
     def __init__(

@@ -25,11 +25,17 @@ FinishReason = Literal["stop", "length", "abort"]
 class SamplingParams:
     """What to sample. Field names follow vLLM's SamplingParams.
 
-    ``top_k <= 0`` and ``top_p == 1`` disable those filters. ``seed`` makes one
-    request's sampling repeatable. ``stop_token_ids`` add to the model's own stop
-    tokens. ``logprobs``: return the sampled tokens' log-probabilities under the
-    model's raw distribution (before temperature and filters, as vLLM's default
-    ``raw_logprobs`` mode).
+    Attributes:
+        max_tokens: The most tokens sampled.
+        temperature: The sampling temperature (0: greedy).
+        top_p: Nucleus filter; 1 disables it.
+        top_k: Top-k filter; ``<= 0`` disables it.
+        min_p: Min-p filter; 0 disables it.
+        seed: Makes one request's sampling repeatable.
+        stop_token_ids: Add to the model's own stop tokens.
+        logprobs: Return the sampled tokens' log-probabilities under the model's raw
+            distribution (before temperature and filters, as vLLM's default
+            ``raw_logprobs`` mode).
     """
 
     max_tokens: int = 256
@@ -70,7 +76,14 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
-        """From an environment's sampling args (unknown keys are refused, by name)."""
+        """From an environment's sampling args.
+
+        Args:
+            values: Field names to values.
+
+        Raises:
+            ValueError: Unknown keys (named) or bad values.
+        """
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
@@ -91,8 +104,29 @@ _SAMPLING_TYPES: dict[str, tuple[type, str]] = {
 
 @dataclass(slots=True)
 class GenerateRequest:
-    """One prompt to continue. ``multi_modal_data`` holds the images' placeholders into
-    ``prompt_ids`` and their model inputs (or only hashes, for a server that caches)."""
+    """One prompt to continue.
+
+    Attributes:
+        prompt_ids: The prompt's token ids.
+        sampling: What to sample.
+        multi_modal_data: The images' placeholders into ``prompt_ids`` and their model
+            inputs (or only hashes, for a server that caches).
+        request_id: An id for the server's logs.
+        content_parts: content_parts mode: raw OpenAI-style image parts the server
+            processes itself (``prompt_ids`` then hold one pad per image, and the result
+            carries the expanded ids).
+        messages: The conversation ``prompt_ids`` were rendered from, for backends that
+            answer from it (a scripted policy); never sent to a server.
+        session_id: The rollout this request is a turn of: a backend with several servers
+            keeps one session on one server, whose prefix cache holds its earlier turns;
+            never sent to a server, and ignored by backends with one engine.
+        banned_token_ids: Ids the backend must never sample: the family's image and video
+            tokens (pads, placeholders, vision markers), which text cannot hold
+            (``RendererClient`` fills it from its renderer). Model backends honour it: the
+            local engine masks them, vLLM gets a logit_bias of -100 on each (the OpenAI
+            convention for a ban). A scripted backend replays its text; ``RendererClient``
+            refuses a completion holding one, whatever made it.
+    """
 
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -118,14 +152,31 @@ class GenerateRequest:
 
 @dataclass(slots=True)
 class Usage:
+    """Token counts of one request.
+
+    Attributes:
+        prompt_tokens: Tokens in the prompt.
+        completion_tokens: Tokens sampled.
+    """
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
 
 @dataclass(slots=True)
 class GenerateResult:
-    """The sampled continuation. ``prompt_ids`` / ``multi_modal_data`` are set when the
-    server expanded the prompt itself (content_parts mode); otherwise None."""
+    """The sampled continuation.
+
+    Attributes:
+        completion_ids: The sampled token ids.
+        logprobs: One per completion token (None when not asked for).
+        finish_reason: Why sampling stopped.
+        usage: Prompt and completion token counts.
+        stop_reason: The stop token id or string that ended it, when the server says.
+        prompt_ids: Set when the server expanded the prompt itself (content_parts mode);
+            otherwise None.
+        multi_modal_data: The expanded prompt's placeholders, set with ``prompt_ids``.
+    """
 
     completion_ids: list[int]
     logprobs: list[float] | None
@@ -144,13 +195,33 @@ class Backend(Protocol):
     name: str
     max_model_len: int | None
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample a continuation of ``request``'s prompt.
+
+        A coroutine; cancelling the awaiting task cancels the request (the backend frees its
+        slot).
+
+        Args:
+            request: The prompt, its images and its sampling.
+
+        Raises:
+            BackendError: The request failed (after the backend's retries); its subclasses say
+                how (``PromptTooLongError``, ``BackendUnavailableError``, ...).
+        """
 
     async def aclose(self) -> None: ...
 
 
 @dataclass(slots=True)
 class ChatResult:
+    """The answer of a ``ChatBackend``.
+
+    Attributes:
+        message: An OpenAI-style assistant message.
+        finish_reason: Why sampling stopped (``"stop"``, ``"length"``, ``"tool_calls"``).
+        usage: The token counts the API reported.
+    """
+
     message: dict[str, Any]  # an OpenAI-style assistant message
     finish_reason: str
     usage: Usage
@@ -168,7 +239,17 @@ class ChatBackend(Protocol):
         sampling: SamplingParams,
         *,
         tools: Sequence[dict[str, Any]] | None = None,
-    ) -> ChatResult: ...
+    ) -> ChatResult:
+        """The assistant message a model answers ``messages`` with.
+
+        Args:
+            messages: The conversation.
+            sampling: What to sample.
+            tools: Tool schemas (OpenAI format).
+
+        Raises:
+            BackendError: The request failed (after the backend's retries).
+        """
 
     async def aclose(self) -> None: ...
 

@@ -146,45 +146,61 @@ class _Prepared:
 class VLLMBackend:
     """Generate with one or more vLLM servers through ``/inference/v1/generate``.
 
-    ``base_urls``: the servers' roots (``http://host:8000``; a trailing ``/v1`` is
-    dropped). ``mode``: ``"features"`` (the request carries rendered images in
-    ``multi_modal_data``: exact token parity with the client's renderer; the server must
-    run with ``--no-mm-device-do-normalize``, see the module docstring) or
-    ``"content_parts"`` (the request carries raw image parts, one image pad each in
-    ``prompt_ids``; the server expands them and the result carries the expanded
-    ``prompt_ids`` and placeholders; prerendered ``multi_modal_data`` is still sent as
-    features). ``max_model_len``: None reads ``data[0].max_model_len`` of
-    ``GET {base}/v1/models`` on first use. ``timeout_s`` bounds each read (for a
-    generate: the wait for the whole answer), ``connect_timeout_s`` each connect.
-    ``send_kwargs_data=True`` sends each image's tensors; to a server that advertises
-    its item cache (``vf-mm serve``) only once: an item it holds from an earlier answered
-    request goes as ``null`` with the digest of what was sent, and a miss is sent again
-    in full (``item_stats``; ``vf_mm.inference._vllm_items`` says why a real vLLM server
-    is always sent every item). ``send_kwargs_data=False`` sends ``kwargs_data: null``:
-    the server looks every item up by hash in its cache. ``transport`` replaces httpx's
-    (tests, a Unix socket).
     Proxy environment variables are ignored: inference servers are reached directly.
-    ``embed_token_ids`` (content_parts mode): per modality, the token ids that take
-    embeddings (``renderer.vision.embed_ids("video")``), so the returned placeholders say
-    which of their positions are embeddings (``is_embed``) where a range also holds
-    text: Qwen3-VL's clips (timestamps), Gemma 3's images (markers). Without them every
-    returned position counts as an embedding, which a later bridge or training batch
-    then refuses for those families (never silently wrong).
 
-    The settings of one concern are one object, checked when it is made:
+    The settings of one concern are one object, checked when it is made (``retry``,
+    ``routing``, ``auth``). The keywords ``max_retries``, ``backoff_s``,
+    ``max_backoff_s`` (a ``Retry``), ``shed_margin``, ``session_idle_s`` (a ``Routing``) and
+    ``api_key`` (an ``Auth``) build those objects, as ``VLLMBackend(urls,
+    max_retries=5)``; one of them given with its object is refused (``TypeError``). The
+    objects are the backend's ``retry``, ``routing`` and ``auth``.
 
-    - ``retry``: a ``Retry`` (how many retries, the backoff and its cap);
-    - ``routing``: a ``Routing`` (the policy, ``shed_margin``, ``session_idle_s``; see
-      the module docstring), or just the policy's name (``"sticky"``, the default,
-      ``"least_outstanding"`` or ``"round_robin"``);
-    - ``auth``: an ``Auth`` (the API keys, sent as ``Authorization: Bearer``: vLLM's
-      ``--api-key``; one for every server, or one per base URL in order).
+    Args:
+        base_urls: The servers' roots (``http://host:8000``; a trailing ``/v1`` is
+            dropped).
+        model: The ``model`` field of each request (None: left out).
+        mode: ``"features"`` (the request carries rendered images in ``multi_modal_data``:
+            exact token parity with the client's renderer; the server must run with
+            ``--no-mm-device-do-normalize``, see the module docstring) or
+            ``"content_parts"`` (the request carries raw image parts, one image pad each in
+            ``prompt_ids``; the server expands them and the result carries the expanded
+            ``prompt_ids`` and placeholders; prerendered ``multi_modal_data`` is still sent
+            as features).
+        max_model_len: None reads ``data[0].max_model_len`` of ``GET {base}/v1/models``
+            on first use.
+        timeout_s: Bounds each read (for a generate: the wait for the whole answer).
+        connect_timeout_s: Bounds each connect.
+        retry: A ``Retry`` (how many retries, the backoff and its cap).
+        routing: A ``Routing`` (the policy, ``shed_margin``, ``session_idle_s``; see the
+            module docstring), or just the policy's name (``"sticky"``, the default,
+            ``"least_outstanding"`` or ``"round_robin"``).
+        auth: An ``Auth`` (the API keys, sent as ``Authorization: Bearer``: vLLM's
+            ``--api-key``; one for every server, or one per base URL in order).
+        image_policy: What image sources content_parts mode may read.
+        send_kwargs_data: True sends each image's tensors; to a server that advertises
+            its item cache (``vf-mm serve``) only once: an item it holds from an earlier
+            answered request goes as ``null`` with the digest of what was sent, and a miss
+            is sent again in full (``item_stats``; ``vf_mm.inference._vllm_items`` says why
+            a real vLLM server is always sent every item). False sends ``kwargs_data:
+            null``: the server looks every item up by hash in its cache.
+        transport: Replaces httpx's (tests, a Unix socket).
+        embed_token_ids: content_parts mode: per modality, the token ids that take
+            embeddings (``renderer.vision.embed_ids("video")``), so the returned
+            placeholders say which of their positions are embeddings (``is_embed``) where a
+            range also holds text: Qwen3-VL's clips (timestamps), Gemma 3's images
+            (markers). Without them every returned position counts as an embedding, which a
+            later bridge or training batch then refuses for those families (never silently
+            wrong).
+        max_retries: Builds ``retry`` (not with it).
+        backoff_s: Builds ``retry`` (not with it).
+        max_backoff_s: Builds ``retry`` (not with it).
+        api_key: Builds ``auth`` (not with it).
+        shed_margin: Builds ``routing`` (not with a ``Routing``).
+        session_idle_s: Builds ``routing`` (not with a ``Routing``).
 
-    The keywords ``max_retries``, ``backoff_s``, ``max_backoff_s`` (a ``Retry``),
-    ``shed_margin``, ``session_idle_s`` (a ``Routing``) and ``api_key`` (an ``Auth``)
-    build those objects, as ``VLLMBackend(urls, max_retries=5)``; one of them given with
-    its object is refused (``TypeError``). The objects are the backend's ``retry``,
-    ``routing`` and ``auth``.
+    Raises:
+        TypeError: A keyword given with the object it builds.
+        ValueError: A bad setting (named).
     """
 
     def __init__(
@@ -301,8 +317,13 @@ class VLLMBackend:
         return self._router.stats
 
     def end_session(self, session_id: str) -> None:
-        """Forget a session (its rollout is over): its server stops counting it. Unknown
-        ids are ignored, so ending twice is harmless."""
+        """Forget a session (its rollout is over): its server stops counting it.
+
+        Unknown ids are ignored, so ending twice is harmless.
+
+        Args:
+            session_id: The rollout's session id.
+        """
         self._router.end_session(session_id)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

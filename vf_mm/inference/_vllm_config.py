@@ -30,11 +30,15 @@ ROUTINGS: tuple[str, ...] = ("sticky", "least_outstanding", "round_robin")
 class Retry:
     """How a failed attempt is tried again.
 
-    ``max_retries``: attempts after the first (0: try once). ``backoff_s``: the first
-    wait before a retry on a server already tried; each further retry doubles it, up to
-    ``max_backoff_s``, and the wait is jittered (half of it, then up to as much again
-    at random). A server's ``Retry-After`` is honoured up to ``max_backoff_s``. A failing
-    server is avoided for the same growing, capped time.
+    A server's ``Retry-After`` is honoured up to ``max_backoff_s``. A failing server is
+    avoided for the same growing, capped time.
+
+    Attributes:
+        max_retries: Attempts after the first (0: try once).
+        backoff_s: The first wait before a retry on a server already tried; each further
+            retry doubles it, up to ``max_backoff_s``, and the wait is jittered (half of it,
+            then up to as much again at random).
+        max_backoff_s: The cap on a wait.
     """
 
     max_retries: int = 3
@@ -62,12 +66,20 @@ class Retry:
             object.__setattr__(self, name, value)
 
     def backoff(self, retry: int) -> float:
-        """The jittered wait before retry number ``retry`` (1, 2, ...)."""
+        """The jittered wait before retry number ``retry``.
+
+        Args:
+            retry: 1, 2, ...
+        """
         delay = self.cooldown(retry)
         return delay / 2 + random.uniform(0, delay / 2)
 
     def cooldown(self, failures: int) -> float:
-        """The wait after ``failures`` failures in a row (1, 2, ...), without jitter."""
+        """The wait after ``failures`` failures in a row, without jitter.
+
+        Args:
+            failures: 1, 2, ...
+        """
         return min(self.max_backoff_s, self.backoff_s * (2 ** (failures - 1)))
 
 
@@ -75,12 +87,14 @@ class Retry:
 class Routing:
     """Which server each attempt goes to.
 
-    ``policy``: ``"sticky"`` (the default: a rollout's turns stay on the server that
-    holds its history in its prefix cache, new sessions go to the least-loaded server;
-    see ``vf_mm.inference._vllm``), ``"least_outstanding"`` or ``"round_robin"`` (both
-    ignore sessions). ``shed_margin``: a session leaves its server when that server has
-    this many more requests in flight than the least-loaded other one (None: only when
-    it fails). ``session_idle_s``: a session with no turn for this long is forgotten.
+    Attributes:
+        policy: ``"sticky"`` (the default: a rollout's turns stay on the server that holds
+            its history in its prefix cache, new sessions go to the least-loaded server;
+            see ``vf_mm.inference._vllm``), ``"least_outstanding"`` or ``"round_robin"``
+            (both ignore sessions).
+        shed_margin: A session leaves its server when that server has this many more
+            requests in flight than the least-loaded other one (None: only when it fails).
+        session_idle_s: A session with no turn for this long is forgotten.
     """
 
     policy: RoutingPolicy = "sticky"
@@ -115,9 +129,11 @@ class Routing:
 class Auth:
     """The API keys sent as ``Authorization: Bearer KEY`` (vLLM's ``--api-key``).
 
-    ``api_key``: one key for every server, or a sequence of one key per base URL, in the
-    backend's order (None or ``""``: that server gets no header). Keys are secrets: the
-    repr and every error message leave them out.
+    Keys are secrets: the repr and every error message leave them out.
+
+    Attributes:
+        api_key: One key for every server, or a sequence of one key per base URL, in the
+            backend's order (None or ``""``: that server gets no header).
     """
 
     api_key: str | tuple[str | None, ...] | None = None
@@ -138,8 +154,16 @@ class Auth:
         object.__setattr__(self, "api_key", keys)
 
     def headers(self, servers: int) -> list[dict[str, str]]:
-        """The ``Authorization`` header of each of ``servers`` base URLs, in order (empty
-        for a server without a key)."""
+        """The ``Authorization`` header of each base URL, in order.
+
+        Empty for a server without a key.
+
+        Args:
+            servers: How many base URLs.
+
+        Raises:
+            ValueError: One key per URL was given, and not ``servers`` of them.
+        """
         key = self.api_key
         keys = [key] * servers if key is None or isinstance(key, str) else list(key)
         if len(keys) != servers:

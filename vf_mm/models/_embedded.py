@@ -21,8 +21,14 @@ EMBEDDED_FAMILY = "qwen2_5_vl"
 
 
 def cached_tiny_vlm(family: str = EMBEDDED_FAMILY) -> Path:
-    """The tiny ``family`` checkpoint's directory (built offline on first use). An unknown
-    family is refused (``UnsupportedModelError``, naming the nearest known one)."""
+    """The tiny ``family`` checkpoint's directory (built offline on first use).
+
+    Args:
+        family: A ``model_type`` (``vf_mm.models.VISION_FAMILIES``).
+
+    Raises:
+        UnsupportedModelError: An unknown family (naming the nearest known one).
+    """
     family_info(family)
     return build_once(
         f"tiny-{family}-v1",

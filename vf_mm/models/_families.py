@@ -42,13 +42,52 @@ from vf_mm.errors import MissingDependencyError, UnsupportedModelError
 
 @dataclass(frozen=True, slots=True)
 class VisionFamily:
-    """One vision-language family: its transformers classes (by name, so nothing is
-    imported until used) and what its model's forward takes besides the images.
+    """One vision-language family: its transformers classes and its forward's other inputs.
 
-    ``token_types`` is the per-token input the model needs with images (1 on image
-    embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL, Qwen3.5: M-RoPE positions;
-    Gemma 4: bidirectional attention over each image in the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over each image) or
-    None (SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL find image tokens by id).
+    What its model's forward takes besides the images.
+
+    Classes are named, not imported, so nothing is imported until used.
+
+    Attributes:
+        model_type: The ``model_type`` of its checkpoints' ``config.json``.
+        label: Its name for people (``"Qwen2-VL"``).
+        processor: Its HF processor class.
+        image_processor: Its torchvision image processor class; the PIL one is this name +
+            ``"Pil"``.
+        model: Its transformers model class (``...ForConditionalGeneration``).
+        token_types: The per-token input the model needs with images (1 on image
+            embedding positions, 2 on video ones): ``"mm_token_type_ids"`` (Qwen-VL,
+            Qwen3.5: M-RoPE positions; Gemma 4: bidirectional attention over each image in
+            the 26B and 31B), ``"token_type_ids"`` (Gemma 3: bidirectional attention over
+            each image) or None (SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL find image
+            tokens by id).
+        mirrors: The real checkpoint the tiny one mirrors.
+        stop_tokens: The tokens that end an assistant turn.
+        image_axis: The axis along which a forward takes several images' inputs.
+        pad_axis: An axis padded with zeros to the batch's largest image.
+        tool_format: Tool calls: ``"json"`` (``<tool_call>{...}``), ``"xml"``
+            (``<function=...>``), ``"gemma4"``, ``"pythonic"`` (LFM2) or ``"kimi"``.
+        tool_role: The template renders a ``"tool"`` message (Gemma 3's refuses one).
+        content_as_parts: The template renders only list content (drops strings).
+        image_inputs: One image's model inputs.
+        video_inputs: One video's model inputs (empty: no video support).
+        frames_as_images: The forward takes a clip's frames as images, in the images'
+            inputs (SmolVLM): images and clips then go in one sequence, in the order their
+            tokens appear.
+        feature_extractor: The processor's audio feature extractor class (Gemma 4's
+            processor needs one even for images), loaded from the checkpoint beside the
+            image processor.
+        marker_tokens: Tokens that only an image's or video's markup holds besides its
+            placeholder and pads (which the processor names itself): the template's vision
+            start/end markers, the processor's tile and crop markers. A model must never
+            sample them (``VisionSpec``'s ``banned_token_ids``); tokens a tokenizer lacks
+            are skipped.
+        pil_backend: The image processor has a PIL backend (a ``"Pil"`` class); LFM2-VL's
+            and Kimi-K2.5's have only torchvision's.
+        item_layout: How one image's inputs are laid out, which ``ItemChecker``
+            (``_items``) checks a client's against: ``"grid"``, ``"crops"``, ``"tiles"``,
+            ``"anyres"``, ``"soft_tokens"``; None: not checked (a server refuses to take
+            the family's processed images).
     """
 
     model_type: str
@@ -79,6 +118,10 @@ class VisionFamily:
     marker_tokens: tuple[str, ...] = ()
     # the image processor has a PIL backend ("Pil" class); LFM2-VL's has only torchvision's
     pil_backend: bool = True
+    # how one image's inputs are laid out, which ``ItemChecker`` (``_items``) checks a
+    # client's against: "grid", "crops", "tiles", "anyres", "soft_tokens"; None: not
+    # checked (a server refuses to take the family's processed images)
+    item_layout: str | None = "grid"
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -116,27 +159,31 @@ _FAMILIES = {
                      "Gemma3ForConditionalGeneration", "token_type_ids",
                      "google/gemma-3-4b-it", ("<end_of_turn>", "<eos>"), tool_role=False,
                      image_inputs=("pixel_values",),
-                     marker_tokens=("<start_of_image>", "<end_of_image>")),
+                     marker_tokens=("<start_of_image>", "<end_of_image>"),
+                     item_layout="crops"),
         VisionFamily("smolvlm", "SmolVLM", "SmolVLMProcessor", "SmolVLMImageProcessor",
                      "SmolVLMForConditionalGeneration", None,
                      "HuggingFaceTB/SmolVLM2-2.2B-Instruct", ("<end_of_utterance>",),
                      image_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "pixel_attention_mask"),
                      video_inputs=("pixel_values", "pixel_attention_mask"),
-                     frames_as_images=True, marker_tokens=_SMOLVLM_MARKERS),
+                     frames_as_images=True, marker_tokens=_SMOLVLM_MARKERS,
+                     item_layout="tiles"),
         VisionFamily("llava_onevision", "LLaVA-OneVision", "LlavaOnevisionProcessor",
                      "LlavaOnevisionImageProcessor", "LlavaOnevisionForConditionalGeneration",
                      None, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
                      pad_axis=1, content_as_parts=True,
                      image_inputs=("pixel_values", "image_sizes", "batch_num_images"),
-                     video_inputs=("pixel_values_videos",)),
+                     video_inputs=("pixel_values_videos",),
+                     item_layout="anyres"),
         VisionFamily("gemma4", "Gemma 4", "Gemma4Processor", "Gemma4ImageProcessor",
                      "Gemma4ForConditionalGeneration", "mm_token_type_ids",
                      "google/gemma-4-E2B-it", ("<turn|>", "<|tool_response>", "<eos>"),
                      tool_format="gemma4", image_inputs=("pixel_values", "image_position_ids"),
                      feature_extractor="Gemma4AudioFeatureExtractor",
                      marker_tokens=("<|image>", "<image|>", "<|video|>", "<|audio>", "<audio|>",
-                                    "<|audio|>")),
+                                    "<|audio|>"),
+                     item_layout="soft_tokens"),
         VisionFamily("qwen3_vl_moe", "Qwen3-VL-MoE", "Qwen3VLProcessor", "Qwen2VLImageProcessor",
                      "Qwen3VLMoeForConditionalGeneration", "mm_token_type_ids",
                      "Qwen/Qwen3-VL-30B-A3B-Instruct", video_inputs=_QWEN_VIDEO,
@@ -148,15 +195,24 @@ _FAMILIES = {
         VisionFamily("llava_next", "LLaVA-NeXT", "LlavaNextProcessor", "LlavaNextImageProcessor",
                      "LlavaNextForConditionalGeneration", None,
                      "llava-hf/llava-v1.6-mistral-7b-hf", ("</s>",), pad_axis=1, tool_role=False,
-                     content_as_parts=True, image_inputs=("pixel_values", "image_sizes")),
+                     content_as_parts=True, image_inputs=("pixel_values", "image_sizes"),
+                     item_layout="anyres"),
         VisionFamily("internvl", "InternVL", "InternVLProcessor", "GotOcr2ImageProcessor",
                      "InternVLForConditionalGeneration", None, "OpenGVLab/InternVL3-1B-hf",
-                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>")),
+                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>"),
+                     item_layout="crops"),
         VisionFamily("lfm2_vl", "LFM2-VL", "Lfm2VlProcessor", "Lfm2VlImageProcessor",
                      "Lfm2VlForConditionalGeneration", None, "LiquidAI/LFM2.5-VL-3B",
                      ("<|im_end|>",), tool_format="pythonic",
                      image_inputs=("pixel_values", "pixel_attention_mask", "spatial_shapes"),
-                     marker_tokens=_LFM2_VL_MARKERS, pil_backend=False),
+                     marker_tokens=_LFM2_VL_MARKERS, pil_backend=False,
+                     item_layout=None),
+        VisionFamily("kimi_k25", "Kimi-K2.5", "Kimi_K25Processor", "Kimi_K25ImageProcessor",
+                     "Kimi_K25ForConditionalGeneration", None, "moonshotai/Kimi-K2.5",
+                     ("<|im_end|>", "[EOS]"), tool_format="kimi",
+                     marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>",
+                                    "<|kimi_k25_video_placeholder|>"),
+                     pil_backend=False, item_layout=None),
     )
 }  # fmt: skip
 
@@ -166,7 +222,14 @@ IMAGE_BACKENDS = ("auto", "pil", "torchvision")
 
 
 def family_info(family: str) -> VisionFamily:
-    """The registry record of ``family`` (a ``model_type``)."""
+    """The registry record of ``family``.
+
+    Args:
+        family: A ``model_type``.
+
+    Raises:
+        UnsupportedModelError: A family vf_mm does not know.
+    """
     try:
         return _FAMILIES[family]
     except KeyError:
@@ -202,9 +265,15 @@ def torchvision_available() -> bool:
 
 
 def resolve_image_backend(backend: str = "auto") -> str:
-    """``"pil"`` or ``"torchvision"``: ``"auto"`` is what ``AutoProcessor`` picks on this
-    machine (torchvision where it imports, else PIL). Asking for torchvision where it does
-    not import raises ``MissingDependencyError``."""
+    """``"pil"`` or ``"torchvision"``.
+
+    Args:
+        backend: ``"auto"`` is what ``AutoProcessor`` picks on this machine (torchvision
+            where it imports, else PIL).
+
+    Raises:
+        MissingDependencyError: Asking for torchvision where it does not import.
+    """
     if backend not in IMAGE_BACKENDS:
         raise ValueError(f"image_backend must be one of {list(IMAGE_BACKENDS)}, not {backend!r}")
     if backend == "auto":
@@ -225,6 +294,12 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     info = family_info(family)
     backend = resolve_image_backend(backend)
     if backend == "pil" and not info.pil_backend:
+        if torchvision_available():  # asked for PIL by name
+            raise MissingDependencyError(
+                f"{info.label}'s image processor ({info.image_processor}) has only a "
+                "torchvision backend in transformers 5.23: use image_backend='torchvision' "
+                "(or 'auto')"
+            )
         raise MissingDependencyError(
             f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
             "backend in transformers 5.23, and torchvision does not import here: install the "
@@ -234,13 +309,21 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
 
 
 def image_backend_of(image_processor: Any) -> str:
-    """Which backend a loaded image processor computes with (``"pil"`` or ``"torchvision"``)."""
+    """Which backend a loaded image processor computes with (``"pil"`` or ``"torchvision"``).
+
+    Args:
+        image_processor: A loaded HF image processor.
+    """
     names = {cls.__name__ for cls in type(image_processor).__mro__}
     return "torchvision" if "TorchvisionBackend" in names else "pil"
 
 
 def model_class(family: str) -> type[Any]:
-    """The family's transformers model class (``...ForConditionalGeneration``)."""
+    """The family's transformers model class (``...ForConditionalGeneration``).
+
+    Args:
+        family: A ``model_type``.
+    """
     import transformers
 
     return getattr(transformers, family_info(family).model)
@@ -248,7 +331,11 @@ def model_class(family: str) -> type[Any]:
 
 @cache
 def processor_class(family: str) -> type[Any]:
-    """The family's HF processor, accepting ``video_processor=None``."""
+    """The family's HF processor, accepting ``video_processor=None``.
+
+    Args:
+        family: A ``model_type``.
+    """
     import transformers
 
     base = getattr(transformers, family_info(family).processor)
@@ -268,7 +355,11 @@ def processor_class(family: str) -> type[Any]:
 
 
 def model_type(path: str | Path) -> str:
-    """The ``model_type`` of a checkpoint directory's ``config.json``."""
+    """The ``model_type`` of a checkpoint directory's ``config.json``.
+
+    Args:
+        path: The checkpoint directory.
+    """
     config = Path(path) / "config.json"
     try:
         return json.loads(config.read_text())["model_type"]
@@ -277,9 +368,19 @@ def model_type(path: str | Path) -> str:
 
 
 def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
-    """The HF processor of a vision checkpoint directory (tokenizer + the image processor of
-    ``image_backend``: ``"auto"``, ``"pil"`` or ``"torchvision"``, + the processor options
-    of its ``processor_config.json``, e.g. Gemma 3's ``image_seq_length``)."""
+    """The HF processor of a vision checkpoint directory.
+
+    The tokenizer, the image processor of ``image_backend``, and the processor options of
+    its ``processor_config.json`` (e.g. Gemma 3's ``image_seq_length``).
+
+    Args:
+        path: The checkpoint directory.
+        image_backend: ``"auto"``, ``"pil"`` or ``"torchvision"``.
+
+    Raises:
+        UnsupportedModelError: A checkpoint of a family vf_mm does not know.
+        MissingDependencyError: ``"torchvision"`` where it does not import.
+    """
     from transformers import AutoTokenizer
 
     path = Path(path)
@@ -336,8 +437,14 @@ def _processor_options(path: Path) -> dict[str, Any]:
 
 
 def image_token_ids(processor: Any) -> tuple[int, ...]:
-    """The ids of the tokens that stand for image embeddings (Gemma 3's soft tokens, not
-    its ``<start_of_image>`` placeholder; Qwen's ``<|image_pad|>``)."""
+    """The ids of the tokens that stand for image embeddings.
+
+    Gemma 3's soft tokens, not its ``<start_of_image>`` placeholder; Qwen's
+    ``<|image_pad|>``.
+
+    Args:
+        processor: The family's HF processor.
+    """
     ids = getattr(processor, "image_token_ids", None) or [processor.image_token_id]
     # InternVL lists its <img> and </img> markers among its image tokens (transformers'
     # mm_token_type_ids mark them); its model puts no embedding there
@@ -372,22 +479,38 @@ def expand_image(
     options: dict[str, Any] | None = None,
     kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, np.ndarray]]:
-    """One image as the family's processor sees it: the text that replaces the image's
-    placeholder (``processor.image_token``) in the prompt, and the image's model inputs
-    (numpy arrays with a leading image axis, as the image processor returns them for a
-    batch of one; bookkeeping the model does not take, like Gemma 3's ``num_crops``, is
-    dropped, exactly as the processor drops it).
+    """One image as the family's processor sees it: replacement text and model inputs.
 
-    This is the processor's own per-image step (its image processor with the
-    processor's options, then its ``replace_image_token``), so the text equals what
+    The text replaces the image's placeholder (``processor.image_token``) in the prompt; the
+    inputs are numpy arrays with a leading image axis, as the image processor returns them
+    for a batch of one (bookkeeping the model does not take, like Gemma 3's ``num_crops``,
+    is dropped, exactly as the processor drops it).
+
+    This is the processor's own per-image step (its image processor with the processor's
+    options, then its ``replace_image_token``), so the text equals what
     ``processor(text=..., images=..., **options)`` puts in the prompt for this image.
-    ``options`` are processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``,
-    which the processor's own defaults switch off whatever the image processor's
-    config says); ``kwargs`` is ``image_kwargs(processor, options)`` computed beforehand.
+
+    ``image`` is a PIL image or a channels-last ``(H, W, C)`` array. An array's layout is
+    told to the processor (``input_data_format``): left to itself, it guesses it from the
+    shape and reads a picture 1, 3 or 4 pixels tall as channels-first (its rows taken for
+    colours), without an error. A PIL image is not told: every backend reads it by its own
+    layout, and transformers 5.19's torchvision backend, which turns it into a
+    channels-first tensor first, would permute it again if told channels-last.
+
+    Args:
+        processor: The family's HF processor.
+        image: A loaded RGB PIL image, or a channels-last ``(H, W, C)`` array.
+        options: Processor call options (e.g. Gemma 3's ``do_pan_and_scan=True``, which
+            the processor's own defaults switch off whatever the image processor's config
+            says).
+        kwargs: ``image_kwargs(processor, options)``, computed beforehand.
     """
+    from PIL import Image
+
     if kwargs is None:
         kwargs = image_kwargs(processor, options)
-    processed = processor.image_processor([image], **kwargs)
+    layout = {} if isinstance(image, Image.Image) else {"input_data_format": "channels_last"}
+    processed = processor.image_processor([image], **kwargs, **layout)
     replacement = processor.replace_image_token(
         processed, image_idx=0, **_replacement_options(processor, kwargs)
     )

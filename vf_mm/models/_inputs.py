@@ -49,13 +49,23 @@ def model_inputs(
     video_token_ids: Sequence[int] = (),
     order: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The forward's image, video and token-type inputs for ``input_ids`` (a ``(B, L)``
-    tensor) whose images and videos, in token order, are ``images`` and ``videos`` (each
-    one item's inputs, as ``expand_image`` / ``expand_video`` return them). ``dtype``
-    casts the floating-point inputs (the model's own dtype). Text-only batches get no
-    image or video inputs. ``order``: the modality of every item (``"image"`` /
-    ``"video"``) in token order over the whole batch, needed where a forward takes clips
-    and images in one sequence (SmolVLM) and the batch holds both."""
+    """The forward's image, video and token-type inputs for ``input_ids``.
+
+    Text-only batches get no image or video inputs.
+
+    Args:
+        family: A ``model_type``.
+        input_ids: A ``(B, L)`` tensor.
+        images: The images' inputs in token order, one item each, as ``expand_image``
+            returns them.
+        image_token_ids: The ids that take image embeddings.
+        dtype: Casts the floating-point inputs (the model's own dtype).
+        videos: The videos' inputs in token order, as ``expand_video`` returns them.
+        video_token_ids: The ids that take video embeddings.
+        order: The modality of every item (``"image"`` / ``"video"``) in token order over
+            the whole batch, needed where a forward takes clips and images in one sequence
+            (SmolVLM) and the batch holds both.
+    """
     import torch
 
     info = family_info(family)

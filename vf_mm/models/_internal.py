@@ -1,7 +1,9 @@
 """The models package's internal tier (docs/architecture.md): library code only.
 
 The tiny checkpoints' recipes, chat templates and tokenizers (users reach them through
-``vf_mm.testing``), and the per-family processing details renderers and training share.
+``vf_mm.testing``), and the per-family processing details renderers, training and the
+server share (``ItemChecker``: a client's processed images checked against the family's
+processor).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from vf_mm.models._families import (
     image_kwargs,
     image_processor_class,
 )
+from vf_mm.models._items import ItemChecker
 from vf_mm.models._templates import (
     CHAT_TEMPLATES,
     QWEN2_VL_TEMPLATE,
@@ -25,6 +28,7 @@ from vf_mm.models._vocab import qwen_tokenizer, tiny_tokenizer
 __all__ = [
     "CHAT_TEMPLATES",
     "ExpandedVideo",
+    "ItemChecker",
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "QWEN_VL_FAMILIES",

@@ -610,6 +610,92 @@ INTERNVL_TEMPLATE = r"""
 # arguments given as a JSON string are refused. (transformers' continue_final_message
 # marker, which the real template moves after the calls, is not handled: vf_mm never
 # continues a final message.)
+# Kimi-K2.5 (moonshotai/Kimi-K2.5): ``<|im_user|>`` / ``<|im_assistant|>`` / ``<|im_system|>``
+# (every other role) + the message's ``name`` or role + ``<|im_middle|>`` + body +
+# ``<|im_end|>``, with no newline between turns and no default system turn. Assistant turns
+# up to the last one without tool calls are written ``<think></think>`` + content (their
+# reasoning dropped); later ones ``<think>REASONING</think>`` + content (``<think></think>``
+# with ``thinking=False``); calls follow in one ``<|tool_calls_section_begin|>`` section,
+# each call written as its id (``functions.NAME:INDEX`` in Kimi's own format) and its
+# arguments. A tool result is ``## Return of ID\n`` + content. Each image is
+# ``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n``. Tools are declared
+# in a ``tool_declare`` system turn: the ``tools_ts_str`` a caller passes (Kimi's tokenizer
+# writes the tools as TypeScript there), else the tools as compact JSON. The generation
+# prompt opens a think block (``<think>``), or writes an empty one with ``thinking=False``.
+KIMI_K25_TEMPLATE = r"""
+{%- macro body(message) -%}
+    {%- set content = message.get('content') -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is not none -%}
+        {%- for part in content -%}
+            {%- if part['type'] in ('image', 'image_url') -%}
+                {{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n' -}}
+            {%- elif part['type'] in ('video', 'video_url') -%}
+                {{- '<|kimi_k25_video_placeholder|>\n' -}}
+            {%- else -%}
+                {{- part['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set state = namespace(history_end=-1) -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'assistant' and not message.get('tool_calls') -%}
+        {%- set state.history_end = loop.index0 -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if tools -%}
+    {{- '<|im_system|>tool_declare<|im_middle|>' -}}
+    {%- if tools_ts_str -%}
+        {{- tools_ts_str -}}
+    {%- else -%}
+        {{- tools | tojson(separators=(',', ':')) -}}
+    {%- endif -%}
+    {{- '<|im_end|>' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- set role = message['role'] -%}
+    {%- if role == 'user' -%}
+        {{- '<|im_user|>' -}}
+    {%- elif role == 'assistant' -%}
+        {{- '<|im_assistant|>' -}}
+    {%- else -%}
+        {{- '<|im_system|>' -}}
+    {%- endif -%}
+    {{- (message.get('name') or role) ~ '<|im_middle|>' -}}
+    {%- if role == 'assistant' -%}
+        {%- if loop.index0 <= state.history_end or thinking is false -%}
+            {{- '<think></think>' -}}
+        {%- else -%}
+            {{- '<think>' ~ message.get('reasoning_content', '') ~ '</think>' -}}
+        {%- endif -%}
+        {{- body(message) -}}
+        {%- if message.get('tool_calls') -%}
+            {{- '<|tool_calls_section_begin|>' -}}
+            {%- for call in message['tool_calls'] -%}
+                {%- set arguments = call['function']['arguments'] -%}
+                {{- '<|tool_call_begin|>' ~ call['id'] ~ '<|tool_call_argument_begin|>' -}}
+                {{- arguments if arguments is string else arguments | tojson -}}
+                {{- '<|tool_call_end|>' -}}
+            {%- endfor -%}
+            {{- '<|tool_calls_section_end|>' -}}
+        {%- endif -%}
+    {%- elif role == 'tool' -%}
+        {{- '## Return of ' ~ message.tool_call_id ~ '\n' -}}
+        {{- body(message) -}}
+    {%- elif message['content'] is not none -%}
+        {{- body(message) -}}
+    {%- endif -%}
+    {{- '<|im_end|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_assistant|>assistant<|im_middle|>' -}}
+    {{- '<think></think>' if thinking is false else '<think>' -}}
+{%- endif -%}
+"""
+
+
 LFM2_VL_TEMPLATE = r"""
 {%- macro text_of(content) -%}
     {%- if content is string -%}
@@ -1145,9 +1231,13 @@ TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
 
 
 def chat_template(family: str, variant: str | None = None) -> str:
-    """The tiny checkpoints' chat template of ``family`` (a ``model_type``), in
-    ``variant`` where the family has several (None: its default, the first of
-    ``TEMPLATE_VARIANTS[family]``)."""
+    """The tiny checkpoints' chat template of ``family``.
+
+    Args:
+        family: A ``model_type``.
+        variant: One of ``TEMPLATE_VARIANTS[family]`` where the family has several (None:
+            its default, the first).
+    """
     variants = TEMPLATE_VARIANTS.get(family)
     if variants is None:
         if variant is not None:
@@ -1176,4 +1266,5 @@ CHAT_TEMPLATES = {
     "llava_next": LLAVA_NEXT_TEMPLATE,
     "internvl": INTERNVL_TEMPLATE,
     "lfm2_vl": LFM2_VL_TEMPLATE,
+    "kimi_k25": KIMI_K25_TEMPLATE,
 }

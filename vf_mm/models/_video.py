@@ -179,8 +179,14 @@ _CLASS_STYLE = {
 
 
 def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
-    """The video settings of a checkpoint directory of ``family``; None for a family
-    whose video vf_mm does not process."""
+    """The video settings of a ``family`` checkpoint directory, or None.
+
+    None for a family whose video vf_mm does not process.
+
+    Args:
+        path: The checkpoint directory.
+        family: Its ``model_type``.
+    """
     if family not in _STYLE:
         return None
     path = Path(path)
@@ -513,12 +519,17 @@ def expand_video(
     fps: float | None,
     tokens: dict[str, str],
 ) -> ExpandedVideo:
-    """A clip's model inputs and replacement text, as the family's video processor and
-    processor compute them for ``videos=[frames]`` with metadata ``{"total_num_frames": T,
-    "fps": fps, "frames_indices": range(T)}``.
+    """A clip's model inputs and replacement text.
 
-    ``frames``: (T, H, W, 3) uint8 RGB. ``tokens``: the processor's ``video_token``,
-    ``vision_start_token`` and ``vision_end_token``.
+    As the family's video processor and processor compute them for ``videos=[frames]``
+    with metadata ``{"total_num_frames": T, "fps": fps, "frames_indices": range(T)}``.
+
+    Args:
+        settings: The checkpoint's video settings.
+        frames: ``(T, H, W, 3)`` uint8 RGB.
+        fps: The clip's frame rate, when known.
+        tokens: The processor's ``video_token``, ``vision_start_token`` and
+            ``vision_end_token``.
     """
     import torch
 

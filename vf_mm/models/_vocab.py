@@ -95,7 +95,11 @@ def _corpus(seed: int = 0) -> list[str]:
 
 
 def tiny_tokenizer(vocab_size: int = 2000) -> Any:
-    """A small Qwen2-style tokenizer (transformers ``Qwen2Tokenizer``), built offline."""
+    """A small Qwen2-style tokenizer (transformers ``Qwen2Tokenizer``), built offline.
+
+    Args:
+        vocab_size: Its vocabulary size.
+    """
     return _wrap(*_train_bpe(vocab_size))
 
 
@@ -224,6 +228,46 @@ def lfm2_vl_tokenizer(vocab_size: int = 2000) -> Any:
     tok.bos_token = "<|startoftext|>"
     tok.eos_token = "<|im_end|>"
     tok.pad_token = "<|pad|>"
+    return tok
+
+
+# Kimi-K2.5's specials: its turn tokens, the tool-call section tokens the template and its
+# parsers use, and the media tokens (transformers' Kimi_K25Config: <|media_begin|> 163602
+# is the vision start, <|media_end|> 163604 the end, <|media_pad|> 163605 the image token,
+# <|kimi_k25_video_placeholder|> 163840 the video token); the tiny vocabulary has its own ids.
+KIMI_K25_SPECIAL_TOKENS = (
+    "[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
+    "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>",
+    "[PAD]", "<|kimi_k25_video_placeholder|>",
+)  # fmt: skip
+KIMI_K25_NAMED_TOKENS = {
+    "image_token": "<|media_pad|>",
+    "video_token": "<|kimi_k25_video_placeholder|>",
+}
+
+
+def kimi_k25_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small Kimi-K2.5-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with
+    Kimi's turn, tool-call and media specials and the named tokens ``Kimi_K25Processor``
+    reads; ``<think>`` and ``</think>`` are added as text pieces (written by the template,
+    sampled by the model). ``[BOS]`` is its bos (the template writes none), ``[EOS]`` its
+    eos, ``[PAD]`` its pad; a turn ends with ``<|im_end|>``."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    vocab, merges = _train_bpe(vocab_size)
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
+        pad_token=None, extra_special_tokens=KIMI_K25_NAMED_TOKENS,
+    )  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in KIMI_K25_SPECIAL_TOKENS])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")]
+    )
+    tok.bos_token = "[BOS]"
+    tok.eos_token = "[EOS]"
+    tok.pad_token = "[PAD]"
     return tok
 
 

@@ -22,10 +22,17 @@ def openai_client(
     session_id: str | None = None,
     model: str = "vf-mm",
 ) -> Any:
-    """An ``openai.AsyncOpenAI`` bound to ``session_id`` (a new unique id when None; read
-    it back from ``client.session_id``) whose calls run through ``recorder``. ``model``
-    is the name requests must use. Images are read by the recorder's renderer, under its
-    image policy alone. Close it with ``await client.close()``."""
+    """An ``openai.AsyncOpenAI`` bound to ``session_id``, its calls run through ``recorder``.
+
+    Images are read by the recorder's renderer, under its image policy alone. Close it with
+    ``await client.close()``.
+
+    Args:
+        recorder: The ``Recorder``.
+        session_id: The session (a new unique id when None; read it back from
+            ``client.session_id``).
+        model: The name requests must use.
+    """
     import httpx
     import openai
 

@@ -37,7 +37,16 @@ from vf_mm.types import Messages, RolloutOutput, TrajectoryStep
 
 @dataclass(slots=True)
 class RecordedSession:
-    """One session's recording: its steps in call order, and what it was called."""
+    """One session's recording: its steps in call order, and what it was called.
+
+    Attributes:
+        session_id: The session's id.
+        owner: Who may see it: an API key's tag on a server with keys.
+        steps: One step per model call, in call order.
+        started: When it started (``time.time()``).
+        last_call: When its last call came (``time.monotonic()``).
+        index: How many earlier sessions of this id ended before it.
+    """
 
     session_id: str
     owner: str | None = None  # who may see it: an API key's tag on a server with keys
@@ -99,13 +108,16 @@ def _continues(previous: TrajectoryStep, step: TrajectoryStep) -> bool:
 
 
 class Recorder:
-    """Sessions of chat calls through ``client`` (a token-level ``RendererClient``).
+    """Sessions of chat calls through ``client``.
 
-    ``idle_s``: a session without a call for this long ends at the next ``sweep``.
-    ``on_end(session)``: called (awaited if async) with each session that ends.
-    ``recorded``: how many sessions of each name (``RecordedSession.name``) were recorded
-    before (a recording that resumes into the same directory), so a reused id's next
-    session gets the next index.
+    Args:
+        client: A token-level ``RendererClient``.
+        idle_s: A session without a call for this long ends at the next ``sweep``.
+        on_end: ``on_end(session)``, called (awaited if async) with each session that
+            ends.
+        recorded: How many sessions of each name (``RecordedSession.name``) were recorded
+            before (a recording that resumes into the same directory), so a reused id's next
+            session gets the next index.
     """
 
     def __init__(
@@ -137,7 +149,11 @@ class Recorder:
         return self.sessions_of(None)
 
     def sessions_of(self, owner: str | None) -> dict[str, RecordedSession]:
-        """``owner``'s open sessions, by id (a new mapping)."""
+        """``owner``'s open sessions, by id (a new mapping).
+
+        Args:
+            owner: An owner's tag (None: sessions without one).
+        """
         return {sid: s for (who, sid), s in self._sessions.items() if who == owner}
 
     async def turn(
@@ -150,13 +166,24 @@ class Recorder:
         owner: str | None = None,
         max_prompt_tokens: int | None = None,
     ) -> Any:
-        """One model turn of ``session_id`` (``owner``'s) on ``messages``: the
-        ``ModelTurn`` (its ``message`` is the reply to return), recorded as the
-        session's next step. A call that fails (a prompt over ``max_prompt_tokens``, an
-        image that does not load, a backend error) records nothing: the session gets no
-        step, and a session is opened only by its first call that succeeds, so no
-        session is ever empty (an empty one would reach a trainer as a group with
-        nothing to train on)."""
+        """One model turn of ``session_id``, recorded as the session's next step.
+
+        A call that fails (a prompt over ``max_prompt_tokens``, an image that does not load, a
+        backend error) records nothing: the session gets no step, and a session is opened only
+        by its first call that succeeds, so no session is ever empty (an empty one would reach
+        a trainer as a group with nothing to train on).
+
+        Args:
+            session_id: The session's id.
+            messages: The conversation.
+            tools: Tool schemas.
+            sampling: The call's sampling.
+            owner: The session's owner's tag.
+            max_prompt_tokens: A rendered prompt longer than this is refused.
+
+        Returns:
+            The ``ModelTurn`` (its ``message`` is the reply to return).
+        """
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("a session id is a non-empty string")
         key = (owner, session_id)
@@ -186,8 +213,14 @@ class Recorder:
                     del self._locks[key]  # a refused first call leaves nothing behind
 
     async def end(self, session_id: str, *, owner: str | None = None) -> RecordedSession | None:
-        """End ``owner``'s ``session_id`` (None if no such session is open) and hand it to
-        ``on_end``. A later call with the same id starts a new session (``index`` + 1)."""
+        """End ``owner``'s ``session_id`` and hand it to ``on_end``; None if none is open.
+
+        A later call with the same id starts a new session (``index`` + 1).
+
+        Args:
+            session_id: The session's id.
+            owner: Its owner's tag.
+        """
         key = (owner, session_id)
         lock = self._locks.get(key)
         if lock is None:

@@ -53,8 +53,13 @@ class _Flight:
 
 
 class ImageCache:
-    """A byte-bounded LRU of processed images and videos, with source aliases (see the
-    module doc). ``max_bytes``: the bound (``DEFAULT_CACHE_BYTES``); 0 keeps nothing."""
+    """A byte-bounded LRU of processed images and videos, with source aliases.
+
+    See the module doc.
+
+    Args:
+        max_bytes: The bound (``DEFAULT_CACHE_BYTES``); 0 keeps nothing.
+    """
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
@@ -80,8 +85,11 @@ class ImageCache:
             return key in self._entries or key in self._aliases
 
     def get(self, key: Hashable) -> Any | None:
-        """The value under ``key`` (an entry's key or an alias), marked recently used;
-        None when absent."""
+        """The value under ``key``, marked recently used; None when absent.
+
+        Args:
+            key: An entry's key or an alias.
+        """
         with self._lock:
             entry = self._entries.get(self._aliases.get(key, key))
             if entry is None:
@@ -90,9 +98,16 @@ class ImageCache:
             return entry.value
 
     def put(self, key: Hashable, value: Any, nbytes: int) -> Any:
-        """Store ``value`` (costing ``nbytes``) under ``key`` and return the value now held
-        there: an entry already present is kept and returned (first writer wins, so every
-        caller shares one object)."""
+        """Store ``value`` under ``key`` and return the value now held there.
+
+        An entry already present is kept and returned (first writer wins, so every caller
+        shares one object).
+
+        Args:
+            key: The entry's key.
+            value: The value.
+            nbytes: What it costs against the bound.
+        """
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -107,8 +122,13 @@ class ImageCache:
             return value
 
     def alias(self, alias: Hashable, key: Hashable, nbytes: int = 0) -> bool:
-        """Lead ``alias`` to the entry under ``key`` (``nbytes``: what the alias keeps
-        alive, counted with the entry). False when that entry is gone (evicted)."""
+        """Lead ``alias`` to the entry under ``key``; False when that entry is gone (evicted).
+
+        Args:
+            alias: The alias (a source key).
+            key: The entry's key.
+            nbytes: What the alias keeps alive, counted with the entry.
+        """
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -124,9 +144,15 @@ class ImageCache:
             return True
 
     def compute(self, key: Hashable, compute: Callable[[], tuple[Any, int]]) -> tuple[Any, bool]:
-        """The value under ``key``, or ``compute()``'s (a ``(value, nbytes)`` pair), stored;
-        and whether it was computed here. One caller computes a key at a time: the others
-        wait, then find its result (or, when it failed, compute it themselves)."""
+        """The value under ``key``, or ``compute()``'s, stored; and whether it was computed here.
+
+        One caller computes a key at a time: the others wait, then find its result (or, when it
+        failed, compute it themselves).
+
+        Args:
+            key: The entry's key.
+            compute: Makes the value: returns a ``(value, nbytes)`` pair.
+        """
         hit = self.get(key)
         if hit is not None:
             return hit, False
@@ -139,7 +165,11 @@ class ImageCache:
 
     @contextmanager
     def computing(self, key: Hashable) -> Iterator[None]:
-        """Hold ``key``'s computing lock: one holder per key at a time, the others wait."""
+        """Hold ``key``'s computing lock: one holder per key at a time, the others wait.
+
+        Args:
+            key: The entry's key.
+        """
         with self._lock:
             flight = self._flights.get(key)
             if flight is None:

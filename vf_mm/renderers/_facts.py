@@ -21,7 +21,7 @@ from typing import Any
 from vf_mm.errors import RenderError
 from vf_mm.renderers._chatml import CHATML_END, chatml_tail, is_known_chatml
 from vf_mm.renderers._drops import TemplateDrops, probe_drops
-from vf_mm.renderers._parse import arguments_as_mapping
+from vf_mm.renderers._parse import ARGUMENTS_AS_TEXT, arguments_as_mapping
 
 PROBE_USER = "\ue000vf_mm user probe\ue000"
 PROBE_CONTENT = "\ue000vf_mm content probe\ue000"
@@ -74,11 +74,12 @@ def probe_template(
     ``placeholder``: the text written for an image (None for a text model);
     ``add_vision_id``: the template numbers images across the conversation."""
     call: dict[str, Any] = {
-        "id": "c",
+        # Kimi's template writes a call as its id alone, which names the function there
+        "id": "functions.vf_mm_probe_tool:0" if tool_format == "kimi" else "c",
         "type": "function",
         "function": {"name": "vf_mm_probe_tool", "arguments": "{}"},
     }
-    if tool_format != "json":  # as the renderer hands calls to such a template
+    if tool_format not in ARGUMENTS_AS_TEXT:  # as the renderer hands calls to such a template
         call = arguments_as_mapping(call)
     reasoning, tool_calls, history_sensitive = _probe_assistant_turn(render, call)
     return TemplateFacts(
@@ -96,20 +97,28 @@ def probe_template(
 
 def _probe_assistant_turn(render: TemplateCall, call: dict[str, Any]) -> tuple[bool, bool, bool]:
     """Whether an assistant turn's ``reasoning_content`` and ``tool_calls`` are written,
-    and whether the turn is written differently once a later user query exists."""
+    and whether the turn is written differently once a later user query exists: a turn
+    of calls, and a turn that answers (Kimi-K2.5's template drops the reasoning of every
+    turn up to the last answer without calls, however the conversation goes on)."""
     user = {"role": "user", "content": PROBE_USER}
     assistant = {"role": "assistant", "content": PROBE_CONTENT,
                  "reasoning_content": PROBE_REASONING, "tool_calls": [call]}  # fmt: skip
+    answer = {k: v for k, v in assistant.items() if k != "tool_calls"}
+    query = {"role": "user", "content": PROBE_USER}
     try:
         text = render([user, assistant], None, False)
-        later = render([user, assistant, {"role": "user", "content": PROBE_USER}], None, True)
+        later = render([user, assistant, query], None, True)
+        answered = render([user, answer, query], None, True)
     except Exception:  # a template that cannot render the probe: assume the safe answers
         return False, False, True
+    reasoning = PROBE_REASONING in text
     return (
-        PROBE_REASONING in text,
+        reasoning,
         "vf_mm_probe_tool" in text,
-        # the user turn and the assistant header must come out the same either way
-        not later.startswith(text[: text.find(PROBE_CONTENT)]),
+        # the user turn and the assistant header must come out the same either way, and
+        # the reasoning the model wrote in an answer must survive the next query
+        not later.startswith(text[: text.find(PROBE_CONTENT)])
+        or (reasoning and PROBE_REASONING not in answered),
     )
 
 

@@ -34,19 +34,34 @@ def load_renderer(
     processor_kwargs: dict[str, Any] | None = None,
     video_limits: VideoLimits | None = None,
 ) -> ChatTemplateRenderer:
-    """A renderer for ``model``: a checkpoint directory, a loaded HF processor, or a tokenizer.
+    """A renderer for ``model``.
 
     Checkpoints of the families in ``vf_mm.models.VISION_FAMILIES`` get image support
-    (``docs/models.md`` says what is exact per family); any other
-    checkpoint with a tokenizer chat template gets a text renderer.
-    ``image_policy`` decides which image sources may be read (``vf_mm.images``).
-    Processed images and videos are cached in ``image_cache`` when given (share one
-    ``ImageCache`` between renderers built apart; a ``RendererPool`` shares one between
-    its renderers by itself), else in a cache of their own bounded to ``cache_bytes``.
-    ``image_backend`` (a checkpoint directory): ``"auto"`` (what ``AutoProcessor`` and vLLM
-    use on this machine), ``"pil"`` or ``"torchvision"``; the renderer's pixels must be the
-    engine's and the trainer's, and the two backends differ on every resized image. A
-    processor passed in keeps its own backend (``renderer.image_backend`` says which).
+    (``docs/models.md`` says what is exact per family); any other checkpoint with a
+    tokenizer chat template gets a text renderer.
+
+    Args:
+        model: A checkpoint directory, a loaded HF processor, or a tokenizer.
+        image_policy: Which image sources may be read (``vf_mm.images``).
+        cache_bytes: The bound of the renderer's own cache, when no ``image_cache`` is
+            given.
+        image_cache: Where processed images and videos are cached (share one
+            ``ImageCache`` between renderers built apart; a ``RendererPool`` shares one
+            between its renderers by itself).
+        template_kwargs: Go to the chat template on every render (e.g.
+            ``enable_thinking``).
+        image_backend: For a checkpoint directory: ``"auto"`` (what ``AutoProcessor`` and
+            vLLM use on this machine), ``"pil"`` or ``"torchvision"``; the renderer's pixels
+            must be the engine's and the trainer's, and the two backends differ on every
+            resized image. A processor passed in keeps its own backend
+            (``renderer.image_backend`` says which).
+        processor_kwargs: Processor call options, the ones the engine is given too (vLLM's
+            ``mm_processor_kwargs``).
+        video_limits: What a clip may cost to load (``VideoLimits()`` when None).
+
+    Raises:
+        UnsupportedModelError: A checkpoint vf_mm has no renderer for (no chat template,
+            a vision family it does not know).
     """
     if isinstance(model, (str, Path)):
         path = Path(model)

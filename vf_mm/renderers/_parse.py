@@ -6,6 +6,9 @@ Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
 (``vf_mm.renderers._gemma4``):
 
 - ``"json"`` (Qwen2.5-VL, Qwen3-VL): ``{"name": ..., "arguments": {...}}``;
+- ``"kimi"`` (Kimi-K2.5): reasoning in ``<think>...</think>``, calls in one
+  ``<|tool_calls_section_begin|>`` section, each its id (``functions.NAME:INDEX``) and its
+  arguments, both kept as written (``vf_mm.renderers._kimi``);
 - ``"pythonic"`` (LFM2.5-VL): reasoning in ``<think>...</think>``, calls as one Python
   list per turn between ``<|tool_call_start|>`` and ``<|tool_call_end|>``
   (``vf_mm.renderers._pythonic``);
@@ -31,23 +34,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vf_mm.errors import RenderError
-from vf_mm.renderers import _gemma4, _pythonic
+from vf_mm.renderers import _gemma4, _kimi, _pythonic
 from vf_mm.types import AssistantMessage, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>\n?(.*?)</function>\s*\Z", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
 _PYTHON_SCALARS = {"True": True, "False": False, "None": None}
-TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic")
+TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic", "kimi")
+#: the formats whose templates write a call's OpenAI-style JSON arguments string verbatim
+#: (the others are handed the arguments as a mapping: ``arguments_as_mapping``)
+ARGUMENTS_AS_TEXT = ("json", "kimi")
 #: the token that ends a format's reasoning
 REASONING_END = {
     "json": "</think>", "xml": "</think>", "gemma4": _gemma4.CHANNEL_END, "pythonic": "</think>",
+    "kimi": "</think>",
 }  # fmt: skip
 
 
 @dataclass(slots=True)
 class ParsedResponse:
-    """A completion split into its parts. ``message`` is what goes into the conversation."""
+    """A completion split into its parts. ``message`` is what goes into the conversation.
+
+    Attributes:
+        content: The answer alone: no reasoning, no tool call text (what an API returns).
+        reasoning: The reasoning, when the model wrote any.
+        tool_calls: The tool calls that parsed.
+        tool_call_errors: Tool calls that did not parse, one message each.
+        stopped: It ended on a stop token (not cut off by max_tokens).
+        text: The whole decoded completion, stop token excluded.
+        message_content: What the conversation's assistant message holds as content:
+            ``content``, plus the reasoning / tool call text the chat template would not
+            render from the fields (None: ``content``).
+    """
 
     content: str  # the answer alone: no reasoning, no tool call text (what an API returns)
     reasoning: str | None = None
@@ -92,6 +111,12 @@ def parse_text(
         reasoning, body = _gemma4.split_thought(text)
         content, raws = _gemma4.split_calls(body)
         parsed_calls = [(raw, *_gemma4.parse_call(raw)) for raw in raws]
+    elif tool_format == "kimi":  # nor does Kimi-K2.5; its calls keep their ids and text
+        if "</think>" in body:
+            head, _, body = body.partition("</think>")
+            reasoning = head.split("<think>", 1)[-1]
+        content, raws = _kimi.split_calls(body)
+        parsed_calls = [(raw, *_kimi.parse_call(raw)) for raw in raws]
     elif tool_format == "pythonic":  # LFM2.5-VL writes no newline around its think block
         if "</think>" in body:
             head, _, body = body.partition("</think>")
@@ -115,13 +140,16 @@ def parse_text(
             errors.append(f"tool call {i}: {error}: {raw[:200]!r}")
         else:
             assert call is not None
+            # a format whose template writes the id and the arguments text (Kimi's) keeps
+            # them as the model wrote them, so the conversation re-renders to its tokens
             calls.append(
                 {
-                    "id": f"{call_id_prefix}_{i}",
+                    "id": call.get("id") or f"{call_id_prefix}_{i}",
                     "type": "function",
                     "function": {
                         "name": call["name"],
-                        "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                        "arguments": call.get("arguments_text")
+                        or json.dumps(call["arguments"], ensure_ascii=False),
                     },
                 }
             )
@@ -144,9 +172,15 @@ def parse_text(
 def format_tool_calls(
     calls: Sequence[tuple[str, Mapping[str, Any]]], *, tool_format: str = "json"
 ) -> str:
-    """The text a model writes to make ``calls`` (``(name, arguments)`` pairs), in the
-    format ``parse_text`` reads: what a scripted policy (``check_environment``) samples.
-    Gemma 4's ends with the stop token its model closes a turn of calls with."""
+    """The text a model writes to make ``calls``, in the format ``parse_text`` reads.
+
+    What a scripted policy (``check_environment``) samples. Gemma 4's ends with the stop
+    token its model closes a turn of calls with.
+
+    Args:
+        calls: ``(name, arguments)`` pairs.
+        tool_format: ``"json"``, ``"xml"`` or ``"gemma4"``.
+    """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {list(TOOL_FORMATS)}, not {tool_format!r}")
     if tool_format == "gemma4":  # the model ends a turn of calls with <|tool_response>
@@ -154,6 +188,8 @@ def format_tool_calls(
         return text + _gemma4.RESULTS_NEXT
     if tool_format == "pythonic":
         return _pythonic.format_calls(list(calls))
+    if tool_format == "kimi":
+        return _kimi.format_calls(list(calls))
     if tool_format == "xml":
         return "\n".join(
             f"<tool_call>\n<function={name}>\n"

@@ -33,6 +33,10 @@ class RendererPool(Generic[R]):
     safe whatever the factory builds: entries are keyed by each renderer's processing
     namespace and image policy (``VisionSpec``), and concurrent misses of one image wait
     for one computation.
+
+    Args:
+        factory: Builds one renderer.
+        size: How many renderers (the most renders at once).
     """
 
     def __init__(self, factory: Callable[[], R], size: int = 4) -> None:
@@ -134,5 +138,9 @@ def _share_cache(renderers: Sequence[object]) -> None:
 
 
 def is_multimodal(renderer: object) -> bool:
-    """True when ``renderer`` (or a pool of them) turns images into tokens."""
+    """True when ``renderer`` (or a pool of them) turns images into tokens.
+
+    Args:
+        renderer: A renderer or a ``RendererPool``.
+    """
     return bool(getattr(renderer, "is_multimodal", False))

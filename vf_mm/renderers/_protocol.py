@@ -53,7 +53,16 @@ class Renderer(Protocol):
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> RenderedTokens:
-        """Token ids (and the images' multi-modal data) of a whole conversation."""
+        """Token ids (and the images' multi-modal data) of a whole conversation.
+
+        Args:
+            messages: The conversation.
+            tools: Tool schemas (OpenAI format) for the template.
+            add_generation_prompt: End with the assistant turn's opening.
+
+        Raises:
+            RenderError: Messages the renderer cannot turn into tokens.
+        """
         ...
 
     def bridge_to_next_turn(
@@ -67,16 +76,32 @@ class Renderer(Protocol):
         previous_messages: Sequence[Mapping[str, Any]] | None = None,
         on_refusal: Callable[[str], object] | None = None,
     ) -> RenderedTokens | None:
-        """The next turn's prompt: the previous prompt and completion verbatim, then
-        ``new_messages`` as a full render would write them. None means "render the whole
-        conversation instead"; the reason goes to ``on_refusal`` and ``bridge_refusals``.
-        ``previous_messages`` (the previous prompt plus the assistant message made from
-        the completion) lets the renderer check the real history instead of refusing
-        whenever the tokens alone cannot tell."""
+        """The next turn's prompt, built on the previous turn's tokens.
+
+        The previous prompt and completion verbatim, then ``new_messages`` as a full render
+        would write them. None means "render the whole conversation instead"; the reason goes
+        to ``on_refusal`` and ``bridge_refusals``.
+
+        Args:
+            previous_prompt_ids: The previous turn's prompt token ids.
+            previous_completion_ids: The previous turn's sampled token ids.
+            new_messages: The messages after the previous turn's assistant message.
+            tools: Tool schemas, as for ``render``.
+            previous_multi_modal_data: The previous prompt's sidecar (never mutated: copied,
+                then appended to).
+            previous_messages: The previous prompt plus the assistant message made from the
+                completion: lets the renderer check the real history instead of refusing
+                whenever the tokens alone cannot tell.
+            on_refusal: Called with the reason when the bridge refuses.
+        """
         ...
 
     def parse_response(self, completion_ids: Sequence[int]) -> ParsedResponse:
-        """Reasoning, content and tool calls of a completion."""
+        """Reasoning, content and tool calls of a completion.
+
+        Args:
+            completion_ids: The sampled token ids.
+        """
         ...
 
 
@@ -95,9 +120,22 @@ def bridge(
     previous_messages: Sequence[Mapping[str, Any]] | None = None,
     on_refusal: Callable[[str], object] | None = None,
 ) -> RenderedTokens | None:
-    """``renderer.bridge_to_next_turn(...)``, passing ``previous_messages`` / ``on_refusal``
-    only where its signature takes them: the one way callers (the client, the pool) bridge,
-    so a renderer written to the core signature works everywhere."""
+    """``renderer.bridge_to_next_turn(...)``, passing only what its signature takes.
+
+    ``previous_messages`` / ``on_refusal`` are passed only where the renderer takes them:
+    the one way callers (the client, the pool) bridge, so a renderer written to the core
+    signature works everywhere.
+
+    Args:
+        renderer: Any ``Renderer``.
+        previous_prompt_ids: See ``Renderer.bridge_to_next_turn``.
+        previous_completion_ids: See ``Renderer.bridge_to_next_turn``.
+        new_messages: See ``Renderer.bridge_to_next_turn``.
+        tools: See ``Renderer.bridge_to_next_turn``.
+        previous_multi_modal_data: See ``Renderer.bridge_to_next_turn``.
+        previous_messages: See ``Renderer.bridge_to_next_turn``.
+        on_refusal: See ``Renderer.bridge_to_next_turn``.
+    """
     kind = type(renderer)
     accepts = _ACCEPTS.get(kind)
     if accepts is None:

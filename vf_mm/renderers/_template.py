@@ -29,7 +29,9 @@ from vf_mm.models import VIDEO_FAMILIES
 from vf_mm.renderers._bridge import Refusal, TurnBridge
 from vf_mm.renderers._drops import refuse_dropped
 from vf_mm.renderers._facts import TemplateFacts, probe_template
+from vf_mm.renderers._kimi import typescript_tools
 from vf_mm.renderers._parse import (
+    ARGUMENTS_AS_TEXT,
     REASONING_END,
     TOOL_FORMATS,
     ParsedResponse,
@@ -46,20 +48,33 @@ _PART_TYPES = ("text", "image", "image_url", "video", "video_url")
 
 
 class ChatTemplateRenderer:
-    """Renders with a Hugging Face tokenizer's chat template; expands images when ``vision``
-    is given (any family in ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the
-    tokenizer, the template and the image cache are shared; between calls only the
-    bridge's probe renders and the counts of returned token lists are kept
-    (``TurnBridge``), both bounded.
+    """Renders with a Hugging Face tokenizer's chat template.
 
-    ``template_kwargs`` go to the template on every render (e.g. ``enable_thinking``).
-    ``content_as_parts``: give the template every string content as one text part (for
-    templates that render only lists of parts, like SmolVLM's, which would drop a
-    string's text without a word). ``tool_format`` is the model's tool-call format
-    (``"json"``, ``"xml"`` or ``"gemma4"``, see ``vf_mm.renderers._parse``):
-    ``parse_response`` reads it, ``format_tool_calls`` writes it, and with ``"xml"`` and
-    ``"gemma4"`` the template gets each call's arguments as a mapping (those templates
-    render nothing, or the JSON text verbatim, from an OpenAI-style JSON string).
+    Expands images when ``vision`` is given (any family in
+    ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the tokenizer, the template and the
+    image cache are shared; between calls only the bridge's probe renders and the counts of
+    returned token lists are kept (``TurnBridge``), both bounded.
+
+    Args:
+        tokenizer: The Hugging Face tokenizer (with its chat template).
+        vision: What images and videos need (None: a text renderer).
+        name: The renderer's name (the model's, in errors and stats).
+        template_kwargs: Go to the template on every render (e.g. ``enable_thinking``).
+        stop_tokens: The tokens that end an assistant turn (default: the tokenizer's eos and
+            the ChatML turn ends, ``<|im_end|>`` and ``<|endoftext|>``, where the vocabulary
+            has them).
+        content_as_parts: Give the template every string content as one text part (for
+            templates that render only lists of parts, like SmolVLM's, which would drop a
+            string's text without a word).
+        tool_format: The model's tool-call format (``"json"``, ``"xml"`` or ``"gemma4"``,
+            see ``vf_mm.renderers._parse``): ``parse_response`` reads it,
+            ``format_tool_calls`` writes it, and with ``"xml"`` and ``"gemma4"`` the
+            template gets each call's arguments as a mapping (those templates render
+            nothing, or the JSON text verbatim, from an OpenAI-style JSON string).
+
+    Raises:
+        RenderError: The tokenizer has no chat template.
+        ValueError: An unknown ``tool_format``.
     """
 
     def __init__(
@@ -139,7 +154,18 @@ class ChatTemplateRenderer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> RenderedTokens:
-        """Token ids (and images' multi-modal data) for a whole conversation."""
+        """Token ids (and images' multi-modal data) for a whole conversation.
+
+        Args:
+            messages: The conversation.
+            tools: Tool schemas (OpenAI format) for the template.
+            add_generation_prompt: End with the assistant turn's opening.
+
+        Raises:
+            RenderError: Messages the template or processor cannot turn into tokens.
+            ReservedTokenError: Text holding a token reserved for images and videos.
+            ImageError: An image that cannot be loaded (``VideoError`` for a video).
+        """
         template_messages, parts = self._prepare(messages)
         template = self._template_for(any(m == "video" for _, _, m in parts))
         refuse_dropped(self._facts[template].drops, template_messages, name=self.name or "this model",
@@ -167,14 +193,22 @@ class ChatTemplateRenderer:
         previous_messages: Sequence[Mapping[str, Any]] | None = None,
         on_refusal: Callable[[str], object] | None = None,
     ) -> RenderedTokens | None:
-        """The next turn's prompt, built on the previous turn's tokens; None to re-render
-        (the reason is counted in ``bridge_refusals`` and passed to ``on_refusal``).
+        """The next turn's prompt, built on the previous turn's tokens; None to re-render.
 
-        ``previous_messages`` (the previous prompt and the assistant message made from the
-        completion) lets a template that rewrites earlier turns (``history_sensitive``,
-        e.g. Qwen3 dropping earlier reasoning) be checked on the real history; without
-        them such a template is not bridged across a new user query once any turn so
-        far holds reasoning.
+        The reason for a None is counted in ``bridge_refusals`` and passed to ``on_refusal``.
+
+        Args:
+            previous_prompt_ids: The previous turn's prompt token ids.
+            previous_completion_ids: The previous turn's sampled token ids.
+            new_messages: The messages after the previous turn's assistant message.
+            tools: Tool schemas, as for ``render``.
+            previous_multi_modal_data: The previous prompt's sidecar (never mutated).
+            previous_messages: The previous prompt and the assistant message made from the
+                completion: lets a template that rewrites earlier turns
+                (``history_sensitive``, e.g. Qwen3 dropping earlier reasoning) be checked on
+                the real history; without them such a template is not bridged across a new
+                user query once any turn so far holds reasoning.
+            on_refusal: Called with the reason when the bridge refuses.
         """
         out = self._bridge.build(
             previous_prompt_ids,
@@ -199,7 +233,11 @@ class ChatTemplateRenderer:
     # -- parse --------------------------------------------------------------------------
 
     def parse_response(self, completion_ids: Sequence[int]) -> ParsedResponse:
-        """Reasoning, content and tool calls of a completion (stops at the first stop token)."""
+        """Reasoning, content and tool calls of a completion (stops at the first stop token).
+
+        Args:
+            completion_ids: The sampled token ids.
+        """
         ids = list(completion_ids)
         stopped = False
         for i, token in enumerate(ids):
@@ -222,8 +260,13 @@ class ChatTemplateRenderer:
         return parsed
 
     def format_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
-        """The completion text that makes ``calls`` (``(name, arguments)`` pairs) in this
-        model's tool-call format: ``parse_response`` of its tokens gives those calls back."""
+        """The completion text that makes ``calls`` in this model's tool-call format.
+
+        ``parse_response`` of its tokens gives those calls back.
+
+        Args:
+            calls: ``(name, arguments)`` pairs.
+        """
         return format_tool_calls(calls, tool_format=self.tool_format)
 
     # -- internals ----------------------------------------------------------------------
@@ -237,6 +280,18 @@ class ChatTemplateRenderer:
     ) -> str:
         from jinja2 import TemplateError
 
+        extra: dict[str, Any] = {}
+        if tools and self.tool_format == "kimi" and not self.template_kwargs.get("tools_ts_str"):
+            # Kimi's own tokenizer hands its template the tools as TypeScript declarations;
+            # the template's JSON fallback would be a prompt the served model never sees
+            try:
+                extra["tools_ts_str"] = typescript_tools(list(tools))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise RenderError(
+                    f"{self.name or 'this model'}: the tools cannot be declared as Kimi-K2.5's "
+                    f"tokenizer declares them ({type(exc).__name__}: {exc}); pass the "
+                    "declaration as template_kwargs={'tools_ts_str': ...}"
+                ) from None
         if self.content_as_parts:
             messages = [
                 {**m, "content": [{"type": "text", "text": m["content"]}]}
@@ -252,6 +307,7 @@ class ChatTemplateRenderer:
                 add_generation_prompt=add_generation_prompt,
                 chat_template=template,
                 **self.template_kwargs,
+                **extra,
             )
         except (TemplateError, TypeError, ValueError) as exc:
             # the template's own raise_exception, a bad template, or content it cannot
@@ -318,7 +374,7 @@ class ChatTemplateRenderer:
                 message = {**message, "content": new_content}
             else:
                 message = dict(message)
-            if self.tool_format != "json" and message.get("tool_calls"):
+            if self.tool_format not in ARGUMENTS_AS_TEXT and message.get("tool_calls"):
                 message["tool_calls"] = [arguments_as_mapping(c) for c in message["tool_calls"]]
             out.append(message)
         return out, parts

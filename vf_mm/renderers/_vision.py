@@ -62,10 +62,20 @@ from vf_mm.videos import VideoLimits, load_video, video_hash, video_mm_hash
 
 @dataclass(frozen=True, slots=True)
 class ProcessedImage:
-    """One image (or video: ``modality``), ready to splice into a prompt: ``tokens`` is its
-    placeholder span, ``is_embed`` which of them take embeddings (None: all),
-    ``text_before`` / ``text_after`` the replacement text outside the span, ``item`` its
-    model inputs."""
+    """One image (or video: ``modality``), ready to splice into a prompt.
+
+    Attributes:
+        hash: Its ``mm_hash``.
+        num_tokens: The length of its placeholder span.
+        item: Its model inputs.
+        backend: The image processor's backend that computed them (``"pil"`` or
+            ``"torchvision"``).
+        tokens: Its placeholder span.
+        is_embed: Which of ``tokens`` take embeddings (None: all).
+        text_before: The replacement text before the span.
+        text_after: The replacement text after the span.
+        modality: ``"image"`` or ``"video"``.
+    """
 
     hash: str
     num_tokens: int  # len(tokens): the placeholder range's length
@@ -95,21 +105,27 @@ class VisionSpec:
     """What a renderer needs to expand images: the family's processor and a cache.
 
     ``image_token`` is the placeholder the chat template writes once per image (the
-    processor's ``image_token``: ``<|image_pad|>`` for Qwen, ``<start_of_image>`` for
-    Gemma 3); ``embed_token_ids`` the tokens that take image embeddings
-    (``image_token_id`` the first). ``backend`` is the image processor's backend
-    (``"pil"`` or ``"torchvision"``): the two compute different pixels for a resized
-    image, and every ``ProcessedImage`` says which. ``options`` are processor call
-    options (``processor_kwargs`` of ``load_renderer``), the ones the engine is given too
-    (vLLM's ``mm_processor_kwargs``). ``video``: the checkpoint's video settings (None:
-    video parts are refused); ``video_limits`` bound what a clip may cost to load.
-    ``cache``: where processed images and clips are kept (an ``ImageCache``, which a
-    ``RendererPool`` shares between its renderers; entries are keyed behind
-    ``namespace``, the digest of everything processing depends on besides the pixels);
-    a cache of its own bounded to ``cache_bytes`` when None. ``family``: the processor's
-    family (a ``model_type``); its other vision markup tokens
-    (``vf_mm.models.VisionFamily.marker_tokens``) are banned from sampling with the
-    reserved ones (``banned_token_ids``), and errors name it.
+    processor's ``image_token``: ``<|image_pad|>`` for Qwen, ``<start_of_image>`` for Gemma
+    3); ``embed_token_ids`` the tokens that take image embeddings (``image_token_id`` the
+    first). ``backend`` is the image processor's backend (``"pil"`` or ``"torchvision"``):
+    the two compute different pixels for a resized image, and every ``ProcessedImage`` says
+    which.
+
+    Args:
+        processor: The family's Hugging Face processor.
+        policy: Which image sources may be read (``ImagePolicy()`` when None).
+        cache_bytes: The bound of a cache of its own, when ``cache`` is None.
+        cache: Where processed images and clips are kept (an ``ImageCache``, which a
+            ``RendererPool`` shares between its renderers; entries are keyed behind
+            ``namespace``, the digest of everything processing depends on besides the
+            pixels).
+        options: Processor call options (``processor_kwargs`` of ``load_renderer``), the
+            ones the engine is given too (vLLM's ``mm_processor_kwargs``).
+        video: The checkpoint's video settings (None: video parts are refused).
+        video_limits: Bound what a clip may cost to load.
+        family: The processor's family (a ``model_type``); its other vision markup tokens
+            (``vf_mm.models.VisionFamily.marker_tokens``) are banned from sampling with the
+            reserved ones (``banned_token_ids``), and errors name it.
     """
 
     def __init__(
@@ -175,7 +191,11 @@ class VisionSpec:
         self.processing_s = 0.0  # time spent inside the image processor (cache misses)
 
     def embed_ids(self, modality: str) -> tuple[int, ...]:
-        """The ids that take ``modality``'s embeddings."""
+        """The ids that take ``modality``'s embeddings.
+
+        Args:
+            modality: ``"image"`` or ``"video"``.
+        """
         if modality == "image" or self.frames_as_images:
             return self.embed_token_ids
         return (self.video_token_id,) if self.video_token_id is not None else ()
@@ -217,16 +237,26 @@ class VisionSpec:
         return tuple(sorted({str(t) for t in tokens}, key=len, reverse=True))
 
     def reserved_in(self, text: str) -> str | None:
-        """The first reserved token ``text`` holds literally (None: none)."""
+        """The first reserved token ``text`` holds literally (None: none).
+
+        Args:
+            text: Any text.
+        """
         found = [(text.find(t), t) for t in self.reserved_tokens if t in text]
         return min(found)[1] if found else None
 
     def sampled_reserved(self, completion_ids: Sequence[int], text: str) -> tuple[str, str] | None:
-        """Why a sampled completion cannot stay in a conversation, as ``(token, reason)``;
-        None when it can. A banned id means the backend ignored the ban; reserved text
-        (an id, or ordinary tokens that spell one) would be read back as an image or video
-        placeholder when the conversation is rendered again, so no later turn would see
-        the tokens that were sampled."""
+        """Why a sampled completion cannot stay in a conversation: ``(token, reason)``, or None.
+
+        A banned id means the backend ignored the ban; reserved text (an id, or ordinary tokens
+        that spell one) would be read back as an image or video placeholder when the
+        conversation is rendered again, so no later turn would see the tokens that were
+        sampled.
+
+        Args:
+            completion_ids: The sampled token ids.
+            text: Their decoded text.
+        """
         banned = self.banned_token_ids
         for token_id in completion_ids:
             if token_id in banned:
@@ -256,10 +286,19 @@ class VisionSpec:
     def process(self, part: Any, *, where: str) -> ProcessedImage:
         """Load one image content part and return its (cached) expansion and inputs.
 
-        A source with a key (``vf_mm.images.source_key``: a data URL, bytes, a file) is
-        looked up by it first, under this renderer's policy: a repeat is neither decoded
-        nor hashed. Any other source (a PIL image, an array: mutable; http(s): may
-        change) is loaded and found by its pixels (``image_hash``)."""
+        A source with a key (``vf_mm.images.source_key``: a data URL, bytes, a file) is looked
+        up by it first, under this renderer's policy: a repeat is neither decoded nor hashed.
+        Any other source (a PIL image, an array: mutable; http(s): may change) is loaded and
+        found by its pixels (``image_hash``).
+
+        Args:
+            part: The image content part.
+            where: Its place in the conversation, for errors.
+
+        Raises:
+            ImageError: The image cannot be loaded.
+            RenderError: The image processor failed on it.
+        """
         source = source_key(part, policy=self.policy)  # runs the guard's path check
         if source is None:
             return self._process_image(load_image(part, policy=self.policy, where=where), where)
@@ -290,8 +329,19 @@ class VisionSpec:
         return self._cached(key, compute)
 
     def process_video(self, part: Any, *, where: str) -> ProcessedImage:
-        """Load one video content part and return its (cached) expansion and inputs; the
-        part's processing options (``VIDEO_OPTIONS``) apply to this clip only."""
+        """Load one video content part and return its (cached) expansion and inputs.
+
+        The part's processing options (``VIDEO_OPTIONS``) apply to this clip only.
+
+        Args:
+            part: The video content part.
+            where: Its place in the conversation, for errors.
+
+        Raises:
+            VideoError: The clip cannot be loaded.
+            RenderError: Videos are off for this checkpoint, an unknown key or a bad option in
+                the part, or the processor failed on it.
+        """
         if self.video is None or (self.video_token_id is None and not self.frames_as_images):
             raise RenderError(
                 f"{where}: this renderer has no video processing (video is supported for "

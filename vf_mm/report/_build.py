@@ -22,7 +22,16 @@ from vf_mm.report._views import _card
 
 @dataclass
 class Report:
-    """What :func:`make_report` built: the HTML and a few counts for the CLI to print."""
+    """What :func:`make_report` built: the HTML and a few counts for the CLI to print.
+
+    Attributes:
+        html: The page.
+        rollouts_total: Rollouts in the run.
+        rollouts_shown: Rollouts on the page.
+        images_embedded: Distinct images embedded.
+        warnings: What was damaged, as shown in the report.
+        videos_embedded: Distinct videos shown (each as a strip; a player if playable).
+    """
 
     html: str
     rollouts_total: int
@@ -33,17 +42,21 @@ class Report:
 
 
 def make_report(outdir: str | Path, *, max_rollouts: int | None = None) -> Report:
-    """The report on the run directory ``outdir``: its HTML text (``.html``), with the
-    counts and warnings kept apart for the caller.
+    """The report on the run directory ``outdir``: its HTML, counts and warnings apart.
 
-    ``max_rollouts`` keeps the first N rollouts of ``results.jsonl`` (the aggregates still
-    cover the whole file). Raises ``FileNotFoundError`` when ``outdir`` is not a directory or
-    holds neither ``results.jsonl`` nor ``metadata.json``; anything else damaged is shown
-    as a warning in the report.
+    The single file holds every card it shows in memory while it is drawn (it is one page:
+    that is what it is for); the rows are read one at a time, and the aggregates are
+    computed by streaming over the whole file (``_run``). Anything damaged besides a
+    missing run is shown as a warning in the report.
 
-    The single file holds every card it shows in memory while it is drawn (it is one
-    page: that is what it is for); the rows are read one at a time, and the aggregates
-    are computed by streaming over the whole file (``_run``).
+    Args:
+        outdir: The run directory.
+        max_rollouts: Keeps the first N rollouts of ``results.jsonl`` (the aggregates still
+            cover the whole file).
+
+    Raises:
+        FileNotFoundError: ``outdir`` is not a directory or holds neither
+            ``results.jsonl`` nor ``metadata.json``.
     """
     root = Path(outdir)
     if not root.is_dir():
@@ -89,8 +102,9 @@ def _render_single(run: _Run, survey: _Survey, *, max_rollouts: int | None) -> R
         summary=True,
         paged=False,
     )
-    # lone surrogates (legal in JSON, not in UTF-8) become "?" so the file always writes
-    html = html.encode("utf-8", "replace").decode("utf-8")
+    # a lone surrogate (legal in JSON, not in UTF-8) is shown as its escape, \ud800: the
+    # file always writes, and the text shown is never silently another character
+    html = html.encode("utf-8", "backslashreplace").decode("utf-8")
     return Report(
         html, survey.total, len(cards), len(assets.embedded()), warnings, len(assets.videos())
     )

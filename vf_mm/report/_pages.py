@@ -161,8 +161,9 @@ def _render(path: Path, context: dict[str, Any], *, summary: bool) -> int:
         "js": Markup(_JS),
         "csp": _PAGED_CSP,
     }
-    # lone surrogates (legal in JSON, not in UTF-8) become "?" so the file always writes
-    with open(path, "w", encoding="utf-8", errors="replace", newline="\n") as f:
+    # a lone surrogate (legal in JSON, not in UTF-8) is shown as its escape, \ud800: the
+    # file always writes, and the text shown is never silently another character
+    with open(path, "w", encoding="utf-8", errors="backslashreplace", newline="\n") as f:
         for piece in _template().generate(**full):
             f.write(piece)
         return f.tell()

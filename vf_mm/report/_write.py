@@ -47,7 +47,20 @@ _GENERATOR_MARK = b'<meta name="generator" content="vf-mm view">'
 
 @dataclass
 class WrittenReport:
-    """What :func:`write_report` wrote: where to open it and a few counts for the CLI."""
+    """What :func:`write_report` wrote: where to open it and a few counts for the CLI.
+
+    Attributes:
+        path: What to open: the single file, or the paged report's index.html.
+        paged: Whether it is a paged report.
+        pages: Pages written (1 for a single file).
+        files: Files written.
+        bytes: Bytes written, every file together.
+        rollouts_total: Rollouts in the run.
+        rollouts_shown: Rollouts shown.
+        images: Single file: distinct images embedded; pages: image files linked.
+        videos: Distinct videos shown.
+        warnings: What was damaged, as shown in the report.
+    """
 
     path: Path  # what to open: the single file, or the paged report's index.html
     paged: bool
@@ -69,14 +82,22 @@ def write_report(
     page_size: int = PAGE_SIZE,
     max_rollouts: int | None = None,
 ) -> WrittenReport:
-    """Write the report of the run directory ``outdir``; see the module docstring for
-    which kind. ``output`` is the single file's path (default ``OUTDIR/report.html``) or
-    the paged report's folder (default ``OUTDIR/report``). ``max_rollouts`` shows the
-    first N rollouts (the summary still covers the whole run).
+    """Write the report of the run directory ``outdir`` (the module docstring: which kind).
 
-    Raises ``FileNotFoundError`` when ``outdir`` is not a run directory, ``ValueError``
-    for a bad argument (a paged report asked for with an ``output`` ending in ``.html``),
-    ``FileExistsError`` when ``output`` is a folder that is not a report.
+    Args:
+        outdir: The run directory.
+        output: The single file's path (default ``OUTDIR/report.html``) or the paged
+            report's folder (default ``OUTDIR/report``).
+        single_file: One file (True), pages (False), or picked by size (None; see the
+            module docstring).
+        page_size: Rollouts per page.
+        max_rollouts: Shows the first N rollouts (the summary still covers the whole run).
+
+    Raises:
+        FileNotFoundError: ``outdir`` is not a run directory.
+        ValueError: A bad argument (a paged report asked for with an ``output`` ending in
+            ``.html``).
+        FileExistsError: ``output`` is a folder that is not a report.
     """
     root = Path(outdir)
     if not root.is_dir():

@@ -226,17 +226,23 @@ class _Recent:
 
 
 class AssetStore:
-    """Image and video files by content hash under ``root/assets/`` (``root`` is the OUTDIR).
+    """Image and video files by content hash under ``root/assets/``.
 
     ``add(source)`` stores one image and returns its URL relative to ``root``
     (``"assets/<hash>.png"``); ``add_video(part)`` stores one video part's video and
     returns its URL (``"assets/<hash>.<ext>"``) and the loaded ``Video``;
     ``to_jsonable(messages)`` does it for every image and video part of a conversation.
-    Thread safe. ``written`` counts the files this object wrote. ``video_limits`` bound
-    what a video may cost to load (``VideoLimits()`` when None: pass the renderer's, so
-    the store takes every clip the run took). ``known_bytes`` bounds what it remembers
-    of the assets it has seen (``KNOWN_ASSETS_BYTES``), so a run of any length stores
-    assets in constant memory; an asset it has forgotten is found on disk.
+    Thread safe. ``written`` counts the files this object wrote.
+
+    Args:
+        root: The OUTDIR.
+        policy: Which image and video sources may be read (``ImagePolicy()`` when None).
+        compress_level: PNG compression (0-9: speed against size, never quality).
+        video_limits: What a video may cost to load (``VideoLimits()`` when None: pass the
+            renderer's, so the store takes every clip the run took).
+        known_bytes: Bounds what it remembers of the assets it has seen
+            (``KNOWN_ASSETS_BYTES``), so a run of any length stores assets in constant
+            memory; an asset it has forgotten is found on disk.
     """
 
     def __init__(
@@ -267,12 +273,20 @@ class AssetStore:
     # -- single images
 
     def path(self, digest: str) -> Path:
-        """Where the asset with this hash lives (it may not exist)."""
+        """Where the asset with this hash lives (it may not exist).
+
+        Args:
+            digest: The asset's content hash.
+        """
         return self.dir / f"{digest}.png"
 
     @staticmethod
     def url(digest: str) -> str:
-        """The asset's URL relative to OUTDIR, as results.jsonl holds it."""
+        """The asset's URL relative to OUTDIR, as results.jsonl holds it.
+
+        Args:
+            digest: The asset's content hash.
+        """
         return image_asset_ref(digest)
 
     def __contains__(self, digest: object) -> bool:
@@ -286,17 +300,30 @@ class AssetStore:
     def add(
         self, source: Any, *, policy: ImagePolicy | None = None, where: str | None = None
     ) -> str:
-        """Load ``source`` (anything ``load_image`` takes) and store it; return its URL
-        (``"assets/<hash>.png"``). A source that is already a PNG showing exactly the
-        loaded image (``load_image_with_png``) is stored as its own bytes, not encoded
-        again. Raises ``vf_mm.errors.ImageError`` if it does not load."""
+        """Load ``source`` and store it; return its URL (``"assets/<hash>.png"``).
+
+        A source that is already a PNG showing exactly the loaded image
+        (``load_image_with_png``) is stored as its own bytes, not encoded again.
+
+        Args:
+            source: Anything ``load_image`` takes.
+            policy: The policy it loads under (the store's when None).
+            where: Its place in a conversation, for errors.
+
+        Raises:
+            ImageError: It does not load.
+        """
         image, png = load_image_with_png(source, policy=policy or self.policy, where=where)
         return self.add_rgb(image, png=png)
 
     def add_rgb(self, image: Image.Image, *, png: bytes | None = None) -> str:
-        """Store an RGB image (a ``load_image`` result); return its URL. ``png``: PNG
-        bytes that decode to exactly ``image`` (``load_image_with_png``'s), written as
-        they are; else the image is encoded (``compress_level``)."""
+        """Store an RGB image (a ``load_image`` result); return its URL.
+
+        Args:
+            image: The image.
+            png: PNG bytes that decode to exactly ``image`` (``load_image_with_png``'s),
+                written as they are; None encodes the image (``compress_level``).
+        """
         digest = image_hash(image)
         with self._lock:
             if self._known.get(digest) is not None:
@@ -342,7 +369,11 @@ class AssetStore:
     # -- single videos
 
     def video_url(self, digest: str) -> str | None:
-        """The URL of the stored video with this hash (whatever its container), or None."""
+        """The URL of the stored video with this hash (whatever its container), or None.
+
+        Args:
+            digest: The video's content hash.
+        """
         with self._lock:
             url = self._videos.get(digest)
         if url is not None:
@@ -360,16 +391,22 @@ class AssetStore:
         policy: ImagePolicy | None = None,
         where: str | None = None,
     ) -> tuple[str, float | None]:
-        """Store the video of a video part (``{"type": "video", "video": ...}`` or
-        ``{"type": "video_url", "video_url": {"url": ...}}``, with its ``"frame_rate"``);
-        return its URL (``"assets/<hash>.<ext>"``) and its frame rate (the ``fps`` of
-        ``load_video(part)``, which the stored part must carry as ``"frame_rate"``).
+        """Store the video of a video part; return its URL and its frame rate.
 
-        An encoded source is read once (through ``policy``, the store's when None) and
-        stored as those bytes; raw frames are stored losslessly (``.mkv``). Either way
-        ``load_video`` of the stored part gives the original's ``video_hash``. http(s)
-        URLs are not read (``to_jsonable`` keeps them). Raises ``vf_mm.errors.VideoError``
-        (naming the source and ``where``) when the video does not load.
+        The URL is ``"assets/<hash>.<ext>"``; the frame rate is the ``fps`` of
+        ``load_video(part)``, which the stored part must carry as ``"frame_rate"``. An encoded
+        source is read once and stored as those bytes; raw frames are stored losslessly
+        (``.mkv``). Either way ``load_video`` of the stored part gives the original's
+        ``video_hash``. http(s) URLs are not read (``to_jsonable`` keeps them).
+
+        Args:
+            part: ``{"type": "video", "video": ...}`` or ``{"type": "video_url", "video_url":
+                {"url": ...}}``, with its ``"frame_rate"``.
+            policy: The policy it is read under (the store's when None).
+            where: Its place in a conversation, for errors.
+
+        Raises:
+            VideoError: The video does not load (naming the source and ``where``).
         """
         policy = policy or self.policy or ImagePolicy()
         limits = self.video_limits or VideoLimits()
@@ -454,26 +491,35 @@ class AssetStore:
         Image parts (``{"type": "image", "image": PIL | bytes | path}``, transformers'
         ``{"type": "image", "url" | "path": ...}``, ``{"type": "image_url", "image_url":
         {"url": "data:..." | path}}``) become ``{"type": "image_url", "image_url": {"url":
-        "assets/<hash>.png"}}``, keeping ``detail`` and any other JSON keys of the part.
-        Video parts (``{"type": "video", "video": frames | array | Video | bytes | path}``,
-        ``"url"`` / ``"path"`` instead of ``"video"``, ``{"type": "video_url",
-        "video_url": {"url": "data:..." | "file://..." | path}}``) become ``{"type":
-        "video_url", "video_url": {"url": "assets/<hash>.<ext>"}, "frame_rate": fps}``
-        (``frame_rate`` the loaded video's rate, left out when unknown), keeping the
-        processing options (``fps``, ``num_frames``, ...) and any other JSON keys.
-        http(s) URLs are kept as given (not fetched); an ``assets/<hash>.<ext>`` URL
-        whose file is in this store is kept (so the output can be converted again).
-        Everything else is copied (tool calls, ``reasoning_content``, ``name``, ...) and
-        must be JSON. ``messages`` is never modified. Images and videos load with
-        ``policy`` (the store's when None; ``ImagePolicy()`` then: any local path, no
-        network), videos within the store's ``video_limits``. ``where`` is put before the
-        place in errors (``"example 3 rollout 0, prompt"`` -> ``"..., prompt, message 2"``).
+        "assets/<hash>.png"}}``, keeping ``detail`` and any other JSON keys of the part. Video
+        parts (``{"type": "video", "video": frames | array | Video | bytes | path}``, ``"url"``
+        / ``"path"`` instead of ``"video"``, ``{"type": "video_url", "video_url": {"url":
+        "data:..." | "file://..." | path}}``) become ``{"type": "video_url", "video_url":
+        {"url": "assets/<hash>.<ext>"}, "frame_rate": fps}`` (``frame_rate`` the loaded video's
+        rate, left out when unknown), keeping the processing options (``fps``, ``num_frames``,
+        ...) and any other JSON keys. http(s) URLs are kept as given (not fetched); an
+        ``assets/<hash>.<ext>`` URL whose file is in this store is kept (so the output can be
+        converted again). Everything else is copied (tool calls, ``reasoning_content``,
+        ``name``, ...) and must be JSON. ``messages`` is never modified.
 
-        ``on_error="record"`` (for a rollout that failed) never raises for content: a part
-        whose image or video does not load becomes ``{"type": "unavailable", "error":
-        why, "source": the part's source if it is JSON (a path, a URL), else null}``, and
-        any other value JSON cannot hold becomes ``{"unavailable": its type, "error":
-        why}``, so the rest of the conversation is stored and the gap says what it was.
+        Args:
+            messages: The conversation.
+            policy: Images and videos load with it (the store's when None; ``ImagePolicy()``
+                then: any local path, no network), videos within the store's
+                ``video_limits``.
+            where: Put before the place in errors (``"example 3 rollout 0, prompt"`` ->
+                ``"..., prompt, message 2"``).
+            on_error: ``"raise"``, or ``"record"`` (for a rollout that failed): never raises
+                for content: a part whose image or video does not load becomes ``{"type":
+                "unavailable", "error": why, "source": the part's source if it is JSON (a path, a
+                URL), else null}``, and any other value JSON cannot hold becomes
+                ``{"unavailable": its type, "error": why}``, so the rest of the conversation is
+                stored and the gap says what it was.
+
+        Raises:
+            ImageError: An image that does not load (``on_error="raise"``).
+            VideoError: A video that does not load (``on_error="raise"``).
+            ResultsError: A value JSON cannot hold (``on_error="raise"``).
         """
         if on_error not in ("raise", "record"):
             raise ValueError(f"on_error must be 'raise' or 'record', not {on_error!r}")

@@ -169,43 +169,54 @@ def to_dataset(
     video_limits: VideoLimits | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> datasets.Dataset:
-    """The run directory ``outdir`` as a ``datasets.Dataset``: one row per rollout the
-    reader gives, in file order, with its images and clips embedded (the module docstring
-    lists the columns and why they are what they are).
+    """The run directory ``outdir`` as a ``datasets.Dataset``, images and clips embedded.
+
+    One row per rollout the reader gives, in file order (the module docstring lists the
+    columns and why they are what they are).
 
     The invariant: decoding a record by the documented rules gives back the reader's row
     exactly, before and after a save and reload, and its ``images`` are the pixels of the
     assets its messages name, in their order. Why: an export that rounds a value, drops a
-    key or shifts an image against its reference would train or score on something the
-    run never produced, and nobody would notice.
+    key or shifts an image against its reference would train or score on something the run
+    never produced, and nobody would notice.
 
     Why JSON text for messages: it is the one representation that both Arrow stores and
     that gives back every message exactly (``json.loads(row["prompt"])`` equals the row
     that ``read_results`` returns); the images beside them are real ``datasets.Image``
     values, lined up with the references by ``image_urls``.
 
-    ``tokens=True`` refuses (``ResultsError``): a run directory stores token counts, not
-    ids (module docstring). ``bad_lines`` goes to ``scan_results``. ``bad_assets``:
-    ``"raise"`` (``vf_mm.errors.AssetError`` naming the asset and the row) or ``"skip"``
-    (a null entry and a warning). ``check_assets``: load each image and clip and compare
-    its content hash with its name (what ``AssetStore`` computed), so a changed file is
-    found here rather than by whoever trains on it; False only reads the files.
-    ``policy`` / ``video_limits``: what loading an asset may cost (``ImagePolicy()`` /
-    ``VideoLimits()`` when None; pass the run's limits for clips larger than the
-    defaults). Raises ``ResultsError`` when ``outdir`` is not a run directory.
+    Memory stays bounded for a run of any length (module docstring): the rows go to Arrow
+    files on disk in batches, and the dataset returned memory-maps them. A run with no rows
+    gives an empty dataset in memory, with every column, and writes nothing.
 
-    Memory stays bounded for a run of any length (module docstring): the rows go to
-    Arrow files on disk in batches, and the dataset returned memory-maps them.
-    ``cache_dir`` is where those files go. None (the default): a new temporary folder
-    (``tempfile.gettempdir()``, that is ``TMPDIR``; where that is a tmpfs the files are in
-    RAM, so pass a folder on disk for a large run), removed when the Python process
-    exits; the dataset, and every dataset derived from it, reads from it until then. A
-    folder you pass is created if missing and never cleaned: the dataset reads from it
-    for as long as it is used, and removing it is yours once that is over (or once the
-    dataset is saved elsewhere, with ``save_to_disk`` or ``to_parquet``). Each call writes
-    its own subfolder under a fingerprint unique to the call, so an export never reuses
-    what an earlier export of a run changed since left there. A run with no rows gives an
-    empty dataset in memory, with every column, and writes nothing.
+    Args:
+        outdir: The run directory.
+        tokens: True refuses (``ResultsError``): a run directory stores token counts, not
+            ids (module docstring).
+        bad_lines: Goes to ``scan_results``.
+        bad_assets: ``"raise"`` (``AssetError`` naming the asset and the row) or ``"skip"``
+            (a null entry and a warning).
+        check_assets: Load each image and clip and compare its content hash with its name
+            (what ``AssetStore`` computed), so a changed file is found here rather than by
+            whoever trains on it; False only reads the files.
+        policy: What loading an asset may cost (``ImagePolicy()`` when None).
+        video_limits: What loading a clip may cost (``VideoLimits()`` when None; pass the
+            run's limits for clips larger than the defaults).
+        cache_dir: Where the Arrow files go. None (the default): a new temporary folder
+            (``tempfile.gettempdir()``, that is ``TMPDIR``; where that is a tmpfs the files
+            are in RAM, so pass a folder on disk for a large run), removed when the Python
+            process exits; the dataset, and every dataset derived from it, reads from it
+            until then. A folder you pass is created if missing and never cleaned: the
+            dataset reads from it for as long as it is used, and removing it is yours once
+            that is over (or once the dataset is saved elsewhere, with ``save_to_disk`` or
+            ``to_parquet``). Each call writes its own subfolder under a fingerprint unique to
+            the call, so an export never reuses what an earlier export of a run changed
+            since left there.
+
+    Raises:
+        ResultsError: ``outdir`` is not a run directory, or ``tokens=True``.
+        AssetError: An asset missing, unreadable or not matching its hash
+            (``bad_assets="raise"``).
     """
     if bad_assets not in _BAD_ASSETS:
         raise ValueError(f"bad_assets must be one of {_BAD_ASSETS}, not {bad_assets!r}")

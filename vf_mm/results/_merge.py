@@ -94,7 +94,17 @@ _LISTED = 5  # overlapping (example, rollout) pairs named in an error
 
 @dataclass(frozen=True, slots=True)
 class MergeResult:
-    """What ``merge_runs`` wrote: ``metadata`` is the merged ``metadata.json``."""
+    """What ``merge_runs`` wrote.
+
+    Attributes:
+        outdir: The merged run directory.
+        rows: Rows written.
+        shards: The ``"i/N"`` the merged run holds, in order.
+        missing: The ``"i/N"`` it does not hold (empty: a full merge).
+        assets: Asset files copied.
+        metadata: The merged ``metadata.json``.
+        warnings: Torn lines left out, unfinished or stopped sources.
+    """
 
     outdir: Path
     rows: int
@@ -139,22 +149,30 @@ def merge_runs(
     policy: ImagePolicy | None = None,
     video_limits: VideoLimits | None = None,
 ) -> MergeResult:
-    """Combine the run directories ``sources`` (shards i/N of one evaluation) into the new
-    run directory ``outdir``; return what was written (module docstring: the layout,
-    the refusals, crash safety).
+    """Combine the run directories ``sources`` (shards i/N of one run) into ``outdir``.
+
+    Returns what was written (module docstring: the layout, the refusals, crash safety).
 
     The invariant: merging the N shards of a run gives the rows, assets and aggregates of
     that run done in one process (the same (example, rollout) rows, byte for byte, each
-    asset once), so that a sharded evaluation is not a second kind of result. Why a
-    refusal rather than a best effort: a merge that silently mixes two configurations, or
-    counts a rollout twice, gives numbers nobody can trust afterwards.
+    asset once), so that a sharded evaluation is not a second kind of result. Why a refusal
+    rather than a best effort: a merge that silently mixes two configurations, or counts a
+    rollout twice, gives numbers nobody can trust afterwards.
 
-    ``allow_partial``: merge even when shards are missing (the merged metadata names
-    them). ``bad_lines``: what a bad line in a source does, as the reader says
-    (``read_results``; the default leaves out a torn last line, with a warning).
-    ``policy`` / ``video_limits``: what loading an asset to check its hash may cost
-    (``ImagePolicy()`` / ``VideoLimits()`` when None). ``outdir`` must not exist or be an
-    empty folder. Raises ``vf_mm.errors.MergeError``; the sources are never changed.
+    Args:
+        outdir: The new run directory; must not exist or be an empty folder.
+        sources: The shards' run directories (never changed).
+        allow_partial: Merge even when shards are missing (the merged metadata names
+            them).
+        bad_lines: What a bad line in a source does, as the reader says (``read_results``;
+            the default leaves out a torn last line, with a warning).
+        policy: What loading an asset to check its hash may cost (``ImagePolicy()`` when
+            None).
+        video_limits: The same for clips (``VideoLimits()`` when None).
+
+    Raises:
+        MergeError: Sources that are not the shards of one run, a missing shard, a bad
+            asset, an outdir in use (nothing written).
     """
     if isinstance(sources, (str, bytes, os.PathLike)) or not isinstance(sources, Iterable):
         raise TypeError(f"sources must be a list of run directories, not {type(sources).__name__}")

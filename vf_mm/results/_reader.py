@@ -55,7 +55,14 @@ _NOT_LAST = "and is not the last line; the file was changed by something other t
 
 @dataclass(frozen=True, slots=True)
 class BadLine:
-    """A line of ``results.jsonl`` that is not a whole row: where it is and why."""
+    """A line of ``results.jsonl`` that is not a whole row: where it is and why.
+
+    Attributes:
+        line: Its 1-based line number.
+        offset: The byte offset of its first byte.
+        reason: Why it is not a row.
+        torn: It is the last line of the file, without its newline: cut off mid-write.
+    """
 
     line: int  # 1-based line number
     offset: int  # byte offset of its first byte
@@ -65,7 +72,19 @@ class BadLine:
 
 @dataclass(slots=True)
 class ResultsScan:
-    """What ``scan_results`` found: the rows, their keys, and every line left out."""
+    """What ``scan_results`` found: the rows, their keys, and every line left out.
+
+    Attributes:
+        path: The results file.
+        rows: The whole rows, in file order (empty with ``keep_rows=False``).
+        keys: ``(example_id, rollout_index)`` to the line of its last record.
+        failed: Keys whose last record has an error.
+        retries: Records that replaced an earlier, failed one.
+        bad_lines: Every line left out.
+        size: Bytes in the file.
+        end: The end of the last whole line: where a torn tail starts (``== size`` if
+            none).
+    """
 
     path: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -95,12 +114,17 @@ def scan_results(
     schema: RowSchema = "strict",
     keep_rows: bool = True,
 ) -> ResultsScan:
-    """Read ``OUTDIR/results.jsonl`` (``path`` is the OUTDIR or the file) line by line.
+    """Read ``OUTDIR/results.jsonl`` line by line.
 
-    ``bad_lines`` chooses what a bad line does and ``schema`` what a row is (module
-    docstring). ``keep_rows=False``
-    keeps only the keys (what a resuming writer needs). Raises ``FileNotFoundError``
-    when there is no results file.
+    Args:
+        path: The OUTDIR or the file.
+        bad_lines: What a bad line does (module docstring).
+        schema: What a row is (module docstring).
+        keep_rows: False keeps only the keys (what a resuming writer needs).
+
+    Raises:
+        ResultsError: A bad line ``bad_lines`` refuses.
+        FileNotFoundError: There is no results file.
     """
     if bad_lines not in _POLICIES:
         raise ValueError(f"bad_lines must be one of {_POLICIES}, not {bad_lines!r}")
@@ -180,10 +204,20 @@ def _refuse(file: Path, bad: BadLine, tail: str) -> None:
 def read_results(
     path: str | os.PathLike[str], *, bad_lines: BadLinePolicy = "torn-tail"
 ) -> list[dict[str, Any]]:
-    """Every whole row of ``OUTDIR/results.jsonl``, in file order (``scan_results(...).rows``).
+    """Every whole row of ``OUTDIR/results.jsonl``, in file order.
+
+    That is ``scan_results(...).rows``.
 
     Asset URLs stay relative to the OUTDIR. A torn last line left out is logged as a
     warning (``scan_results`` leaves reporting to its caller).
+
+    Args:
+        path: The OUTDIR or its results file.
+        bad_lines: What a bad line does (module docstring).
+
+    Raises:
+        ResultsError: A bad line ``bad_lines`` refuses.
+        FileNotFoundError: There is no results file.
     """
     scan = scan_results(path, bad_lines=bad_lines)
     _warn_torn(scan)
@@ -193,16 +227,25 @@ def read_results(
 def iter_results(
     path: str | os.PathLike[str], *, bad_lines: BadLinePolicy = "torn-tail"
 ) -> Iterator[dict[str, Any]]:
-    """``read_results``, one row at a time: the same rows in the same order (the last
-    record of each key, in the place of its line), holding one row at a time instead of
-    the whole file. For what sums up a run of any length (``summarize`` at the end of
-    ``evaluate_to_dir``).
+    """``read_results``, one row at a time.
+
+    The same rows in the same order (the last record of each key, in the place of its
+    line), holding one row at a time instead of the whole file. For what sums up a run of
+    any length (``summarize`` at the end of ``evaluate_to_dir``).
 
     Two passes: ``scan_results(keep_rows=False)`` first (it applies ``bad_lines`` and
-    learns which line holds each key's last record, keeping only the keys), then the
-    file again up to where that scan ended, yielding those lines. What a
-    ``ResultsWriter`` appends after the first pass is not read; a file rewritten in
-    between raises ``ResultsError`` once the second pass finds fewer of its rollouts.
+    learns which line holds each key's last record, keeping only the keys), then the file
+    again up to where that scan ended, yielding those lines. What a ``ResultsWriter``
+    appends after the first pass is not read.
+
+    Args:
+        path: The OUTDIR or its results file.
+        bad_lines: What a bad line does (module docstring).
+
+    Raises:
+        ResultsError: A bad line ``bad_lines`` refuses, or a file rewritten between the two
+            passes (the second finds fewer of its rollouts).
+        FileNotFoundError: There is no results file.
     """
     scan = scan_results(path, bad_lines=bad_lines, keep_rows=False)
     _warn_torn(scan)
@@ -246,8 +289,15 @@ def _final_records(scan: ResultsScan) -> Iterator[dict[str, Any]]:
 
 
 def read_metadata(outdir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``OUTDIR/metadata.json`` as a dict (``ResultsError`` if it is not a JSON object;
-    ``FileNotFoundError`` if there is none)."""
+    """``OUTDIR/metadata.json`` as a dict.
+
+    Args:
+        outdir: The run directory.
+
+    Raises:
+        ResultsError: It is not a JSON object.
+        FileNotFoundError: There is none.
+    """
     path = Path(outdir) / METADATA_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -24,8 +24,19 @@ from vf_mm.videos import VideoLimits
 
 @dataclass(slots=True)
 class EvalProgress:
-    """Counts so far, handed to the progress callback after each stored rollout. Running
-    sums only, so it costs the same after a million rollouts as after one."""
+    """Counts so far, handed to the progress callback after each stored rollout.
+
+    Running sums only, so it costs the same after a million rollouts as after one.
+
+    Attributes:
+        total: Rollouts in the whole run; None when the dataset is streamed.
+        done_before: Already in the directory when a resumed run started.
+        done: Stored by this run.
+        errors: This run's rollouts that failed.
+        reward_sum: Over this run's rollouts with a reward.
+        rewarded: This run's rollouts with a reward.
+        started: When the run started (``time.perf_counter()``).
+    """
 
     total: int | None  # rollouts in the whole run; None when the dataset is streamed
     done_before: int  # already in the directory when a resumed run started
@@ -65,24 +76,42 @@ async def evaluate_to_dir(
     workers: Any = None,
     shard: Any = None,
 ) -> dict[str, Any]:
-    """Evaluate ``env`` with ``client`` into ``outdir``; returns the aggregates written to
-    metadata.json (``summarize`` of every row, this run's and earlier ones).
+    """Evaluate ``env`` with ``client`` into ``outdir``; return the aggregates.
 
-    A failed rollout is a row with its error, never the end of the run; ``resume`` runs the
-    failed ones again (``retry_errors=False`` keeps them). ``max_errors``
-    stops the run once this many of this run's rollouts have failed (a broken environment
-    should not burn a GPU hour): the rollouts in flight are cancelled, everything stored
-    so far stays (a later ``resume`` continues), and the aggregates say why in
-    ``"stopped"`` (null for a run that finished). ``config_defaults`` and
-    ``video_limits`` (what a stored clip may cost to load; default: the client's
-    renderer's): see ``ResultsWriter``. Stored media are read under the client's
-    renderer's image policy (``RendererClient.media_rules``).
+    The aggregates, written to metadata.json, are ``summarize`` of every row, this run's and
+    earlier ones. A failed rollout is a row with its error, never the end of the run. Stored
+    media are read under the client's renderer's image policy (``RendererClient.media_rules``).
 
-    ``workers``: a started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
-    workers (``client`` may then be None: the pool's media rules and summed client
-    counts stand in for the client's); every rollout is still written here, once.
-    ``shard``: a ``vf_mm.workers.Shard``; only the examples whose id falls in it run
-    (``vf-mm merge`` joins the shards' directories).
+    Args:
+        env: The environment.
+        client: The ``RendererClient`` (None with ``workers``).
+        outdir: The run directory.
+        metadata: Describes the run (see ``ResultsWriter``).
+        num_examples: How many rows (-1: all).
+        rollouts_per_example: Rollouts per row.
+        concurrency: The most rollouts running at once.
+        sampling_args: Sampling over the environment's defaults.
+        seed: Seeds sampling per rollout.
+        resume: Continue the run in ``outdir``, running the failed rollouts again.
+        retry_errors: False keeps a resumed run's failed rollouts as they are.
+        max_errors: Stops the run once this many of this run's rollouts have failed (a
+            broken environment should not burn a GPU hour): the rollouts in flight are
+            cancelled, everything stored so far stays (a later ``resume`` continues), and
+            the aggregates say why in ``"stopped"`` (null for a run that finished).
+        on_progress: Called with an ``EvalProgress`` after each stored rollout.
+        config_defaults: See ``ResultsWriter``.
+        video_limits: What a stored clip may cost to load (default: the client's
+            renderer's); see ``ResultsWriter``.
+        workers: A started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
+            workers (``client`` may then be None: the pool's media rules and summed client
+            counts stand in for the client's); every rollout is still written here, once.
+        shard: A ``vf_mm.workers.Shard``; only the examples whose id falls in it run
+            (``vf-mm merge`` joins the shards' directories).
+
+    Raises:
+        ResumeMismatchError: ``resume`` with a different run configuration.
+        ResultsError: An outdir already holding results (without ``resume``), or held by
+            another writer.
     """
     if max_errors is not None and max_errors < 1:
         raise ValueError(f"max_errors must be >= 1, got {max_errors}")

@@ -14,8 +14,16 @@ from vf_mm.types import RolloutError
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k estimate from ``n`` samples of which ``c`` succeeded:
-    ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021); needs ``1 <= k <= n``."""
+    """The unbiased pass@k estimate: ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021).
+
+    Args:
+        n: Samples.
+        c: Samples that succeeded.
+        k: The k of pass@k; needs ``1 <= k <= n``.
+
+    Raises:
+        ValueError: Not ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
     if n - c < k:
@@ -49,7 +57,9 @@ def summarize(
     k_values: Iterable[int] | None = None,
     threshold: float = 1.0,
 ) -> dict[str, Any]:
-    """Aggregates of results rows, for metadata.json and summary tables::
+    """Aggregates of results rows, for metadata.json and summary tables.
+
+    The aggregates::
 
         {"count": rows, "examples": distinct example ids, "errors": rows with an error,
          "truncated": rows that ran out of context (scored on what they had),
@@ -60,14 +70,22 @@ def summarize(
          "tokens": {"prompt": total, "completion": total, "rows_without_tokens": n},
          "mean_turns": float | null}
 
-    ``rows`` may be any iterable (``iter_results`` streams a run's file): it is read
-    once and no row is kept. ``std`` is the population standard deviation (0.0 for one value). pass@k is the
-    unbiased estimator per example (success = reward >= ``threshold``; a null reward, as
-    an errored rollout has, is a failure), averaged over the examples with at least k
-    scored rollouts (null when none has). A row with neither a reward nor an error (a
-    recorded session nobody scored) is no outcome at all: counting it as a failure would
-    report pass@k 0.0 for a run that was never scored. ``k_values`` defaults to 1, 2, 4, ... up to the
-    fewest rollouts any example has.
+    ``std`` is the population standard deviation (0.0 for one value). pass@k is the
+    unbiased estimator per example, averaged over the examples with at least k scored
+    rollouts (null when none has). A row with neither a reward nor an error (a recorded
+    session nobody scored) is no outcome at all: counting it as a failure would report
+    pass@k 0.0 for a run that was never scored.
+
+    Args:
+        rows: Any iterable (``iter_results`` streams a run's file): it is read once and
+            no row is kept.
+        k_values: The k of pass@k; defaults to 1, 2, 4, ... up to the fewest rollouts any
+            example has.
+        threshold: Success is reward >= ``threshold``; a null reward, as an errored
+            rollout has, is a failure.
+
+    Raises:
+        ValueError: A k that is not an int >= 1.
     """
     # one pass, holding per row only 8 bytes per number (the exact two-pass mean and std
     # need them) and per example two counts: rows may be a stream of any length

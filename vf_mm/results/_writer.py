@@ -45,33 +45,46 @@ def _now() -> str:
 class ResultsWriter:
     """Append rollouts to ``OUTDIR/results.jsonl``, images and videos to ``OUTDIR/assets/``.
 
-    ``metadata`` describes the run; its ``config`` dict (env id, env args, model, sampling
-    args, num examples, rollouts per example, ...) is what ``resume=True`` compares with
-    the stored run: any differing key raises ``ResumeMismatchError`` (listing the keys)
-    before anything on disk changes. ``config_defaults`` says what a key meant in runs
-    written before it existed (``{"image_backend": "pil"}``), so they still resume.
     Without ``resume``, an OUTDIR that already holds a rollout in ``results.jsonl``, or a
-    ``metadata.json`` with no ``results.jsonl``, is refused (``ResultsError``).
-    ``resume=True`` on an OUTDIR with no run in it starts a new one. A run that stopped
-    before its first rollout (an empty ``results.jsonl``) holds nothing to lose: it is
-    reused with or without ``resume``, whatever its configuration was.
+    ``metadata.json`` with no ``results.jsonl``, is refused. ``resume=True`` on an OUTDIR
+    with no run in it starts a new one. A run that stopped before its first rollout (an
+    empty ``results.jsonl``) holds nothing to lose: it is reused with or without
+    ``resume``, whatever its configuration was.
 
     A resumed run re-runs the rollouts whose record has an ``error``: they are not in
     ``done``, and their new record is appended (the file stays append-only; the reader
-    takes the last record of each key). ``retry_errors=False`` keeps them as they are.
+    takes the last record of each key).
 
-    After opening: ``done`` (the keys already written and not to be run again), ``truncated_bytes`` (the torn
-    tail cut off the results file, 0 if none), ``removed_temp_files`` (temporary files
-    of a killed writer, deleted), ``resumed`` (whether earlier rows were found).
+    After opening: ``done`` (the keys already written and not to be run again),
+    ``truncated_bytes`` (the torn tail cut off the results file, 0 if none),
+    ``removed_temp_files`` (temporary files of a killed writer, deleted), ``resumed``
+    (whether earlier rows were found).
 
     ``write`` is thread safe (call it from worker threads, or ``await awrite(...)`` from
-    asyncio, which runs it in a thread since it encodes PNGs and videos). Use it as a context
-    manager or call ``close()``; ``finalize`` stores the aggregates in metadata.json.
-    ``fsync_every``: fsync the results file (and the assets folder) every that many
-    lines; 0 or None = only on ``close``/``finalize``. ``policy`` decides which image
-    and video sources may be read (``vf_mm.images.ImagePolicy``; default: any local path,
-    no network); ``video_limits`` what a video may cost to load (``VideoLimits()`` when
-    None; pass the renderer's, so that every clip the run took is stored).
+    asyncio, which runs it in a thread since it encodes PNGs and videos). Use it as a
+    context manager or call ``close()``; ``finalize`` stores the aggregates in
+    metadata.json.
+
+    Args:
+        outdir: The run directory.
+        resume: Continue the run stored there.
+        retry_errors: False keeps a resumed run's failed rollouts as they are.
+        metadata: Describes the run; its ``config`` dict (env id, env args, model,
+            sampling args, num examples, rollouts per example, ...) is what ``resume=True``
+            compares with the stored run.
+        fsync_every: fsync the results file (and the assets folder) every that many lines;
+            0 or None = only on ``close``/``finalize``.
+        policy: Which image and video sources may be read (``vf_mm.images.ImagePolicy``;
+            default: any local path, no network).
+        config_defaults: What a key meant in runs written before it existed
+            (``{"image_backend": "pil"}``), so they still resume.
+        video_limits: What a video may cost to load (``VideoLimits()`` when None; pass the
+            renderer's, so that every clip the run took is stored).
+
+    Raises:
+        ResumeMismatchError: ``resume=True`` and a stored ``config`` that differs (listing
+            the keys), before anything on disk changes.
+        ResultsError: An OUTDIR in use (see above), or held by another writer.
     """
 
     def __init__(
@@ -151,12 +164,24 @@ class ResultsWriter:
             return frozenset(self._done)
 
     def is_done(self, example_id: int | str, rollout_index: int) -> bool:
+        """Whether ``(example_id, rollout_index)`` is written and not to be run again.
+
+        Args:
+            example_id: The example's id.
+            rollout_index: The rollout's index.
+        """
         with self._lock:
             return (_example_id(example_id), rollout_index) in self._done
 
     def pending(self, example_ids: Iterable[int | str], rollouts_per_example: int) -> list[Key]:
-        """The keys of ``example_ids`` x ``range(rollouts_per_example)`` not yet written,
-        in that order."""
+        """The keys of ``example_ids`` x ``range(rollouts_per_example)`` not yet written.
+
+        In that order.
+
+        Args:
+            example_ids: The examples.
+            rollouts_per_example: Rollouts per example.
+        """
         with self._lock:
             return [
                 (e, r)
@@ -186,16 +211,22 @@ class ResultsWriter:
         rollout_index: int,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Append ``output`` as one line (its images and videos stored first); return the
-        row written.
+        """Append ``output`` as one line (its images and videos first); return the row written.
 
-        A rollout's content that cannot be stored as it is (an image or a video that does
-        not load, a value JSON cannot hold, in its messages, answer or info) does not stop
-        the run: the row is written with those values replaced by ``unavailable`` records saying
-        why (``AssetStore.to_jsonable(on_error="record")``), its ``error`` set (the
-        rollout's own error if it has one, else why it could not be stored) and its reward
-        null. Raises ``ResultsError`` for a key already written, a malformed key, reward or
-        metrics, or ``extra`` keys that clash with ``ROW_KEYS``; nothing is appended then.
+        A rollout's content that cannot be stored as it is (an image or a video that does not
+        load, a value JSON cannot hold, in its messages, answer or info) does not stop the run:
+        the row is written with those values replaced by ``unavailable`` records saying why
+        (``AssetStore.to_jsonable(on_error="record")``), its ``error`` set (the rollout's own
+        error if it has one, else why it could not be stored) and its reward null.
+
+        Args:
+            output: The scored rollout.
+            rollout_index: Which of its example's rollouts it is.
+            extra: More keys for the row (none may clash with ``ROW_KEYS``).
+
+        Raises:
+            ResultsError: A key already written, a malformed key, reward or metrics, or
+                ``extra`` keys that clash with ``ROW_KEYS``; nothing is appended then.
         """
         key: Key = (_example_id(output.example_id), _rollout_index(rollout_index))
         with self._lock:
@@ -220,7 +251,13 @@ class ResultsWriter:
         rollout_index: int,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``write`` in a worker thread, for asyncio callers."""
+        """``write`` in a worker thread, for asyncio callers.
+
+        Args:
+            output: See ``write``.
+            rollout_index: See ``write``.
+            extra: See ``write``.
+        """
         return await asyncio.to_thread(self.write, output, rollout_index=rollout_index, extra=extra)
 
     def _check_new(self, key: Key) -> None:
@@ -274,9 +311,13 @@ class ResultsWriter:
         atomic_write_bytes(self.metadata_path, _dumps(document, indent=2, separators=None))
 
     def finalize(self, aggregates: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """fsync the results, then store ``aggregates`` (default: ``summarize`` of the
-        whole results file) and ``finished_at`` in metadata.json; return the aggregates.
-        The writer stays open (``close`` it)."""
+        """fsync the results, store aggregates and ``finished_at`` in metadata.json; return them.
+
+        The writer stays open (``close`` it).
+
+        Args:
+            aggregates: The aggregates (default: ``summarize`` of the whole results file).
+        """
         if aggregates is None:
             with self._lock:
                 self._check_writable()

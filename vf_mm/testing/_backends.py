@@ -12,8 +12,11 @@ from vf_mm.inference import ChatResult, SamplingParams, Usage
 class ScriptedChatBackend:
     """A message-level ``ChatBackend`` answering with scripted text (no token ids).
 
-    ``replies`` are used in turn, cycling; ``calls`` keeps every ``(messages, sampling,
-    tools)`` asked, for assertions.
+    ``calls`` keeps every ``(messages, sampling, tools)`` asked, for assertions.
+
+    Args:
+        replies: Used in turn, cycling.
+        name: The backend's name.
     """
 
     def __init__(self, replies: Sequence[str], *, name: str = "scripted-chat") -> None:
@@ -24,6 +27,13 @@ class ScriptedChatBackend:
     async def chat(
         self, messages: Any, sampling: SamplingParams, *, tools: Any = None
     ) -> ChatResult:
+        """The next scripted reply, as a ``ChatResult``; the call is kept in ``calls``.
+
+        Args:
+            messages: The conversation.
+            sampling: The call's sampling.
+            tools: Tool schemas.
+        """
         self.calls.append((messages, sampling, tools))
         return ChatResult(
             message={"role": "assistant", "content": next(self._replies)},

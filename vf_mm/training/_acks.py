@@ -1,5 +1,6 @@
-"""The control messages of the ZeroMQ trainer hop: hellos, counts and answers, and the
-id lists inside them. Pure encoding and decoding, no sockets: the layout is specified in
+"""The control messages of the trainer hop: hellos, counts and answers, and the id lists
+inside them (ZeroMQ), and the end marker's message, which a stream file ends with too.
+Pure encoding and decoding, no sockets: the layout is specified in
 ``docs/formats/transport.md`` and both transport ends use only these functions, so the
 two sides cannot drift apart.
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Sequence
+from typing import Any
 
+from vf_mm.errors import CorruptFrameError
 from vf_mm.training._groups import MAX_GROUP_ID_BYTES
 from vf_mm.wire import FRAME_HEADER_SIZE, STREAM_HEADER_SIZE
 
@@ -124,3 +127,26 @@ def unpack_reply(data: bytes) -> Reply:
             )
         return Reply(taken, instance, flags, request, committed, missing)
     raise ValueError(f"{bytes(data[:32])!r}: not a vf_mm receiver's acknowledgement")
+
+
+def end_marker(sent: int, error: str | None) -> dict[str, Any]:
+    """A sender's end marker: the groups it ``sent``, and ``error``, why it stopped early
+    (None: it finished). ZeroMQ senders add ``held`` and ``request``."""
+    return {"sent": sent, "error": error}
+
+
+def end_info(info: Any, index: int) -> dict[str, Any]:
+    """A decoded end marker, checked: a dict with an int ``sent`` and a str or None
+    ``error``; else ``CorruptFrameError`` naming message ``index``."""
+    if (
+        not isinstance(info, dict)
+        or not isinstance(info.get("sent"), int)
+        or not isinstance(info.get("error"), (str, type(None)))
+    ):
+        raise CorruptFrameError(
+            f"message {index} is an end marker without a 'sent' count and an 'error': "
+            f"{info!r:.200}",
+            offset=-1,
+            index=index,
+        )
+    return info

@@ -27,7 +27,11 @@ from vf_mm.training._samples import Sample, concat_images
 
 
 class TensorList:
-    """A list of tensors of different lengths along dim 0 (one per sample)."""
+    """A list of tensors of different lengths along dim 0 (one per sample).
+
+    Args:
+        tensors: The tensors.
+    """
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         self.tensors = list(tensors)
@@ -54,7 +58,23 @@ class TensorList:
 
 @dataclass(slots=True)
 class MicroBatch:
-    """Right-padded tensors for one forward/backward pass."""
+    """Right-padded tensors for one forward/backward pass.
+
+    Attributes:
+        input_ids: ``(B, L)`` int64.
+        attention_mask: ``(B, L)`` int64.
+        loss_mask: ``(B, L)`` float32: 1 on the tokens the sampler drew.
+        logprobs: ``(B, L)`` float32: the sampler's, aligned with ``input_ids``.
+        advantages: ``(B, L)`` float32.
+        mm_token_type_ids: ``(B, L)`` int64.
+        images: Per sample, each image's inputs (None for a text batch).
+        sources: Per sample, the rollout and steps it came from (named in errors).
+        family: The model family whose forward ``model_inputs()`` feeds.
+        image_token_ids: The ids that take image embeddings.
+        videos: Per sample, each video's inputs.
+        video_token_ids: The ids that take video embeddings.
+        order: Every image's and video's modality, in token order.
+    """
 
     input_ids: torch.Tensor  # (B, L) int64
     attention_mask: torch.Tensor  # (B, L) int64
@@ -133,17 +153,34 @@ def make_batches(
     family: str | None = None,
     video_token_id: int | None = None,
 ) -> list[MicroBatch]:
-    """Validate, (maybe) truncate, and pack samples into micro-batches of at most
-    ``token_budget`` padded tokens (``B * L``), multimodal and text apart.
-    ``video_token_id`` (the token at a clip's embedding positions: ``<|video_pad|>`` for
-    Qwen-VL, ``<video>`` for LLaVA-OneVision, ``<image>`` for SmolVLM, whose frames are
-    images) is needed when samples hold videos.
+    """Validate, (maybe) truncate, and pack samples into micro-batches.
 
-    ``family`` is the model's ``model_type`` (``model.config.model_type``): it decides how
-    ``MicroBatch.model_inputs()`` lays the images out for the forward. It may be left out
-    only for Qwen-VL images (they carry ``image_grid_thw``); any other family's images
-    without it are refused, since a wrong layout still runs (Gemma 3 without its
-    ``token_type_ids``) and silently changes every logprob.
+    Each micro-batch holds at most ``token_budget`` padded tokens (``B * L``),
+    multimodal and text apart.
+
+    Args:
+        samples: The samples (``build_samples``).
+        token_budget: The most padded tokens (``B * L``) in one micro-batch.
+        pad_token_id: The id padding is filled with.
+        image_token_id: The id at an image's embedding positions.
+        max_seq_len: The longest sample; a longer one is never cut through an image.
+        truncate: ``"error"`` refuses a sample over ``max_seq_len`` naming it;
+            ``"image_boundary"`` cuts it before the image it would cut through (module
+            docstring).
+        merge_size: The vision tower's spatial merge (Qwen-VL: 2), which checks each
+            image's pad count against its grid.
+        family: The model's ``model_type`` (``model.config.model_type``): it decides how
+            ``MicroBatch.model_inputs()`` lays the images out for the forward. It may be
+            left out only for Qwen-VL images (they carry ``image_grid_thw``); any other
+            family's images without it are refused, since a wrong layout still runs (Gemma 3
+            without its ``token_type_ids``) and silently changes every logprob.
+        video_token_id: The token at a clip's embedding positions (``<|video_pad|>`` for
+            Qwen-VL, ``<video>`` for LLaVA-OneVision, ``<image>`` for SmolVLM, whose frames
+            are images); needed when samples hold videos.
+
+    Raises:
+        TrajectoryError: A sample that breaks its rules (``Sample.validate``), or is over
+            ``max_seq_len`` with ``truncate="error"``.
     """
     from vf_mm.models import family_info
 

@@ -28,8 +28,15 @@ from vf_mm.errors import TransportError
 
 
 def write_key_pair(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
-    """Write ``NAME.key`` and ``NAME.key_secret`` into ``directory`` (made if missing);
-    returns their paths. An existing pair is never overwritten (``FileExistsError``)."""
+    """Write ``NAME.key`` and ``NAME.key_secret`` into ``directory``; return their paths.
+
+    Args:
+        directory: Where (made if missing).
+        name: The pair's name.
+
+    Raises:
+        FileExistsError: The pair exists (it is never overwritten).
+    """
     import zmq.auth
 
     if not name or "/" in name or name.startswith("."):

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm._asset_refs import image_asset_hash, video_asset_hash
-from vf_mm._text import shorten
+from vf_mm._text import lone_surrogate, shorten
 from vf_mm.errors import GroupFrameError, MultiModalDataError, TrajectoryError
 from vf_mm.images import ImagePolicy, decode_data_url, encode_png, image_hash, load_image
 from vf_mm.images._internal import (
@@ -72,15 +72,32 @@ _KEPT_URL = re.compile(r"^(https?:|data:)", re.IGNORECASE)
 
 @dataclass(slots=True)
 class TrainingRollout(RolloutOutput):
-    """A rollout as ``unpack_group`` rebuilds it: a ``RolloutOutput`` (``trajectory``
-    steps hold the tokens and multi-modal data; their ``prompt``/``completion`` messages
-    are not carried and are empty) plus its place in the group, its advantage and the
-    group's id (None for a frame packed without one).
+    """A rollout as ``unpack_group`` rebuilds it: a ``RolloutOutput`` and its group place.
 
-    ``advantage`` is None when the frame carries none for it: a failed rollout (reward
-    None), or a group packed without advantages (``vf-mm rollout --advantages none``:
-    the trainer computes them, ``group_advantages``). ``advantage_method`` says how the
-    producer computed them (``"grpo"``), None when it did not say."""
+    The ``trajectory`` steps hold the tokens and multi-modal data; their
+    ``prompt``/``completion`` messages are not carried and are empty. The fields it shares
+    with ``RolloutOutput`` mean what they mean there.
+
+    Attributes:
+        example_id: See ``RolloutOutput``.
+        prompt: See ``RolloutOutput``.
+        completion: See ``RolloutOutput``.
+        answer: See ``RolloutOutput``.
+        info: See ``RolloutOutput``.
+        trajectory: See ``RolloutOutput``.
+        reward: See ``RolloutOutput``.
+        metrics: See ``RolloutOutput``.
+        error: See ``RolloutOutput``.
+        timing: See ``RolloutOutput``.
+        truncated: See ``RolloutOutput``.
+        rollout_index: Its place in the group.
+        advantage: None when the frame carries none for it: a failed rollout (reward
+            None), or a group packed without advantages (``vf-mm rollout --advantages
+            none``: the trainer computes them, ``group_advantages``).
+        group_id: The group's id (None for a frame packed without one).
+        advantage_method: How the producer computed the advantages (``"grpo"``), None when
+            it did not say.
+    """
 
     rollout_index: int = 0
     advantage: float | None = None
@@ -112,33 +129,45 @@ def pack_group(
 ) -> dict[str, Any]:
     """One frame for one example's rollouts (see the module docstring for the schema).
 
-    ``rollout_indices`` default to ``0..n-1``; ``example_id`` defaults to the rollouts'
-    (they must all agree, and agree with it when given); ``advantages``, if given, one per
-    rollout, each a finite number or None (no advantage: a failed rollout, as
-    ``group_advantages`` gives it; a NaN or infinity is refused, ``GroupFrameError``),
-    and ``advantage_method`` names how they were computed (the frame's
-    ``advantage_method``, e.g. ``"grpo"``); ``group_id``, if given, goes in the frame's ``group_id`` field (a non-empty
-    string of at most ``MAX_GROUP_ID_BYTES`` UTF-8 bytes, else ``ValueError`` /
-    ``TypeError``): what a trainer deduplicates by. ``policy`` is the ``ImagePolicy``
-    used to read in-memory images and videos and local paths in messages in order to
-    hash them (default: any local path, no network); ``video_limits`` bound a video read
-    for its hash (``VideoLimits()`` when None; pass the renderer's).
-
-    ``images``: the image mode (``"tensors"``, ``"encoded"`` or ``"ref"``:
-    ``vf_mm/training/_images.py``). The last two need ``processing``, the renderer's
-    ``ImageProcessing`` (or its ``description``), recorded in the frame for the trainer
-    to check against; ``"ref"`` needs ``store``, the ``ImageStore`` (or its directory)
-    the bytes are written to. An image's bytes are read from its message part (the
-    bytes as given, a data URL's payload, a file read under ``policy``; a PNG of the
-    decoded pixels for a PIL image or an array) and must decode to the pixels the
-    renderer hashed: an image whose bytes cannot be had travels as tensors.
-
     The frame holds references to the rollouts' own arrays (nothing is copied here);
-    ``packb`` copies each distinct image's and video's tensors once.
+    ``packb`` copies each distinct image's and video's tensors once. An empty group never
+    reaches a trainer, whoever builds it.
 
-    An empty group never reaches a trainer, whoever builds it: no rollouts, or a rollout
-    with no message, no step and no error (an agent's session whose every call was
-    refused), is a ``GroupFrameError`` naming the example and rollout.
+    Args:
+        outputs: The group's rollouts.
+        rollout_indices: Default to ``0..n-1``.
+        example_id: Defaults to the rollouts' (they must all agree, and agree with it when
+            given).
+        advantages: If given, one per rollout, each a finite number or None (no advantage:
+            a failed rollout, as ``group_advantages`` gives it).
+        advantage_method: How they were computed (the frame's ``advantage_method``, e.g.
+            ``"grpo"``).
+        policy: The ``ImagePolicy`` used to read in-memory images and videos and local
+            paths in messages in order to hash them (default: any local path, no network).
+        video_limits: Bound a video read for its hash (``VideoLimits()`` when None; pass the
+            renderer's).
+        group_id: Goes in the frame's ``group_id`` field (a non-empty string of at most
+            ``MAX_GROUP_ID_BYTES`` UTF-8 bytes): what a trainer deduplicates by.
+        images: The image mode (``"tensors"``, ``"encoded"`` or ``"ref"``:
+            ``vf_mm/training/_images.py``). An image's bytes are read from its message part
+            (the bytes as given, a data URL's payload, a file read under ``policy``; a PNG of
+            the decoded pixels for a PIL image or an array) and must decode to the pixels the
+            renderer hashed: an image whose bytes cannot be had travels as tensors.
+        processing: Needed by ``"encoded"`` and ``"ref"``: the renderer's
+            ``ImageProcessing`` (or its ``description``), recorded in the frame for the
+            trainer to check against.
+        store: Needed by ``"ref"``: the ``ImageStore`` (or its directory) the bytes are
+            written to.
+
+    Raises:
+        GroupFrameError: No rollouts, or a rollout with no message, no step and no error
+            (an agent's session whose every call was refused), naming the example and
+            rollout; rollouts of more than one example; ``rollout_indices`` or
+            ``advantages`` that do not match the rollouts; an advantage that is NaN or
+            infinite.
+        ValueError: An unknown image mode, ``"encoded"``/``"ref"`` without ``processing``,
+            ``"ref"`` without ``store``, a bad ``group_id`` (``TypeError`` when it is not a
+            string).
     """
     if group_id is not None:
         group_id = check_group_id(group_id)
@@ -202,6 +231,7 @@ def pack_group(
                 f"{where} is empty (no message, no model turn, no error): nothing to train on "
                 "or to skip; a rollout that did not run is sent with its error"
             )
+        _check_text(output, where)
         entry: dict[str, Any] = {
             "rollout_index": indices[r],
             "reward": output.reward,
@@ -265,6 +295,22 @@ def check_group_id(group_id: Any) -> str:
             f"{shorten(repr(group_id), 80)}"
         )
     return group_id
+
+
+def _check_text(output: Any, where: str) -> None:
+    """Refuse a rollout whose ``answer``, ``info`` or ``metrics`` hold a lone surrogate,
+    naming the field: a frame's strings are UTF-8 (msgpack's), which cannot carry one,
+    and the codec's own error would name neither the rollout nor the field."""
+    for field in ("answer", "info", "metrics"):
+        found = lone_surrogate(getattr(output, field, None), field)
+        if found is not None:
+            path, at = found
+            raise GroupFrameError(
+                f"{where}, field {path!r}: the text holds a lone surrogate (at character "
+                f"{at}), which a group frame's UTF-8 strings cannot carry: decode the "
+                'row\'s original bytes with their encoding (raw.decode("utf-8")) where the '
+                "dataset is read; bytes decoded with errors='surrogateescape' make these"
+            )
 
 
 class _Packer:
@@ -623,17 +669,21 @@ def unpack_group(data: Mapping[str, Any], *, images: Any = None) -> list[Trainin
 
     Each step's ``MultiModalData`` has the hashes and placeholders that were packed, and
     items that are the group's decoded item dicts: one dict per distinct image or video,
-    shared by every step and rollout that shows it, its numpy arrays made read-only (as
-    the renderer's cached arrays are) so that a write through one step cannot change
-    another. Every rollout carries the frame's ``group_id`` (None when the frame has
-    none). Raises ``GroupFrameError`` on a frame that breaks the rules (module
-    docstring).
+    shared by every step and rollout that shows it, its numpy arrays made read-only (as the
+    renderer's cached arrays are) so that a write through one step cannot change another.
+    Every rollout carries the frame's ``group_id`` (None when the frame has none).
 
-    A ``vf_mm.group/2`` frame (images ``encoded`` or by ``ref``) needs ``images``, the
-    trainer's ``ImageRebuilder``: it rebuilds each image's model inputs and checks them
-    against the sampler's hashes (``ProcessingMismatchError`` / ``ImageRefError`` for
-    the group, both ``GroupFrameError`` s). Under its ``on_missing="skip"`` the rollouts
-    that show an unusable image come back with ``error`` set and no steps.
+    Args:
+        data: The decoded frame.
+        images: A ``vf_mm.group/2`` frame (images ``encoded`` or by ``ref``) needs the
+            trainer's ``ImageRebuilder``: it rebuilds each image's model inputs and checks
+            them against the sampler's hashes. Under its ``on_missing="skip"`` the rollouts
+            that show an unusable image come back with ``error`` set and no steps.
+
+    Raises:
+        GroupFrameError: A frame that breaks the rules (module docstring).
+        ProcessingMismatchError: The trainer's image processing is not the sampler's.
+        ImageRefError: An image reference missing, unreadable, or not matching its hash.
     """
     rebuilder = images  # the name "images" is the frame's item table below
     fmt = data.get("format") if isinstance(data, Mapping) else None

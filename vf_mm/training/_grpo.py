@@ -18,7 +18,14 @@ from vf_mm.training._mismatch import logprob_mismatch
 
 
 def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
-    """(B, L) log-probability the model gives each token of ``batch.input_ids`` (0 at t=0)."""
+    """``(B, L)`` log-probability the model gives each token of ``batch.input_ids``.
+
+    0 at t=0.
+
+    Args:
+        model: The policy.
+        batch: The micro-batch.
+    """
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
     if "pixel_values" in inputs:
@@ -34,11 +41,8 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO loss of one micro-batch under ``model``, and its statistics.
 
-    ``batch`` holds ``B`` right-padded rows of ``L`` tokens: ``input_ids``,
-    ``loss_mask`` (1 on the tokens the sampler drew), ``logprobs`` (the sampler's log-
-    probability of each drawn token) and ``advantages`` (the rollout's advantage on each
-    drawn token), all ``(B, L)``. With ``new`` the model's ``(B, L)`` log-probabilities
-    (``token_logprobs``), ``r = exp(new - logprobs)`` and ``A = advantages``, the loss is
+    With ``new`` the model's ``(B, L)`` log-probabilities (``token_logprobs``),
+    ``r = exp(new - logprobs)`` and ``A = advantages``, the loss is
 
         -sum over masked tokens of min(r * A, clip(r, 1 - clip_eps, 1 + clip_eps) * A)
         / (number of masked tokens)
@@ -51,13 +55,22 @@ def grpo_loss(
     (1.0 when the trainer computes what the sampler did); ``clip_frac``, the share of
     tokens whose ``r`` is outside the clip range; ``kl``, the mean of ``logprobs - new``
     (an estimate of KL(sampler || trainer) that may be negative); ``tokens``, how many;
-    ``mismatch_kl`` and ``max_abs_diff``, the sampler/trainer mismatch of the same
-    tokens (``logprob_mismatch``: the non-negative k3 estimate of that KL, and the worst
-    token's ``|new - logprobs|``).
+    ``mismatch_kl`` and ``max_abs_diff``, the sampler/trainer mismatch of the same tokens
+    (``logprob_mismatch``: the non-negative k3 estimate of that KL, and the worst token's
+    ``|new - logprobs|``).
 
-    Refuses (``TrajectoryError``, naming the field, the sample and the token) a batch
-    whose ``advantages`` or ``logprobs`` hold a NaN or an infinity anywhere, padding
-    included: one would make the loss NaN, and a step on it ruins the weights.
+    Args:
+        model: The policy (a transformers model).
+        batch: ``B`` right-padded rows of ``L`` tokens: ``input_ids``, ``loss_mask`` (1 on
+            the tokens the sampler drew), ``logprobs`` (the sampler's log-probability of
+            each drawn token) and ``advantages`` (the rollout's advantage on each drawn
+            token), all ``(B, L)``.
+        clip_eps: The clip range's half-width.
+
+    Raises:
+        TrajectoryError: ``advantages`` or ``logprobs`` hold a NaN or an infinity anywhere,
+            padding included (naming the field, the sample and the token): one would make
+            the loss NaN, and a step on it ruins the weights.
     """
     check_finite(batch, ("advantages", "logprobs"))
     new = token_logprobs(model, batch)

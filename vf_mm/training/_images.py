@@ -92,15 +92,20 @@ _DEFAULT_CACHE_BYTES = 1 << 30
 
 
 def inputs_hash(item: Mapping[str, Any]) -> str:
-    """32 hex characters: XXH3-128 of one image's model inputs: each key in sorted order
-    with its array's dtype, shape and raw bytes. Equal exactly when the tensors are bit
-    for bit equal (NaNs by their bits), so it proves a rebuild.
+    """32 hex characters: XXH3-128 of one image's model inputs.
+
+    Each key in sorted order with its array's dtype, shape and raw bytes. Equal exactly
+    when the tensors are bit for bit equal (NaNs by their bits), so it proves a rebuild.
 
     XXH3 rather than sha256: a 1280x720 image's Qwen2.5-VL inputs are 22.5 MB, which
-    sha256 takes ~22 ms to hash here (a third of processing the image) and XXH3 ~2 ms.
-    The hash detects drift between a trusted sampler and its trainer, not forgery: a
-    party that can send the trainer groups can send it any tensors anyway (the hop is
-    authenticated: CURVE)."""
+    sha256 takes ~22 ms to hash here (a third of processing the image) and XXH3 ~2 ms. The
+    hash detects drift between a trusted sampler and its trainer, not forgery: a party that
+    can send the trainer groups can send it any tensors anyway (the hop is authenticated:
+    CURVE).
+
+    Args:
+        item: One image's model inputs.
+    """
     import xxhash
 
     digest = xxhash.xxh3_128(_INPUTS_PREFIX)
@@ -119,15 +124,20 @@ def _as_numpy(value: Any) -> np.ndarray:
 
 
 class ImageProcessing:
-    """One image processing: the family's processor with its call options, and the
-    description of it a group frame records (``description``: ``classes`` and
-    ``config``, the image processor's configuration and call options; ``backend``,
-    ``"pil"`` or ``"torchvision"``; ``versions`` of the libraries that decode and
-    process). The sampler records it; the trainer rebuilds with its own and compares.
+    """One image processing: the family's processor, its call options, its description.
+
+    The description a group frame records (``description``: ``classes`` and ``config``, the
+    image processor's configuration and call options; ``backend``, ``"pil"`` or
+    ``"torchvision"``; ``versions`` of the libraries that decode and process). The sampler
+    records it; the trainer rebuilds with its own and compares.
 
     Build it the way the renderer was built: ``from_checkpoint(path, image_backend=...)``
     (what ``load_renderer(path, image_backend=...)`` uses), ``from_vision(vision)`` (a
     renderer's ``VisionSpec``: the very processor it uses), or ``from_processor``.
+
+    Args:
+        processor: The family's HF processor.
+        options: Processor call options (``processor_kwargs``).
     """
 
     def __init__(self, processor: Any, *, options: Mapping[str, Any] | None = None) -> None:
@@ -144,6 +154,12 @@ class ImageProcessing:
     def from_processor(
         cls, processor: Any, *, options: Mapping[str, Any] | None = None
     ) -> ImageProcessing:
+        """The processing of a loaded HF processor.
+
+        Args:
+            processor: The processor.
+            options: Processor call options.
+        """
         return cls(processor, options=options)
 
     @classmethod
@@ -154,26 +170,47 @@ class ImageProcessing:
         image_backend: str = "auto",
         options: Mapping[str, Any] | None = None,
     ) -> ImageProcessing:
+        """The processing of a checkpoint directory, as ``load_renderer`` builds it.
+
+        Args:
+            path: The checkpoint directory.
+            image_backend: ``"auto"``, ``"pil"`` or ``"torchvision"``, as the renderer's.
+            options: Processor call options, as the renderer's.
+        """
         from vf_mm.models import load_processor
 
         return cls(load_processor(os.fspath(path), image_backend=image_backend), options=options)
 
     @classmethod
     def from_vision(cls, vision: Any) -> ImageProcessing:
-        """The processing of a renderer's ``VisionSpec`` (``renderer.vision``,
-        ``RendererClient.vision``)."""
+        """The processing of a renderer's ``VisionSpec``: the very processor it uses.
+
+        Args:
+            vision: ``renderer.vision`` or ``RendererClient.vision``.
+        """
         return cls(vision.processor, options=vision.options)
 
     def process(self, image: Any) -> dict[str, np.ndarray]:
-        """One decoded RGB image's model inputs, as the renderer computes them."""
+        """One decoded RGB image's model inputs, as the renderer computes them.
+
+        Args:
+            image: A decoded RGB image.
+        """
         from vf_mm.models import expand_image
 
         _, item = expand_image(self.processor, image, kwargs=self.kwargs)
         return item
 
     def differences(self, recorded: Mapping[str, Any]) -> dict[str, str]:
-        """What differs between a frame's recorded description and this one, by part
-        (``"config"``, ``"backend"``, ``"versions"``), each with a short account."""
+        """What differs between a frame's recorded description and this one, by part.
+
+        Args:
+            recorded: The frame's recorded description.
+
+        Returns:
+            ``{"config" | "backend" | "versions": a short account}`` for each part that
+                differs.
+        """
         return _differences(recorded, self.description)
 
 
@@ -249,7 +286,14 @@ def _diff_text(a: Mapping[str, Any], b: Mapping[str, Any], limit: int = 4) -> st
 
 
 class RebuildFailure:
-    """One image the rebuilder could not use: its group, hash, and the error."""
+    """One image the rebuilder could not use: its group, hash, and the error.
+
+    Args:
+        group_id: The group's id (kept as ``group_id``).
+        image_hash: The image's hash.
+        error: Why it could not be used.
+        skipped: How many rollouts were skipped for it (kept as ``skipped_rollouts``).
+    """
 
     __slots__ = ("error", "group_id", "image_hash", "skipped_rollouts")
 
@@ -267,26 +311,32 @@ class RebuildFailure:
 
 
 class ImageRebuilder:
-    """The trainer side of ``encoded`` and ``ref`` frames: rebuilds each image's model
-    inputs with ``processing`` (the trainer's ``ImageProcessing``: load it as the sampler
-    loaded its renderer), checks them against the frame's hashes, caches them by hash.
+    """The trainer side of ``encoded`` and ``ref`` frames.
 
-    - ``policy`` / ``roots``: the image guard that reads the bytes; ``roots`` (the
-      ``ImageStore`` directories) confine ``file://`` references. The default reads no
-      local file, so a ``ref`` frame fails until roots are named.
-    - ``stores``: the network stores (fsspec URL prefixes, ``s3://bucket/images``) whose
-      references may be read, with ``storage_options`` for fsspec; none by default.
-    - ``on_missing``: ``"fail"`` (a group with an unusable image raises its
-      ``ImageRefError``) or ``"skip"`` (its rollouts that show the image come back with
-      ``error`` set and no steps; ``failures`` records it). A processing mismatch always
-      fails the group: it is systematic, skipping would drop every group silently.
-    - ``workers``: threads that decode and process; ``cache_bytes``: the cache's bound.
+    It rebuilds each image's model inputs with ``processing``, checks them against the
+    frame's hashes, caches them by hash. ``unpack_group(frame, images=rebuilder)`` uses
+    it; ``submit(frame)`` unpacks on the rebuilder's own thread (a ``Future`` of the
+    rollouts). Counters: ``rebuilt``, ``cache_hits``, ``rebuild_s`` (time in decode +
+    process + hash), ``failures`` (the newest 1000), ``version_differences`` (the first
+    seen, when library versions differ from the sampler's and every hash still matched).
+    Close it (or use ``with``).
 
-    ``unpack_group(frame, images=rebuilder)`` uses it; ``submit(frame)`` unpacks on the
-    rebuilder's own thread (a ``Future`` of the rollouts). Counters: ``rebuilt``,
-    ``cache_hits``, ``rebuild_s`` (time in decode + process + hash), ``failures`` (the
-    newest 1000), ``version_differences`` (the first seen, when library versions differ
-    from the sampler's and every hash still matched). Close it (or use ``with``).
+    Args:
+        processing: The trainer's ``ImageProcessing``: load it as the sampler loaded its
+            renderer.
+        policy: The image guard that reads the bytes.
+        roots: The ``ImageStore`` directories: they confine ``file://`` references. The
+            default reads no local file, so a ``ref`` frame fails until roots are named.
+        stores: The network stores (fsspec URL prefixes, ``s3://bucket/images``) whose
+            references may be read; none by default.
+        storage_options: Passed to fsspec for ``stores``.
+        on_missing: ``"fail"`` (a group with an unusable image raises its
+            ``ImageRefError``) or ``"skip"`` (its rollouts that show the image come back
+            with ``error`` set and no steps; ``failures`` records it). A processing mismatch
+            always fails the group: it is systematic, skipping would drop every group
+            silently.
+        workers: Threads that decode and process.
+        cache_bytes: The cache's bound.
     """
 
     def __init__(
@@ -327,8 +377,14 @@ class ImageRebuilder:
     # -- public ---------------------------------------------------------------------
 
     def submit(self, frame: Mapping[str, Any]) -> Future[Any]:
-        """``unpack_group(frame, images=self)`` on the rebuilder's thread: a ``Future`` of
-        the rollouts (or of the group's error)."""
+        """``unpack_group(frame, images=self)`` on the rebuilder's thread.
+
+        Args:
+            frame: The decoded group frame.
+
+        Returns:
+            A ``Future`` of the rollouts (or of the group's error).
+        """
         from vf_mm.training._groups import unpack_group
 
         return self._groups.submit(unpack_group, frame, images=self)
@@ -348,10 +404,22 @@ class ImageRebuilder:
     def rebuild(
         self, mode: str, processing: Mapping[str, Any], sources: Mapping[str, Any], where: str
     ) -> tuple[dict[str, Any], dict[str, ImageRebuildError]]:
-        """Every source's model inputs, ``{hash: item}``, and the images that could not be
-        used, ``{hash: error}`` (only under ``on_missing="skip"``; under ``"fail"`` the
-        first such error is raised). A recorded config or backend that is not ours
-        raises ``ProcessingMismatchError`` before any image is read."""
+        """Every source's model inputs, ``{hash: item}``, and the unusable images' errors.
+
+        The second map is ``{hash: error}``.
+
+        Args:
+            mode: The frame's image mode (``"encoded"`` or ``"ref"``).
+            processing: The frame's recorded processing description.
+            sources: The frame's image sources, by hash.
+            where: The group, for errors.
+
+        Raises:
+            ProcessingMismatchError: A recorded config or backend that is not ours, before any
+                image is read.
+            ImageRefError: An image that cannot be used, under ``on_missing="fail"`` (the
+                first such error; under ``"skip"`` they are returned instead).
+        """
         differs = self.processing.differences(processing)
         fatal = [part for part in ("config", "backend") if part in differs]
         if fatal:
@@ -379,6 +447,14 @@ class ImageRebuilder:
         return items, failed
 
     def record_failure(self, group_id: Any, h: str, error: Exception, skipped: int) -> None:
+        """Record an image that could not be used (kept in ``failures``).
+
+        Args:
+            group_id: The group's id.
+            h: The image's hash.
+            error: Why it could not be used.
+            skipped: How many rollouts were skipped for it.
+        """
         with self._lock:
             self.failures.append(RebuildFailure(group_id, h, error, skipped))
 

@@ -54,9 +54,17 @@ _HEADER = (json.dumps({"format": LEDGER_FORMAT}) + "\n").encode()
 
 
 def read_ledger(path: str | os.PathLike[str]) -> list[str]:
-    """The group ids committed to the ledger at ``path``, in commit order (a torn last
-    line, an interrupted commit, is left out). Reads without locking: a receiver may be
-    appending meanwhile. ``LedgerError`` if the file is not a ledger."""
+    """The group ids committed to the ledger at ``path``, in commit order.
+
+    A torn last line, an interrupted commit, is left out. Reads without locking: a receiver
+    may be appending meanwhile.
+
+    Args:
+        path: The ledger file.
+
+    Raises:
+        LedgerError: The file is not a ledger.
+    """
     data = Path(path).read_bytes()
     ids, _ = _parse(data, str(path))
     return ids

@@ -33,10 +33,15 @@ from vf_mm.training._batch import MicroBatch, check_finite, first_non_finite
 
 
 def logprob_mismatch(batch: MicroBatch, trainer_logprobs: torch.Tensor) -> dict[str, float]:
-    """``{"mismatch_kl", "max_abs_diff", "tokens"}`` of ``batch`` against
-    ``trainer_logprobs``, the trainer's ``(B, L)`` log-probability of each of the batch's
-    tokens (``token_logprobs(model, batch)``; gradients are not followed). The module
-    docstring defines each number and what is refused."""
+    """``{"mismatch_kl", "max_abs_diff", "tokens"}`` of the sampler against the trainer.
+
+    The module docstring defines each number and what is refused.
+
+    Args:
+        batch: The micro-batch (its ``logprobs`` are the sampler's).
+        trainer_logprobs: The trainer's ``(B, L)`` log-probability of each of the batch's
+            tokens (``token_logprobs(model, batch)``; gradients are not followed).
+    """
     if not isinstance(trainer_logprobs, torch.Tensor):
         raise TrajectoryError(
             f"trainer_logprobs must be a torch.Tensor of shape {tuple(batch.input_ids.shape)}, "

@@ -40,7 +40,20 @@ from vf_mm.types import MultiModalData, PlaceholderRange
 
 @dataclass(slots=True)
 class Sample:
-    """One training sequence (numpy arrays; the batcher makes tensors)."""
+    """One training sequence (numpy arrays; the batcher makes tensors).
+
+    Attributes:
+        input_ids: int64 ``(T,)``.
+        loss_mask: int8 ``(T,)``: 1 on the tokens the model sampled.
+        logprobs: float32 ``(T,)``: the sampler's, on the sampled tokens.
+        advantages: float32 ``(T,)``.
+        mm_token_type_ids: int8 ``(T,)``.
+        images: Each image's model inputs, in order.
+        placeholders: One per image.
+        source: ``"example E, rollout R, steps A-B"``: named in every error.
+        videos: Each video's model inputs, in order.
+        video_placeholders: One per video.
+    """
 
     input_ids: np.ndarray  # int64 (T,)
     loss_mask: np.ndarray  # int8 (T,)
@@ -78,6 +91,20 @@ class Sample:
     def validate(
         self, *, image_token_id: int, merge_size: int = 2, video_token_id: int | None = None
     ) -> None:
+        """Check the sample's rules.
+
+        Parallel arrays, one placeholder per image, pads matching grids, logprobs only on
+        sampled tokens.
+
+        Args:
+            image_token_id: The id at an image's embedding positions.
+            merge_size: The vision tower's spatial merge (Qwen-VL: 2).
+            video_token_id: The id at a clip's embedding positions; needed when the sample
+                has videos.
+
+        Raises:
+            TrajectoryError: A rule broken, naming the sample.
+        """
         n = self.num_tokens
         for name in ("loss_mask", "logprobs", "advantages", "mm_token_type_ids"):
             if getattr(self, name).shape != (n,):
@@ -214,16 +241,26 @@ def build_samples(
     example_id: Any = None,
     rollout_index: Any = None,
 ) -> list[Sample]:
-    """The samples of one rollout (an object or dict with ``trajectory``/``steps`` whose
-    entries have ``tokens`` or token fields). Steps without tokens are refused: an
-    API backend's turns cannot be trained on.
+    """The samples of one rollout.
 
-    ``advantage`` must be a finite number (``TrajectoryError`` otherwise, naming the
-    rollout): every sampled token carries it into the loss, so a None or NaN would make
-    the loss NaN with no error. ``group_advantages`` computes a group's advantages; a
-    failed rollout has none (its reward is None) and is skipped, not trained on.
-    ``example_id`` / ``rollout_index`` name the rollout in errors (default: the
-    rollout's own)."""
+    Steps without tokens are refused: an API backend's turns cannot be trained on.
+    ``group_advantages`` computes a group's advantages; a failed rollout has none (its
+    reward is None) and is skipped, not trained on.
+
+    Args:
+        rollout: An object or dict with ``trajectory``/``steps`` whose entries have
+            ``tokens`` or token fields.
+        advantage: Must be a finite number: every sampled token carries it into the loss,
+            so a None or NaN would make the loss NaN with no error.
+        image_token_id: The id at an image's embedding positions.
+        video_token_id: The id at a clip's embedding positions.
+        example_id: Names the rollout in errors (default: the rollout's own).
+        rollout_index: Names the rollout in errors (default: the rollout's own).
+
+    Raises:
+        TrajectoryError: A bad advantage, a step without tokens, or steps that disagree,
+            naming the rollout.
+    """
     for name, value in (("image_token_id", image_token_id), ("video_token_id", video_token_id)):
         if value is None and name == "video_token_id":
             continue
@@ -420,18 +457,26 @@ def _merge(
 def group_advantages(
     rewards: Sequence[float | None], *, eps: float = 1e-4, scale: bool = True
 ) -> list[float | None]:
-    """GRPO's group-normalised advantages of one example's rollouts, in order: each
-    reward minus the mean of the group's rewards, divided by their (population) standard
-    deviation plus ``eps`` when ``scale`` (``scale=False``: centred only, as Dr. GRPO).
+    """GRPO's group-normalised advantages of one example's rollouts, in order.
 
-    A reward of None (a rollout that failed, or that nobody scored) gets advantage None
-    and takes no part in the mean or the deviation: a failed rollout is skipped by
-    training, never averaged in as if it had scored 0. A group whose rewards are all
-    equal (a group of one included) has advantage 0 for each: there is nothing to learn
-    from it, and no division by a zero deviation. An empty group gives ``[]``. A reward
-    that is not a finite number (NaN, infinity, a string) is refused with
-    ``TrajectoryError`` naming its position: it would turn every advantage of the group,
-    and then the loss, into NaN.
+    Each reward minus the mean of the group's rewards, divided by their (population)
+    standard deviation plus ``eps`` when ``scale``.
+
+    A reward of None (a rollout that failed, or that nobody scored) gets advantage None and
+    takes no part in the mean or the deviation: a failed rollout is skipped by training,
+    never averaged in as if it had scored 0. A group whose rewards are all equal (a group
+    of one included) has advantage 0 for each: there is nothing to learn from it, and no
+    division by a zero deviation. An empty group gives ``[]``.
+
+    Args:
+        rewards: The group's rewards.
+        eps: Added to the deviation.
+        scale: False: centred only, as Dr. GRPO.
+
+    Raises:
+        TrajectoryError: A reward that is not a finite number (NaN, infinity, a string),
+            naming its position: it would turn every advantage of the group, and then the
+            loss, into NaN.
     """
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (eps >= 0):
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")

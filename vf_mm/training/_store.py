@@ -110,8 +110,13 @@ def _fsspec(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
 
 @dataclass(frozen=True, slots=True)
 class PruneReport:
-    """What ``ImageStore.prune`` did: files deleted (with ``dry_run``, that would have
-    been), their bytes, and files kept."""
+    """What ``ImageStore.prune`` did.
+
+    Attributes:
+        deleted: Files deleted (with ``dry_run``, that would have been).
+        deleted_bytes: Their bytes.
+        kept: Files kept.
+    """
 
     deleted: int
     deleted_bytes: int
@@ -119,14 +124,21 @@ class PruneReport:
 
 
 class ImageStore:
-    """A shared store for ``ref`` frames (module docstring): ``root`` is a local directory
-    (or its ``file://`` URL), created if absent, or an fsspec URL (``s3://bucket/prefix``;
-    ``storage_options`` go to fsspec). ``put(data)`` stores bytes once and gives their
-    ``(uri, sha256)``; ``uri(sha)`` is the reference a frame carries.
+    """A shared store for ``ref`` frames (module docstring).
 
-    Local writes are atomic (a temporary file renamed into place). An object store's put
-    is atomic per object; on other fsspec filesystems a reader may meet a partial write,
-    which its sha256 check refuses."""
+    ``put(data)`` stores bytes once and gives their ``(uri, sha256)``; ``uri(sha)`` is the
+    reference a frame carries. Local writes are atomic (a temporary file renamed into
+    place). An object store's put is atomic per object; on other fsspec filesystems a reader
+    may meet a partial write, which its sha256 check refuses.
+
+    Args:
+        root: A local directory (or its ``file://`` URL), created if absent, or an fsspec
+            URL (``s3://bucket/prefix``).
+        storage_options: Passed to fsspec.
+
+    Raises:
+        ValueError: fsspec cannot open ``root``.
+    """
 
     def __init__(
         self,
@@ -160,16 +172,29 @@ class ImageStore:
         return self._fs is None
 
     def path(self, sha: str) -> Path | str:
-        """Where ``sha``'s bytes live: a local ``Path``, or the fsspec path."""
+        """Where ``sha``'s bytes live: a local ``Path``, or the fsspec path.
+
+        Args:
+            sha: The bytes' sha256 (hex).
+        """
         if isinstance(self.root, Path):
             return self.root / sha[:2] / sha
         return f"{self.root}/{sha[:2]}/{sha}"
 
     def uri(self, sha: str) -> str:
+        """The reference a frame carries for the bytes with this sha256.
+
+        Args:
+            sha: The bytes' sha256 (hex).
+        """
         return f"{self.url}/{sha[:2]}/{sha}"
 
     def put(self, data: bytes) -> tuple[str, str]:
-        """Store ``data``; its ``(uri, sha256)``."""
+        """Store ``data`` (once); return its ``(uri, sha256)``.
+
+        Args:
+            data: The encoded image's bytes.
+        """
         sha = hashlib.sha256(data).hexdigest()
         path = self.path(sha)
         if isinstance(path, Path):
@@ -204,15 +229,20 @@ class ImageStore:
         return True
 
     def prune(self, *, older_than_s: float, dry_run: bool = False) -> PruneReport:
-        """Delete the images no ``put`` has touched for ``older_than_s`` seconds (and the
-        temporary files of writers killed at least an hour, or ``older_than_s``, ago).
+        """Delete the images no ``put`` has touched for ``older_than_s`` seconds.
+
+        And the temporary files of writers killed at least an hour, or ``older_than_s``, ago.
         Local stores only: an object store expires objects with its own lifecycle rule.
-        ``dry_run``: delete nothing; the report counts what would have gone.
 
         Safe beside samplers writing the store: an old file is first renamed aside, then
-        looked at again, and put back if a ``put`` touched it meanwhile (a ``put`` that
-        finds it gone writes it again), so no reference a ``put`` handed out loses its
-        file. Files that vanish under it (another ``prune``) are skipped."""
+        looked at again, and put back if a ``put`` touched it meanwhile (a ``put`` that finds
+        it gone writes it again), so no reference a ``put`` handed out loses its file. Files
+        that vanish under it (another ``prune``) are skipped.
+
+        Args:
+            older_than_s: The age past which an untouched image goes.
+            dry_run: Delete nothing; the report counts what would have gone.
+        """
         if not isinstance(self.root, Path):
             raise ValueError(
                 f"prune works on a local store; expire objects under {self.url} with the "

@@ -48,7 +48,22 @@ ADVANTAGE_METHODS = ("grpo", "none")
 
 @dataclasses.dataclass(slots=True)
 class RolloutProgress:
-    """Counts so far, handed to the progress callback after each sent group."""
+    """Counts so far, handed to the progress callback after each sent group.
+
+    Attributes:
+        total_groups: None: a streamed dataset, whose size is known at its end.
+        groups: Groups sent.
+        rollouts: Rollouts sent.
+        errors: Rollouts sent with an error.
+        truncated: Rollouts that ran out of context (scored on what they have).
+        repacked: Groups sent stripped because packing or encoding them failed.
+        bytes_sent: Bytes sent.
+        reward_sum: Over the rollouts with a reward (a running sum: no list kept).
+        rewarded: Rollouts with a reward.
+        started: When the run started (``time.perf_counter()``).
+        run_id: The run's groups are ``f"{run_id}/{example_id}"``.
+        stopped: Why ``max_errors`` ended the run early (None: it did not).
+    """
 
     total_groups: int | None  # None: a streamed dataset, whose size is known at its end
     groups: int = 0
@@ -61,6 +76,7 @@ class RolloutProgress:
     rewarded: int = 0
     started: float = dataclasses.field(default_factory=time.perf_counter)
     run_id: str | None = None  # the run's groups are f"{run_id}/{example_id}"
+    stopped: str | None = None  # why max_errors ended the run early (None: it did not)
 
     @property
     def mean_reward(self) -> float | None:
@@ -94,34 +110,52 @@ async def stream_rollouts(
     image_processing: Any = None,
     image_store: Any = None,
     advantages: str = "grpo",
+    max_errors: int | None = None,
 ) -> RolloutProgress:
     """Run the train split's groups and send each through ``sender`` once it is scored.
 
     Each group's id is ``f"{run_id}/{example_id}"`` (its frame's ``group_id``, which
-    ``GroupSender`` sends it under). ``run_id`` names the run; ``None`` derives one from
-    the environment, its rows, the group size, the sampling arguments and the seed
-    (``run_id_for``), so a worker restarted with the same arguments sends the same ids
-    and the trainer skips those it already has. Two passes over the same examples that
-    a trainer should both train on (epochs, a new policy) need different run ids: pass
-    one (or a different seed).
+    ``GroupSender`` sends it under), so a worker restarted with the same arguments sends
+    the same ids and the trainer skips those it already has.
 
-    ``workers``: a started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
-    workers (``client`` may then be None; the pool's media rules stand in for the
-    client's); every group is still packed and sent here, once. ``shard``: a
-    ``vf_mm.workers.Shard``; only the examples whose id falls in it run (the run id is
-    the whole run's, so shards of one run share it and their group ids never collide).
-
-    ``images``: how each group carries its images (``pack_group``'s image modes:
-    ``"tensors"``, ``"encoded"``, ``"ref"``). The last two record ``image_processing``
-    (an ``ImageProcessing`` or its description; by default the client's renderer's, or
-    with ``workers`` the one their renderers report) and ``"ref"`` writes to
-    ``image_store``.
-
-    ``advantages``: ``"grpo"`` (the default) fills each rollout's advantage with
-    ``group_advantages`` of its group's rewards (None for a failed rollout) and records
-    ``advantage_method="grpo"`` in the frame; ``"none"`` sends no advantages, for a
-    trainer that computes its own (module docstring).
+    Args:
+        env: The environment.
+        client: The ``RendererClient`` (None with ``workers``).
+        sender: A ``GroupSender``.
+        num_examples: How many rows (-1: all).
+        rollouts_per_example: The group size.
+        concurrency: The most rollouts running at once.
+        sampling_args: Sampling over the environment's defaults.
+        seed: Seeds sampling per rollout.
+        on_progress: Called with a ``RolloutProgress`` after each sent group.
+        run_id: Names the run; ``None`` derives one from the environment, its rows, the
+            group size, the sampling arguments and the seed (``run_id_for``). Two passes
+            over the same examples that a trainer should both train on (epochs, a new
+            policy) need different run ids: pass one (or a different seed).
+        workers: A started ``vf_mm.workers.WorkerPool`` that runs the rollouts in its
+            workers (``client`` may then be None; the pool's media rules stand in for the
+            client's); every group is still packed and sent here, once.
+        shard: A ``vf_mm.workers.Shard``; only the examples whose id falls in it run (the
+            run id is the whole run's, so shards of one run share it and their group ids
+            never collide).
+        images: How each group carries its images (``pack_group``'s image modes:
+            ``"tensors"``, ``"encoded"``, ``"ref"``).
+        image_processing: Recorded by ``"encoded"`` and ``"ref"``: an ``ImageProcessing``
+            or its description; by default the client's renderer's, or with ``workers`` the
+            one their renderers report.
+        image_store: Where ``"ref"`` writes.
+        advantages: ``"grpo"`` (the default) fills each rollout's advantage with
+            ``group_advantages`` of its group's rewards (None for a failed rollout) and
+            records ``advantage_method="grpo"`` in the frame; ``"none"`` sends no
+            advantages, for a trainer that computes its own (module docstring).
+        max_errors: Stop the run once that many rollouts have been sent with an error
+            (``evaluate_to_dir``'s rule): the group that reached it is sent whole, no new
+            rollout starts, and ``progress.stopped`` says why; the caller closes
+            ``sender`` with that reason, so the trainer's end marker says the stream ended
+            early.
     """
+    if max_errors is not None and max_errors < 1:
+        raise ValueError(f"max_errors must be >= 1, got {max_errors}")
     if advantages not in ADVANTAGE_METHODS:
         raise ValueError(f"advantages must be one of {list(ADVANTAGE_METHODS)}, not {advantages!r}")
     if images not in IMAGE_MODES:
@@ -213,6 +247,13 @@ async def stream_rollouts(
                 progress.rewarded += 1
         if on_progress is not None:
             on_progress(progress)
+        if max_errors is not None and progress.errors >= max_errors and progress.stopped is None:
+            planned = "" if progress.total_groups is None else f" of {progress.total_groups}"
+            progress.stopped = (
+                f"stopped after {progress.errors} failed rollouts (--max-errors {max_errors}); "
+                f"{progress.groups}{planned} groups sent"
+            )
+            run.cancel()
 
     async def collect(output: Any, rollout_index: int) -> None:
         # evaluate hands over a group's rollouts one after another once it is scored
@@ -231,10 +272,15 @@ async def stream_rollouts(
         "seed": seed,
         "on_result": collect,
     }
-    if workers is not None:
-        await workers.evaluate(env, **options)
-    else:
-        await env.evaluate(client, **options)
+    run = asyncio.ensure_future(
+        workers.evaluate(env, **options) if workers is not None else env.evaluate(client, **options)
+    )
+    try:
+        await run
+    except asyncio.CancelledError:
+        if progress.stopped is None:
+            raise
+        return progress  # the groups still running were never scored: none is sent
     for example_id, done in list(pending.items()):  # never expected; never dropped either
         del pending[example_id]
         await deliver(example_id, done)
@@ -258,17 +304,22 @@ def run_id_for(
     sampling_args: Mapping[str, Any] | None = None,
     seed: int | None = None,
 ) -> str:
-    """The run id ``stream_rollouts`` derives when given none: ``"<env_id>-<12 hex>"``,
-    the hex a sha256 over what decides the run's groups: the environment's ``env_id``,
-    its ``sampling_args`` merged with ``sampling_args``, ``rollouts_per_example``,
-    ``seed``, and the rows (each row's values as JSON; a value JSON cannot hold, such as
-    an image, by its type and size only; a string over 4096 characters, such as a
-    ``data:`` URL, by its length and its first and last 256).
+    """The run id ``stream_rollouts`` derives when given none (``"<env_id>-<12 hex>"``).
 
-    The same arguments give the same id, in any process. What it cannot see it leaves
-    out: the model, the environment's arguments beyond what shows in its rows, and
-    anything that differs between two runs that share all of the above; a caller that
-    knows more (a CLI with its whole configuration) should pass its own ``run_id``.
+    The hex is a sha256 over what decides the run's groups. The same arguments give the
+    same id, in any process. What it cannot see it leaves out: the model, the
+    environment's arguments beyond what shows in its rows, and anything that differs
+    between two runs that share all of the above; a caller that knows more (a CLI with its
+    whole configuration) should pass its own ``run_id``.
+
+    Args:
+        env: The environment (its ``env_id`` and ``sampling_args``).
+        rows: The rows: each row's values as JSON; a value JSON cannot hold, such as an
+            image, by its type and size only; a string over 4096 characters, such as a
+            ``data:`` URL, by its length and its first and last 256.
+        rollouts_per_example: The group size.
+        sampling_args: Merged over the environment's.
+        seed: The run's seed.
     """
     sampling = {**getattr(env, "sampling_args", {}), **dict(sampling_args or {})}
     spec = {

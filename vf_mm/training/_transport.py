@@ -85,6 +85,8 @@ class _Source(Protocol):
     ends: list[dict[str, Any]]
 
     @property
+    def ended(self) -> bool: ...
+    @property
     def index(self) -> int: ...
     @property
     def skipped(self) -> list[tuple[int, int, Exception]]: ...
@@ -100,22 +102,32 @@ class GroupSender:
     sends an already encoded message (do not modify ``buf`` afterwards: ZeroMQ sends it
     without copying, and a group with an id is kept to be sent again). A group's id is
     ``group_id=``, else (``send``) the group's ``group_id`` field; with one, the group is
-    held until the trainer commits it, sent again if the trainer restarts before that,
-    and deduplicated by the trainer. Both return the message's size and block while
-    ``hwm`` groups are unacknowledged; ``timeout_s`` bounds the wait
-    (``BackPressureTimeout``). ``asend`` / ``aclose`` are the same for an event loop.
-    ``close()`` (or the end of a ``with`` block) sends the end-of-stream marker and waits
-    up to ``linger_s`` (``None``: as long as it takes) for the trainer to acknowledge
-    everything; ``delivered`` says whether it did.
+    held until the trainer commits it, sent again if the trainer restarts before that, and
+    deduplicated by the trainer. Both return the message's size and block while ``hwm``
+    groups are unacknowledged. ``asend`` / ``aclose`` are the same for an event loop.
+    ``close()`` (or the end of a ``with`` block) sends the end-of-stream marker (a file
+    ends with it too: ``close(error)`` says why the sender stopped early) and waits for the
+    trainer to acknowledge everything; ``delivered`` says whether it did.
 
-    ``bind=True`` binds the socket instead of connecting it. ``checksum``,
-    ``max_frame_bytes`` and ``append`` (files only) are as for ``StreamWriter``; a message
-    over ``max_frame_bytes`` is refused here with ``FrameTooLargeError``. CURVE:
-    ``secret_key`` (this worker's) with ``trainer_key``; plain TCP only on loopback unless
-    ``insecure``. Thread-safe: sends from several threads go out one at a time. ``sent``
-    counts groups sent (once each), ``resent`` the groups sent again to a trainer that
-    had lost them, ``acked`` the messages the trainer has acknowledged (taken, or
-    committed), ``pending`` the groups not acknowledged yet.
+    Thread-safe: sends from several threads go out one at a time. ``sent`` counts groups
+    sent (once each), ``resent`` the groups sent again to a trainer that had lost them,
+    ``acked`` the messages the trainer has acknowledged (taken, or committed), ``pending``
+    the groups not acknowledged yet.
+
+    Args:
+        target: A stream file, or a ZeroMQ endpoint to connect to.
+        hwm: The window: groups sent and not yet acknowledged.
+        linger_s: How long ``close`` waits for acknowledgements (``None``: as long as it
+            takes).
+        timeout_s: Bounds the wait for room in the window (``BackPressureTimeout``).
+        bind: Bind the socket instead of connecting it.
+        checksum: As for ``StreamWriter``.
+        max_frame_bytes: As for ``StreamWriter``; a message over it is refused here with
+            ``FrameTooLargeError``.
+        append: Files only: as for ``StreamWriter``.
+        secret_key: CURVE: this worker's secret key.
+        trainer_key: CURVE: the trainer's public key.
+        insecure: Allow plain TCP beyond loopback.
     """
 
     def __init__(
@@ -192,10 +204,20 @@ class GroupSender:
             return 0 if self.closed else self._channel.pending()
 
     def send(self, group: Any, *, group_id: str | None = None) -> int:
-        """Encode ``group`` and send it; returns the message's size in bytes. Waits for
-        room in the window before encoding, so a blocked sender holds no encoded copy.
-        ``group_id`` (default: ``group["group_id"]`` when the group is a mapping that has
-        one) makes it a group delivered exactly once."""
+        """Encode ``group`` and send it; returns the message's size in bytes.
+
+        Waits for room in the window before encoding, so a blocked sender holds no encoded
+        copy.
+
+        Args:
+            group: The group frame (``pack_group``).
+            group_id: Makes it a group delivered exactly once (default: ``group["group_id"]``
+                when the group is a mapping that has one).
+
+        Raises:
+            BackPressureTimeout: No room in the window within ``timeout_s``.
+            FrameTooLargeError: The message is over ``max_frame_bytes``.
+        """
         group_id = _group_id_of(group, group_id)
         with self._lock:
             self._check_open()
@@ -203,8 +225,20 @@ class GroupSender:
         return self.send_message(packb(group), group_id=group_id)
 
     def send_message(self, message: Any, *, group_id: str | None = None) -> int:
-        """Send an encoded message as one group (with ``group_id``: delivered exactly
-        once; the message's bytes are not read for it); returns its size in bytes."""
+        """Send an encoded message as one group; returns its size in bytes.
+
+        Do not modify ``message`` afterwards: ZeroMQ sends it without copying, and a group with
+        an id is kept to be sent again.
+
+        Args:
+            message: The encoded group.
+            group_id: Makes it delivered exactly once (the message's bytes are not read for
+                it).
+
+        Raises:
+            BackPressureTimeout: No room in the window within ``timeout_s``.
+            FrameTooLargeError: The message is over ``max_frame_bytes``.
+        """
         if group_id is not None:
             group_id = check_group_id(group_id)
         view = as_bytes_view(message)
@@ -227,9 +261,15 @@ class GroupSender:
             raise TransportError(f"send on a closed GroupSender ({self.target})")
 
     async def asend(self, group: Any, *, group_id: str | None = None) -> int:
-        """``send`` from an event loop: waits, encodes and sends on the sender's own thread
-        (one for all its ``asend`` calls, so groups go out in call order). Do not modify
-        ``group`` until it returns."""
+        """``send`` from an event loop; returns the message's size in bytes.
+
+        Waits, encodes and sends on the sender's own thread (one for all its ``asend`` calls, so
+        groups go out in call order). Do not modify ``group`` until it returns.
+
+        Args:
+            group: See ``send``.
+            group_id: See ``send``.
+        """
         loop = asyncio.get_running_loop()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="vf-mm-send")
@@ -237,9 +277,15 @@ class GroupSender:
         return await loop.run_in_executor(self._executor, call)
 
     def close(self, error: str | None = None) -> None:
-        """Finish pending ``asend`` calls, send the end-of-stream marker (ZeroMQ; ``error``
-        goes in it), wait up to ``linger_s`` for the trainer to acknowledge everything
-        (sending again what a restarted trainer lost), close."""
+        """Finish pending ``asend`` calls, send the end-of-stream marker, wait, close.
+
+        Waits up to ``linger_s`` for the trainer to acknowledge everything (sending again what a
+        restarted trainer lost).
+
+        Args:
+            error: Why the sender stops early (None: it finished); goes in the end-of-stream
+                marker, which a file writes as its last frame.
+        """
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -250,7 +296,11 @@ class GroupSender:
             self.delivered = self._channel.close(error)
 
     async def aclose(self, error: str | None = None) -> None:
-        """``close`` without blocking the event loop."""
+        """``close`` without blocking the event loop.
+
+        Args:
+            error: Goes in the end-of-stream marker.
+        """
         await asyncio.get_running_loop().run_in_executor(None, self.close, error)
 
     def __enter__(self) -> GroupSender:
@@ -267,42 +317,59 @@ class GroupSender:
 
 
 class GroupReceiver:
-    """Iterates over the groups from a stream file or a ZeroMQ endpoint, decoded, each
-    group with an id at most once (``docs/formats/transport.md``).
+    """Iterates over the groups from a stream file or a ZeroMQ endpoint, each id once.
 
-    Files: as ``StreamReader`` (``tensors``, ``max_frame_bytes``, ``errors``, ``raw``).
-    ZeroMQ: binds to ``source`` (``bind=False`` connects instead); iteration ends after
-    end-of-stream markers from ``senders`` senders (``None``: never; stop with
-    ``timeout_s`` or ``close``). ``timeout_s`` bounds each wait for a message
-    (``ReceiveTimeout``). A peer that sends a part over ``max_frame_bytes`` is
-    disconnected by ZeroMQ before it is read. Each group acknowledged frees a place in
-    its sender's window: the trainer's pace is the senders' pace. CURVE: ``secret_key``
-    (the trainer's) with ``allow`` (a directory of the workers' public keys).
+    Decoded (unless ``raw``).
+
+    See ``docs/formats/transport.md``. Each group acknowledged frees a place in its sender's
+    window: the trainer's pace is the senders' pace.
 
     Groups with ids are **committed** when the trainer is done with them: with
     ``autocommit=True`` (the default) each ``next(receiver)`` first commits the groups
     handed out before, so a ``for`` loop commits a group when it comes back for the next
-    one (a loop left by an exception or ``break`` commits nothing: call ``commit()`` for
-    a group it did finish). ``commit()`` commits every group handed out and not committed
-    yet and returns how many; with ``autocommit=False`` it is the only way (commit after
-    the training step that used them). Committed ids go to the ``ledger`` file first
-    (append-only, fsync'd, locked: ``LedgerError`` if another receiver holds it; its ids
-    are read back when the trainer restarts), then their senders are told. A group whose
-    id is committed, or handed out and not committed, is skipped and counted in
-    ``duplicates``. Without a ledger the receiver remembers its newest ``dedup_window``
-    committed ids (``None``: all of them; about 100 bytes each). ``close()`` commits
-    nothing: groups handed out and not committed come again to the next receiver.
+    one (a loop left by an exception or ``break`` commits nothing: call ``commit()`` for a
+    group it did finish). ``commit()`` commits every group handed out and not committed yet
+    and returns how many; with ``autocommit=False`` it is the only way (commit after the
+    training step that used them). Committed ids go to the ``ledger`` file first, then
+    their senders are told. A group whose id is committed, or handed out and not committed,
+    is skipped and counted in ``duplicates``. ``close()`` commits nothing: groups handed
+    out and not committed come again to the next receiver.
 
-    ``index`` counts messages received (end markers and bad ones included), ``received``
-    the groups returned; ``group_id`` is the id of the group last returned (None: it has
-    none); ``committed`` counts ids committed by this receiver, ``recovered`` the ids its
-    ledger held when it opened; ``instance`` (ZeroMQ) is this receiver's id in its
-    answers, new each time; ``ends`` holds each sender's end marker's ``{"sent",
-    "error"}``; ``skipped`` the ``(index, offset, error)`` of each message skipped with
-    ``errors="skip"``. ``raw=True`` yields each group's message undecoded (a
-    ``memoryview``, e.g. to append it to a stream file with ``write_message``); a raw
-    file receiver does not look inside messages, so it neither deduplicates nor takes a
-    ``ledger``.
+    ``index`` counts messages received (end markers and bad ones included), ``received`` the
+    groups returned; ``group_id`` is the id of the group last returned (None: it has none);
+    ``committed`` counts ids committed by this receiver, ``recovered`` the ids its ledger
+    held when it opened; ``instance`` (ZeroMQ) is this receiver's id in its answers, new
+    each time; ``ends`` holds each sender's end marker's ``{"sent", "error"}`` (a file's, once it is
+    read to its end: a file whose writer stopped early, its marker's ``error`` set, raises
+    ``StreamEndedEarlyError`` after its last group); ``skipped`` the ``(index, offset,
+    error)`` of each message skipped with ``errors="skip"``.
+
+    Args:
+        source: A stream file, or a ZeroMQ endpoint to bind to.
+        bind: False connects to the endpoint instead.
+        senders: ZeroMQ: iteration ends after end-of-stream markers from this many senders
+            (``None``: never; stop with ``timeout_s`` or ``close``).
+        timeout_s: Bounds each wait for a message (``ReceiveTimeout``).
+        errors: As for ``StreamReader``.
+        tensors: As for ``StreamReader``.
+        max_frame_bytes: As for ``StreamReader``; a ZeroMQ peer that sends a part over it is
+            disconnected by ZeroMQ before it is read.
+        raw: Yield each group's message undecoded (a ``memoryview``, e.g. to append it to a
+            stream file with ``write_message``); a raw file receiver does not look inside
+            messages, so it neither deduplicates nor takes a ``ledger``.
+        ledger: The file committed ids go to (append-only, fsync'd, locked; its ids are read
+            back when the trainer restarts).
+        autocommit: See above.
+        dedup_window: Without a ledger the receiver remembers its newest this many
+            committed ids (``None``: all of them; about 100 bytes each).
+        secret_key: CURVE: the trainer's secret key.
+        allow: CURVE: a directory of the workers' public keys.
+        insecure: Allow plain TCP beyond loopback.
+
+    Raises:
+        LedgerError: Another receiver holds the ledger, or it is not a ledger.
+        StreamEndedEarlyError: Iterating a file whose writer stopped early (after its last
+            group).
     """
 
     def __init__(
@@ -410,8 +477,10 @@ class GroupReceiver:
 
     @property
     def ended(self) -> bool:
-        """Whether every expected sender has sent its end marker."""
-        return self.senders is not None and len(self.ends) >= self.senders
+        """ZeroMQ: whether every expected sender has sent its end marker. A file: whether
+        its last frame read is its writer's end marker (read to its end and still False:
+        the writer was cut off, or is still writing)."""
+        return self._source.ended
 
     @property
     def duplicates(self) -> int:
@@ -458,9 +527,14 @@ class GroupReceiver:
 
 
 def read_groups(source: Any, **kwargs: Any) -> Iterator[Any]:
-    """Yield each group from a stream file or a ZeroMQ endpoint (``GroupReceiver``'s
-    keywords), closing the source at the end. An error ends the iteration (as with
-    ``read_stream``); to go on past a bad message, iterate a ``GroupReceiver`` or pass
-    ``errors="skip"``."""
+    """Yield each group from a stream file or a ZeroMQ endpoint, then close the source.
+
+    An error ends the iteration (as with ``read_stream``); to go on past a bad message,
+    iterate a ``GroupReceiver`` or pass ``errors="skip"``.
+
+    Args:
+        source: A stream file or a ZeroMQ endpoint.
+        **kwargs: ``GroupReceiver``'s keywords.
+    """
     with GroupReceiver(source, **kwargs) as receiver:
         yield from receiver

@@ -1,8 +1,11 @@
 """The stream-file transport of the trainer hop: one ``vf_mm.wire`` stream frame per
-group, written with ``StreamWriter`` and read with ``StreamReader``. A file has no end
-marker and no acknowledgements: its end is the end of its groups, and a torn tail raises
-``TornFrameError`` after the whole groups before it. A group's id is its frame's
-``group_id`` field.
+group, written with ``StreamWriter`` and read with ``StreamReader``, and last the
+sender's end marker (an ``END`` frame: ``{"sent", "error"}``, the message ZeroMQ's end
+marker carries). A file has no acknowledgements. Its reader tells the three ways a file
+ends apart: an end marker without an error (the run finished), one with an error (the
+writer stopped early and said why: ``StreamEndedEarlyError`` after the last group), or
+none (cut off, as by kill -9, or still being written: ``receiver.ended`` False; a torn
+tail raises ``TornFrameError``). A group's id is its frame's ``group_id`` field.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vf_mm.errors import StreamEndedEarlyError
+from vf_mm.training._acks import end_info, end_marker
 from vf_mm.training._commits import Commits, Seen
 from vf_mm.wire import StreamReader, StreamWriter, TensorType
 
@@ -46,7 +51,12 @@ class FileChannel:
         return 0
 
     def close(self, error: str | None) -> bool:
-        self._writer.close()
+        """Write the end marker (``error``: why the sender stopped early, None when it
+        finished) and close the file."""
+        try:
+            self._writer.write_end(end_marker(self.sent, error))
+        finally:
+            self._writer.close()
         return True
 
 
@@ -76,6 +86,7 @@ class FileSource:
             errors=errors,
             raw=raw,
         )
+        self._source = str(source)
         self._commits = commits
         self._raw = raw
         self.received = 0
@@ -89,9 +100,19 @@ class FileSource:
     def skipped(self) -> list[tuple[int, int, Exception]]:
         return self._reader.skipped
 
+    @property
+    def ended(self) -> bool:
+        """Whether the file's last frame is an end marker (False: cut off, or still
+        being written)."""
+        return self._reader.ended
+
     def next_group(self) -> tuple[Any, str | None]:
         while True:
-            item = next(self._reader)
+            try:
+                item = next(self._reader)
+            except StopIteration:
+                self._at_end()
+                raise
             group_id = None
             if not self._raw and isinstance(item, Mapping):
                 found = item.get("group_id")
@@ -102,6 +123,25 @@ class FileSource:
                 self._commits.hand_out(group_id, None)
             self.received += 1
             return item, group_id
+
+    def _at_end(self) -> None:
+        """Check the end markers read; raise ``StreamEndedEarlyError`` when the file's
+        last one says its writer stopped early."""
+        index = self._reader.index
+        self.ends = [end_info(info, index) for info in self._reader.ends]
+        last = self.ends[-1] if self._reader.ended else None
+        if last is None or last["error"] is None:
+            return
+        raise StreamEndedEarlyError(
+            f"{self._source}: the writer stopped early after {last['sent']} groups "
+            f"({last['error']}); every group read before this is whole, and the run's other "
+            "groups were never written: run the rollout again (the same command writes "
+            "every group again, under the same ids), or catch StreamEndedEarlyError to "
+            "train on these alone",
+            source=self._source,
+            sent=last["sent"],
+            reason=last["error"],
+        )
 
     def acknowledge(self, by_peer: dict[bytes, list[str]]) -> None:
         """A file has no senders to tell."""

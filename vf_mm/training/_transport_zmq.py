@@ -34,6 +34,8 @@ from vf_mm.training._acks import (
     HEAD_BYTES,
     Hello,
     Reply,
+    end_info,
+    end_marker,
     pack_answer,
     pack_count,
     pack_hello,
@@ -372,7 +374,7 @@ class ZmqChannel:
 
     def _send_end(self) -> None:
         """Send the end-of-stream marker (again: with the ids held now)."""
-        info: dict[str, Any] = {"sent": self.sent, "error": self._end_error}
+        info = end_marker(self.sent, self._end_error)
         request = self._requests + 1
         if self._tracked:
             info["held"] = list(self._held)
@@ -726,14 +728,7 @@ class ZmqSource:
         return kind, payload
 
     def _end_info(self, payload: memoryview, index: int) -> dict[str, Any]:
-        info = self._decoder.decode(payload)
-        if not isinstance(info, dict) or not isinstance(info.get("sent"), int):
-            raise CorruptFrameError(
-                f"message {index} is an end marker without a 'sent' count: {info!r:.200}",
-                offset=-1,
-                index=index,
-            )
-        return info
+        return end_info(self._decoder.decode(payload), index)
 
     def close(self) -> None:
         if self._socket is None:

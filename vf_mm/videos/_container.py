@@ -138,10 +138,17 @@ def _matroska_doctype(head: bytes) -> bytes | None:
 
 
 def video_extension(data: bytes | bytearray | memoryview) -> str:
-    """The extension (``VIDEO_EXTENSIONS``) of the container ``data`` is in, from its
-    first bytes: ``mp4`` (MP4, M4V, 3GP), ``mov`` (the QuickTime brand), ``webm`` or
-    ``mkv`` (by the Matroska DocType), ``avi``, ``ts``; ``VideoDecodeError`` for bytes in
-    none of them."""
+    """The extension (``VIDEO_EXTENSIONS``) of the container ``data`` is in.
+
+    Read from its first bytes: ``mp4`` (MP4, M4V, 3GP), ``mov`` (the QuickTime brand), ``webm``
+    or ``mkv`` (by the Matroska DocType), ``avi``, ``ts``.
+
+    Args:
+        data: The file's bytes (its first bytes suffice).
+
+    Raises:
+        VideoDecodeError: Bytes in none of them.
+    """
     head = bytes(memoryview(data)[:4096])
     if head[4:8] in _MP4_BOXES:
         brand = head[8:12] if head[4:8] == b"ftyp" else b""

@@ -79,12 +79,21 @@ def _encode(video: Video, rate: Fraction | None) -> bytes:
 
 
 def encode_lossless(video: Video, *, limits: VideoLimits | None = None) -> bytes:
-    """``video`` as a ``.mkv`` file (FFV1, ``bgr0``) whose ``load_video``, with the part's
-    ``"frame_rate"`` set to ``video.fps`` when it is known, has ``video``'s
-    ``video_hash``: checked by decoding the file back (within ``limits``) before it is
-    returned. The rate is stated in the file when Matroska states it exactly, else left
-    to the part (module docstring). Raises ``VideoDecodeError`` if no encoding keeps the
-    video exactly (never seen; a safeguard against an FFmpeg that behaves otherwise)."""
+    """``video`` as a ``.mkv`` file (FFV1, ``bgr0``) that loads back to the same hash.
+
+    ``load_video`` of the file, with the part's ``"frame_rate"`` set to ``video.fps``
+    when it is known, has ``video``'s ``video_hash``: checked by decoding the file back
+    before it is returned. The rate is stated in the file when Matroska states it exactly,
+    else left to the part (module docstring).
+
+    Args:
+        video: The decoded clip.
+        limits: The limits the check decodes the file within (``VideoLimits()`` when None).
+
+    Raises:
+        VideoDecodeError: No encoding keeps the video exactly (never seen; a safeguard
+            against an FFmpeg that behaves otherwise).
+    """
     want = video_hash(video)
     rates = [_stated_rate(video.fps)] if video.fps is not None else []
     tried = []

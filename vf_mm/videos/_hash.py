@@ -36,8 +36,13 @@ _PREFIX = b"vf_mm.video.v1\0RGB\0"
 
 
 def video_hash(video: Video) -> str:
-    """32 hex characters: sha256 (first 128 bits) of the frames, their shape and the frame
-    rate (see the module doc). Stable across processes and machines."""
+    """32 hex characters: sha256 (first 128 bits) of the frames, their shape, the frame rate.
+
+    See the module doc. Stable across processes and machines.
+
+    Args:
+        video: The decoded clip.
+    """
     if not isinstance(video, Video):
         raise TypeError(f"video_hash takes a Video, not {type(video).__name__}")
     count, height, width, _ = video.frames.shape
@@ -51,12 +56,17 @@ def video_hash(video: Video) -> str:
 
 
 def video_mm_hash(content_hash: str, part: Mapping[str, Any]) -> str:
-    """The ``mm_hash`` of the clip a video ``part`` shows, whose ``video_hash`` is
-    ``content_hash``: ``content_hash`` itself when the part sets none of the processing
-    options (``vf_mm.types.VIDEO_OPTIONS``), else the sha256 hex of
-    ``f"{content_hash}:{sorted(options.items())!r}"`` over the options it sets (not None).
-    Options change the tensors, so they change the hash: one ``mm_hash`` names one item,
-    in the renderer's cache, a group frame's table and vLLM's encoder cache alike."""
+    """The ``mm_hash`` of the clip a video ``part`` shows.
+
+    Options change the tensors, so they change the hash: one ``mm_hash`` names one item, in
+    the renderer's cache, a group frame's table and vLLM's encoder cache alike.
+
+    Args:
+        content_hash: The clip's ``video_hash``; the result itself when the part sets none
+            of the processing options (``vf_mm.types.VIDEO_OPTIONS``).
+        part: The video part; with options set (not None) the result is the sha256 hex of
+            ``f"{content_hash}:{sorted(options.items())!r}"`` over them.
+    """
     options = {key: part[key] for key in VIDEO_OPTIONS if part.get(key) is not None}
     if not options:
         return content_hash

@@ -49,21 +49,23 @@ def _positive_int(name: str, value: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class VideoLimits:
-    """What ``load_video`` reads and decodes at most. Every limit is checked as early as
-    the source allows: ``max_bytes`` before decoding; ``max_pixels_per_frame``,
-    ``max_frames``, ``max_decoded_bytes`` and ``max_duration_s`` from the container's
-    header when it states them, and again while decoding, stopping at the first frame
-    past a limit. Raw frames are checked before they are copied. Each refusal is a
-    ``vf_mm.errors.VideoTooLargeError`` naming the limit.
+    """What ``load_video`` reads and decodes at most.
 
-    - ``max_bytes``: encoded bytes read from a file, ``data:`` URL or HTTP body. It
-      replaces the ``ImagePolicy``'s ``max_bytes`` for videos (the policy's other rules,
-      network, hosts and local roots, apply unchanged).
-    - ``max_frames``: decoded frames.
-    - ``max_duration_s``: seconds, from the container's duration and from frames divided
-      by the frame rate (when the rate is known).
-    - ``max_pixels_per_frame``: width x height of one frame.
-    - ``max_decoded_bytes``: ``T x H x W x 3``, the memory the decoded frames take.
+    Every limit is checked as early as the source allows: ``max_bytes`` before decoding;
+    ``max_pixels_per_frame``, ``max_frames``, ``max_decoded_bytes`` and ``max_duration_s``
+    from the container's header when it states them, and again while decoding, stopping at
+    the first frame past a limit. Raw frames are checked before they are copied. Each
+    refusal is a ``vf_mm.errors.VideoTooLargeError`` naming the limit.
+
+    Attributes:
+        max_bytes: Encoded bytes read from a file, ``data:`` URL or HTTP body. It replaces
+            the ``ImagePolicy``'s ``max_bytes`` for videos (the policy's other rules,
+            network, hosts and local roots, apply unchanged).
+        max_frames: Decoded frames.
+        max_duration_s: Seconds, from the container's duration and from frames divided by
+            the frame rate (when the rate is known).
+        max_pixels_per_frame: Width x height of one frame.
+        max_decoded_bytes: ``T x H x W x 3``, the memory the decoded frames take.
     """
 
     max_bytes: int = DEFAULT_MAX_BYTES

@@ -51,29 +51,33 @@ def load_video(
 ) -> Video:
     """Load ``source`` as a ``Video``: every frame decoded, RGB, read-only.
 
-    ``source``: a list or tuple of frames (PIL images of any mode, ``(H, W, 3)`` or
-    ``(H, W)`` uint8 arrays; all the same size); a ``(T, H, W, 3)`` or ``(T, H, W)`` uint8
-    array; encoded video bytes; a ``data:video/...;base64,`` URL; a local path (``str``
-    or ``os.PathLike``) or ``file://`` URL; an ``http(s)://`` URL; a ``Video``
-    (returned as it is, once checked against ``limits``); or a content part holding one
-    of these (``{"type": "video", "video": ...}``, ``{"type": "video_url", "video_url":
-    {"url": ...}}``).
+    Never a partial video. ``fps`` of the result: the container's average frame rate for encoded
+    sources; a part's ``"frame_rate"`` where the source states none (raw frames always, a
+    container without a rate, a ``Video`` whose ``fps`` is None); else ``None``.
 
-    ``fps`` of the result: the container's average frame rate for encoded sources; a
-    part's ``"frame_rate"`` where the source states none (raw frames always, a container
-    without a rate, a ``Video`` whose ``fps`` is None); else ``None``.
+    Args:
+        source: A list or tuple of frames (PIL images of any mode, ``(H, W, 3)`` or
+            ``(H, W)`` uint8 arrays; all the same size); a ``(T, H, W, 3)`` or
+            ``(T, H, W)`` uint8 array; encoded video bytes; a ``data:video/...;base64,``
+            URL; a local path (``str`` or ``os.PathLike``) or ``file://`` URL; an
+            ``http(s)://`` URL; a ``Video`` (returned as it is, once checked against
+            ``limits``); or a content part holding one of these (``{"type": "video",
+            "video": ...}``, ``{"type": "video_url", "video_url": {"url": ...}}``).
+        policy: Where a video may be read from, exactly as for images (``ImagePolicy()``
+            when None: any local path, no network); its ``max_bytes`` is replaced by
+            ``limits.max_bytes``, its ``timeout_s`` bounds a whole fetch (raise it for large
+            videos).
+        limits: ``VideoLimits()`` when None.
+        where: The video's place in a conversation (``"message 2, part 1"``), put in
+            errors.
+        fetcher: How http(s) is fetched (tests pass a mock transport).
 
-    ``policy``: where a video may be read from, exactly as for images (``ImagePolicy()``
-    when None: any local path, no network); its ``max_bytes`` is replaced by
-    ``limits.max_bytes``, its ``timeout_s`` bounds a whole fetch (raise it for large
-    videos). ``limits``: ``VideoLimits()`` when None. ``where``: the video's place in a
-    conversation (``"message 2, part 1"``), put in errors. ``fetcher``: how http(s) is
-    fetched (tests pass a mock transport).
-
-    Raises ``vf_mm.errors.VideoError`` (``UnsafeVideoSourceError``, ``VideoFetchError``,
-    ``VideoDecodeError``, ``VideoTooLargeError``) naming the source (shortened, no
-    secrets) and ``where``; a refusal by the image guard is chained as ``__cause__``.
-    Never a partial video.
+    Raises:
+        UnsafeVideoSourceError: The policy's guard refuses where it comes from (its
+            refusal chained as ``__cause__``).
+        VideoFetchError: Reading it failed.
+        VideoDecodeError: Not a whole video we decode, or frames we refuse.
+        VideoTooLargeError: Over a ``VideoLimits`` limit.
     """
     policy, limits = _checked_args(policy, limits)
     with _named(source, where):
@@ -88,12 +92,27 @@ def read_video_bytes(
     where: str | None = None,
     fetcher: Fetcher | None = None,
 ) -> bytes:
-    """The encoded bytes a source holds or names (bytes, a ``data:`` URL's payload, a local
-    path's or ``file://`` URL's file, an http(s) body), read exactly as ``load_video``
-    reads them: through ``policy``'s guard, at most ``limits.max_bytes``. Not decoded.
-    For whoever must keep a clip's own file (the results store keeps what was sent, so a
-    browser can play it). ``source`` may be a content part; raw frames are refused (they
-    have no file: ``encode_lossless`` makes one). Errors as ``load_video``'s."""
+    """The encoded bytes a source holds or names, not decoded.
+
+    Read exactly as ``load_video`` reads them. For whoever must keep a clip's own file (the
+    results store keeps what was sent, so a browser can play it). Read through ``policy``'s
+    guard, at most ``limits.max_bytes``.
+
+    Args:
+        source: Bytes, a ``data:`` URL, a local path or ``file://`` URL, an http(s) URL,
+            or a content part holding one; raw frames are refused (they have no file:
+            ``encode_lossless`` makes one).
+        policy: As for ``load_video``.
+        limits: As for ``load_video``.
+        where: The video's place in a conversation, put in errors.
+        fetcher: How http(s) is fetched.
+
+    Raises:
+        UnsafeVideoSourceError: The guard refuses where it comes from.
+        VideoFetchError: Reading it failed.
+        VideoDecodeError: Raw frames, or not a video source.
+        VideoTooLargeError: Over ``limits.max_bytes``.
+    """
     policy, limits = _checked_args(policy, limits)
     inner, _ = unwrap(source)
     with _named(source, where):
@@ -132,8 +151,13 @@ def _named(source: Any, where: str | None) -> Iterator[None]:
 
 
 def is_raw_video(source: Any) -> bool:
-    """Whether a video source is frames rather than encoded bytes or a place: a list or
-    tuple of frames, an array, or a ``Video``."""
+    """Whether a video source is frames rather than encoded bytes or a place.
+
+    Frames are a list or tuple of frames, an array, or a ``Video``.
+
+    Args:
+        source: A video source (any form ``load_video`` takes).
+    """
     return isinstance(source, (Video, list, tuple)) or is_array(source)
 
 

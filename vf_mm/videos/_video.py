@@ -46,10 +46,12 @@ def locked(array: np.ndarray) -> np.ndarray:
 class Video:
     """Decoded frames ``(T, H, W, 3)`` uint8 RGB, read-only, and the source's frame rate.
 
-    ``fps`` is the rate the source states: the container's average frame rate for a file,
-    ``data:`` or http(s) URL; a content part's ``"frame_rate"`` for raw frames; ``None``
-    when unknown. It describes the source, not a sampling choice: a model's processor
-    samples frames from it later.
+    Attributes:
+        frames: The frames.
+        fps: The rate the source states: the container's average frame rate for a file,
+            ``data:`` or http(s) URL; a content part's ``"frame_rate"`` for raw frames;
+            ``None`` when unknown. It describes the source, not a sampling choice: a model's
+            processor samples frames from it later.
     """
 
     frames: np.ndarray

@@ -82,13 +82,23 @@ _DECODERS = {t: Decoder(tensors=t) for t in ("auto", "torch", "numpy")}
 def packb(obj: Any, *, tensor_format: TensorFormat = "ext") -> bytes | memoryview:
     """Encode ``obj`` as one msgpack message.
 
-    Returns ``bytes`` when ``obj`` holds no tensor, else a ``memoryview`` of an
-    aligned buffer (it saves copying the tensors a second time; ``bytes(...)`` it if
-    you need ``bytes``). ``tensor_format="foreign"`` writes tensors as verifiers /
-    prime-rl ``{"__torch_tensor__": True, ...}`` maps. Thread-safe (one encoder per
-    thread); hold your own ``Encoder`` to pass an ``enc_hook``, or
-    ``Encoder(reuse_buffer=True)`` in a loop that encodes, sends and drops messages
-    (each message then reuses the last one's memory instead of faulting in fresh pages).
+    Thread-safe (one encoder per thread); hold your own ``Encoder`` to pass an
+    ``enc_hook``, or ``Encoder(reuse_buffer=True)`` in a loop that encodes, sends and drops
+    messages (each message then reuses the last one's memory instead of faulting in fresh
+    pages).
+
+    Args:
+        obj: The object to encode.
+        tensor_format: ``"foreign"`` writes tensors as verifiers / prime-rl
+            ``{"__torch_tensor__": True, ...}`` maps instead of extension types.
+
+    Returns:
+        ``bytes`` when ``obj`` holds no tensor, else a ``memoryview`` of an aligned
+            buffer (it saves copying the tensors a second time; ``bytes(...)`` it if you need
+            ``bytes``).
+
+    Raises:
+        EncodeError: A value the codec cannot put on the wire.
     """
     encoder = getattr(_local, tensor_format, None)
     if encoder is None:
@@ -98,7 +108,15 @@ def packb(obj: Any, *, tensor_format: TensorFormat = "ext") -> bytes | memoryvie
 
 
 def unpackb(data: Any, *, tensors: TensorType = "auto") -> Any:
-    """Decode one message; see ``Decoder`` for ``tensors`` and memory sharing."""
+    """Decode one message; see ``Decoder`` for memory sharing.
+
+    Args:
+        data: The message's bytes.
+        tensors: What tensors come back as (see ``Decoder``).
+
+    Raises:
+        DecodeError: Bytes that are not a valid vf_mm message.
+    """
     try:
         decoder = _DECODERS[tensors]
     except KeyError:

@@ -60,11 +60,6 @@ _ISO_TYPES: dict[int, type[dt.date] | type[dt.time]] = {
 class Decoder:
     """Decodes vf_mm messages (and plain msgpack).
 
-    ``tensors`` picks what tensors come back as: ``"auto"`` gives each tensor back as
-    the kind it was sent as (torch or numpy), ``"torch"`` makes them all torch
-    tensors, ``"numpy"`` all numpy arrays (then torch is never imported; bfloat16 and
-    float8 need the ``ml_dtypes`` package, sub-byte dtypes are refused).
-
     Tensors share memory with the input. From a writable buffer (what ``packb`` and
     the stream reader produce) they are ordinary writable tensors that keep the buffer
     alive. From read-only ``bytes`` numpy arrays are read-only, and torch tensors must
@@ -75,6 +70,12 @@ class Decoder:
     verifiers and prime-rl into tensors (torch under ``"auto"``).
 
     A ``Decoder`` is stateless between calls and safe to share across threads.
+
+    Args:
+        tensors: What tensors come back as: ``"auto"`` gives each tensor back as the
+            kind it was sent as (torch or numpy), ``"torch"`` makes them all torch
+            tensors, ``"numpy"`` all numpy arrays (then torch is never imported; bfloat16
+            and float8 need the ``ml_dtypes`` package, sub-byte dtypes are refused).
     """
 
     def __init__(self, *, tensors: TensorType = "auto") -> None:
@@ -83,6 +84,18 @@ class Decoder:
         self.tensors = tensors
 
     def decode(self, data: Any) -> Any:
+        """Decode one message.
+
+        Args:
+            data: The message's bytes (``bytes``, ``bytearray``, ``memoryview``); tensors
+                share its memory (see the class).
+
+        Returns:
+            The decoded object.
+
+        Raises:
+            DecodeError: The bytes are not a valid vf_mm message.
+        """
         try:
             view = memoryview(data)
         except TypeError:

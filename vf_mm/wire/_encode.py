@@ -115,20 +115,19 @@ class Encoder:
     ``time``/``UUID`` (exact round trip); ``Path`` (as its string); ``Enum`` (as its
     value); sets (as arrays); numpy scalars (as Python numbers).
 
-    ``enc_hook(obj) -> supported object`` is called for anything else, as in
-    msgspec; without one, such objects raise ``EncodeError``.
-
-    ``tensor_format="foreign"`` writes tensors as the ``{"__torch_tensor__": True,
-    "dtype", "shape", "data"}`` maps that verifiers and prime-rl read, instead of
-    extension types (slower: each tensor is copied into a ``bytes`` first).
-
-    ``reuse_buffer=True`` writes each message into the buffer of the previous one
-    when nothing but the encoder refers to that buffer any more (checked by reference
-    count, so any view, slice, decoded tensor or pending send that still holds it
-    keeps it safe, and the encoder takes a fresh buffer instead). The encoder then
-    keeps one buffer alive between calls, of a recent message's size (a message under
-    a quarter of it gets a fresh, smaller one): worth it where messages are encoded,
-    sent or written, and dropped, one after another.
+    Args:
+        enc_hook: ``enc_hook(obj) -> supported object``, called for anything else, as
+            in msgspec; without one, such objects raise ``EncodeError``.
+        tensor_format: ``"ext"`` (extension types), or ``"foreign"``: tensors as the
+            ``{"__torch_tensor__": True, "dtype", "shape", "data"}`` maps that verifiers
+            and prime-rl read (slower: each tensor is copied into a ``bytes`` first).
+        reuse_buffer: Write each message into the buffer of the previous one when
+            nothing but the encoder refers to that buffer any more (checked by reference
+            count, so any view, slice, decoded tensor or pending send that still holds it
+            keeps it safe, and the encoder takes a fresh buffer instead). The encoder then
+            keeps one buffer alive between calls, of a recent message's size (a message
+            under a quarter of it gets a fresh, smaller one): worth it where messages are
+            encoded, sent or written, and dropped, one after another.
     """
 
     def __init__(
@@ -158,8 +157,19 @@ class Encoder:
     # -- public -------------------------------------------------------------------
 
     def encode(self, obj: Any) -> bytes | memoryview:
-        """Encode ``obj``. Returns ``bytes`` when it holds no tensor, otherwise a
-        writable ``memoryview`` over a 64-byte-aligned buffer holding the message."""
+        """Encode ``obj`` as one message.
+
+        Args:
+            obj: The object to encode.
+
+        Returns:
+            ``bytes`` when it holds no tensor, otherwise a writable ``memoryview`` over a
+                64-byte-aligned buffer holding the message.
+
+        Raises:
+            EncodeError: A value the codec cannot put on the wire (and no ``enc_hook``
+                turns it into one).
+        """
         kind = type(obj)
         if kind is dict or kind is list or kind is tuple:
             self._budget = _LIFT_BUDGET

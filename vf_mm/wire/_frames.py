@@ -35,9 +35,10 @@ class FrameKind(IntEnum):
     """What a frame's payload is (the head's ``kind`` word)."""
 
     DATA = 0
-    """A message of the stream's content: the only kind in a stream file."""
+    """A message of the stream's content."""
     END = 1
-    """A sender's end-of-stream marker; the transport that sends it defines its payload."""
+    """A writer's end-of-stream marker (the last frame of a stream file, or a ZeroMQ
+    sender's last message); the transport that writes it defines its payload."""
 
 
 class FrameHeader(NamedTuple):
@@ -50,15 +51,28 @@ class FrameHeader(NamedTuple):
 
 
 def stream_header(*, checksum: bool = True) -> bytes:
-    """The 16 bytes a stream starts with; ``checksum`` sets ``STREAM_HAS_CRC``."""
+    """The 16 bytes a stream starts with.
+
+    Args:
+        checksum: Sets ``STREAM_HAS_CRC``: the stream's frames carry a crc32.
+    """
     head = struct.pack("<8sHH", STREAM_MAGIC, STREAM_VERSION, STREAM_HAS_CRC if checksum else 0)
     return head + struct.pack("<I", zlib.crc32(head))
 
 
 def parse_stream_header(data: Any) -> bool:
-    """Check the stream header at the start of ``data``; returns whether its frames carry
-    a crc32. Raises ``StreamHeaderError`` for anything else: fewer than 16 bytes, another
-    magic, a failed header crc32, another version, an unknown flag."""
+    """Check the stream header at the start of ``data``.
+
+    Args:
+        data: The stream's first bytes (at least 16).
+
+    Returns:
+        Whether its frames carry a crc32.
+
+    Raises:
+        StreamHeaderError: Anything else: fewer than 16 bytes, another magic, a failed
+            header crc32, another version, an unknown flag.
+    """
     head = bytes(memoryview(data)[:STREAM_HEADER_SIZE])
     if len(head) < STREAM_HEADER_SIZE:
         if head and not STREAM_MAGIC.startswith(head[: len(STREAM_MAGIC)]):
@@ -81,10 +95,16 @@ def parse_stream_header(data: Any) -> bool:
 
 
 def frame_header(message: Any, *, kind: FrameKind = FrameKind.DATA, checksum: bool = True) -> bytes:
-    """The 16-byte frame head for an encoded ``message``: its length, its crc32 (0 when
-    ``checksum`` is off, as the stream header must then say) and ``kind``."""
+    """The 16-byte frame head for an encoded ``message``.
+
+    Args:
+        message: The encoded message (its length and crc32 go into the head).
+        kind: The frame's kind.
+        checksum: Whether to fill in the crc32 (0 when off, as the stream header must
+            then say).
+    """
     n = memoryview(message).nbytes
-    crc = _crc(_LENGTH.pack(n), message) if checksum else 0
+    crc = _crc(FrameKind(kind), _LENGTH.pack(n), message) if checksum else 0
     return _FRAME_HEADER.pack(n, crc, FrameKind(kind))
 
 
@@ -95,9 +115,18 @@ def parse_frame_header(
     index: int = 0,
     offset: int = -1,
 ) -> FrameHeader:
-    """Unpack a 16-byte frame head. Fewer bytes mean the input ended inside it
-    (``TornFrameError``); a length over ``max_frame_bytes`` raises ``FrameTooLargeError``.
-    ``index`` and ``offset`` (-1: not a file) place the frame in error messages."""
+    """Unpack a 16-byte frame head.
+
+    Args:
+        head: The head's bytes; fewer than 16 mean the input ended inside it.
+        max_frame_bytes: The largest frame length accepted.
+        index: The frame's number, for error messages.
+        offset: The frame's byte offset (-1: not a file), for error messages.
+
+    Raises:
+        TornFrameError: Fewer than 16 bytes.
+        FrameTooLargeError: A length over ``max_frame_bytes``.
+    """
     head = memoryview(head).cast("B")
     if head.nbytes < FRAME_HEADER_SIZE:
         raise torn_frame(index, offset, FRAME_HEADER_SIZE, head.nbytes, "header")
@@ -124,9 +153,21 @@ def check_frame(
 ) -> FrameKind:
     """Check ``payload`` (the whole of it) against its ``header``; returns its kind.
 
-    ``checksum`` is what the stream header said. Raises ``CorruptFrameError`` when the
-    payload's size is not the declared length, when it fails its crc32 (or the crc32
-    field is not 0 in a stream without checksums), or when its kind is not in ``kinds``.
+    Args:
+        header: The frame's parsed head.
+        payload: The frame's message bytes.
+        checksum: What the stream header said (whether frames carry a crc32).
+        kinds: The frame kinds allowed here.
+        index: The frame's number, for error messages.
+        offset: The frame's byte offset in its file (-1: not a file), for error messages.
+
+    Returns:
+        The frame's kind.
+
+    Raises:
+        CorruptFrameError: The payload's size is not the declared length, it fails its
+            crc32 (or the crc32 field is not 0 in a stream without checksums), or its kind
+            is not in ``kinds``.
     """
     where = _where(index, offset)
     size = memoryview(payload).nbytes
@@ -136,9 +177,6 @@ def check_frame(
             offset=offset,
             index=index,
         )
-    expected = _crc(_LENGTH.pack(header.length), payload) if checksum else 0
-    if header.crc != expected:
-        raise CorruptFrameError(f"{where} fails its checksum", offset=offset, index=index)
     if header.kind not in kinds:
         accepted = ", ".join(f"{FrameKind(k).name} ({int(k)})" for k in sorted(kinds))
         found = (
@@ -151,7 +189,11 @@ def check_frame(
             offset=offset,
             index=index,
         )
-    return FrameKind(header.kind)
+    kind = FrameKind(header.kind)
+    expected = _crc(kind, _LENGTH.pack(header.length), payload) if checksum else 0
+    if header.crc != expected:
+        raise CorruptFrameError(f"{where} fails its checksum", offset=offset, index=index)
+    return kind
 
 
 def torn_frame(index: int, offset: int, expected: int, available: int, part: str) -> TornFrameError:
@@ -171,5 +213,10 @@ def _where(index: int, offset: int) -> str:
     return f"frame {index} at byte offset {offset}" if offset >= 0 else f"frame {index}"
 
 
-def _crc(length_bytes: bytes, payload: Any) -> int:
-    return zlib.crc32(payload, zlib.crc32(length_bytes))
+def _crc(kind: FrameKind, length_bytes: bytes, payload: Any) -> int:
+    """A frame's crc32: over its length bytes and payload, and for a kind other than
+    ``DATA`` its kind word before them, so a flipped kind bit between two kinds a reader
+    accepts is caught, while a ``DATA`` frame's bytes stay what they were before other
+    kinds existed."""
+    start = 0 if kind == FrameKind.DATA else zlib.crc32(struct.pack("<I", kind))
+    return zlib.crc32(payload, zlib.crc32(length_bytes, start))

@@ -1,10 +1,15 @@
 """Stream files: many messages in one file or pipe, safe against a writer cut off mid-write.
 
 A stream is a stream header and then one ``DATA`` frame per item, laid out as
-``vf_mm/wire/_frames.py`` documents; its end is the end of the input (a file holds no
-end marker). A stream that ends inside a frame head or payload is *torn*: the reader
-yields every whole frame before it, then raises ``TornFrameError`` with the torn
-frame's offset. Nothing is dropped silently and no partial frame is ever decoded.
+``vf_mm/wire/_frames.py`` documents, and, where its writer says how it finished, an
+``END`` frame (an *end marker*, ``StreamWriter.write_end``: its message is the writer's
+account, e.g. the trainer hop's ``{"sent", "error"}``). The input ends where it ends;
+an end marker is never an item: a reader keeps the decoded markers in ``ends``, and
+``ended`` says whether the last frame it read was one, which tells a writer that
+finished (or said why it stopped) from one cut off. A stream that ends inside a frame
+head or payload is *torn*: the reader yields every whole frame before it, then raises
+``TornFrameError`` with the torn frame's offset. Nothing is dropped silently and no
+partial frame is ever decoded.
 
 Each frame is read into its own freshly allocated, 64-byte-aligned buffer, so the
 reader holds at most one frame in memory and decoded tensors are writable views of
@@ -28,6 +33,7 @@ from vf_mm.wire._frames import (
     DEFAULT_MAX_FRAME_BYTES,
     FRAME_HEADER_SIZE,
     STREAM_HEADER_SIZE,
+    FrameKind,
     check_frame,
     frame_header,
     parse_frame_header,
@@ -37,6 +43,7 @@ from vf_mm.wire._frames import (
 )
 
 _CHUNK = 64 << 20  # reads from pipes grow a frame this much at a time
+_KINDS = (FrameKind.DATA, FrameKind.END)  # what a stream file holds
 
 Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
 
@@ -44,15 +51,25 @@ Source = str | os.PathLike[str] | BinaryIO | IO[bytes]
 class StreamWriter:
     """Writes items as ``DATA`` frames. Use as a context manager, or call ``close()``.
 
-    ``target`` is a path (created, or appended to with ``append=True``: the existing
-    stream's checksum setting is kept) or a binary file object (we write a stream header
-    first unless ``append=True``; then ``checksum`` must match the stream's).
     Appending to a path checks the file first: a torn tail raises ``TornFrameError``
     (truncate it with ``repair_stream``) rather than hiding later frames behind it.
 
-    The default ``encoder`` is an ``Encoder(reuse_buffer=True)``: each frame is encoded
-    into the buffer of the frame before, which was written and dropped, so a long
-    stream faults in its buffer's pages once, not once per frame.
+    Args:
+        target: A path (created, or appended to with ``append=True``: the existing
+            stream's checksum setting is kept) or a binary file object (we write a stream
+            header first unless ``append=True``; then ``checksum`` must match the
+            stream's).
+        append: Append to an existing stream instead of starting one.
+        checksum: Whether frames carry a crc32.
+        max_frame_bytes: The largest frame written; a larger one raises
+            ``FrameTooLargeError``.
+        encoder: The default is an ``Encoder(reuse_buffer=True)``: each frame is encoded
+            into the buffer of the frame before, which was written and dropped, so a long
+            stream faults in its buffer's pages once, not once per frame.
+
+    Raises:
+        TornFrameError: Appending to a file whose tail is torn.
+        StreamHeaderError: Appending to a file that is not a vf_mm stream.
     """
 
     def __init__(
@@ -84,11 +101,27 @@ class StreamWriter:
         self._file.write(stream_header(checksum=checksum))
 
     def write(self, item: Any) -> int:
-        """Encode and write one item; returns the frame's size in bytes."""
+        """Encode and write one item; returns the frame's size in bytes.
+
+        Args:
+            item: The object to encode.
+
+        Raises:
+            EncodeError: A value the encoder cannot put on the wire.
+            FrameTooLargeError: A frame over ``max_frame_bytes``.
+        """
         return self.write_message(self.encoder.encode(item))
 
-    def write_message(self, message: Any) -> int:
-        """Write an already encoded message as one frame."""
+    def write_message(self, message: Any, *, kind: FrameKind = FrameKind.DATA) -> int:
+        """Write an already encoded message as one frame; returns the frame's size in bytes.
+
+        Args:
+            message: The encoded message's bytes.
+            kind: The frame's kind (``DATA``; ``END`` for an end marker: ``write_end``).
+
+        Raises:
+            FrameTooLargeError: A frame over ``max_frame_bytes``.
+        """
         n = memoryview(message).nbytes
         if n > self.max_frame_bytes:
             raise FrameTooLargeError(
@@ -97,10 +130,25 @@ class StreamWriter:
                 length=n,
                 limit=self.max_frame_bytes,
             )
-        self._file.write(frame_header(message, checksum=self.checksum))
+        self._file.write(frame_header(message, kind=kind, checksum=self.checksum))
         self._file.write(message)
         self.frames_written += 1
         return FRAME_HEADER_SIZE + n
+
+    def write_end(self, marker: Any) -> int:
+        """Encode ``marker`` and write it as the stream's end marker; returns its size.
+
+        The marker is an ``END`` frame, flushed: how the writer finished, for readers to
+        tell that from a writer cut off. Items written after it (an appended stream) are
+        read as usual.
+
+        Args:
+            marker: What the writer says about its end (the transport's ``{"sent",
+                "error"}``).
+        """
+        size = self.write_message(self.encoder.encode(marker), kind=FrameKind.END)
+        self.flush()
+        return size
 
     def flush(self) -> None:
         self._file.flush()
@@ -126,7 +174,15 @@ def write_stream(
     checksum: bool = True,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> int:
-    """Write ``items`` as a framed stream; returns the number of frames written."""
+    """Write ``items`` as a framed stream; returns the number of frames written.
+
+    Args:
+        target: A path or a binary file object (see ``StreamWriter``).
+        items: The objects to write, one frame each.
+        append: Append to an existing stream instead of starting one.
+        checksum: Whether frames carry a crc32.
+        max_frame_bytes: The largest frame written.
+    """
     with StreamWriter(
         target, append=append, checksum=checksum, max_frame_bytes=max_frame_bytes
     ) as writer:
@@ -144,14 +200,27 @@ class StreamReader:
     reader tailing a file that is still being written can keep ``offset`` and come back
     later.
 
-    ``errors="raise"`` (the default) raises at a frame that fails ``check_frame`` (its
-    crc32, or a kind other than ``DATA``) or whose message does not decode.
-    ``errors="skip"`` records such a frame's error in ``skipped`` (as ``(index, offset,
-    error)``) and goes on to the next frame: its length was intact, so nothing after it
-    is lost. A torn tail and a frame over ``max_frame_bytes`` always raise, because the
-    frames after them cannot be found.
+    ``END`` frames (end markers) are not items: each one's decoded message is appended
+    to ``ends``, and ``ended`` says whether the last frame read was one (a stream read to
+    its end with ``ended`` False was cut off, or is still being written).
 
-    ``raw=True`` yields each frame's message bytes undecoded.
+    Args:
+        source: A path or a binary file object.
+        tensors: What tensors come back as (see ``Decoder``).
+        max_frame_bytes: The largest frame accepted.
+        errors: ``"raise"`` (the default) raises at a frame that fails ``check_frame``
+            (its crc32, or a kind other than ``DATA`` and ``END``) or whose message does not decode.
+            ``"skip"`` records such a frame's error in ``skipped`` (as ``(index, offset,
+            error)``) and goes on to the next frame: its length was intact, so nothing
+            after it is lost. A torn tail and a frame over ``max_frame_bytes`` always
+            raise, because the frames after them cannot be found.
+        raw: Yield each frame's message bytes undecoded.
+
+    Raises:
+        StreamHeaderError: Not a vf_mm stream, or a version we do not read.
+        TornFrameError: The stream ends inside a frame (after the last whole one).
+        FrameTooLargeError: A frame over ``max_frame_bytes``.
+        CorruptFrameError: A frame failing its checks (``errors="raise"``).
     """
 
     def __init__(
@@ -178,6 +247,8 @@ class StreamReader:
         self.index = 0
         self.frame_offset = -1
         self.skipped: list[tuple[int, int, Exception]] = []
+        self.ends: list[Any] = []
+        self.ended = False
         try:
             self.offset = self._read_header()
         except BaseException:
@@ -196,20 +267,22 @@ class StreamReader:
             frame = self._next_frame()
             if frame is None:
                 raise StopIteration
-            start, message = frame
-            self.frame_offset = start
-            if self.raw:
-                return message
+            start, message, kind = frame
+            self.ended = kind == FrameKind.END
             try:
-                return self.decoder.decode(message)
+                if self.ended:
+                    self.ends.append(self.decoder.decode(message))
+                    continue
+                self.frame_offset = start
+                return message if self.raw else self.decoder.decode(message)
             except DecodeError as exc:
                 exc.add_note(f"in frame {self.index - 1} at byte offset {start}")
                 if self.errors == "raise":
                     raise
                 self.skipped.append((self.index - 1, start, exc))
 
-    def _next_frame(self) -> tuple[int, memoryview] | None:
-        """The next whole frame's (offset, message); None at a clean end."""
+    def _next_frame(self) -> tuple[int, memoryview, FrameKind] | None:
+        """The next whole frame's (offset, message, kind); None at a clean end."""
         while True:
             start, index = self.offset, self.index
             head = _read_exactly(self._file, FRAME_HEADER_SIZE)
@@ -228,13 +301,15 @@ class StreamReader:
             self.offset = start + FRAME_HEADER_SIZE + length
             self.index += 1
             try:
-                check_frame(header, message, checksum=self.checksum, index=index, offset=start)
+                kind = check_frame(
+                    header, message, checksum=self.checksum, kinds=_KINDS, index=index, offset=start
+                )
             except CorruptFrameError as error:
                 if self.errors == "raise":
                     raise
                 self.skipped.append((index, start, error))
                 continue
-            return start, message.data
+            return start, message.data, kind
 
     def close(self) -> None:
         if self._owns:
@@ -253,8 +328,17 @@ def read_stream(
     tensors: TensorType = "auto",
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> Iterator[Any]:
-    """Yield each item of a framed stream; raises ``TornFrameError`` after the last
-    whole frame of a torn stream. See ``StreamReader`` for skipping bad frames."""
+    """Yield each item of a framed stream. See ``StreamReader`` for skipping bad frames.
+
+    Args:
+        source: A path or a binary file object.
+        tensors: What tensors come back as (see ``Decoder``).
+        max_frame_bytes: The largest frame accepted.
+
+    Raises:
+        TornFrameError: After the last whole frame of a torn stream.
+        StreamHeaderError: Not a vf_mm stream, or a version we do not read.
+    """
     with StreamReader(source, tensors=tensors, max_frame_bytes=max_frame_bytes) as reader:
         yield from reader
 
@@ -262,7 +346,12 @@ def read_stream(
 def repair_stream(
     path: str | os.PathLike[str], *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 ) -> int:
-    """Truncate a torn tail off a stream file; returns the number of bytes removed."""
+    """Truncate a torn tail off a stream file; returns the number of bytes removed.
+
+    Args:
+        path: The stream file.
+        max_frame_bytes: The largest frame accepted while finding the last whole frame.
+    """
     path = Path(path)
     size = path.stat().st_size
     try:

@@ -37,7 +37,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class WireDType:
-    """One element type: its wire ``code``, torch ``name`` and ``itemsize`` in bytes."""
+    """One element type of the wire.
+
+    Args:
+        code: Its wire code.
+        name: Its torch name.
+        itemsize: Its size in bytes.
+        numpy: Its numpy name, when numpy has it.
+        ml_dtypes: Its ``ml_dtypes`` name, for the types numpy lacks (bfloat16, float8).
+    """
 
     code: int
     name: str  # torch's attribute name: torch.<name>
@@ -105,7 +113,14 @@ if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
 
 
 def by_code(code: int) -> WireDType:
-    """The dtype with wire code ``code``; ``DecodeError`` for a code not in the table."""
+    """The dtype with wire code ``code``.
+
+    Args:
+        code: A wire code.
+
+    Raises:
+        DecodeError: A code not in the table.
+    """
     try:
         return _BY_CODE[code]
     except KeyError:
@@ -113,7 +128,14 @@ def by_code(code: int) -> WireDType:
 
 
 def by_name(name: str) -> WireDType:
-    """Resolve a dtype spelled as torch or numpy would print it ('torch.bfloat16', 'float32', '<f4')."""
+    """Resolve a dtype spelled as torch or numpy would print it.
+
+    Args:
+        name: ``'torch.bfloat16'``, ``'float32'``, ``'<f4'``, ...
+
+    Raises:
+        DecodeError: A name not in the table.
+    """
     key = name.removeprefix("torch.")
     key = _ALIASES.get(key, key)
     found = _BY_NAME.get(key)
@@ -162,7 +184,14 @@ def _numpy() -> Any:
 
 @cache
 def torch_dtype(wire: WireDType) -> Any:
-    """The torch dtype for ``wire``; ``MissingDependencyError`` when this torch lacks it."""
+    """The torch dtype for ``wire``.
+
+    Args:
+        wire: A wire dtype.
+
+    Raises:
+        MissingDependencyError: This torch lacks it.
+    """
     torch = torch_module()
     dtype = getattr(torch, wire.name, None)
     if dtype is None:
@@ -177,7 +206,14 @@ def _torch_index() -> dict[Any, WireDType]:
 
 
 def from_torch(dtype: Any) -> WireDType:
-    """The wire dtype of a torch dtype; ``EncodeError`` for one the wire cannot carry."""
+    """The wire dtype of a torch dtype.
+
+    Args:
+        dtype: A torch dtype.
+
+    Raises:
+        EncodeError: A dtype the wire cannot carry.
+    """
     try:
         return _torch_index()[dtype]
     except KeyError:
@@ -186,7 +222,14 @@ def from_torch(dtype: Any) -> WireDType:
 
 @cache
 def numpy_dtype(wire: WireDType) -> Any:
-    """The numpy dtype for ``wire``; bfloat16 and float8 need the ml_dtypes package."""
+    """The numpy dtype for ``wire``.
+
+    Args:
+        wire: A wire dtype.
+
+    Raises:
+        MissingDependencyError: bfloat16 and float8 need the ml_dtypes package.
+    """
     np = _numpy()
     if wire.numpy is not None:
         return np.dtype(wire.numpy)
@@ -208,7 +251,14 @@ def _numpy_index() -> dict[Any, WireDType]:
 
 
 def from_numpy(dtype: Any) -> WireDType:
-    """The wire dtype of a numpy dtype, either byte order (the encoder swaps to little-endian)."""
+    """The wire dtype of a numpy dtype, either byte order (the encoder swaps to little-endian).
+
+    Args:
+        dtype: A numpy dtype.
+
+    Raises:
+        EncodeError: A dtype the wire cannot carry.
+    """
     np = _numpy()
     dtype = np.dtype(dtype)
     # ml_dtypes registers bfloat16 and the float8s under their own names (kind 'V' or 'f')

@@ -49,13 +49,23 @@ _NO_ID = object()
 
 
 class WorkerPool:
-    """W workers that run an environment's groups. Use as ``async with``, or call
-    ``start`` and ``aclose``.
+    """W workers that run an environment's groups.
 
-    ``transport``: ``"process"`` (subprocesses of this machine) or ``"ray"`` (actors on
-    the Ray cluster at ``ray_address``; None starts or joins a local one; needs the
-    optional ``ray`` package). ``threads``: torch threads per process worker (default:
-    this machine's cores shared among the workers).
+    Use as ``async with``, or call ``start`` and ``aclose``.
+
+    Args:
+        spec: How each worker builds its environment and client.
+        workers: How many workers (>= 1).
+        transport: ``"process"`` (subprocesses of this machine) or ``"ray"`` (actors on
+            the Ray cluster at ``ray_address``; needs the optional ``ray`` package).
+        ray_address: The Ray cluster; None starts or joins a local one.
+        max_restarts: How many times a dead worker is replaced, per worker.
+        threads: Torch threads per process worker (default: this machine's cores shared
+            among the workers).
+        start_timeout_s: How long a worker may take to build its environment and client.
+
+    Raises:
+        ValueError: ``workers`` under 1, an unknown ``transport``.
     """
 
     def __init__(
@@ -183,16 +193,33 @@ class WorkerPool:
         on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
         keep_outputs: bool | None = None,
     ) -> None:
-        """``Environment.evaluate``'s contract, run in the workers: each example's group
-        is scored together, and each scored rollout goes to ``on_result(output, index)``
-        as its group finishes. ``env`` is the parent's copy of the environment (the
-        workers load their own from the spec); only its rows travel.
+        """``Environment.evaluate``'s contract, run in the workers.
 
-        ``rows`` (any iterable, a generator included) is read as workers free up: a row
-        becomes a group only when a driver has room for it, so the groups held here are
-        those in flight and those waiting to run again after a worker died, never the
-        whole run. Outputs are never kept (``keep_outputs`` is accepted for the shared
-        signature; ``True`` is refused: use ``on_result``)."""
+        A group that two workers died on is recorded as failed with ``WorkerLostError``, not
+        raised. Each example's group is scored together, and each scored rollout goes to
+        ``on_result(output, index)`` as its group finishes. A row becomes a group only when a
+        driver has room for it, so the groups held here are those in flight and those waiting
+        to run again after a worker died, never the whole run.
+
+        Args:
+            env: The parent's copy of the environment (the workers load their own from the
+                spec); only its rows travel.
+            rows: Any iterable, a generator included, read as workers free up.
+            example_ids: Names the rows, in step with them (default: a row's ``example_id``,
+                else its position).
+            rollouts_per_example: Rollouts per row (a group).
+            concurrency: The most rollouts running at once, over all workers.
+            sampling_args: Sampling over the environment's defaults.
+            seed: Seeds sampling per rollout.
+            skip: ``(example_id, rollout_index)`` pairs already done.
+            on_result: Called with each scored rollout and its index.
+            keep_outputs: Accepted for the shared signature; outputs are never kept, and
+                ``True`` is refused: use ``on_result``.
+
+        Raises:
+            WorkerStartError: A worker cannot start (every worker would fail the same way).
+            ValueError: ``keep_outputs=True``, or fewer ``example_ids`` than rows.
+        """
         if not self._workers:
             raise RuntimeError("start() the pool first")
         if keep_outputs:

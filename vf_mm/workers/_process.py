@@ -30,7 +30,15 @@ from vf_mm.workers._worker import GroupRunner
 
 
 class ProcessWorker:
-    """A worker process. ``start`` (once), ``run`` tasks (many at once), ``close``."""
+    """A worker process. ``start`` (once), ``run`` tasks (many at once), ``close``.
+
+    Args:
+        spec: How the worker builds its environment and client.
+        name: The process's name.
+        threads: Torch threads in the process.
+        start_timeout_s: How long the process may take to build its environment and
+            client before ``start`` fails.
+    """
 
     def __init__(
         self,
@@ -89,8 +97,14 @@ class ProcessWorker:
             return ("fatal", f"it exited with code {self._process.exitcode} while starting")
 
     async def run(self, task: GroupTask) -> GroupResult | RolloutError:
-        """The task's result, or the error its group failed with inside the worker;
-        ``WorkerLostError`` if the worker dies first."""
+        """The task's result, or the error its group failed with inside the worker.
+
+        Args:
+            task: One example's rollouts.
+
+        Raises:
+            WorkerLostError: The worker dies first.
+        """
         if self._lost is not None:
             raise self._lost
         assert self._loop is not None, "start() the worker first"

@@ -21,12 +21,17 @@ from vf_mm.types import RolloutError, RolloutOutput
 class WorkerSpec:
     """How a worker builds what it runs, in its own process.
 
-    ``make_client`` is called once per worker to build its ``RendererClient`` (its own
-    backend: a ``VLLMBackend`` to the same servers, or its own ``LocalBackend``); it must
-    pickle (a module-level function, or a ``functools.partial`` of one). The environment
-    is loaded by ``vf_mm.load_environment(env_id, search_paths=env_dirs, **env_args)``,
-    as the parent loaded it: the worker needs its rubric and rollout logic, while the
-    rows come from the parent one group at a time.
+    The worker needs the environment's rubric and rollout logic, while the rows come from
+    the parent one group at a time.
+
+    Attributes:
+        env_id: The environment, loaded by ``vf_mm.load_environment(env_id,
+            search_paths=env_dirs, **env_args)`` as the parent loaded it.
+        make_client: Called once per worker to build its ``RendererClient`` (its own
+            backend: a ``VLLMBackend`` to the same servers, or its own ``LocalBackend``); it
+            must pickle (a module-level function, or a ``functools.partial`` of one).
+        env_args: The environment's ``load_environment`` arguments.
+        env_dirs: Folders searched for the environment.
     """
 
     env_id: str
@@ -37,9 +42,19 @@ class WorkerSpec:
 
 @dataclass(slots=True)
 class GroupTask:
-    """One example's rollouts to run: ``indices`` of ``rollouts_per_example`` (the others
-    are done already, e.g. in a resumed run). ``attempts`` counts the workers that died
-    while running it."""
+    """One example's rollouts to run.
+
+    Attributes:
+        task_id: The task's id.
+        row: The dataset row.
+        example_id: The example's id.
+        indices: Which of the ``rollouts_per_example`` to run (the others are done
+            already, e.g. in a resumed run).
+        rollouts_per_example: The group's size.
+        sampling_args: Sampling over the environment's defaults.
+        seed: Seeds sampling per rollout.
+        attempts: Counts the workers that died while running it.
+    """
 
     task_id: int
     row: dict[str, Any]
@@ -53,8 +68,13 @@ class GroupTask:
 
 @dataclass(slots=True)
 class GroupResult:
-    """A worker's answer: ``(rollout_index, output)`` for each index of the task, scored
-    together, and the worker's ``ClientStats`` so far (the parent sums the workers')."""
+    """A worker's answer to one ``GroupTask``.
+
+    Attributes:
+        task_id: The task's id.
+        outputs: ``(rollout_index, output)`` for each index of the task, scored together.
+        stats: The worker's ``ClientStats`` so far (the parent sums the workers').
+    """
 
     task_id: int
     outputs: list[tuple[int, RolloutOutput]]

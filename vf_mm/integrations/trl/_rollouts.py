@@ -90,9 +90,22 @@ class Record:
 
 
 class TRLRollouts:
-    """TRL's ``rollout_func`` over ``env``'s ``rows``, sampling with a ``LocalBackend``
-    on the checkpoint ``model`` (built on the first call, on the trainer's device unless
-    ``backend_options`` name one). Module docstring: what holds."""
+    """TRL's ``rollout_func`` over ``env``'s ``rows``, sampling with a ``LocalBackend``.
+
+    Module docstring: what holds.
+
+    Args:
+        env: The vf_mm environment.
+        model: The checkpoint the ``LocalBackend`` samples with (built on the first call, on
+            the trainer's device unless ``backend_options`` name one).
+        rows: The training rows; a prompt's example is its index in them.
+        sampling_args: Sampling over the environment's defaults (checked now).
+        backend_options: ``LocalBackend`` keyword arguments.
+        image_backend: The renderer's image processing (``"auto"``, ``"pil"``,
+            ``"torchvision"``).
+        family: The checkpoint's ``model_type``: the trainer rebuilds the forward's image
+            inputs for it.
+    """
 
     def __init__(
         self,

@@ -55,6 +55,20 @@ class VfMMHarness(vf.Harness[VfMMHarnessConfig]):
         mcp_urls: dict[str, str],
         data: vf.TaskData,
     ) -> ProgramResult:
+        """Run the task's row of the vf_mm environment against the interception endpoint.
+
+        The rollout goes through an ``OpenAIChatBackend`` on ``endpoint``; its reward, metrics,
+        error and turns are stored in ``trace.info`` for ``VfMMTask`` to read.
+
+        Args:
+            ctx: The model context (its model name).
+            trace: The trace the result is stored in.
+            runtime: verifiers' runtime (unused: nothing runs in a container).
+            endpoint: The interception endpoint's base URL.
+            secret: Its API key.
+            mcp_urls: verifiers' MCP servers (unused).
+            data: The task's data (a ``VfMMTaskData``: env, env args, split, example id).
+        """
         from vf_mm.client import RendererClient
         from vf_mm.inference import OpenAIChatBackend
 

@@ -61,11 +61,12 @@ REMEMBERED = 4096
 class VfMMRendererConfig(BaseRendererConfig):
     """The fields of ``renderers``' ``custom`` config beside ``import_path``.
 
-    ``model``: the checkpoint directory vf_mm's renderer loads from (None: the directory
-    the tokenizer was loaded from, ``tokenizer.name_or_path``, which is what verifiers'
-    ``renderer_model_name`` names). ``image_backend``: vf_mm's image processing (``"auto"``,
-    ``"pil"``, ``"torchvision"``); the server that expands the images must process them
-    the same way.
+    Attributes:
+        model: The checkpoint directory vf_mm's renderer loads from (None: the directory
+            the tokenizer was loaded from, ``tokenizer.name_or_path``, which is what
+            verifiers' ``renderer_model_name`` names).
+        image_backend: vf_mm's image processing (``"auto"``, ``"pil"``, ``"torchvision"``);
+            the server that expands the images must process them the same way.
     """
 
     model: str | None = None
@@ -75,8 +76,14 @@ class VfMMRendererConfig(BaseRendererConfig):
 
 
 class VfMMRenderer:
-    """A ``renderers.Renderer`` (and ``MultimodalRenderer`` for a vision checkpoint) whose
-    every render, bridge and parse is vf_mm's (see the module docstring)."""
+    """A ``renderers.Renderer`` whose every render, bridge and parse is vf_mm's.
+
+    A ``MultimodalRenderer`` too for a vision checkpoint; see the module docstring.
+
+    Args:
+        tokenizer: The tokenizer ``renderers`` loaded.
+        config: Where vf_mm's renderer loads from and how it processes images.
+    """
 
     config_class: ClassVar[type[BaseRendererConfig]] = VfMMRendererConfig
     supports_process_multimodal: ClassVar[bool] = True
@@ -140,8 +147,15 @@ class VfMMRenderer:
         add_generation_prompt: bool = False,
         process_multimodal: bool = True,
     ) -> RRenderedTokens:
-        """vf_mm's render of ``messages``; with ``process_multimodal=False`` each image's
-        range collapsed to its one pad (the ``content_parts`` form)."""
+        """vf_mm's render of ``messages``.
+
+        Args:
+            messages: The conversation.
+            tools: Tool schemas.
+            add_generation_prompt: End with the assistant turn's opening.
+            process_multimodal: False collapses each image's range to its one pad (the
+                ``content_parts`` form).
+        """
         rendered = self.renderer.render(
             messages, tools=tools, add_generation_prompt=add_generation_prompt
         )
@@ -154,6 +168,13 @@ class VfMMRenderer:
         tools: list[Any] | None = None,
         add_generation_prompt: bool = False,
     ) -> list[int]:
+        """The token ids of ``render``.
+
+        Args:
+            messages: The conversation.
+            tools: Tool schemas.
+            add_generation_prompt: End with the assistant turn's opening.
+        """
         return self.render(
             messages, tools=tools, add_generation_prompt=add_generation_prompt
         ).token_ids
@@ -168,9 +189,21 @@ class VfMMRenderer:
         previous_multi_modal_data: RMultiModalData | None = None,
         process_multimodal: bool = True,
     ) -> RRenderedTokens | None:
-        """vf_mm's bridge onto the previous turn. The previous prompt is looked up among the
-        prompts this renderer returned (its expanded ids and images); one it did not
-        return is taken as it is when it holds no pad, else re-rendered (None)."""
+        """vf_mm's bridge onto the previous turn.
+
+        The previous prompt is looked up among the prompts this renderer returned (its expanded
+        ids and images); one it did not return is taken as it is when it holds no pad, else
+        re-rendered (None).
+
+        Args:
+            previous_prompt_ids: The previous turn's prompt ids.
+            previous_completion_ids: The previous turn's sampled ids.
+            new_messages: The messages after the previous turn's assistant message.
+            tools: Tool schemas.
+            previous_multi_modal_data: The previous prompt's multi-modal data.
+            process_multimodal: False collapses each image's range to its one pad (the
+                ``content_parts`` form).
+        """
         previous = [int(t) for t in previous_prompt_ids]
         remembered = self._lookup(previous)
         if remembered is not None:
@@ -202,8 +235,15 @@ class VfMMRenderer:
         tools: list[Any] | None = None,
         prompt_ids: list[int] | None = None,
     ) -> RParsedResponse:
-        """vf_mm's parse of a completion (reasoning, content, tool calls); a call vf_mm could
-        not read comes back as a malformed attempt, its raw text kept."""
+        """vf_mm's parse of a completion (reasoning, content, tool calls).
+
+        A call vf_mm could not read comes back as a malformed attempt, its raw text kept.
+
+        Args:
+            token_ids: The sampled ids.
+            tools: Tool schemas (not needed: vf_mm's renderer knows the format).
+            prompt_ids: The prompt's ids (not needed).
+        """
         parsed = self.renderer.parse_response(list(token_ids))
         calls = [
             ParsedToolCall(

@@ -32,8 +32,15 @@ from vf_mm.types import PlaceholderRange
 
 
 def trace_samples(trace: Any, renderer: Any, *, advantage: float = 0.0) -> list[Sample]:
-    """The training samples of a verifiers ``Trace``, one per branch with tokens left to
-    train (see the module docstring); ``advantage`` goes on every trained token."""
+    """The training samples of a verifiers ``Trace``: one per branch with tokens to train.
+
+    See the module docstring.
+
+    Args:
+        trace: The trace.
+        renderer: As for ``branch_sample``.
+        advantage: Goes on every trained token.
+    """
     trained: set[int] = set()
     samples = []
     for branch in trace.branches:
@@ -60,10 +67,13 @@ def branch_sample(
 ) -> Sample:
     """The training sample of a verifiers ``Branch`` (see the module docstring).
 
-    ``renderer``: the ``VfMMRenderer`` the run rendered with (or any object with its
-    ``renderer``, a vf_mm renderer). ``advantage`` goes on every trained token. ``mask``:
-    the tokens to train (default the branch's ``sampled_mask``); logprobs are kept on them
-    only.
+    Args:
+        branch: The branch.
+        renderer: The ``VfMMRenderer`` the run rendered with (or any object with its
+            ``renderer``, a vf_mm renderer).
+        advantage: Goes on every trained token.
+        mask: The tokens to train (default the branch's ``sampled_mask``); logprobs are
+            kept on them only.
     """
     inner = getattr(renderer, "renderer", renderer)
     vision = inner.vision if inner.is_multimodal else None

@@ -66,10 +66,20 @@ class VfMMTask(vf.Task[VfMMTaskData, vf.State, vf.TaskConfig]):
 
     @vf.reward
     async def reward(self, trace: vf.Trace) -> float:
+        """The environment rubric's reward, as the harness stored it.
+
+        Args:
+            trace: The task's trace.
+        """
         return float(_result(trace)["reward"])
 
     @vf.metric
     async def metrics(self, trace: vf.Trace) -> dict[str, float]:
+        """The environment rubric's metrics, as the harness stored them (``vf_mm/<name>``).
+
+        Args:
+            trace: The task's trace.
+        """
         return {f"vf_mm/{k}": float(v) for k, v in _result(trace)["metrics"].items()}
 
 

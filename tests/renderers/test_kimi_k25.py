@@ -1,0 +1,389 @@
+"""Kimi-K2.5 (``kimi_k25``): its text format exact against the ``renderers`` package.
+
+No verbatim Kimi-K2.5 chat template is public. The oracle is ``renderers`` 0.1.12, which
+renders Kimi-K2.5 in code against pinned Hub revisions: its token ids for each golden
+conversation, with the tiny checkpoint's tokenizer, are recorded in
+``golden/kimi_k25_oracle.json`` (``golden/kimi_k25_oracle.py`` writes them in a venv
+that has the package). Both the tiny checkpoint's template (vf_mm's own) and the one
+circulating copy of Kimi-K2.5's template (radixark/miles' ``kimi_k25_fixed.jinja``, with
+a ``preserve_thinking`` gate added; off, as here, it renders the oracle's ids) must give
+those ids. Images are compared in their message-level form (one ``<|media_pad|>`` per
+image); their pixels need torchvision (transformers 5.23 has no PIL image processor for
+Kimi-K2.5), so without it the renderer is refused naming torchvision.
+
+The default tier has no torchvision, so the renderer here is the tiny checkpoint's
+tokenizer with the family's stop tokens and call format: Kimi-K2.5 without its images.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import vf_mm as vf
+from vf_mm.errors import MissingDependencyError, RenderError
+from vf_mm.models import family_info, torchvision_available
+from vf_mm.renderers import ChatTemplateRenderer, load_renderer
+from vf_mm.renderers._kimi import typescript_tools
+from vf_mm.testing import build_tiny_vlm
+
+GOLDEN = Path(__file__).parent / "golden"
+ORACLE = json.loads((GOLDEN / "kimi_k25_oracle.json").read_text())["cases"]
+MILES = (GOLDEN / "kimi_k25_miles_MODIFIED.jinja").read_text()
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("kimi_k25") / "m", "kimi_k25")
+
+
+@pytest.fixture(scope="module")
+def renderer(kimi) -> ChatTemplateRenderer:
+    from transformers import AutoTokenizer
+
+    info = family_info("kimi_k25")
+    return ChatTemplateRenderer(
+        AutoTokenizer.from_pretrained(kimi), name="kimi_k25", stop_tokens=info.stop_tokens,
+        tool_format=info.tool_format,
+    )  # fmt: skip
+
+
+def template_ids(renderer: ChatTemplateRenderer, case: dict[str, Any], template: str | None):
+    tokenizer = renderer.tokenizer
+    kwargs: dict[str, Any] = {"thinking": False} if case.get("thinking") is False else {}
+    if case.get("tools"):  # what Kimi's tokenizer hands the template beside the tools
+        kwargs["tools_ts_str"] = typescript_tools(case["tools"])
+    text = tokenizer.apply_chat_template(
+        case["messages"], tools=case.get("tools"), tokenize=False, chat_template=template,
+        add_generation_prompt=case["add_generation_prompt"], **kwargs,
+    )  # fmt: skip
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("case", ORACLE, ids=[c["name"] for c in ORACLE])
+def test_the_tiny_template_and_the_circulating_one_render_the_oracles_ids(renderer, case):
+    """Text, reasoning kept after the last answer and dropped up to it, calls, tool
+    results, names, the thinking switch and each image's markup: the tiny template, and
+    the miles copy with its gate off, give the oracle's ids token for token."""
+    assert template_ids(renderer, case, None) == case["ids"]
+    assert template_ids(renderer, case, MILES) == case["ids"]
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in ORACLE if "image" not in c["name"]], ids=lambda c: c["name"]
+)
+def test_the_renderer_renders_the_oracles_ids(renderer, case):
+    kwargs = {"thinking": False} if case.get("thinking") is False else {}
+    tokenizer = renderer.tokenizer
+    r = ChatTemplateRenderer(tokenizer, name="kimi_k25", template_kwargs=kwargs,
+                             stop_tokens=family_info("kimi_k25").stop_tokens, tool_format="kimi")  # fmt: skip
+    rendered = r.render(case["messages"], tools=case.get("tools"),
+                        add_generation_prompt=case["add_generation_prompt"])  # fmt: skip
+    assert rendered.token_ids == case["ids"]
+
+
+def sampled(renderer: ChatTemplateRenderer, text: str) -> list[int]:
+    ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [*ids, renderer.stop_token_ids[0]]
+
+
+def test_a_turn_of_reasoning_and_calls_parses_and_re_renders_as_sampled(renderer):
+    """Reasoning (the prompt opened the think block), content and two calls come back
+    parsed; the calls keep the ids and arguments text the model wrote (the template
+    writes a call as its id, where Kimi's format names the function), so the parsed
+    message renders as the tokens sampled."""
+    user = {"role": "user", "content": "Crop it."}
+    prompt = renderer.render([user]).token_ids
+    calls = renderer.format_tool_calls([("zoom", {"x": 1, "label": "a\nb"}), ("look", {})])
+    assert calls == (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.zoom:0"
+        '<|tool_call_argument_begin|>{"x": 1, "label": "a\\nb"}<|tool_call_end|>'
+        "<|tool_call_begin|>functions.look:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+        "<|tool_calls_section_end|>"
+    )
+    completion = sampled(renderer, "a crop helps</think>Cropping." + calls)
+    parsed = renderer.parse_response(completion)
+    assert parsed.reasoning == "a crop helps" and parsed.content == "Cropping."
+    assert not parsed.tool_call_errors
+    assert [(c["id"], c["function"]["name"]) for c in parsed.tool_calls] == [
+        ("functions.zoom:0", "zoom"), ("functions.look:1", "look"),
+    ]  # fmt: skip
+    result = {"role": "tool", "tool_call_id": "functions.zoom:0", "content": "ok"}
+    history = renderer.render([user, parsed.message, result], add_generation_prompt=False)
+    assert history.token_ids[: len(prompt) + len(completion)] == [*prompt, *completion]
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [("<|tool_call_begin|>zoom<|tool_call_argument_begin|>{}<|tool_call_end|>", "functions.NAME"),
+     ("<|tool_call_begin|>functions.zoom:0<|tool_call_argument_begin|>{x<|tool_call_end|>", "not JSON"),
+     ("<|tool_call_begin|>functions.zoom:0<|tool_call_argument_begin|>[1]<|tool_call_end|>", "JSON object"),
+     ("<|tool_call_begin|>functions.zoom:0<|tool_call_end|>", "no <|tool_call_argument_begin|>")],
+)  # fmt: skip
+def test_a_malformed_call_is_reported_not_raised(renderer, section, error):
+    text = f"<|tool_calls_section_begin|>{section}<|tool_calls_section_end|>"
+    parsed = renderer.parse_response(sampled(renderer, "x</think>" + text))
+    assert not parsed.tool_calls
+    assert len(parsed.tool_call_errors) == 1 and error in parsed.tool_call_errors[0]
+
+
+def test_tool_results_bridge_to_a_full_render(renderer):
+    """A turn of calls keeps its reasoning until an answer without calls follows it, so a
+    tool result does not rewrite history: with the real history it bridges, to the
+    tokens of a full render. From the tokens alone the bridge cannot tell a turn of
+    calls from an answer (whose reasoning the next turn drops), so it re-renders and
+    says why."""
+    messages: list = [{"role": "user", "content": "Crop it."}]
+    rendered = renderer.render(messages)
+    for turn in range(3):
+        text = f"step {turn}</think>" + renderer.format_tool_calls([("zoom", {"x": turn})])
+        completion = sampled(renderer, text)
+        parsed = renderer.parse_response(completion)
+        new = [{"role": "tool", "tool_call_id": parsed.tool_calls[0]["id"], "content": "r"}]
+        bridged = renderer.bridge_to_next_turn(
+            rendered.token_ids, completion, new, previous_messages=[*messages, parsed.message]
+        )
+        assert bridged is not None, dict(renderer.bridge_refusals)
+        messages = [*messages, parsed.message, *new]
+        assert bridged.token_ids == renderer.render(messages).token_ids
+        rendered = bridged
+    reasons: list[str] = []
+    assert renderer.bridge_to_next_turn(rendered.token_ids, completion, new,
+                                        on_refusal=reasons.append) is None  # fmt: skip
+    assert reasons == ["the template drops the reasoning of earlier turns"]
+
+
+@pytest.mark.parametrize("with_history", [True, False])
+def test_a_turn_after_an_answer_is_rendered_in_full_not_bridged(kimi, with_history):
+    """The template writes every turn up to the last answer without calls as
+    ``<think></think>``: the answer's sampled reasoning is rewritten by whatever follows,
+    so the next turn is not bridged (with the real history or the tokens alone), and the
+    refusal says why."""
+    from transformers import AutoTokenizer
+
+    info = family_info("kimi_k25")
+    renderer = ChatTemplateRenderer(AutoTokenizer.from_pretrained(kimi), name="kimi_k25",
+                                    stop_tokens=info.stop_tokens, tool_format=info.tool_format)  # fmt: skip
+    messages = [{"role": "user", "content": "How many?"}]
+    rendered = renderer.render(messages)
+    completion = sampled(renderer, "count</think>Three.")
+    parsed = renderer.parse_response(completion)
+    new = [{"role": "user", "content": "Sure?"}]
+    bridged = renderer.bridge_to_next_turn(
+        rendered.token_ids, completion, new,
+        previous_messages=[*messages, parsed.message] if with_history else None,
+    )  # fmt: skip
+    assert bridged is None and renderer.bridge_refusals
+    full = renderer.tokenizer.decode(renderer.render([*messages, parsed.message, *new]).token_ids)
+    assert "count" not in full and "<think></think>Three." in full
+
+
+def test_the_probe_sees_that_an_answers_reasoning_is_rewritten(renderer):
+    """The template probe (``TemplateFacts``) knows Kimi's template writes reasoning and
+    calls, and that it rewrites history: not on a turn of calls (kept until an answer
+    follows) but on an answer, which every later turn writes ``<think></think>``. So a
+    bridge given the real history replays all of it, not just the sampled turn."""
+    facts = renderer._facts[None]
+    assert facts.reasoning and facts.tool_calls
+    assert facts.history_sensitive
+
+
+def test_tools_the_declaration_cannot_write_are_refused_and_a_given_one_is_written(renderer):
+    """Kimi's tokenizer declares tools to the template as TypeScript (``tools_ts_str``),
+    which vf_mm writes (the golden cases above); a schema it does not write (``$ref``
+    interfaces) is refused by name rather than sending the template's JSON fallback, a
+    prompt the served model never sees; a declaration passed in is written verbatim."""
+    tools = [{"type": "function", "function": {"name": "zoom", "parameters": {
+        "type": "object", "properties": {"box": {"$ref": "#/$defs/Box"}}}}}]  # fmt: skip
+    with pytest.raises(RenderError, match=r"tools_ts_str.*|\$ref"):
+        renderer.render([{"role": "user", "content": "Hi"}], tools=tools)
+    declared = ChatTemplateRenderer(renderer.tokenizer, tool_format="kimi",
+                                    template_kwargs={"tools_ts_str": "# Tools\nTS"})  # fmt: skip
+    text = declared.tokenizer.decode(
+        declared.render([{"role": "user", "content": "Hi"}], tools=tools).token_ids
+    )
+    assert text.startswith("<|im_system|>tool_declare<|im_middle|># Tools\nTS<|im_end|>")
+
+
+def test_its_images_need_torchvision_and_the_renderer_says_so(kimi):
+    """Without torchvision there is no Kimi-K2.5 image processor: the renderer is refused
+    with a typed error naming torchvision, not loaded as a text model that would drop the
+    images."""
+    if torchvision_available():
+        pytest.skip("torchvision imports here: the images render (the vllm tier's test)")
+    with pytest.raises(MissingDependencyError, match="torchvision"):
+        load_renderer(kimi)
+
+
+def test_the_local_backend_samples_as_a_full_forward_scores_it(kimi):
+    """The DeepSeek-V3 text stack (MLA attention, routed experts) samples a text turn
+    whose logprobs equal one forward over the prompt and completion."""
+    import asyncio
+
+    import torch
+
+    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
+    from vf_mm.models import model_class
+
+    prompt = list(range(5, 40))
+
+    async def sample():
+        backend = LocalBackend(kimi)
+        try:
+            params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+            return await backend.generate(GenerateRequest(prompt, params))
+        finally:
+            await backend.aclose()
+
+    result = asyncio.run(sample())
+    model = model_class("kimi_k25").from_pretrained(kimi).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt + result.completion_ids])
+        logprobs = model(input_ids=ids).logits.float().log_softmax(-1)[0]
+    expected = [
+        logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(result.completion_ids)
+    ]
+    assert len(result.completion_ids) == 6
+    assert result.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+# -- the images, where torchvision imports ---------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("size", [(1, 1), (300, 90), (64, 64), (40, 900), (700, 500)])
+def test_images_expand_the_message_level_layout_exactly_as_the_processor(kimi, size):
+    """Where torchvision imports (the vllm tier's venv): each image's ``<|media_pad|>``
+    (the message-level form the oracle writes, one per image) becomes
+    ``grid.prod() // merge**2`` pads, and the renderer's ids and pixel tensors equal
+    ``Kimi_K25Processor``'s; collapsing each placeholder back to one pad gives the
+    template's ids; the tiny model's forward takes them."""
+    pytest.importorskip("torchvision")
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from vf_mm.models import load_processor, model_class
+
+    renderer = load_renderer(kimi, image_backend="torchvision")
+    processor = load_processor(kimi, image_backend="torchvision")
+    picture = Image.new("RGB", size, "red")
+    messages = [{"role": "user", "content": [{"type": "image", "image": picture},
+                                             {"type": "text", "text": "Count."}]}]  # fmt: skip
+    rendered = renderer.render(messages)
+    text = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Count."}]}],
+        tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    ref = processor(text=text, images=[picture], return_tensors="np")
+    assert rendered.token_ids == ref["input_ids"][0].tolist()
+    item = rendered.multi_modal_data.mm_items["image"][0]
+    assert set(item) == {"pixel_values", "image_grid_thw"}
+    for key, value in item.items():
+        assert np.array_equal(value, ref[key]), key
+    (placeholder,) = rendered.multi_modal_data.mm_placeholders["image"]
+    assert placeholder.length == int(np.prod(ref["image_grid_thw"][0])) // 4
+    ids = rendered.token_ids
+    collapsed = ids[: placeholder.offset + 1] + ids[placeholder.offset + placeholder.length :]
+    assert collapsed == processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    model = model_class("kimi_k25").from_pretrained(kimi).eval()
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.tensor([ids]),
+            pixel_values=torch.from_numpy(item["pixel_values"]),
+            image_grid_thw=torch.from_numpy(item["image_grid_thw"]),
+        ).logits
+    assert logits.shape[1] == len(ids)
+
+
+class _Ask(vf.MultiTurnEnv):
+    """Every turn asks again, in text (the default tier has no Kimi-K2.5 images)."""
+
+    async def env_response(self, messages, state):
+        return [{"role": "user", "content": f"and now {state['turn']}?"}]
+
+
+def test_a_text_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(kimi, renderer):
+    """A text rollout sampled by the local backend becomes samples whose DeepSeek-V3
+    forward (MLA attention, routed experts) gives back the sampler's logprobs, and a
+    GRPO step moves the language model's weights (router included)."""
+    import asyncio
+
+    import torch
+
+    from vf_mm.inference import LocalBackend
+    from vf_mm.models import model_class
+    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+
+    env = _Ask(dataset=[{"question": "what is it?"}], max_turns=3,
+               sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
+    state = asyncio.run(env.rollout(vf.RendererClient(LocalBackend(kimi), renderer),
+                                    env.get_dataset()[0]))  # fmt: skip
+    image_token = renderer.tokenizer.convert_tokens_to_ids("<|media_pad|>")
+    samples = build_samples(state, advantage=1.0, image_token_id=image_token)
+    batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
+                           image_token_id=image_token, family="kimi_k25")  # fmt: skip
+    model = model_class("kimi_k25").from_pretrained(kimi, dtype=torch.float32).eval()
+    for batch in batches:
+        with torch.no_grad():
+            ours = token_logprobs(model, batch)
+        mask = batch.loss_mask.bool()
+        assert mask.any()
+        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    model.train()
+    loss, _ = grpo_loss(model, batches[0])
+    loss.backward()
+    router = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    assert router and any(p.grad is not None and p.grad.abs().sum() > 0 for p in router)
+
+
+class _Look(vf.MultiTurnEnv):
+    """Every turn shows the model one more picture."""
+
+    async def env_response(self, messages, state):
+        from PIL import Image
+
+        picture = Image.new("RGB", (60 + 20 * state["turn"], 40), (40 * state["turn"], 90, 200))
+        return [{"role": "user", "content": [{"type": "image", "image": picture},
+                                             {"type": "text", "text": "and now?"}]}]  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_an_image_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(kimi):
+    """Where torchvision imports: a rollout with an image each turn, sampled by the local
+    backend, becomes samples whose forward (MoonViT, the projector, the DeepSeek-V3
+    stack) gives back the sampler's logprobs, and a GRPO step reaches the vision tower."""
+    pytest.importorskip("torchvision")
+    import asyncio
+
+    import torch
+    from PIL import Image
+
+    from vf_mm.inference import LocalBackend
+    from vf_mm.models import model_class
+    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+
+    renderer = load_renderer(kimi, image_backend="torchvision")
+    env = _Look(dataset=[{"question": "what is it?", "image": Image.new("RGB", (300, 90), "red")}],
+                max_turns=3, sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
+    state = asyncio.run(env.rollout(vf.RendererClient(LocalBackend(kimi), renderer),
+                                    env.get_dataset()[0]))  # fmt: skip
+    token = renderer.vision.image_token_id
+    samples = build_samples(state, advantage=1.0, image_token_id=token)
+    assert samples[-1].is_multimodal and len(samples[-1].images) == 3
+    batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
+                           image_token_id=token, family="kimi_k25")  # fmt: skip
+    model = model_class("kimi_k25").from_pretrained(kimi, dtype=torch.float32).eval()
+    for batch in batches:
+        with torch.no_grad():
+            ours = token_logprobs(model, batch)
+        mask = batch.loss_mask.bool()
+        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    model.train()
+    loss, _ = grpo_loss(model, batches[-1])
+    loss.backward()
+    vision = [p for n, p in model.named_parameters() if "vision" in n]
+    assert vision and any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision)
