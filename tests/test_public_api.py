@@ -65,6 +65,7 @@ def test_images_exports():
         "encode_png",
         "image_hash",
         "load_image",
+        "load_image_with_png",
         "png_data_url",
         "source_key",
     }

@@ -290,6 +290,97 @@ def test_unknown_hash_is_400_naming_it(client, renderer, stand_in_codec):
     assert "never-seen-hash" in message and "cache" in message
 
 
+def test_a_null_entry_with_a_digest_takes_only_the_item_of_those_bytes(
+    client, renderer, stand_in_codec
+):
+    """VLLMBackend sends an item it sent before as null with the digest of its string:
+    the server resolves it only to the item decoded from those bytes, and answers a
+    miss with the typed error the client resends on; every answer advertises the cache."""
+    from vf_mm.inference._mm_kwargs import sent_digest
+    from vf_mm.inference._vllm_items import ITEM_CACHE_HEADER, MISS_ERROR_TYPE
+
+    body = _image_request(renderer, stand_in_codec, seed=22)
+    r = _generate(client, body)
+    assert r.status_code == 200, r.text
+    assert r.headers[ITEM_CACHE_HEADER].startswith("instance=")
+    first = r.json()["choices"][0]["token_ids"]
+    sent = body["features"]["kwargs_data"]["image"][0]
+    held = copy.deepcopy(body)
+    held["features"]["kwargs_data"] = {"image": [None]}
+    held["vf_mm_kwargs_digests"] = {"image": [sent_digest(sent)]}
+    r = _generate(client, held)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == first
+    other = copy.deepcopy(held)
+    other["vf_mm_kwargs_digests"] = {"image": ["0" * 32]}  # bytes this server never decoded
+    r = _generate(client, other)
+    assert "not in the server's multi-modal cache" in _error(r)
+    assert r.json()["error"]["type"] == MISS_ERROR_TYPE
+    unknown = copy.deepcopy(held)
+    unknown["features"]["mm_hashes"]["image"] = ["never-seen-hash-2"]
+    unknown["vf_mm_kwargs_digests"] = None
+    assert _generate(client, unknown).json()["error"]["type"] == MISS_ERROR_TYPE
+    wrong = copy.deepcopy(held)
+    wrong["vf_mm_kwargs_digests"] = {"image": [None, None]}
+    assert "vf_mm_kwargs_digests.image has 2 entries for 1" in _error(_generate(client, wrong))
+
+
+def test_vllm_backend_sends_vf_mm_serve_each_image_once(backend, renderer):
+    """Two turns of one conversation (its image, then its image and a new one): the
+    second turn sends the first image as null, the answer is what sending both gives,
+    and a restarted server (a new app) makes the client resend the turn in full once."""
+
+    class Swappable(httpx.AsyncBaseTransport):
+        def __init__(self, app: Any) -> None:
+            self.transport = httpx.ASGITransport(app=app)
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return await self.transport.handle_async_request(request)
+
+    first, second = _image(81, (56, 56)), _image(82, (56, 84))
+    turn1 = [{"role": "user", "content": [{"type": "image", "image": first}, "What?"]}]
+    turn1[0]["content"][1] = {"type": "text", "text": "What?"}
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "A picture."},
+        {"role": "user", "content": [{"type": "image", "image": second}]},
+    ]
+    sampling = SamplingParams(max_tokens=4, temperature=0)
+    requests = [
+        GenerateRequest(r.token_ids, sampling, r.multi_modal_data)
+        for r in (renderer.render(turn1), renderer.render(turn2))
+    ]
+    url = "http://vf-mm.test"
+
+    async def main() -> tuple[list[list[int]], dict[str, int], dict[str, int]]:
+        transport = Swappable(create_app(backend, renderer=renderer, model_name=MODEL))
+        client = VLLMBackend(url, model=MODEL, transport=transport)
+        fresh = VLLMBackend(
+            url,
+            model=MODEL,
+            transport=httpx.ASGITransport(
+                app=create_app(backend, renderer=renderer, model_name=MODEL)
+            ),
+        )
+        try:
+            outputs = [(await client.generate(r)).completion_ids for r in requests]
+            once = dict(client.item_stats[url])
+            outputs.append((await fresh.generate(requests[1])).completion_ids)
+            transport.transport = httpx.ASGITransport(
+                app=create_app(backend, renderer=renderer, model_name=MODEL)
+            )  # restarted: it holds nothing
+            outputs.append((await client.generate(requests[1])).completion_ids)
+            return outputs, once, dict(client.item_stats[url])
+        finally:
+            await client.aclose()
+            await fresh.aclose()
+
+    outputs, once, after = asyncio.run(main())
+    assert once == {"sent": 2, "skipped": 1, "misses": 0, "held": 2}
+    assert outputs[1] == outputs[2] == outputs[3]
+    assert after == {"sent": 4, "skipped": 1, "misses": 1, "held": 2}
+
+
 def test_image_checks_pads_and_grid(client, renderer, stand_in_codec):
     body = _image_request(renderer, stand_in_codec, seed=31)
     place = body["features"]["mm_placeholders"]["image"][0]

@@ -98,6 +98,8 @@ def fake_encoder(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     module = types.ModuleType("vf_mm.inference._mm_kwargs")
     module.encode_kwargs_item = encode_kwargs_item  # type: ignore[attr-defined]
+    module.item_fingerprint = lambda item: f"fp:{item['name']}"  # type: ignore[attr-defined]
+    module.sent_digest = lambda b64: f"digest:{b64}"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vf_mm.inference._mm_kwargs", module)
     return calls
 

@@ -80,6 +80,66 @@ def test_bytes_and_data_url_and_pil_of_the_same_pixels_are_one_asset(store):
     assert store.written == 1
 
 
+def _chunked(image: Image.Image, kind: bytes, data: bytes) -> bytes:
+    """``image`` as a PNG with one more chunk before its pixels."""
+    import struct
+    import zlib
+
+    raw = png(image)
+    at = 8 + 25  # signature, IHDR
+    chunk = struct.pack(">I", len(data)) + kind + data
+    chunk += struct.pack(">I", zlib.crc32(kind + data))
+    return raw[:at] + chunk + raw[at:]
+
+
+def _stored(store: AssetStore, source) -> tuple[bytes, Image.Image]:
+    """The asset file's bytes, and what a plain decoder (no conversion) makes of them."""
+    url = store.add(source)
+    data = (store.root / url).read_bytes()
+    with Image.open(io.BytesIO(data)) as shown:
+        shown.load()
+        return data, shown.copy()
+
+
+def test_a_plain_png_source_is_stored_as_its_own_bytes(store, tmp_path):
+    """The parent's asset cost: a PNG that shows exactly the image the model saw (8-bit
+    RGB, nothing to convert) is written as it came, not decoded into a new PNG."""
+    from vf_mm.images import encode_png, load_image
+
+    image = gradient(shift=40)
+    source = encode_png(image, compress_level=1)  # as png_data_url writes it
+    assert source != encode_png(image, compress_level=6)  # what re-encoding would write
+    path = tmp_path / "plain.png"
+    path.write_bytes(source)
+    url = "data:image/png;base64," + base64.b64encode(source).decode()
+    for given in (url, source, str(path)):
+        data, shown = _stored(AssetStore(tmp_path / "run"), given)
+        assert data == source
+        assert shown.mode == "RGB" and shown.tobytes() == load_image(given).tobytes()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda im: png(im.convert("RGBA")),  # alpha: composited onto white
+        lambda im: png(im.convert("P")),  # palette
+        lambda im: png(im.convert("L")),  # grey
+        lambda im: png(im, "JPEG"),  # not a PNG
+        lambda im: _chunked(im, b"gAMA", (45455).to_bytes(4, "big")),  # a viewer applies it
+        lambda im: _chunked(im, b"tRNS", bytes(6)),  # black is transparent: composited
+    ],
+    ids=["rgba", "palette", "grey", "jpeg", "gama", "trns"],
+)
+def test_any_other_source_is_encoded_again_and_shows_what_the_model_saw(store, make):
+    from vf_mm.images import load_image
+
+    source = make(gradient(shift=60))
+    data, shown = _stored(store, source)
+    assert data != source
+    assert shown.mode == "RGB" and shown.tobytes() == load_image(source).tobytes()
+    assert not shown.info  # nothing a viewer would apply
+
+
 def test_same_image_in_two_calls_and_two_stores_is_written_once(tmp_path):
     image = gradient()
     first = AssetStore(tmp_path)

@@ -71,7 +71,7 @@ from vf_mm.images._encode import encode_png, png_data_url
 from vf_mm.images._fetch import Fetcher
 from vf_mm.images._hash import image_hash
 from vf_mm.images._key import source_key
-from vf_mm.images._load import load_image
+from vf_mm.images._load import load_image, load_image_with_png
 from vf_mm.images._policy import ImagePolicy
 
 __all__ = [
@@ -83,4 +83,5 @@ __all__ = [
     "image_hash",
     "source_key",
     "load_image",
+    "load_image_with_png",
 ]

@@ -28,7 +28,7 @@ from vf_mm._text import describe_exception
 from vf_mm.errors import ImageDecodeError, ImageError, ImageTooLargeError
 from vf_mm.images._policy import ImagePolicy
 
-__all__ = ["check_dimensions", "decode_bytes", "to_rgb"]
+__all__ = ["check_dimensions", "decode_bytes", "decode_bytes_as_is", "plain_png", "to_rgb"]
 
 _ORIENTATION = 0x0112
 _WHITE = (255, 255, 255, 255)
@@ -131,6 +131,40 @@ def check_dimensions(width: int, height: int, policy: ImagePolicy) -> None:
 def decode_bytes(data: bytes | bytearray | memoryview, policy: ImagePolicy) -> Image.Image:
     """Decode one encoded image (its first frame) to RGB. Raises ``ImageDecodeError``,
     ``ImageTooLargeError``."""
+    return decode_bytes_as_is(data, policy)[0]
+
+
+#: PNG chunks a plain decoder ignores but a viewer may apply (colour management, EXIF
+#: orientation, transparency, animation): a PNG holding one is not ``plain_png``
+_APPLIED_CHUNKS = frozenset({b"iCCP", b"gAMA", b"cHRM", b"sRGB", b"eXIf", b"tRNS", b"acTL"})
+
+
+def plain_png(data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is a PNG whose pixels any decoder shows as they are stored: 8-bit
+    RGB (colour type 2), one frame, and none of the chunks in ``_APPLIED_CHUNKS``
+    before its image data. Reads chunk headers only."""
+    view = memoryview(data)
+    if bytes(view[:8]) != b"\x89PNG\r\n\x1a\n" or len(view) < 33 or bytes(view[12:16]) != b"IHDR":
+        return False
+    if view[24] != 8 or view[25] != 2:  # bit depth, colour type
+        return False
+    at = 8
+    while at + 8 <= len(view):
+        length = struct.unpack(">I", view[at : at + 4])[0]
+        kind = bytes(view[at + 4 : at + 8])
+        if kind == b"IDAT":
+            return True
+        if kind in _APPLIED_CHUNKS:
+            return False
+        at += 12 + length
+    return False
+
+
+def decode_bytes_as_is(
+    data: bytes | bytearray | memoryview, policy: ImagePolicy
+) -> tuple[Image.Image, bool]:
+    """``decode_bytes``, and whether the RGB image is the decoded first frame unchanged
+    (nothing rotated, composited or converted)."""
     size = memoryview(data).nbytes
     if size == 0:
         raise ImageDecodeError("empty image data (0 bytes)")
@@ -169,7 +203,8 @@ def decode_bytes(data: bytes | bytearray | memoryview, policy: ImagePolicy) -> I
         ) from None
     if result is not image:
         image.close()
-    return result
+        return result, False
+    return result, True
 
 
 def _orientation(image: Image.Image) -> int:

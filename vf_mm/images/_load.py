@@ -8,7 +8,7 @@ from PIL import Image
 
 from vf_mm.errors import ImageError, ImageFetchError
 from vf_mm.images._data_url import decode_data_url
-from vf_mm.images._decode import check_dimensions, decode_bytes, to_rgb
+from vf_mm.images._decode import check_dimensions, decode_bytes_as_is, plain_png, to_rgb
 from vf_mm.images._fetch import Fetcher
 from vf_mm.images._guard import check_local_path, file_url_to_path
 from vf_mm.images._local import read_local_file
@@ -21,7 +21,7 @@ from vf_mm.images._source import (
     looks_like_bare_base64,
 )
 
-__all__ = ["load_image"]
+__all__ = ["load_image", "load_image_with_png"]
 
 _DEFAULT_POLICY = ImagePolicy()
 _DEFAULT_FETCHER = Fetcher()
@@ -58,6 +58,21 @@ def load_image(
         ImageDecodeError: Not a whole image in a format the policy allows.
         ImageTooLargeError: Over the policy's byte or pixel limit.
     """
+    return load_image_with_png(source, policy=policy, where=where, fetcher=fetcher)[0]
+
+
+def load_image_with_png(
+    source: Any,
+    *,
+    policy: ImagePolicy | None = None,
+    where: str | None = None,
+    fetcher: Fetcher | None = None,
+) -> tuple[Image.Image, bytes | None]:
+    """``load_image(source)``, and the source's own encoded bytes when they are a PNG
+    that every decoder shows as exactly that image (``plain_png``: 8-bit RGB, one frame,
+    no transparency, orientation or colour-management chunk, and nothing converted in
+    loading), else None. Storing those bytes stores the image without encoding it
+    again (the results store's assets)."""
     policy = _DEFAULT_POLICY if policy is None else policy
     if not isinstance(policy, ImagePolicy):
         raise TypeError(f"policy must be an ImagePolicy, not {type(policy).__name__}")
@@ -71,22 +86,29 @@ def load_image(
         raise
 
 
-def _load(source: Any, policy: ImagePolicy, fetcher: Fetcher) -> Image.Image:
+def _decoded(
+    data: bytes | bytearray | memoryview, policy: ImagePolicy
+) -> tuple[Image.Image, bytes | None]:
+    image, as_is = decode_bytes_as_is(data, policy)
+    return image, bytes(data) if as_is and plain_png(data) else None
+
+
+def _load(source: Any, policy: ImagePolicy, fetcher: Fetcher) -> tuple[Image.Image, bytes | None]:
     found = classify(source)
     if found.kind is Kind.PIL:
         image: Image.Image = found.value
         check_dimensions(image.width, image.height, policy)
-        return to_rgb(image, owned=False)
+        return to_rgb(image, owned=False), None
     if found.kind is Kind.ARRAY:
         image = array_to_image(found.value)
         check_dimensions(image.width, image.height, policy)
-        return to_rgb(image, owned=False)  # a copy: fromarray may share the caller's buffer
+        return to_rgb(image, owned=False), None  # a copy: fromarray may share the buffer
     if found.kind is Kind.BYTES:
-        return decode_bytes(found.value, policy)
+        return _decoded(found.value, policy)
     if found.kind is Kind.DATA_URL:
-        return decode_bytes(decode_data_url(found.value, max_bytes=policy.max_bytes), policy)
+        return _decoded(decode_data_url(found.value, max_bytes=policy.max_bytes), policy)
     if found.kind is Kind.HTTP_URL:
-        return decode_bytes(fetcher.fetch(found.value, policy), policy)
+        return _decoded(fetcher.fetch(found.value, policy), policy)
     path = file_url_to_path(found.value) if found.kind is Kind.FILE_URL else found.value
     checked = check_local_path(path, policy)
     try:
@@ -104,4 +126,4 @@ def _load(source: Any, policy: ImagePolicy, fetcher: Fetcher) -> Image.Image:
                 "(or as the decoded bytes)"
             )
         raise
-    return decode_bytes(data, policy)
+    return _decoded(data, policy)

@@ -52,7 +52,14 @@ import numpy as np
 from vf_mm.errors import DecodeError, EncodeError
 from vf_mm.wire import dtypes as _dtypes
 
-__all__ = ["FIELD_SPECS", "LLAVA_FIELD_SPECS", "decode_kwargs_item", "encode_kwargs_item"]
+__all__ = [
+    "FIELD_SPECS",
+    "LLAVA_FIELD_SPECS",
+    "decode_kwargs_item",
+    "encode_kwargs_item",
+    "item_fingerprint",
+    "sent_digest",
+]
 
 # vllm/v1/serial_utils.py: CUSTOM_TYPE_RAW_VIEW
 RAW_VIEW_EXT = 3
@@ -209,6 +216,35 @@ def decode_kwargs_item(
             value = value.reshape((1, *value.shape))
         out[key] = value
     return out
+
+
+def sent_digest(b64: str) -> str:
+    """A digest of one ``kwargs_data`` string (xxh3-128 of its UTF-8: a few ms for a
+    turn's 7 MB, where decoding it takes ~100). The server keys what it decoded by it,
+    and a client names by it the item it asks the server to take from its cache."""
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(b64.encode("utf-8", "surrogatepass"))
+
+
+def item_fingerprint(item: Mapping[str, Any]) -> str:
+    """A digest of one item's tensors as ``encode_kwargs_item`` would send them (each
+    kwarg's name, dtype, shape and bytes; xxh3-128): equal for items that encode to
+    the same entry, so a client can tell an item it has sent before without encoding
+    it again (~0.1 ms a megabyte, where encoding costs several)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for key in sorted(k for k in item if k not in LOCAL_ONLY):
+        value = item[key]
+        h.update(key.encode() + b"\0")
+        if isinstance(value, (list, tuple, int, float)):  # a plain value (timestamps)
+            h.update(repr(value).encode() + b"\0")
+            continue
+        dtype, shape, raw = _raw(key, value)
+        h.update(f"{dtype}{list(shape)}".encode() + b"\0")
+        h.update(raw)
+    return h.hexdigest()
 
 
 def _raw(key: str, value: Any) -> tuple[str, tuple[int, ...], Any]:

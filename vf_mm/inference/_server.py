@@ -50,7 +50,9 @@ never on the event loop.
 
 The item cache trusts the client's hashes as vLLM does: a client that sends the pixels
 of one image under another image's hash poisons later hash-only requests for it, for
-every client of the server (API keys keep sessions apart, not the cache).
+every client of the server (API keys keep sessions apart, not the cache). A ``null``
+entry sent with the digest of its string (``vf_mm_kwargs_digests``, as ``VLLMBackend``
+sends it; ``_vllm_items``) resolves only to the item decoded from those bytes.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import json
 import math
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -46,10 +47,11 @@ from vf_mm.images import ImagePolicy
 from vf_mm.inference._server_errors import RequestError, json_error, validation_error
 from vf_mm.inference._server_guard import ServerLimits
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams
+from vf_mm.inference._vllm_items import item_cache_advert
 from vf_mm.models import VISION_FAMILIES, family_info
 from vf_mm.models._internal import ItemChecker
 
-__all__ = ["ItemCache", "ServerEngine", "clamp_logprob", "renderer_attribute", "sent_digest"]
+__all__ = ["ItemCache", "ServerEngine", "clamp_logprob", "renderer_attribute"]
 
 # parse bodies larger than this off the event loop
 _THREAD_PARSE_BYTES = 64 * 1024
@@ -70,11 +72,18 @@ class ItemCache:
     to the one decoded matches (the same bytes decode to the same item): a client that
     sends other tensors under a known hash has them decoded and checked as any new item.
     Lookups run on the decoding threads and ``put`` on the event loop, so one lock
-    orders them."""
+    orders them.
+
+    ``advert`` is what the generate route tells clients in its ``vf-mm-item-cache``
+    header: this cache's instance (new at every start, so a client learns that a
+    restarted server holds nothing it sent before) and its item bound; None when it
+    keeps nothing. A client that has seen it sends an item it sent before as a null
+    entry with that string's digest, which ``get(key, digest)`` resolves exactly."""
 
     def __init__(self, max_items: int, max_bytes: int) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
+        self.instance = uuid.uuid4().hex
         self.nbytes = 0
         self._items: OrderedDict[tuple[str, str], tuple[dict[str, Any], int, str | None]] = (
             OrderedDict()
@@ -83,6 +92,12 @@ class ItemCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def advert(self) -> str | None:
+        if self.max_items <= 0 or self.max_bytes <= 0:
+            return None
+        return item_cache_advert(self.instance, self.max_items)
 
     def get(self, key: tuple[str, str], digest: str | None = None) -> dict[str, Any] | None:
         """The item cached under ``key``; with ``digest``, only if it was decoded from a
@@ -107,14 +122,6 @@ class ItemCache:
             while len(self._items) > self.max_items or self.nbytes > self.max_bytes:
                 _, (_, dropped, _) = self._items.popitem(last=False)
                 self.nbytes -= dropped
-
-
-def sent_digest(b64: str) -> str:
-    """A digest of one ``kwargs_data`` string (xxh3-128 of its UTF-8: a few ms for a
-    turn's 7 MB, where decoding it takes ~100)."""
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(b64.encode("utf-8", "surrogatepass"))
 
 
 def renderer_attribute(renderer: Any, attribute: str) -> Any:

@@ -16,8 +16,12 @@ range that holds pads, its other positions then taking no embedding) and the pad
 all covered; each item passes its family's ``ItemChecker`` (its inputs, dtypes and
 shapes the processor's, Qwen-VL's grids consistent with their patch rows and merge
 size, LLaVA's tiles with their ``image_sizes``, ...), and the embeddings the model
-fills from it equal the pads of its placeholder. An entry of ``None`` is resolved from the engine's ``ItemCache`` (items
-earlier requests sent, keyed by hash, as vLLM does); decoded items join the cache.
+fills from it equal the pads of its placeholder. An entry of ``None`` is resolved from
+the engine's ``ItemCache`` (items earlier requests sent, keyed by hash, as vLLM does);
+decoded items join the cache. With a digest in ``vf_mm_kwargs_digests`` (``VLLMBackend``
+sends one with each ``null`` it sends us) only to the item decoded from a string of that
+digest. An item the cache lacks is a 400 of type ``MultiModalCacheMissError``, which that client answers by
+sending the request again in full.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from vf_mm.errors import VfMmError
-from vf_mm.inference._server_engine import ServerEngine, sent_digest
+from vf_mm.inference._mm_kwargs import sent_digest
+from vf_mm.inference._server_engine import ServerEngine
 from vf_mm.inference._server_errors import RequestError
 from vf_mm.inference._server_models import GenerateRequestModel
+from vf_mm.inference._vllm_items import DIGESTS_FIELD, MISS_ERROR_TYPE
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 __all__ = ["FeaturesReader"]
@@ -78,14 +84,20 @@ class FeaturesReader:
                     param="features",
                 )
             assert features is not None
-            part = await self._modality(features, modality, pad, ids)
+            claimed = (req.vf_mm_kwargs_digests or {}).get(modality)
+            part = await self._modality(features, modality, pad, ids, claimed)
             data.mm_hashes[modality] = part.mm_hashes[modality]
             data.mm_placeholders[modality] = part.mm_placeholders[modality]
             data.mm_items[modality] = part.mm_items[modality]
         return data if data.modalities else None
 
     async def _modality(
-        self, features: Any, modality: str, pad: int, ids: np.ndarray
+        self,
+        features: Any,
+        modality: str,
+        pad: int,
+        ids: np.ndarray,
+        claimed: list[str | None] | None = None,
     ) -> MultiModalData:
         """One modality's features checked (every placeholder a run of its pad tokens, the
         grids' token counts) and its items decoded or found in the cache."""
@@ -137,6 +149,12 @@ class FeaturesReader:
                 param="features.mm_placeholders",
             )
         data = (features.kwargs_data or {}).get(modality) or [None] * len(hashes)
+        if claimed is not None and len(claimed) != len(hashes):
+            raise RequestError(
+                f"{DIGESTS_FIELD}.{modality} has {len(claimed)} entries for {len(hashes)} "
+                f"{modality} hashes",
+                param=DIGESTS_FIELD,
+            )
 
         digests: dict[int, str] = {}
 
@@ -164,18 +182,27 @@ class FeaturesReader:
 
         decoded = await run_in_threadpool(decode_all) if any(d is not None for d in data) else {}
         items: list[dict[str, Any]] = []
-        seen: dict[str, dict[str, Any]] = {}
+        # the first item of each hash in this request, and the digest it was decoded from
+        seen: dict[str, tuple[dict[str, Any], str | None]] = {}
         for i, h in enumerate(hashes):
             item = decoded.get(i)
+            digest = digests.get(i)
             if item is None:
-                item = seen.get(h) or cache.get((modality, h))
+                digest = claimed[i] if claimed is not None else None
+                first = seen.get(h)
+                if first is not None and (digest is None or first[1] == digest):
+                    item = first[0]
+                else:
+                    item = cache.get((modality, h), digest)
                 if item is None:
+                    which = "" if digest is None else f" (as sent with digest {digest})"
                     raise RequestError(
-                        f"features.mm_hashes.{modality}[{i}] = {h!r} is not in the server's "
-                        "multi-modal cache: send its kwargs_data",
+                        f"features.mm_hashes.{modality}[{i}] = {h!r}{which} is not in the "
+                        "server's multi-modal cache: send its kwargs_data",
+                        err_type=MISS_ERROR_TYPE,
                         param="features.kwargs_data",
                     )
-            seen.setdefault(h, item)
+            seen.setdefault(h, (item, digest))
             tokens = checker.embeds(item, modality=modality)
             pads = int(embeds[i].sum())
             if tokens != pads:

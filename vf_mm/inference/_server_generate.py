@@ -39,6 +39,7 @@ from vf_mm.inference._server_errors import RequestError
 from vf_mm.inference._server_features import FeaturesReader
 from vf_mm.inference._server_models import UNSUPPORTED_SAMPLING, GenerateRequestModel
 from vf_mm.inference._types import GenerateRequest, SamplingParams
+from vf_mm.inference._vllm_items import ITEM_CACHE_HEADER
 from vf_mm.inference._vllm_protocol import BAN_BIAS
 from vf_mm.types import MultiModalData, PlaceholderRange
 from vf_mm.videos import load_video
@@ -141,7 +142,8 @@ class GenerateRoute:
                 if mm is not None
                 else None
             )
-        return JSONResponse(body)
+        advert = engine.cache.advert  # clients may send what we hold as null (_vllm_items)
+        return JSONResponse(body, headers={ITEM_CACHE_HEADER: advert} if advert else None)
 
     def _check_supported(self, req: GenerateRequestModel) -> None:
         def refuse(what: str, param: str) -> None:

@@ -167,6 +167,9 @@ class GenerateRequestModel(BaseModel):
     priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
+    # vf_mm's extension (vf_mm.inference._vllm_items): per modality, the digest of the
+    # string each null kwargs_data entry was sent as before (or null)
+    vf_mm_kwargs_digests: dict[str, list[str | None]] | None = None
 
     @field_validator("token_ids")
     @classmethod

@@ -66,6 +66,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import httpx
@@ -89,14 +90,18 @@ from vf_mm.inference._vllm_config import (
     Unset,
     with_keywords,
 )
+from vf_mm.inference._vllm_items import ITEM_CACHE_HEADER, MISS_ERROR_TYPE, HeldItems
 from vf_mm.inference._vllm_protocol import (
     GENERATE_PATH,
+    ItemStrings,
     RequestBody,
     ResponseNotJSON,
     ResponseSchemaError,
+    check_features,
     decode_response,
     encode_request,
     error_detail,
+    error_type,
 )
 from vf_mm.inference._vllm_routing import Router, Server
 
@@ -123,6 +128,19 @@ class _Retryable(Exception):
         super().__init__(str(error))
         self.error = error
         self.delay = delay  # the server's Retry-After, when it gave one
+
+
+class _ItemsMissing(Exception):
+    """The server does not hold an item the body sent as ``null``: send it in full."""
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """One request made ready to send: its body (the same for every server), or its
+    items' strings, from which each attempt's body is made for its server."""
+
+    fixed: RequestBody | None = None
+    strings: ItemStrings | None = None
 
 
 class VLLMBackend:
@@ -159,8 +177,12 @@ class VLLMBackend:
         auth: An ``Auth`` (the API keys, sent as ``Authorization: Bearer``: vLLM's
             ``--api-key``; one for every server, or one per base URL in order).
         image_policy: What image sources content_parts mode may read.
-        send_kwargs_data: False sends ``kwargs_data: null``: the server looks every item
-            up by hash in its cache.
+        send_kwargs_data: True sends each image's tensors; to a server that advertises
+            its item cache (``vf-mm serve``) only once: an item it holds from an earlier
+            answered request goes as ``null`` with the digest of what was sent, and a miss
+            is sent again in full (``item_stats``; ``vf_mm.inference._vllm_items`` says why
+            a real vLLM server is always sent every item). False sends ``kwargs_data:
+            null``: the server looks every item up by hash in its cache.
         transport: Replaces httpx's (tests, a Unix socket).
         embed_token_ids: content_parts mode: per modality, the token ids that take
             embeddings (``renderer.vision.embed_ids("video")``), so the returned
@@ -241,6 +263,7 @@ class VLLMBackend:
         self.send_kwargs_data = send_kwargs_data
         self._servers = servers
         self._router = Router(servers, self.routing)
+        self._held = [HeldItems() for _ in servers]  # parallel to servers
         self._transport = transport
         self._headers = {"Accept": "application/json"}
         self._client: httpx.AsyncClient | None = None
@@ -269,6 +292,20 @@ class VLLMBackend:
                 "sessions": s.sessions,
             }
             for s in self._servers
+        }
+
+    @property
+    def item_stats(self) -> dict[str, dict[str, int]]:
+        """Per base URL, the images' (and clips') tensors in features mode, in the
+        requests it answered: items ``sent`` with their tensors, ``skipped`` (sent as
+        ``null``: the server held them from an earlier request), ``misses`` (requests
+        the server answered that it lacked one, sent again in full) and ``held`` (items
+        recorded as held now). A
+        server is sent ``null`` items only if it advertises its item cache (``vf-mm
+        serve``; see ``vf_mm.inference._vllm_items``), never a real vLLM server."""
+        return {
+            s.url: {"sent": h.sent, "skipped": h.skipped, "misses": h.misses, "held": len(h.items)}
+            for s, h in zip(self._servers, self._held, strict=True)
         }
 
     @property
@@ -320,7 +357,7 @@ class VLLMBackend:
 
     # -- the request body ---------------------------------------------------------------
 
-    async def _prepare(self, request: GenerateRequest) -> RequestBody:
+    async def _prepare(self, request: GenerateRequest) -> _Prepared:
         parts = request.content_parts
         mmd = request.multi_modal_data
         has_parts = bool(parts)
@@ -335,20 +372,57 @@ class VLLMBackend:
                 "this VLLMBackend is in 'features' mode: render the images on the client "
                 "(multi_modal_data), or create the backend with mode='content_parts'"
             )
+        if has_features and self.send_kwargs_data:
+            assert mmd is not None  # checked before a server is chosen; bodies made by _body
+            check_features(mmd, len(request.prompt_ids), send_kwargs_data=True)
+            return _Prepared(strings=ItemStrings())
         if has_parts or has_features:
             # image decoding / encoding and base64 of the tensors: off the event loop
-            return await asyncio.to_thread(self._encode, request)
-        return self._encode(request)
+            return _Prepared(fixed=await asyncio.to_thread(self._encode, request, None, None))
+        return _Prepared(fixed=self._encode(request, None, None))
 
-    def _encode(self, request: GenerateRequest) -> RequestBody:
+    def _encode(
+        self,
+        request: GenerateRequest,
+        items: ItemStrings | None,
+        held: dict[tuple[str, str], tuple[str, str]] | None,
+    ) -> RequestBody:
         body = encode_request(
             request,
             model=self.model,
             image_policy=self.image_policy,
             send_kwargs_data=self.send_kwargs_data,
+            items=items,
+            held=held,
         )
         body.embed_token_ids = self.embed_token_ids
         return body
+
+    async def _body(
+        self, request: GenerateRequest, prepared: _Prepared, held: HeldItems | None
+    ) -> RequestBody:
+        """The body for one attempt: the same for every server, or (features with
+        tensors) each item a server ``held`` from us sent as ``null`` (see
+        ``vf_mm.inference._vllm_items``)."""
+        if prepared.fixed is not None:
+            return prepared.fixed
+        # only a server that may keep items costs fingerprints (and only one that said
+        # so holds any items: the others get no nulls)
+        snapshot = dict(held.items) if held is not None and held.may_keep else None
+        return await asyncio.to_thread(self._encode, request, prepared.strings, snapshot)
+
+    async def _body_for(
+        self, request: GenerateRequest, prepared: _Prepared, index: int
+    ) -> RequestBody:
+        """``_body`` for server ``index``, counted in flight there from its choice on: a
+        request chosen meanwhile sees it (``_attempt`` counts it again, with no await
+        between)."""
+        server = self._servers[index]
+        server.outstanding += 1
+        try:
+            return await self._body(request, prepared, self._held[index])
+        finally:
+            server.outstanding -= 1
 
     # -- sending, with retries ------------------------------------------------------
 
@@ -370,7 +444,7 @@ class VLLMBackend:
         return self._client
 
     async def _send(
-        self, client: httpx.AsyncClient, request: GenerateRequest, prepared: RequestBody
+        self, client: httpx.AsyncClient, request: GenerateRequest, prepared: _Prepared
     ) -> GenerateResult:
         attempts = self.retry.max_retries + 1
         tried: set[int] = set()
@@ -387,10 +461,22 @@ class VLLMBackend:
             tried.add(index)
             if server.url not in used:
                 used.append(server.url)
+            held = self._held[index]
+            body = await self._body_for(request, prepared, index)
             try:
-                content = await self._attempt(client, server, prepared.body, retry=attempt > 0)
-                result = self._result(content, request, prepared, server)
+                try:
+                    content, advert = await self._attempt(client, server, body, retry=attempt > 0)
+                except _ItemsMissing:
+                    # the server lost what we sent it (restarted, evicted): once, in full
+                    held.misses += 1
+                    held.forget()
+                    body = await self._body_for(request, prepared, index)  # holds nothing
+                    content, advert = await self._attempt(client, server, body, retry=True)
+                result = self._result(content, request, body, server)
                 self._router.touch(request.session_id)
+                held.sent += body.sent
+                held.skipped += body.skipped
+                held.confirm(advert, body.held)
                 return result
             except _Retryable as exc:
                 last = exc
@@ -405,9 +491,12 @@ class VLLMBackend:
         raise error
 
     async def _attempt(
-        self, client: httpx.AsyncClient, server: Server, body: bytes, *, retry: bool
-    ) -> bytes:
-        """One POST; the answer's bytes on 200. Raises ``_Retryable`` or a final error."""
+        self, client: httpx.AsyncClient, server: Server, sent: RequestBody, *, retry: bool
+    ) -> tuple[bytes, str | None]:
+        """One POST; on 200 the answer's bytes and its item-cache header (None without).
+        Raises ``_Retryable``, ``_ItemsMissing`` (a body with ``null`` items the server
+        does not hold) or a final error."""
+        body = sent.body
         url = server.url + GENERATE_PATH
         server.outstanding += 1
         server.requests += 1
@@ -451,7 +540,10 @@ class VLLMBackend:
                 failed = False
                 server.consecutive_failures = 0
                 server.down_until = 0.0
-                return response.content
+                return response.content, response.headers.get(ITEM_CACHE_HEADER)
+            if status == 400 and sent.skipped and error_type(response.text) == MISS_ERROR_TYPE:
+                failed = False
+                raise _ItemsMissing
             detail = error_detail(response.text, response.reason_phrase or "(empty body)")
             error = BackendHTTPError(
                 f"vLLM server {server.url} answered {status}: {detail}{_hint(status)}",

@@ -43,7 +43,10 @@ the OpenAI API's ban value, is within every range vLLM clamps biases to.
 inputs (``kwargs_data``: base64 of vLLM's msgpack ``MultiModalKwargsItem``, made by
 ``vf_mm.inference._mm_kwargs``; ``image_grid_thw`` travels as shape ``(3,)`` per item).
 A ``null`` entry, or ``kwargs_data: null``, tells the server to look the item up by hash
-in its cache.
+in its cache. ``VLLMBackend`` sends an entry ``null`` only to a server that advertises
+its item cache (``vf-mm serve``) for an item it sent that server before, with the
+digest of the string it sent under ``vf_mm_kwargs_digests`` (``_vllm_items``; ``items``
+and ``skip`` of ``encode_request``); a real vLLM server is sent every item.
 
 ``content_parts`` use vLLM's flat form ``{"type": "image_url", "url": ...}``: the server
 reads ``part["url"]`` of ``image_url`` parts, so OpenAI's nested
@@ -90,7 +93,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -99,6 +102,7 @@ from vf_mm._text import shorten
 from vf_mm.errors import MultiModalDataError
 from vf_mm.images import ImagePolicy
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams, Usage
+from vf_mm.inference._vllm_items import DIGESTS_FIELD
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -118,6 +122,48 @@ class RequestBody:
     media_hashes: dict[str, list[str]] | None = None
     # content_parts mode: per modality, the ids that take embeddings (sets is_embed)
     embed_token_ids: Mapping[str, frozenset[int]] | None = None
+    # features with ItemStrings: what the server holds once it answers 200, per
+    # (modality, mm_hash): (fingerprint, digest of the string sent); items sent / null
+    held: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    sent: int = 0
+    skipped: int = 0
+
+
+class ItemStrings:
+    """One request's feature items as they go on the wire, each made at most once
+    across its attempts: its ``kwargs_data`` string, and for a server that keeps items
+    the item's fingerprint (``item_fingerprint``) and the string's digest
+    (``sent_digest``). Blocks (hashing and encoding): used off the event loop."""
+
+    def __init__(self) -> None:
+        self._strings: dict[tuple[str, int], str] = {}
+        self._fingerprints: dict[tuple[str, int], str] = {}
+        self._digests: dict[tuple[str, int], str] = {}
+
+    def string(self, item: Mapping[str, Any], modality: str, index: int) -> str:
+        found = self._strings.get((modality, index))
+        if found is None:
+            from vf_mm.inference._mm_kwargs import encode_kwargs_item
+
+            found = self._strings[(modality, index)] = encode_kwargs_item(item, modality=modality)
+        return found
+
+    def fingerprint(self, item: Mapping[str, Any], modality: str, index: int) -> str:
+        found = self._fingerprints.get((modality, index))
+        if found is None:
+            from vf_mm.inference._mm_kwargs import item_fingerprint
+
+            found = self._fingerprints[(modality, index)] = item_fingerprint(item)
+        return found
+
+    def digest(self, item: Mapping[str, Any], modality: str, index: int) -> str:
+        found = self._digests.get((modality, index))
+        if found is None:
+            from vf_mm.inference._mm_kwargs import sent_digest
+
+            b64 = self.string(item, modality, index)
+            found = self._digests[(modality, index)] = sent_digest(b64)
+        return found
 
 
 class ResponseNotJSON(Exception):
@@ -137,11 +183,17 @@ def encode_request(
     model: str | None,
     image_policy: ImagePolicy | None,
     send_kwargs_data: bool,
+    items: ItemStrings | None = None,
+    held: Mapping[tuple[str, str], tuple[str, str]] | None = None,
 ) -> RequestBody:
     """The body for ``request``: its ``content_parts`` as flat image parts (each loaded
     under ``image_policy``), or its ``multi_modal_data`` as ``features`` (with
-    ``kwargs_data`` when ``send_kwargs_data``, else hash-only). Blocks: images are
-    decoded and encoded here."""
+    ``kwargs_data`` when ``send_kwargs_data``, else hash-only). ``items``: the
+    request's ``ItemStrings`` (strings made once across attempts); ``held`` (a server
+    that keeps items; needs ``items``): what it holds from us, by (modality, mm_hash):
+    (fingerprint, digest); an item of that fingerprint is sent as ``null`` with that
+    digest, and the body says what the server holds once it answers.
+    Blocks: images are decoded and encoded here."""
     body: dict[str, Any] = {
         "token_ids": request.prompt_ids,
         "sampling_params": _sampling_params(request.sampling, request.banned_token_ids),
@@ -151,6 +203,7 @@ def encode_request(
     if request.request_id is not None:
         body["request_id"] = request.request_id
     media_hashes: dict[str, list[str]] | None = None
+    out = RequestBody(b"")
     if request.content_parts:
         parts, hashes = _load_media_parts(request.content_parts, image_policy)
         if parts:
@@ -158,11 +211,15 @@ def encode_request(
             body["return_token_ids"] = True
             media_hashes = hashes
     elif request.multi_modal_data is not None and not request.multi_modal_data.is_empty:
-        body["features"] = _features(
-            request.multi_modal_data, len(request.prompt_ids), send_kwargs_data
-        )
-    encoded = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-    return RequestBody(encoded, media_hashes)
+        body["features"], digests = _features(
+            request.multi_modal_data, len(request.prompt_ids), send_kwargs_data,
+            items, held, out,
+        )  # fmt: skip
+        if out.skipped:
+            body[DIGESTS_FIELD] = digests
+    out.body = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    out.media_hashes = media_hashes
+    return out
 
 
 def _sampling_params(sampling: SamplingParams, banned: Sequence[int] = ()) -> dict[str, Any]:
@@ -188,7 +245,10 @@ def _sampling_params(sampling: SamplingParams, banned: Sequence[int] = ()) -> di
     return params
 
 
-def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> dict[str, Any]:
+def check_features(mmd: MultiModalData, num_tokens: int, *, send_kwargs_data: bool) -> None:
+    """Raise ``MultiModalDataError`` for features a prompt of ``num_tokens`` cannot carry
+    (what ``encode_request`` checks first, and a caller may check before choosing a
+    server)."""
     modalities = list(mmd.mm_placeholders)
     # without kwargs_data the items are only counted: empty ones stand in for them
     items = (
@@ -204,17 +264,58 @@ def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> d
             "which vLLM's features route cannot carry (its placeholders are offset and length "
             f"only): send this model's {sparse[0]}s as content_parts instead"
         )
+
+
+def _features(
+    mmd: MultiModalData,
+    num_tokens: int,
+    send_kwargs_data: bool,
+    strings: ItemStrings | None,
+    held: Mapping[tuple[str, str], tuple[str, str]] | None,
+    out: RequestBody,
+) -> tuple[dict[str, Any], dict[str, list[str | None]]]:
+    """The ``features`` of ``mmd``, and per modality the digest of each item sent as
+    ``null`` because the server ``held`` it (None for the others); counts in ``out``."""
+    modalities = list(mmd.mm_placeholders)
+    check_features(mmd, num_tokens, send_kwargs_data=send_kwargs_data)
     kwargs_data: dict[str, list[str | None]] | None = None
+    skipped: dict[str, list[str | None]] = {}  # the digest of each null sent for a held item
     if send_kwargs_data:
         # imported here: msgpack and torch load only for requests with images
         from vf_mm.inference._mm_kwargs import encode_kwargs_item
 
         # an item with no inputs ({} or None) is one the server holds in its cache
-        kwargs_data = {
-            m: [encode_kwargs_item(item, modality=m) if item else None for item in mmd.mm_items[m]]
-            for m in modalities
-        }
-    return {
+        kwargs_data = {}
+        for m in modalities:
+            entries: list[str | None] = []
+            digests: list[str | None] = []
+            for i, item in enumerate(mmd.mm_items[m]):
+                digest: str | None = None
+                if not item:
+                    entries.append(None)
+                elif strings is None:
+                    entries.append(encode_kwargs_item(item, modality=m))
+                    out.sent += 1
+                elif held is None:
+                    entries.append(strings.string(item, m, i))
+                    out.sent += 1
+                else:
+                    key = (m, mmd.mm_hashes[m][i])
+                    fingerprint = strings.fingerprint(item, m, i)
+                    found = held.get(key)
+                    if found is not None and found[0] == fingerprint:
+                        digest = found[1]
+                        entries.append(None)
+                        out.skipped += 1
+                        out.held[key] = (fingerprint, digest)
+                    else:
+                        entries.append(strings.string(item, m, i))
+                        out.sent += 1
+                        out.held[key] = (fingerprint, strings.digest(item, m, i))
+                digests.append(digest)
+            kwargs_data[m] = entries
+            skipped[m] = digests
+    features: dict[str, Any] = {
         "mm_hashes": {m: list(mmd.mm_hashes[m]) for m in modalities},
         "mm_placeholders": {
             m: [{"offset": r.offset, "length": r.length} for r in mmd.mm_placeholders[m]]
@@ -222,6 +323,7 @@ def _features(mmd: MultiModalData, num_tokens: int, send_kwargs_data: bool) -> d
         },
         "kwargs_data": kwargs_data,
     }
+    return features, skipped
 
 
 def _load_media_parts(
@@ -464,6 +566,17 @@ def _expanded_prompt(
     except MultiModalDataError as exc:
         raise ResponseSchemaError(str(exc)) from exc
     return prompt_ids, mm
+
+
+def error_type(text: str) -> str | None:
+    """The ``type`` of vLLM's error body ``{"error": {"type"}}``; None for any other."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def error_detail(text: str, fallback: str) -> str:

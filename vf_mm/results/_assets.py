@@ -3,7 +3,9 @@
 ``AssetStore(outdir)`` keeps each distinct image once, as ``OUTDIR/assets/<hash>.png``
 where ``<hash>`` is ``vf_mm.images.image_hash`` of the RGB image that
 ``vf_mm.images.load_image`` makes of it: the same pixels from a PIL image, PNG bytes or a
-``data:`` URL are one file. Each distinct video is kept once too, as
+``data:`` URL are one file. A source that is already a PNG showing exactly that image
+(8-bit RGB, nothing converted in loading: ``vf_mm.images.load_image_with_png``) is
+stored as its own bytes; any other is encoded (PNG, ``compress_level``). Each distinct video is kept once too, as
 ``OUTDIR/assets/<hash>.<ext>`` where ``<hash>`` is ``vf_mm.videos.video_hash`` of what
 ``vf_mm.videos.load_video`` makes of it (frames and frame rate): an encoded source as
 the bytes it is (``.mp4``, ``.mov``, ``.webm``, ``.mkv``, ``.avi``, ``.ts``: a browser
@@ -52,7 +54,7 @@ from vf_mm._asset_refs import (
 from vf_mm._files import fsync_dir
 from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
-from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image
+from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image, load_image_with_png
 from vf_mm.images._internal import describe_source
 from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source, video_part_source
 from vf_mm.videos import (
@@ -300,6 +302,9 @@ class AssetStore:
     ) -> str:
         """Load ``source`` and store it; return its URL (``"assets/<hash>.png"``).
 
+        A source that is already a PNG showing exactly the loaded image
+        (``load_image_with_png``) is stored as its own bytes, not encoded again.
+
         Args:
             source: Anything ``load_image`` takes.
             policy: The policy it loads under (the store's when None).
@@ -308,14 +313,16 @@ class AssetStore:
         Raises:
             ImageError: It does not load.
         """
-        image = load_image(source, policy=policy or self.policy, where=where)
-        return self.add_rgb(image)
+        image, png = load_image_with_png(source, policy=policy or self.policy, where=where)
+        return self.add_rgb(image, png=png)
 
-    def add_rgb(self, image: Image.Image) -> str:
+    def add_rgb(self, image: Image.Image, *, png: bytes | None = None) -> str:
         """Store an RGB image (a ``load_image`` result); return its URL.
 
         Args:
             image: The image.
+            png: PNG bytes that decode to exactly ``image`` (``load_image_with_png``'s),
+                written as they are; None encodes the image (``compress_level``).
         """
         digest = image_hash(image)
         with self._lock:
@@ -328,7 +335,9 @@ class AssetStore:
             return self.url(digest)
 
         def write(f: IO[bytes]) -> None:
-            f.write(encode_png(image, compress_level=self.compress_level))
+            f.write(
+                png if png is not None else encode_png(image, compress_level=self.compress_level)
+            )
 
         self._write_new(final, write)
         with self._lock:
