@@ -68,11 +68,25 @@ def load_image_with_png(
     where: str | None = None,
     fetcher: Fetcher | None = None,
 ) -> tuple[Image.Image, bytes | None]:
-    """``load_image(source)``, and the source's own encoded bytes when they are a PNG
-    that every decoder shows as exactly that image (``plain_png``: 8-bit RGB, one frame,
-    no transparency, orientation or colour-management chunk, and nothing converted in
-    loading), else None. Storing those bytes stores the image without encoding it
-    again (the results store's assets)."""
+    """``load_image(source)``, and the source's own PNG bytes where they are the image.
+
+    The bytes come back when they are a PNG that every decoder shows as exactly the loaded
+    image (``plain_png``: 8-bit RGB, one frame, no transparency, orientation or
+    colour-management chunk, and nothing converted in loading), else None. Storing those
+    bytes stores the image without encoding it again (the results store's assets).
+
+    Args:
+        source: As for ``load_image``.
+        policy: As for ``load_image``.
+        where: As for ``load_image``.
+        fetcher: As for ``load_image``.
+
+    Returns:
+        The loaded RGB image, and its source's PNG bytes or None.
+
+    Raises:
+        ImageError: As ``load_image`` raises (its subclasses name the cause).
+    """
     policy = _DEFAULT_POLICY if policy is None else policy
     if not isinstance(policy, ImagePolicy):
         raise TypeError(f"policy must be an ImagePolicy, not {type(policy).__name__}")
