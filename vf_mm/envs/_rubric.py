@@ -56,7 +56,7 @@ class Rubric:
     See the module docstring for the arguments a reward function may name.
 
     Args:
-        funcs: The reward functions.
+        funcs: The reward functions (a single function is taken as a list of one).
         weights: One weight per function (default: 1.0 each); 0 makes it a metric.
         parser: The parser reward functions receive as ``parser`` (default: ``Parser()``).
 
@@ -77,6 +77,8 @@ class Rubric:
             raise ValueError(f"{len(funcs)} reward functions but {len(weights)} weights")
         self.parser = parser or Parser()
         self.funcs: list[RewardFunc] = []
+        if callable(funcs):  # Rubric(f): one function, as Rubric([f])
+            funcs = [funcs]
         for i, func in enumerate(funcs):
             self.add_reward_func(func, weight=1.0 if weights is None else weights[i])
 
