@@ -379,6 +379,8 @@ def test_an_environment_without_reward_functions_is_warned_about(tiny):
     metric_only = vf.Rubric()
     metric_only.add_metric(lambda: 1.0)
     env = vf.SingleTurnEnv(dataset=[{"question": "hi"}], rubric=metric_only)
-    assert any("no reward functions" in w for w in vf.check_environment(env, model_dir=tiny)["warnings"])
+    assert any(
+        "no reward functions" in w for w in vf.check_environment(env, model_dir=tiny)["warnings"]
+    )
     env = vf.SingleTurnEnv(dataset=[{"question": "hi"}], rubric=vf.Rubric([lambda: 1.0]))
     assert not any("no reward" in w for w in vf.check_environment(env, model_dir=tiny)["warnings"])

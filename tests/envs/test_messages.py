@@ -122,7 +122,9 @@ def test_an_image_under_a_misspelt_image_column_is_refused_naming_it(column, val
             "path": str(tmp_path / "a.png"), "bytes": b"\x89PNG\r\n\x1a\n"}  # fmt: skip
     value = [made[v] for v in value] if isinstance(value, list) else made[value]
     env = vf.SingleTurnEnv(dataset=[{"question": "q", column: value}], env_id="quiz")
-    with pytest.raises(MessageError, match=rf"quiz: the row's column '{column}' holds an image") as info:
+    with pytest.raises(
+        MessageError, match=rf"quiz: the row's column '{column}' holds an image"
+    ) as info:
         env.format_prompt(env.get_eval_dataset()[0])
     assert "did you mean" in str(info.value) and info.value.where == f"the {column!r} column"
 

@@ -134,7 +134,13 @@ class Rubric:
         return func
 
     def _name(self, func: Callable[..., Any]) -> str:
+        """The metric key and error name of ``func``: its ``__name__``; a lambda's names its
+        position in the rubric and its source line (every lambda is ``<lambda>``, and
+        ``<lambda>_2`` would point nowhere)."""
         base = getattr(func, "__name__", type(func).__name__)
+        code = getattr(func, "__code__", None)
+        if base == "<lambda>" and code is not None:
+            base = f"<lambda> #{len(self.funcs) + 1} (line {code.co_firstlineno})"
         taken = {rf.name for rf in self.funcs}
         name, n = base, 2
         while name in taken:
