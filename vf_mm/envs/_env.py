@@ -650,6 +650,7 @@ class MultiTurnEnv(Environment):
                 where=f"{self.env_id}.env_response returned (turn {turn_no})",
             )
             state["timing"]["env_s"] += time.perf_counter() - t0
+            _refuse_made_up_turns(reply, self.env_id, turn_no)
             messages = [*messages, *reply]
             state["completion"] = messages[len(state["prompt"]) :]
             if state.get("done"):
@@ -761,6 +762,21 @@ def _jobs(
 
 
 _END = object()
+
+
+def _refuse_made_up_turns(reply: Messages, env_id: str, turn_no: int) -> None:
+    """An ``env_response`` answers the model: an ``assistant`` message in it would be a turn
+    the model never sampled, rendered as its own (and trained on as context it did not
+    write), so it fails the rollout naming the turn and the message."""
+    for i, message in enumerate(reply):
+        if message.get("role") == "assistant":
+            where = f"{env_id}.env_response returned (turn {turn_no}), message {i}"
+            raise MessageError(
+                f"{where}: role 'assistant' would be a turn the model never sampled",
+                where=where,
+                hint="env_response returns the environment's side: 'user' or 'tool' messages "
+                "(a note for the model goes in a user message)",
+            )
 
 
 def _refuse_misnamed_media(row: Mapping[str, Any], env_id: str) -> None:
