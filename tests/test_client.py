@@ -369,3 +369,16 @@ def test_make_client_vllm_needs_a_server(model_dir):
 
     with pytest.raises(ValueError, match="needs base_url="):
         vf.make_client(model_dir, backend="vllm", renderers=1)
+
+
+def test_the_embedded_models_served_name_renders_from_its_checkpoint(tmp_path, monkeypatch):
+    """`vf-mm serve --model embedded` serves the name "embedded": a vllm client named so
+    renders from the embedded checkpoint (it was "not a checkpoint directory")."""
+    import vf_mm
+    from vf_mm.models import embedded_model
+
+    monkeypatch.chdir(tmp_path)  # no ./embedded folder here
+    client = vf_mm.make_client("embedded", backend="vllm", base_url="http://127.0.0.1:9")
+    assert client.backend.model == "embedded"
+    assert client.vision is not None and embedded_model().is_dir()
+    asyncio.run(client.aclose())

@@ -391,6 +391,10 @@ def _same(a: Any, b: Any) -> bool:
 BACKENDS = ("local", "vllm", "openai")
 
 
+#: the served name of the embedded tiny model (``vf-mm serve --model embedded``)
+EMBEDDED_NAME = "embedded"
+
+
 def make_client(
     model: str | os.PathLike[str] | None = None,
     *,
@@ -410,7 +414,9 @@ def make_client(
         model: a checkpoint directory (or, for ``"vllm"`` / ``"openai"``, the model name
             the server knows; the renderer then loads from ``model`` too, so give vLLM the
             directory it serves). ``None``: the embedded tiny model, built offline on first
-            use (``"local"`` only).
+            use (``"local"`` only). ``"embedded"`` with ``"vllm"`` (and no ``./embedded``):
+            the name ``vf-mm serve --model embedded`` serves, rendered from the embedded
+            model's checkpoint.
         backend: ``"local"`` (an in-process transformers model, ``LocalBackend``),
             ``"vllm"`` (``VLLMBackend`` on ``base_url``: one URL or several, one rollout
             sticking to one server), ``"openai"`` (``OpenAIChatBackend``: messages only, no
@@ -442,7 +448,12 @@ def make_client(
         from vf_mm.models import embedded_model
 
         model = embedded_model()
-    name = os.fspath(model)
+    name = source = os.fspath(model)
+    if name == EMBEDDED_NAME and backend == "vllm" and not os.path.exists(name):
+        # the name `vf-mm serve --model embedded` serves under: render from its checkpoint
+        from vf_mm.models import embedded_model
+
+        source = os.fspath(embedded_model())
     if backend == "openai":
         from vf_mm.inference import OpenAIChatBackend
 
@@ -461,8 +472,8 @@ def make_client(
 
     def renderer() -> Renderer:
         if image_cache_bytes is None:
-            return load_renderer(name, image_backend=image_backend)
-        return load_renderer(name, image_backend=image_backend, cache_bytes=image_cache_bytes)
+            return load_renderer(source, image_backend=image_backend)
+        return load_renderer(source, image_backend=image_backend, cache_bytes=image_cache_bytes)
 
     pool = RendererPool(renderer, size=size)
     engine: Backend

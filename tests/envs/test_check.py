@@ -352,3 +352,35 @@ def test_an_unknown_family_or_two_models_are_refused_before_anything_runs(tiny):
         vf.check_environment(env, family="llava")
     with pytest.raises(ValueError, match="family= or model_dir=, not both"):
         vf.check_environment(env, family="gemma3", model_dir=tiny)
+
+
+def test_a_null_image_a_stray_image_column_and_a_typo_column_are_warnings(tiny):
+    rows = [
+        {"question": "hi", "image": None, "answer": "1"},
+        {"question": "hi", "reference": picture(), "anwser": "1", "answer": "1",
+         "task": "t", "info": {}, "example_id": 7, "id": "a"},
+    ]  # fmt: skip
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([lambda: 1.0]))
+    report = vf.check_environment(env, model_dir=tiny)
+    warnings = report["warnings"]
+    assert any("row 0: its 'image' column is null" in w for w in warnings)
+    assert any("row 1: column 'reference' holds an image that is not in the prompt" in w
+               for w in warnings)  # fmt: skip
+    assert any("'anwser'" in w and "did you mean 'answer'?" in w for w in warnings)
+    assert not any(f"'{c}'" in w for w in warnings for c in ("task", "info", "id", "example_id"))
+
+
+def test_an_environment_without_reward_functions_is_warned_about(tiny):
+    env = vf.SingleTurnEnv(dataset=[{"question": "hi"}])
+    report = vf.check_environment(env, model_dir=tiny)
+    assert report["rewards"] == [0.0, 0.0]
+    assert any("no reward functions: every reward is 0.0, so every advantage is 0" in w
+               for w in report["warnings"])  # fmt: skip
+    metric_only = vf.Rubric()
+    metric_only.add_metric(lambda: 1.0)
+    env = vf.SingleTurnEnv(dataset=[{"question": "hi"}], rubric=metric_only)
+    assert any(
+        "no reward functions" in w for w in vf.check_environment(env, model_dir=tiny)["warnings"]
+    )
+    env = vf.SingleTurnEnv(dataset=[{"question": "hi"}], rubric=vf.Rubric([lambda: 1.0]))
+    assert not any("no reward" in w for w in vf.check_environment(env, model_dir=tiny)["warnings"])

@@ -191,3 +191,13 @@ def test_load_environment_with_adapters_wraps_what_one_knows(tmp_path):
     assert seen == [(["row", "row"], "other")]
     with pytest.raises(EnvironmentNotFoundError, match="returned a list, not a vf_mm Environment"):
         load(str(module), adapters=[adapt], env_args={"n": 1})
+
+
+def test_a_mistyped_environment_name_gets_a_suggestion(tmp_path):
+    folder = tmp_path / "shapehunt"
+    folder.mkdir()
+    (folder / "shapehunt.py").write_text("def load_environment():\n    return None\n")
+    with pytest.raises(
+        EnvironmentNotFoundError, match=r"no environment 'shapehnt' \(did you mean 'shapehunt'\?\)"
+    ):
+        vf.load_environment("shapehnt", search_paths=[tmp_path])

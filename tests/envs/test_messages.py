@@ -102,6 +102,56 @@ def test_a_prompt_column_as_text_one_message_or_a_list_all_format(prompt):
     ]
 
 
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("imgae", "picture"),
+        ("Image", "picture"),
+        ("imgs", ["picture", "picture"]),
+        ("img", "array"),
+        ("imge", "path"),
+        ("vidoe", "bytes"),
+    ],
+)
+def test_an_image_under_a_misspelt_image_column_is_refused_naming_it(column, value, tmp_path):
+    """It was silently dropped: the model was asked about an image it never saw."""
+    import vf_mm as vf
+
+    image = Image.new("RGB", (8, 8), "red")
+    made = {"picture": image, "array": np.zeros((8, 8, 3), np.uint8),
+            "path": str(tmp_path / "a.png"), "bytes": b"\x89PNG\r\n\x1a\n"}  # fmt: skip
+    value = [made[v] for v in value] if isinstance(value, list) else made[value]
+    env = vf.SingleTurnEnv(dataset=[{"question": "q", column: value}], env_id="quiz")
+    with pytest.raises(
+        MessageError, match=rf"quiz: the row's column '{column}' holds an image"
+    ) as info:
+        env.format_prompt(env.get_eval_dataset()[0])
+    assert "did you mean" in str(info.value) and info.value.where == f"the {column!r} column"
+
+
+def test_columns_of_the_authors_own_are_kept_out_of_the_prompt_without_error():
+    import vf_mm as vf
+
+    row = {"question": "q", "page": Image.new("RGB", (8, 8)), "id": 3, "source": "a.png",
+           "task": "t", "info": {"k": 1}, "answer": "x"}  # fmt: skip
+    env = vf.SingleTurnEnv(dataset=[row])
+    assert env.format_prompt(row) == [{"role": "user", "content": "q"}]
+
+
+def test_a_row_with_a_prompt_and_a_different_question_is_refused_as_ambiguous():
+    import vf_mm as vf
+
+    env = vf.SingleTurnEnv(dataset=[{"prompt": "What is 2+2?", "question": "What is 3+3?"}])
+    with pytest.raises(MessageError, match="both a 'prompt' and a 'question'") as info:
+        env.new_state(env.get_eval_dataset()[0], example_id=4, rollout_index=0)
+    assert "example 4" in str(info.value) and "'prompt' and 'question'" in info.value.where
+    # verifiers' formatted datasets keep the question the prompt was made from: accepted
+    system = {"role": "system", "content": "Be brief."}
+    user = {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]}
+    row = {"prompt": [system, user], "question": "What is 2+2?"}
+    assert env.format_prompt(row)[1] == user
+
+
 def test_a_prompt_column_that_is_not_messages_names_the_column():
     import vf_mm as vf
 

@@ -594,3 +594,33 @@ def test_a_rollout_within_its_context_is_not_truncated_and_a_first_prompt_too_lo
     assert out.error.type == "PromptTooLongError" and out.reward is None and not out.truncated
     ok = asyncio.run(env.evaluate(client(renderer, ["left"]), rollouts_per_example=1))
     assert ok[0].error is None and not ok[0].truncated and ok[0].reward == 6.0
+
+
+def test_a_tool_that_forgets_to_return_fails_the_rollout_unless_it_declares_none(renderer):
+    def mark(x: int):
+        """Marks x."""
+        x += 1  # no return: the model would read "null"
+
+    def note(x: int) -> None:
+        """Notes x; says nothing on purpose."""
+
+    env = vf.ToolEnv(dataset=rows(1), tools=[mark], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("mark", '{"x": 1}')), rows(1)[0]))
+    assert state["error"].type == "MessageError"
+    assert "tool 'mark' returned None (turn 1): a missing return?" in state["error"].message
+    env = vf.ToolEnv(dataset=rows(1), tools=[note], max_turns=3)
+    state = asyncio.run(env.rollout(client(renderer, _one_call("note", '{"x": 1}')), rows(1)[0]))
+    assert state["error"] is None and state["completion"][1]["content"] == "null"
+
+
+class MakesUpATurn(vf.MultiTurnEnv):
+    async def env_response(self, messages, state):
+        return [{"role": "user", "content": "hint"}, {"role": "assistant", "content": "yes"}]
+
+
+def test_an_env_response_speaking_as_the_model_fails_the_rollout_naming_the_turn(renderer):
+    env = MakesUpATurn(dataset=rows(1), max_turns=3, env_id="made")
+    state = asyncio.run(env.rollout(client(renderer, ["no", "no"]), rows(1)[0]))
+    error = state["error"]
+    assert error.type == "MessageError"
+    assert "made.env_response returned (turn 1), message 1: role 'assistant'" in error.message

@@ -197,3 +197,23 @@ def test_format_reward_does_not_count_turns_that_only_call_tools():
 def test_a_reward_function_given_by_name_is_refused_at_construction():
     with pytest.raises(RewardFunctionError, match="pass the function itself, not its name"):
         vf.Rubric(["correct"])
+
+
+def test_a_single_function_is_a_rubric_of_one():
+    def correct(completion) -> float:
+        return 1.0
+
+    rubric = vf.Rubric(correct)
+    assert [rf.name for rf in rubric.funcs] == ["correct"]
+    assert asyncio.run(rubric.score_rollout(state("x")))[0] == 1.0
+
+
+def test_lambdas_are_named_by_their_position_and_source_line():
+    rubric = vf.Rubric([lambda: 1.0, lambda: 0.0])
+    rubric.add_group_reward_func(lambda completions: [1.0] * len(completions))
+    line = test_lambdas_are_named_by_their_position_and_source_line.__code__.co_firstlineno
+    assert [rf.name for rf in rubric.funcs] == [
+        f"<lambda> #1 (line {line + 1})",
+        f"<lambda> #2 (line {line + 1})",
+        f"<lambda> #3 (line {line + 2})",
+    ]

@@ -32,3 +32,11 @@ def test_an_unknown_family_is_refused_naming_the_nearest_and_nothing_is_built(
     ):
         cached_tiny_vlm("gema3")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mistyped_family_for_a_tiny_checkpoint_gets_a_suggestion(tmp_path):
+    from vf_mm.testing import build_tiny_vlm
+
+    with pytest.raises(UnsupportedModelError, match="did you mean 'gemma4'"):
+        build_tiny_vlm(tmp_path / "m", "gemma_4")  # type: ignore[arg-type]
+    assert not (tmp_path / "m").exists()

@@ -156,6 +156,14 @@ def test_group_advantages_skip_failed_rollouts_never_averaging_them_in():
     assert group_advantages([None, None]) == [None, None]
 
 
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 1.0])
+def test_group_advantages_of_rewards_near_the_float_range_are_not_lost(scale):
+    """The deviation of [1e200, 0] once overflowed to inf, giving advantages [0, -0]."""
+    assert group_advantages([scale, 0.0], eps=0.0) == pytest.approx([1.0, -1.0])
+    assert group_advantages([scale, 0.0], scale=False) == pytest.approx([scale / 2, -scale / 2])
+    assert group_advantages([1e308, -1e308]) == pytest.approx([1.0, -1.0])
+
+
 @pytest.mark.parametrize("eps", [1e-4, 0.0])
 def test_a_group_with_no_spread_has_zero_advantages_not_nan(eps):
     assert group_advantages([0.7], eps=eps) == [0.0]

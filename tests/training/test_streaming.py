@@ -64,3 +64,17 @@ def test_advantages_none_leaves_them_to_the_trainer_and_build_samples_says_so():
 def test_an_unknown_advantage_method_is_refused():
     with pytest.raises(ValueError, match=r"advantages must be one of \['grpo', 'none'\]"):
         stream(advantages="rloo")
+
+
+def test_groups_whose_rewards_are_all_equal_are_counted():
+    """A rubric with no reward function scores every rollout 0.0: GRPO's advantages are
+    then all 0 and the run trains on nothing; the progress counts such groups."""
+    rows = [{"question": f"{i} + 1?"} for i in range(2)]
+    client = vf.RendererClient(ScriptedChatBackend(["2"]))
+    flat = asyncio.run(
+        stream_rollouts(vf.SingleTurnEnv(dataset=rows), client, Collect(), rollouts_per_example=2)
+    )
+    assert flat.groups == 2 and flat.flat_groups == 2
+    env = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric([reward]))
+    spread = asyncio.run(stream_rollouts(env, client, Collect(), rollouts_per_example=3))
+    assert spread.flat_groups == 0

@@ -266,6 +266,8 @@ async def _rollout(args: argparse.Namespace, count: RunCount) -> int:
         rows.append(("truncated (out of context)", progress.truncated))
     if progress.repacked:
         rows.append(("groups sent stripped", progress.repacked))
+    if progress.flat_groups:
+        rows.append(("groups with all-equal rewards (advantage 0)", progress.flat_groups))
     rows += [
         ("mean reward", progress.mean_reward),
         ("sent", f"{progress.bytes_sent / 1e6:.2f} MB"),

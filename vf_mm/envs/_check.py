@@ -45,9 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm._json import to_json_value
-from vf_mm.envs._env import Environment
-from vf_mm.envs._messages import check_messages
-from vf_mm.envs._rubric import asked_columns
+from vf_mm.envs._env import (
+    IMAGE_COLUMNS,
+    KNOWN_COLUMNS,
+    VIDEO_COLUMNS,
+    Environment,
+    holds_image,
+)
+from vf_mm.envs._messages import check_messages, did_you_mean
+from vf_mm.envs._rubric import Rubric, asked_columns
 from vf_mm.envs._rubric_check import answer_findings, constant_reward, unsupplied_defaults
 from vf_mm.envs._tools import schema_gaps
 from vf_mm.errors import EnvironmentCheckError, ResultsError, VfMmError
@@ -116,12 +122,21 @@ def check_environment(
     if not rows:
         problems.append("the eval dataset is empty")
     policy = image_policy if image_policy is not None else ImagePolicy()
+    row_warnings: list[str] = []
     for i, row in enumerate(rows):
         problems += _check_row(env, i, row, policy, report)
+        row_warnings += _row_warnings(i, row)
 
-    report["warnings"] = [
+    report["warnings"] = row_warnings + [
         gap for func in getattr(env, "tool_funcs", {}).values() for gap in schema_gaps(func)
     ]
+    if not any(rf.weight for rf in getattr(env.rubric, "funcs", [])) and (
+        type(env.rubric).score_group is Rubric.score_group
+    ):
+        report["warnings"].append(
+            "no reward functions: every reward is 0.0, so every advantage is 0 and training "
+            "learns nothing; pass rubric=vf.Rubric([your_reward_func])"
+        )
     answer_problems, answer_warnings = answer_findings(env.rubric, rows, task=env.env_id)
     problems += answer_problems
     report["warnings"] += answer_warnings + unsupplied_defaults(env.rubric)
@@ -319,6 +334,32 @@ def _check_row(
             except VfMmError as exc:
                 problems.append(str(exc))
     return problems
+
+
+def _row_warnings(i: int, row: Mapping[str, Any]) -> list[str]:
+    """What a row holds that formats without error but likely not as meant: a null image
+    or video column (a text-only prompt: fine in a dataset mixing text rows, a lost image
+    otherwise), an image under a column vf_mm does not put in the prompt, a column whose
+    name is close to one vf_mm reads (a typo)."""
+    warnings = []
+    for column in (*IMAGE_COLUMNS, *VIDEO_COLUMNS):
+        if column in row and row[column] is None:
+            warnings.append(
+                f"row {i}: its {column!r} column is null, so its prompt is text only: drop "
+                "the column from rows meant to be text only, or give the media"
+            )
+    for column, value in row.items():
+        if column in KNOWN_COLUMNS or not isinstance(column, str):
+            continue
+        if holds_image(value):  # a name close to an image column is refused by format_prompt
+            warnings.append(
+                f"row {i}: column {column!r} holds an image that is not in the prompt "
+                f"(only {', '.join(map(repr, IMAGE_COLUMNS))} are): a reward function can "
+                "read it through row; rename it if the model should see it"
+            )
+        elif (close := did_you_mean(column, KNOWN_COLUMNS, cutoff=0.8)) is not None:
+            warnings.append(f"row {i}: column {column!r} is not one vf_mm reads ({close})")
+    return warnings
 
 
 def _scripted_runs(

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from typing import Any, cast
 
 from vf_mm.client import RendererClient
-from vf_mm.envs._messages import check_messages, check_text
+from vf_mm.envs._messages import check_messages, check_text, did_you_mean, is_image_value
 from vf_mm.envs._parser import Parser
 from vf_mm.envs._rows import count_rows, iter_rows
 from vf_mm.envs._rubric import Rubric
@@ -52,6 +52,12 @@ VIDEO_COLUMNS = ("video", "videos")
 #: dataset columns reward functions receive by name; a row without one (or with null) is
 #: refused to a reward function that asks for it, unless declared in ``optional_columns``
 SCORED_COLUMNS = ("answer", "info")
+#: the columns vf_mm reads from a row; any other column is the author's own (a reward
+#: function reads it through ``row``), so it is never refused for being unknown, only
+#: for holding an image under a name close to an image column (which would be dropped)
+KNOWN_COLUMNS = ("question", "prompt", *SCORED_COLUMNS, "task", "example_id",
+                 *IMAGE_COLUMNS, *VIDEO_COLUMNS)  # fmt: skip
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 _STOP_ATTR = "__vf_mm_stop__"
 
 
@@ -245,6 +251,9 @@ class Environment:
             MessageError: A row whose prompt is not a message list.
         """
         messages: list[dict[str, Any]]
+        _refuse_misnamed_media(row, self.env_id)
+        if row.get("prompt") is not None and row.get("question") is not None:
+            _refuse_two_prompts(row, self.env_id)
         if isinstance(row.get("prompt"), str):  # a bare string is the user's text
             messages = [{"role": "user", "content": row["prompt"]}]
         elif row.get("prompt") is not None:  # one message dict, or a list of them
@@ -641,6 +650,7 @@ class MultiTurnEnv(Environment):
                 where=f"{self.env_id}.env_response returned (turn {turn_no})",
             )
             state["timing"]["env_s"] += time.perf_counter() - t0
+            _refuse_made_up_turns(reply, self.env_id, turn_no)
             messages = [*messages, *reply]
             state["completion"] = messages[len(state["prompt"]) :]
             if state.get("done"):
@@ -752,6 +762,84 @@ def _jobs(
 
 
 _END = object()
+
+
+def _refuse_made_up_turns(reply: Messages, env_id: str, turn_no: int) -> None:
+    """An ``env_response`` answers the model: an ``assistant`` message in it would be a turn
+    the model never sampled, rendered as its own (and trained on as context it did not
+    write), so it fails the rollout naming the turn and the message."""
+    for i, message in enumerate(reply):
+        if message.get("role") == "assistant":
+            where = f"{env_id}.env_response returned (turn {turn_no}), message {i}"
+            raise MessageError(
+                f"{where}: role 'assistant' would be a turn the model never sampled",
+                where=where,
+                hint="env_response returns the environment's side: 'user' or 'tool' messages "
+                "(a note for the model goes in a user message)",
+            )
+
+
+def _refuse_misnamed_media(row: Mapping[str, Any], env_id: str) -> None:
+    """A column whose name is close to ``image``/``images``/``video``/``videos`` and that
+    holds an image is a misspelt image column: refused, since only the known image columns
+    go into the prompt and the model would silently be asked about an image it never sees.
+    An image under a name that is not close (``reference``) is the author's own, for a
+    reward function to read through ``row``: ``check_environment`` warns about it."""
+    for column, value in row.items():
+        if column in KNOWN_COLUMNS or not holds_image(value):
+            continue
+        close = did_you_mean(str(column), (*IMAGE_COLUMNS, *VIDEO_COLUMNS), cutoff=0.75)
+        if close is not None:
+            raise MessageError(
+                f"{env_id}: the row's column {column!r} holds an image but is not an image "
+                f"column, so the image would not be in the prompt ({close})",
+                where=f"the {column!r} column",
+                hint=f"rename the column: images go in {IMAGE_COLUMNS[0]!r} (one) or "
+                f"{IMAGE_COLUMNS[1]!r} (a list)",
+            )
+
+
+def holds_image(value: Any) -> bool:
+    """Whether a column's value is an image (a PIL image, an array, encoded bytes, a path
+    to an image file, a ``datasets`` Image feature) or a list of them."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(holds_image(v) for v in value)
+    if isinstance(value, Mapping):
+        return value.get("type") in IMAGE_PART_TYPES or (
+            "bytes" in value and "path" in value and len(value) == 2
+        )
+    if isinstance(value, str):
+        return value.lower().endswith(_IMAGE_SUFFIXES)
+    return is_image_value(value)
+
+
+def _refuse_two_prompts(row: Mapping[str, Any], env_id: str) -> None:
+    """A row with a ``prompt`` and a ``question`` renders the prompt only; that is
+    accepted where the question is the prompt's user text (verifiers' formatted datasets
+    keep both columns), refused where it is not (the question would be silently lost)."""
+    question = row["question"]
+    prompt = row["prompt"]
+    messages = [prompt] if isinstance(prompt, (str, Mapping)) else prompt
+    texts: list[str] = []
+    if isinstance(messages, (list, tuple)):
+        for message in messages:
+            if isinstance(message, str):
+                texts.append(message)
+                continue
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str):
+                texts.append(content)
+            elif isinstance(content, (list, tuple)):
+                texts += [p.get("text") or "" for p in content if isinstance(p, Mapping)]
+    if isinstance(question, str) and any(question in text for text in texts):
+        return
+    raise MessageError(
+        f"{env_id}: the row has both a 'prompt' and a 'question' column, and the question "
+        "is not in the prompt: which one is asked is ambiguous",
+        where="the 'prompt' and 'question' columns",
+        hint="keep one: 'question' is the user's text (the row's images go with it); "
+        "'prompt' is the whole message list, with the question in its user message",
+    )
 
 
 def _image_part(image: Any) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from vf_mm._text import shorten
 from vf_mm.envs._env import Environment
+from vf_mm.envs._messages import did_you_mean
 from vf_mm.errors import EnvironmentArgsError, EnvironmentLoadError, EnvironmentNotFoundError
 from vf_mm.types import RolloutError
 
@@ -234,8 +235,17 @@ def _find(env_id: str, search_paths: Sequence[str | Path] | None) -> Any:
     places = [f"  entry points in group {ENTRY_POINT_GROUP!r}: {_installed() or 'none'}"]
     places += [f"  {root}/: {_found_in(root)}" for root in _roots(search_paths)]
     places.append(f"  an importable module {module_name!r}: none with load_environment")
+    known = [ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    for root in _roots(search_paths):
+        if root.is_dir():
+            known += [p.name for p in root.iterdir() if p.is_dir() and _module_file(p, p.name)]
+    close = did_you_mean(env_id, tuple(sorted(set(known))))
     raise EnvironmentNotFoundError(
-        f"no environment {env_id!r}. Looked in:\n" + "\n".join(places) + "\n"
+        f"no environment {env_id!r}"
+        + (f" ({close})" if close else "")
+        + ". Looked in:\n"
+        + "\n".join(places)
+        + "\n"
         "Pass a path (vf-mm eval ./path/to/env), add a folder with --env-dir or "
         "VF_MM_ENV_PATH, or install the environment (pip install -e environments/<id>)."
     )

@@ -85,7 +85,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         raise MessageError(
             f"{where}, field 'role': {role!r} is not a role",
             where=where,
-            hint=_suggest(role, ROLES) or f"use one of {', '.join(ROLES)}",
+            hint=did_you_mean(role, ROLES) or f"use one of {', '.join(ROLES)}",
         )
     out = dict(message)
     content = message.get("content")
@@ -102,7 +102,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         out["content"] = [_part(content, f"{where}, field 'content'")]
     elif isinstance(content, (list, tuple)):
         out["content"] = [_part(p, f"{where}, content part {i}") for i, p in enumerate(content)]
-    elif _is_image(content):
+    elif is_image_value(content):
         out["content"] = [{"type": "image", "image": content}]
     else:
         raise MessageError(
@@ -123,7 +123,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
 def _part(part: Any, where: str) -> dict[str, Any]:
     if isinstance(part, str):
         return {"type": "text", "text": check_text(part, where=where)}
-    if _is_image(part):
+    if is_image_value(part):
         return {"type": "image", "image": part}
     if not isinstance(part, Mapping):
         raise MessageError(
@@ -136,7 +136,7 @@ def _part(part: Any, where: str) -> dict[str, Any]:
         raise MessageError(
             f"{where}, field 'type': {kind!r} is not a content part type",
             where=where,
-            hint=_suggest(kind, PART_TYPES) or f"use one of {', '.join(PART_TYPES)}",
+            hint=did_you_mean(kind, PART_TYPES) or f"use one of {', '.join(PART_TYPES)}",
         )
     if kind == "text":
         check_text(part.get("text"), where=f"{where}, field 'text'", what="a text part")
@@ -230,7 +230,7 @@ def _video_options(part: Mapping[str, Any], where: str) -> None:
         raise MessageError(f"{where}: {exc}", where=where) from None
 
 
-def _is_image(value: Any) -> bool:
+def is_image_value(value: Any) -> bool:
     """A PIL image, an (H, W[, C]) array or encoded image bytes: what ``load_image`` takes."""
     from PIL import Image
 
@@ -242,8 +242,10 @@ def _is_image(value: Any) -> bool:
     return isinstance(shape, tuple) and len(shape) in (2, 3) and hasattr(value, "dtype")
 
 
-def _suggest(value: Any, choices: tuple[str, ...]) -> str | None:
+def did_you_mean(value: Any, choices: tuple[str, ...], *, cutoff: float = 0.5) -> str | None:
+    """``"did you mean 'x'?"`` for the choice closest to ``value`` (compared lowercased),
+    or None when none is within ``cutoff`` (difflib's ratio)."""
     if not isinstance(value, str):
         return None
-    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=cutoff)
     return f"did you mean {close[0]!r}?" if close else None

@@ -56,7 +56,7 @@ class Rubric:
     See the module docstring for the arguments a reward function may name.
 
     Args:
-        funcs: The reward functions.
+        funcs: The reward functions (a single function is taken as a list of one).
         weights: One weight per function (default: 1.0 each); 0 makes it a metric.
         parser: The parser reward functions receive as ``parser`` (default: ``Parser()``).
 
@@ -77,6 +77,8 @@ class Rubric:
             raise ValueError(f"{len(funcs)} reward functions but {len(weights)} weights")
         self.parser = parser or Parser()
         self.funcs: list[RewardFunc] = []
+        if callable(funcs):  # Rubric(f): one function, as Rubric([f])
+            funcs = [funcs]
         for i, func in enumerate(funcs):
             self.add_reward_func(func, weight=1.0 if weights is None else weights[i])
 
@@ -132,7 +134,13 @@ class Rubric:
         return func
 
     def _name(self, func: Callable[..., Any]) -> str:
+        """The metric key and error name of ``func``: its ``__name__``; a lambda's names its
+        position in the rubric and its source line (every lambda is ``<lambda>``, and
+        ``<lambda>_2`` would point nowhere)."""
         base = getattr(func, "__name__", type(func).__name__)
+        code = getattr(func, "__code__", None)
+        if base == "<lambda>" and code is not None:
+            base = f"<lambda> #{len(self.funcs) + 1} (line {code.co_firstlineno})"
         taken = {rf.name for rf in self.funcs}
         name, n = base, 2
         while name in taken:

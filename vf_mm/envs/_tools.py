@@ -175,6 +175,14 @@ class ToolEnv(MultiTurnEnv):
             result = await _maybe_await(func(**args))
         except Exception as exc:  # the model sees the error and may try again
             return f"Error: {type(exc).__name__}: {exc}"
+        if result is None and inspect.signature(func).return_annotation not in (None, "None"):
+            # a forgotten return: the model would read "null" as the tool's answer
+            raise MessageError(
+                f"tool {name!r} returned None (turn {state.get('turn')}): a missing return?",
+                where=f"tool {name!r}",
+                hint="return what the model should read (a string such as 'done' when the tool "
+                "has nothing to say); a tool annotated -> None sends null on purpose",
+            )
         # a bad return value is the tool's bug: it fails the rollout
         return _tool_content(result, str(name))
 

@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from vf_mm.models._families import (
     QWEN_VL_FAMILIES,
-    VISION_FAMILIES,
     family_info,
     image_processor_class,
     model_class,
@@ -106,8 +105,7 @@ def build_tiny_vlm(
     Raises:
         UnsupportedModelError: An unknown family.
     """
-    if family not in VISION_FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(VISION_FAMILIES)}")
+    family_info(family)  # an unknown family: UnsupportedModelError with a "did you mean"
     if variant is not None and family not in TEMPLATE_VARIANTS:
         raise ValueError(f"{family} has no variants; variant={variant!r} is not one")
     template = chat_template(family, variant)  # refuses an unknown variant by name

@@ -500,8 +500,12 @@ def group_advantages(
     if not scored or np.all(values == values[0]):  # no signal, and never 0 / 0
         centered = np.zeros_like(values)
     else:
-        centered = values - values.mean()
+        # scaled to the largest magnitude first: the mean and the deviation of rewards
+        # near the float range (1e200) would overflow to inf and give 0 or NaN advantages
+        size = float(np.max(np.abs(values)))
+        unit = values / size
+        centered = (unit - unit.mean()) * size
         if scale:
-            centered = centered / (values.std() + eps)
+            centered = (unit - unit.mean()) / (unit.std() + eps / size)
     out = iter(centered.tolist())
     return [None if reward is None else next(out) for reward in rewards]

@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from vf_mm.errors import TransportError
@@ -57,6 +57,9 @@ class RolloutProgress:
         errors: Rollouts sent with an error.
         truncated: Rollouts that ran out of context (scored on what they have).
         repacked: Groups sent stripped because packing or encoding them failed.
+        flat_groups: Groups whose scored rollouts all got the same reward: their GRPO
+            advantages are all 0, so they teach nothing (every group, when the rubric has
+            no reward function).
         bytes_sent: Bytes sent.
         reward_sum: Over the rollouts with a reward (a running sum: no list kept).
         rewarded: Rollouts with a reward.
@@ -71,6 +74,7 @@ class RolloutProgress:
     errors: int = 0  # rollouts sent with an error
     truncated: int = 0  # rollouts that ran out of context (scored on what they have)
     repacked: int = 0  # groups sent stripped because packing or encoding them failed
+    flat_groups: int = 0  # groups whose scored rewards are all equal: advantages all 0
     bytes_sent: int = 0
     reward_sum: float = 0.0  # over the rollouts with a reward (a running sum: no list kept)
     rewarded: int = 0
@@ -236,6 +240,7 @@ async def stream_rollouts(
             nbytes = await sender.asend(group)
             progress.repacked += 1
         progress.groups += 1
+        progress.flat_groups += _flat(outputs)
         progress.bytes_sent += nbytes
         for output in outputs:
             progress.rollouts += 1
@@ -358,3 +363,10 @@ def _plain(value: Any) -> Any:
     shape = getattr(value, "shape", getattr(value, "size", None))
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     return f"<{kind} {shape!r}>" if isinstance(shape, tuple) else f"<{kind}>"
+
+
+def _flat(outputs: Sequence[Any]) -> bool:
+    """Whether a group's scored rewards are all equal (at least one scored): GRPO gives
+    every rollout of it advantage 0, so a run of such groups trains on nothing."""
+    rewards = {o.reward for o in outputs if o.reward is not None and not o.error}
+    return len(rewards) == 1
