@@ -73,7 +73,7 @@ class ProcessWorker:
         """Start the child and wait until it has built its environment and client;
         ``WorkerStartError`` with the child's own error if it cannot."""
         self._loop = asyncio.get_running_loop()
-        context = worker_context(self.start_method)
+        context: Any = worker_context(self.start_method)  # its Process: typeshed has none
         ours, theirs = context.Pipe()
         self._process = context.Process(
             target=_child_main,
