@@ -50,3 +50,10 @@ def _first_time(marker: Path) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def where_started(path: str, name: str) -> object:
+    """No client at all (a worker needs none to start): writes ``name``'s value in the
+    worker's environment (or ``-`` where unset) and the worker's parent pid to ``path``."""
+    Path(path).write_text(f"{os.environ.get(name, '-')} {os.getppid()}")
+    return object()

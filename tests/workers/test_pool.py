@@ -180,7 +180,8 @@ asyncio.run(main())
 
 def test_workers_end_when_their_parent_is_killed(checkpoint):
     """kill -9 of the run's process (no cleanup runs there) ends its workers: each sees
-    its pipe close and exits, so no worker outlives its run."""
+    its pipe close and exits, so no worker outlives its run; nor does the forkserver
+    they were forked from."""
     import os
     import signal
     import subprocess
@@ -192,6 +193,9 @@ def test_workers_end_when_their_parent_is_killed(checkpoint):
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     pids = [int(p) for p in parent.stdout.readline().split()]
     assert len(pids) == 2, "the parent did not start its workers"
+    with open(f"/proc/{pids[0]}/stat") as stat:  # the worker's parent: the forkserver
+        server = int(stat.read().split(")")[-1].split()[1])
+    assert server != parent.pid, "the worker was not forked from the forkserver"
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
 
@@ -208,9 +212,10 @@ def test_workers_end_when_their_parent_is_killed(checkpoint):
             return False
 
     deadline = time.monotonic() + 120  # a generous bound on the wait, not a timing claim
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in [*pids, server]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids), "a worker outlived its killed parent"
+    assert not alive(server), "the forkserver outlived the run that started it"
 
 
 def test_rows_are_read_as_workers_free_up_not_queued_up_front(checkpoint):

@@ -40,6 +40,7 @@ from vf_mm.client import ClientStats
 from vf_mm.errors import WorkerLostError, WorkerStartError
 from vf_mm.types import RolloutError, RolloutOutput
 from vf_mm.workers._process import ProcessWorker
+from vf_mm.workers._start import START_METHODS, check_start_method
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec, add_stats, failed_group
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,12 @@ class WorkerPool:
         threads: Torch threads per process worker (default: this machine's cores shared
             among the workers).
         start_timeout_s: How long a worker may take to build its environment and client.
+        start_method: How a process worker starts: ``"forkserver"`` (forked from a server
+            that imported torch, transformers and vf_mm once: fast) or ``"spawn"`` (a
+            fresh interpreter each).
 
     Raises:
-        ValueError: ``workers`` under 1, an unknown ``transport``.
+        ValueError: ``workers`` under 1, an unknown ``transport`` or ``start_method``.
     """
 
     def __init__(
@@ -78,11 +82,14 @@ class WorkerPool:
         max_restarts: int = 3,
         threads: int | None = None,
         start_timeout_s: float = 900.0,
+        start_method: str = START_METHODS[0],
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        check_start_method(start_method)
+        self.start_method = start_method
         self.spec = spec
         self.size = workers
         self.transport = transport
@@ -137,7 +144,11 @@ class WorkerPool:
                 self.spec, name=name, address=self.ray_address, start_timeout_s=self.start_timeout_s
             )
         return ProcessWorker(
-            self.spec, name=name, threads=self.threads, start_timeout_s=self.start_timeout_s
+            self.spec,
+            name=name,
+            threads=self.threads,
+            start_timeout_s=self.start_timeout_s,
+            start_method=self.start_method,
         )
 
     async def aclose(self) -> None:

@@ -1,8 +1,9 @@
 """``ProcessWorker``: one worker in a subprocess of this machine, over a pipe.
 
-The child is started with multiprocessing's ``spawn`` (a fresh interpreter: no copied
-threads, locks or CUDA state), builds a ``GroupRunner`` and answers ``("ready", info)``
-or ``("fatal", message)``. Then it runs every task it is sent on its own event loop,
+The child is forked from a preloaded forkserver, or spawned (``_start.py``: either way
+none of this process's threads, locks or CUDA state), installs this process's
+environment as it was at the start, builds a ``GroupRunner`` and answers
+``("ready", info)`` or ``("fatal", message)``. Then it runs every task it is sent on its own event loop,
 several at once, and answers each with ``("done", GroupResult)`` or
 ``("failed", task_id, RolloutError)`` (the group's rollouts then fail with that error,
 e.g. a result that does not pickle). Both ends read their pipe on a thread of their own,
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
+import os
 import signal
 import threading
 from typing import Any
 
 from vf_mm.errors import WorkerLostError, WorkerStartError
 from vf_mm.types import RolloutError
+from vf_mm.workers._start import START_METHODS, check_start_method, worker_context
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec
 from vf_mm.workers._worker import GroupRunner
 
@@ -38,6 +40,10 @@ class ProcessWorker:
         threads: Torch threads in the process.
         start_timeout_s: How long the process may take to build its environment and
             client before ``start`` fails.
+        start_method: One of ``START_METHODS``: ``"forkserver"`` (forked from a server
+            that imported torch, transformers and vf_mm once) or ``"spawn"`` (a fresh
+            interpreter for each worker); see ``_start.py`` for when the first spawns
+            anyway.
     """
 
     def __init__(
@@ -47,7 +53,10 @@ class ProcessWorker:
         name: str = "vf-mm-worker",
         threads: int | None = None,
         start_timeout_s: float = 900.0,
+        start_method: str = START_METHODS[0],
     ) -> None:
+        check_start_method(start_method)
+        self.start_method = start_method
         self.spec = spec
         self.name = name
         self.threads = threads
@@ -72,10 +81,12 @@ class ProcessWorker:
         """Start the child and wait until it has built its environment and client;
         ``WorkerStartError`` with the child's own error if it cannot."""
         self._loop = asyncio.get_running_loop()
-        context = multiprocessing.get_context("spawn")
+        context: Any = worker_context(self.start_method)  # its Process: typeshed has none
         ours, theirs = context.Pipe()
         self._process = context.Process(
-            target=_child_main, args=(theirs, self.spec, self.threads), name=self.name
+            target=_child_main,
+            args=(theirs, self.spec, self.threads, dict(os.environ)),
+            name=self.name,
         )
         self._process.start()
         theirs.close()  # the child's end lives in the child only: its death is our EOF
@@ -186,10 +197,14 @@ def _notify(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
 # -- the child ------------------------------------------------------------------------------
 
 
-def _child_main(conn: Any, spec: WorkerSpec, threads: int | None) -> None:
-    """The worker process's entry point. Ctrl-C in a terminal reaches the whole process
-    group: the child ignores it and lets the parent stop it (or the pipe's end does)."""
+def _child_main(conn: Any, spec: WorkerSpec, threads: int | None, env: dict[str, str]) -> None:
+    """The worker process's entry point. It first takes the parent's environment as it was
+    at the start (a forked worker has the forkserver's otherwise). Ctrl-C in a terminal
+    reaches the whole process group: the child ignores it and lets the parent stop it (or
+    the pipe's end does)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.clear()
+    os.environ.update(env)
     if threads is not None:
         import torch
 
