@@ -118,33 +118,51 @@ SMOLVLM_SPECIAL_TOKENS = (
 )
 
 
-def smolvlm_tokenizer(vocab_size: int = 2000) -> Any:
-    """A small SmolVLM-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with
-    SmolVLM's specials, and the named tokens its processor reads (``image_token``,
-    ``fake_image_token``, ``global_image_token``, ``end_of_utterance_token``)."""
+def _bpe_tokenizer(
+    vocab_size: int,
+    *,
+    named: dict[str, str],
+    added: tuple[tuple[tuple[str, ...], bool], ...],
+    bos: str | None = None,
+    eos: str,
+    pad: str,
+    unk: str | None = None,
+) -> Any:
+    """The byte-level BPE of ``tiny_tokenizer`` with a family's tokens: ``named`` are the
+    named tokens its processor reads, ``added`` the groups of tokens added in order (each
+    group special or not: the order gives the ids), then its bos, eos, pad and unk."""
     from transformers import AddedToken, Qwen2Tokenizer
 
     vocab, merges = _train_bpe(vocab_size)
     tok = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token=None,
-        pad_token=None,
-        extra_special_tokens={
-            "image_token": "<image>",
-            "fake_image_token": "<fake_token_around_image>",
-            "global_image_token": "<global-img>",
-            "end_of_utterance_token": "<end_of_utterance>",
-        },
-    )
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SMOLVLM_SPECIAL_TOKENS])
-    tok.bos_token = "<|im_start|>"
-    tok.eos_token = "<end_of_utterance>"
-    tok.pad_token = "<|endoftext|>"
-    tok.unk_token = "<|endoftext|>"
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
+        pad_token=None, extra_special_tokens=named,
+    )  # fmt: skip
+    for tokens, special in added:
+        tok.add_tokens([AddedToken(t, special=special, normalized=False) for t in tokens])
+    if bos is not None:
+        tok.bos_token = bos
+    tok.eos_token = eos
+    tok.pad_token = pad
+    if unk is not None:
+        tok.unk_token = unk
     return tok
+
+
+def smolvlm_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small SmolVLM-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with
+    SmolVLM's specials, and the named tokens its processor reads (``image_token``,
+    ``fake_image_token``, ``global_image_token``, ``end_of_utterance_token``)."""
+    named = {
+        "image_token": "<image>",
+        "fake_image_token": "<fake_token_around_image>",
+        "global_image_token": "<global-img>",
+        "end_of_utterance_token": "<end_of_utterance>",
+    }
+    return _bpe_tokenizer(
+        vocab_size, named=named, added=((SMOLVLM_SPECIAL_TOKENS, True),), bos="<|im_start|>",
+        eos="<end_of_utterance>", pad="<|endoftext|>", unk="<|endoftext|>",
+    )  # fmt: skip
 
 
 def llava_onevision_tokenizer(vocab_size: int = 2000) -> Any:
@@ -174,20 +192,16 @@ def internvl_tokenizer(vocab_size: int = 2000) -> Any:
     """``tiny_tokenizer`` with InternVL3's added tokens after Qwen's specials and the
     named tokens its processor reads (``<video>`` is named, not added, as in the
     converted checkpoints)."""
-    from transformers import AddedToken, Qwen2Tokenizer
-
-    vocab, merges = _train_bpe(vocab_size)
-    tok = Qwen2Tokenizer(
-        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
-        pad_token=None, extra_special_tokens=INTERNVL_NAMED_TOKENS,
+    added = (
+        (SPECIAL_TOKENS, True), (PLAIN_ADDED_TOKENS, False), (INTERNVL_ADDED_TOKENS, True),
     )  # fmt: skip
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in INTERNVL_ADDED_TOKENS])
-    tok.eos_token = "<|im_end|>"
-    tok.pad_token = "<|endoftext|>"
-    return tok
+    return _bpe_tokenizer(
+        vocab_size, named=INTERNVL_NAMED_TOKENS, added=added, eos="<|im_end|>",
+        pad="<|endoftext|>",
+    )  # fmt: skip
 
+
+THINK_TOKENS = ("<think>", "</think>")  # added as text pieces, not specials
 
 # LFM2's specials in its order (the real ids: <|pad|> 0, <|startoftext|> 1, <|endoftext|> 2,
 # <|im_start|> 6, <|im_end|> 7, <|tool_call_start|> 10; <image> 396, <|img_row_1_col_1|> 397
@@ -214,21 +228,11 @@ def lfm2_vl_tokenizer(vocab_size: int = 2000) -> Any:
     """A small LFM2-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with LFM2's
     specials and the named tokens LFM2-VL's processor reads; ``<|startoftext|>`` is its
     bos (the template writes it first), ``<|im_end|>`` its eos, ``<|pad|>`` its pad."""
-    from transformers import AddedToken, Qwen2Tokenizer
-
-    vocab, merges = _train_bpe(vocab_size)
-    tok = Qwen2Tokenizer(
-        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
-        pad_token=None, extra_special_tokens=LFM2_VL_NAMED_TOKENS,
+    return _bpe_tokenizer(
+        vocab_size, named=LFM2_VL_NAMED_TOKENS,
+        added=((LFM2_VL_SPECIAL_TOKENS, True), (THINK_TOKENS, False)),
+        bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
     )  # fmt: skip
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in LFM2_VL_SPECIAL_TOKENS])
-    tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")]
-    )
-    tok.bos_token = "<|startoftext|>"
-    tok.eos_token = "<|im_end|>"
-    tok.pad_token = "<|pad|>"
-    return tok
 
 
 # Kimi-K2.5's specials: its turn tokens, the tool-call section tokens the template and its
@@ -254,21 +258,11 @@ def kimi_k25_tokenizer(vocab_size: int = 2000) -> Any:
     reads; ``<think>`` and ``</think>`` are added as text pieces (written by the template,
     sampled by the model). ``[BOS]`` is its bos (the template writes none), ``[EOS]`` its
     eos, ``[PAD]`` its pad; a turn ends with ``<|im_end|>``."""
-    from transformers import AddedToken, Qwen2Tokenizer
-
-    vocab, merges = _train_bpe(vocab_size)
-    tok = Qwen2Tokenizer(
-        vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None,
-        pad_token=None, extra_special_tokens=KIMI_K25_NAMED_TOKENS,
+    return _bpe_tokenizer(
+        vocab_size, named=KIMI_K25_NAMED_TOKENS,
+        added=((KIMI_K25_SPECIAL_TOKENS, True), (THINK_TOKENS, False)),
+        bos="[BOS]", eos="[EOS]", pad="[PAD]",
     )  # fmt: skip
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in KIMI_K25_SPECIAL_TOKENS])
-    tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")]
-    )
-    tok.bos_token = "[BOS]"
-    tok.eos_token = "[EOS]"
-    tok.pad_token = "[PAD]"
-    return tok
 
 
 # Qwen3.5's pre-tokenizer split: as Qwen2's, but combining marks join letters (\p{M}).
