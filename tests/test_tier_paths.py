@@ -16,7 +16,7 @@ TIERS = ("vllm", "ray", "verifiers", "trl", "verifiers1")
 
 
 @functools.cache
-def test_files() -> dict[Path, str]:
+def collected_files() -> dict[Path, str]:
     return {f: f.read_text(encoding="utf-8") for f in sorted((ROOT / "tests").rglob("*.py"))}
 
 
@@ -35,7 +35,7 @@ def test_every_marked_test_is_in_its_tiers_job(tier):
     paths = job_paths(tier)
     outside = [
         str(f.relative_to(ROOT))
-        for f, text in test_files().items()
+        for f, text in collected_files().items()
         if marked.search(text) and not any(f == p or p in f.parents for p in paths)
     ]
     assert not outside, f"marked {tier} but not run by `python3 dev.py {tier}`: {outside}"
