@@ -62,6 +62,31 @@ def case(name: str, messages: list[dict[str, Any]], **options: Any) -> dict[str,
     return {"name": name, "messages": messages, "add_generation_prompt": True, **options}
 
 
+def image_multi_turn() -> dict[str, Any]:
+    """An image, an answer, a new question with another image (families that write any
+    message's images where they sit)."""
+    return case(
+        "multi_turn",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "There are 3 circles."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    )
+
+
+def history_without_generation_prompt() -> dict[str, Any]:
+    """A question and its answer as parts, rendered without a generation prompt."""
+    return case(
+        "history_without_generation_prompt",
+        [
+            {"role": "user", "content": [text("How many circles?")]},
+            {"role": "assistant", "content": [text("Three.")]},
+        ],
+        add_generation_prompt=False,
+    )
+
+
 def qwen2_cases(upstream: bool) -> list[dict[str, Any]]:
     """Qwen2-VL and Qwen2.5-VL (one template): the default system turn, string and list
     content, images, video, ``add_vision_id``, and what the template ignores (``tools``)
@@ -324,14 +349,7 @@ SMOLVLM_CASES = [
             {"role": "user", "content": [text("And now?"), IMAGE]},
         ],
     ),
-    case(
-        "history_without_generation_prompt",
-        [
-            {"role": "user", "content": [text("How many circles?")]},
-            {"role": "assistant", "content": [text("Three.")]},
-        ],
-        add_generation_prompt=False,
-    ),
+    history_without_generation_prompt(),
     case(
         "tool_message_with_image",
         [
@@ -368,14 +386,7 @@ LLAVA_ONEVISION_CASES = [
             {"role": "user", "content": [text("And now?"), IMAGE]},
         ],
     ),
-    case(
-        "history_without_generation_prompt",
-        [
-            {"role": "user", "content": [text("How many circles?")]},
-            {"role": "assistant", "content": [text("Three.")]},
-        ],
-        add_generation_prompt=False,
-    ),
+    history_without_generation_prompt(),
     case(
         "system_and_tool_images",
         [
@@ -495,14 +506,7 @@ LLAVA_NEXT_CASES = [
             {"role": "user", "content": [text("And now?"), IMAGE]},
         ],
     ),
-    case(
-        "history_without_generation_prompt",
-        [
-            {"role": "user", "content": [text("How many circles?")]},
-            {"role": "assistant", "content": [text("Three.")]},
-        ],
-        add_generation_prompt=False,
-    ),
+    history_without_generation_prompt(),
     case(
         "assistant_parts_after_the_first_dropped",
         [
@@ -533,22 +537,8 @@ INTERNVL_CASES = [
         "several_images_between_text",
         [{"role": "user", "content": [text("Compare "), IMAGE, text(" and "), IMAGE, text(".")]}],
     ),
-    case(
-        "multi_turn",
-        [
-            {"role": "user", "content": [IMAGE, text("How many circles?")]},
-            {"role": "assistant", "content": "There are 3 circles."},
-            {"role": "user", "content": [text("And now?"), IMAGE]},
-        ],
-    ),
-    case(
-        "history_without_generation_prompt",
-        [
-            {"role": "user", "content": [text("How many circles?")]},
-            {"role": "assistant", "content": [text("Three.")]},
-        ],
-        add_generation_prompt=False,
-    ),
+    image_multi_turn(),
+    history_without_generation_prompt(),
     case(
         "system_image_and_tool_image",
         [
@@ -631,22 +621,8 @@ LFM2_VL_CASES = [
             {"role": "user", "content": [text("Compare."), IMAGE]},
         ],
     ),
-    case(
-        "multi_turn",
-        [
-            {"role": "user", "content": [IMAGE, text("How many circles?")]},
-            {"role": "assistant", "content": "There are 3 circles."},
-            {"role": "user", "content": [text("And now?"), IMAGE]},
-        ],
-    ),
-    case(
-        "history_without_generation_prompt",
-        [
-            {"role": "user", "content": [text("How many circles?")]},
-            {"role": "assistant", "content": [text("Three.")]},
-        ],
-        add_generation_prompt=False,
-    ),
+    image_multi_turn(),
+    history_without_generation_prompt(),
     case(
         "tools_calls_and_an_image_result",
         [
