@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import vf_mm as vf
+from tests.renderers._sampling import assert_samples_as_a_full_forward_scores
 from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -221,33 +222,7 @@ def test_its_images_need_torchvision_and_the_renderer_says_so(kimi):
 def test_the_local_backend_samples_as_a_full_forward_scores_it(kimi):
     """The DeepSeek-V3 text stack (MLA attention, routed experts) samples a text turn
     whose logprobs equal one forward over the prompt and completion."""
-    import asyncio
-
-    import torch
-
-    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
-    from vf_mm.models import model_class
-
-    prompt = list(range(5, 40))
-
-    async def sample():
-        backend = LocalBackend(kimi)
-        try:
-            params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
-            return await backend.generate(GenerateRequest(prompt, params))
-        finally:
-            await backend.aclose()
-
-    result = asyncio.run(sample())
-    model = model_class("kimi_k25").from_pretrained(kimi).eval()
-    with torch.no_grad():
-        ids = torch.tensor([prompt + result.completion_ids])
-        logprobs = model(input_ids=ids).logits.float().log_softmax(-1)[0]
-    expected = [
-        logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(result.completion_ids)
-    ]
-    assert len(result.completion_ids) == 6
-    assert result.logprobs == pytest.approx(expected, abs=1e-4)
+    assert_samples_as_a_full_forward_scores(kimi, "kimi_k25")
 
 
 # -- the images, where torchvision imports ---------------------------------------------

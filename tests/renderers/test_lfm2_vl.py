@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.renderers._sampling import assert_samples_as_a_full_forward_scores
 from vf_mm.errors import MissingDependencyError
 from vf_mm.models import family_info, load_processor, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -139,33 +140,7 @@ def test_its_images_need_torchvision_and_the_renderer_says_so(lfm2):
 def test_the_local_backend_samples_its_hybrid_stack_as_a_full_forward_scores_it(lfm2):
     """LFM2's short-convolution layers keep a state of their own while sampling: the
     sampler's logprobs of a text turn equal one forward over the prompt and completion."""
-    import asyncio
-
-    import torch
-
-    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
-    from vf_mm.models import model_class
-
-    prompt = list(range(5, 40))
-
-    async def sample():
-        backend = LocalBackend(lfm2)
-        try:
-            params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
-            return await backend.generate(GenerateRequest(prompt, params))
-        finally:
-            await backend.aclose()
-
-    result = asyncio.run(sample())
-    model = model_class("lfm2_vl").from_pretrained(lfm2).eval()
-    with torch.no_grad():
-        ids = torch.tensor([prompt + result.completion_ids])
-        logprobs = model(input_ids=ids).logits.float().log_softmax(-1)[0]
-    expected = [
-        logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(result.completion_ids)
-    ]
-    assert len(result.completion_ids) == 6
-    assert result.logprobs == pytest.approx(expected, abs=1e-4)
+    assert_samples_as_a_full_forward_scores(lfm2, "lfm2_vl")
 
 
 # -- the images, where torchvision imports ---------------------------------------------
