@@ -43,6 +43,7 @@ import gc
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -218,7 +219,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(path: Path, args: Any, log: Path) -> Iterator[str]:
+def server(path: Path, args: Any, log: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = [*CLI, "serve", "--model", str(path), "--device", args.device, "--dtype",
                args.dtype, "--port", str(port), "--log-level", "warning"]  # fmt: skip
@@ -236,7 +237,7 @@ def server(path: Path, args: Any, log: Path) -> Iterator[str]:
             time.sleep(0.5)
         else:
             raise RuntimeError("vf-mm serve did not come up in 600 s")
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         try:
@@ -255,14 +256,50 @@ def queries(url: str) -> float:
     )
 
 
-def served_eval(path: Path, url: str, workers: int, outdir: Path, args: Any) -> dict[str, Any]:
-    """One ``vf-mm eval ... --backend vllm -b URL --workers W`` run, as a user runs it."""
+@contextlib.contextmanager
+def profiled(pid: int | None, out: Path | None) -> Iterator[None]:
+    """py-spy samples process ``pid`` (every thread, 100 Hz, collapsed stacks to ``out``)
+    while the block runs; nothing happens unless both are given."""
+    if pid is None or out is None:
+        yield
+        return
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--threads",
+               "--nonblocking", "--format", "raw", "-o", str(out)]  # fmt: skip
+    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
+def served_eval(
+    path: Path,
+    url: str,
+    workers: int,
+    outdir: Path,
+    args: Any,
+    *,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
+    """One ``vf-mm eval ... --backend vllm -b URL --workers W`` run, as a user runs it
+    (with ``--profile DIR``, py-spy samples the server and the eval's own processes)."""
     sampling = json.dumps({"max_tokens": args.max_tokens, "temperature": 1.0})
     command = [*CLI, "eval", "gridnav", "-m", str(path), "--backend", "vllm", "-b", url,
                "--workers", str(workers), "-n", str(args.examples), "-r",
                str(args.rollouts_per_example), "-c", str(args.concurrency), "-S", sampling,
                "-o", str(outdir)]  # fmt: skip
-    with Sampler(counter=lambda: queries(url)) as sampler:
+    profile = args.profile if server_pid is not None else None
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        command = ["py-spy", "record", "--subprocesses", "--rate", "100", "--nonblocking",
+                   "--format", "raw", "-o", str(profile / f"eval-w{workers}.txt"), "--",
+                   *command]  # fmt: skip
+    server_out = None if profile is None else profile / f"serve-w{workers}.txt"
+    with Sampler(counter=lambda: queries(url)) as sampler, profiled(server_pid, server_out):
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         wall = time.perf_counter() - start
@@ -292,6 +329,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="after the table's runs, one more at the largest W with py-spy (on PATH) sampling the "
+        "server and the eval's processes; collapsed stacks go to this folder",
+    )
     args = parser.parse_args()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(
@@ -315,13 +359,21 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         rows: dict[int, dict[str, Any]] = {}
-        with server(path, args, Path(tmp) / "serve.log") as url:
+        with server(path, args, Path(tmp) / "serve.log") as (url, pid):
             counts = [int(w) for w in args.workers.split(",")]
             warm = served_eval(path, url, max(counts), Path(tmp) / "warm", args)
             print(f"served warm-up at W={max(counts)}: {warm['rate']:.2f} rollouts/s", flush=True)
             for w in counts:
                 rows[w] = served_eval(path, url, w, Path(tmp) / f"w{w}", args)
                 print(f"W={w}: {rows[w]}", flush=True)
+            if args.profile is not None:
+                for w in [max(counts)]:
+                    try:
+                        spied = served_eval(path, url, w, Path(tmp) / f"p{w}", args, server_pid=pid)
+                    except RuntimeError as error:  # py-spy may lack ptrace here
+                        print(f"W={w} under py-spy failed: {error}", flush=True)
+                    else:
+                        print(f"W={w} under py-spy: {spied['rate']:.2f} rollouts/s", flush=True)
     rate, one = bound["engine_bound"], rows[counts[0]]["rate"] / counts[0]
     print(
         f"\nengine-bound rate {rate:.2f} rollouts/s (in-process replay, no client); the "
