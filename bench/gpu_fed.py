@@ -29,6 +29,7 @@ scaling efficiency rate(W) / (W x rate(1)), GPU busy, and the in-process eval's 
     python bench/gpu_fed.py [--shape 3b|tiny] [--device cuda] [--dtype bfloat16]
                             [--workers 1,2,4,8] [--examples 32] [--rollouts-per-example 4]
                             [--concurrency 32] [--max-tokens 32] [--out FILE.json]
+                            [--batch-windows 5[,20,...]] [--profile DIR]
 
 ``--shape tiny --device cpu --dtype float32`` runs the same path on a CPU in a minute.
 Needs what ``bench/local_gpu.py`` needs, and starlette, uvicorn and pydantic for the server.
@@ -190,12 +191,15 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
                     same[0] += list(result.completion_ids) == ids
                     same[1] += 1
 
+            before = engine_work(backend)
             with Sampler() as sampler:
                 start = time.perf_counter()
                 await asyncio.gather(*(chain(s) for s in slots))
                 end = time.perf_counter()
+            work = {k: v - before[k] for k, v in engine_work(backend).items()}
             replays.append(
                 {"wall": end - start, "busy": sampler.busy(start, end), "same": same[0] / same[1]}
+                | work
             )
         best = min(replays, key=lambda r: r["wall"])
         rate = n / best["wall"]
@@ -204,12 +208,32 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
         print(
             f"engine-bound (replay, no client): {turns} requests in {best['wall']:.1f} s = "
             f"{rate:.2f} rollouts/s, GPU busy {busy}; sampled tokens equal to the recorded "
-            f"run's in {best['same']:.0%} of requests; replays took {walls} s",
+            f"run's in {best['same']:.0%} of requests; replays took {walls} s; "
+            f"{best['prefills']:.0f} prefills, {best['decode_steps']:.0f} decode steps",
             flush=True,
         )
         return {"in_process": in_process, "engine_bound": rate, "replays": replays}
     finally:
         await backend.aclose()
+
+
+def engine_work(backend: LocalBackend) -> dict[str, float]:
+    """The engine's prefill and decode forwards so far."""
+    return {"prefills": backend.prefills_run, "decode_steps": backend.steps_run}
+
+
+def served_work(url: str) -> dict[str, float]:
+    """The served engine's prefill and decode forwards so far (its ``vf_mm:`` counters)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    values = {
+        line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vf_mm:")
+    }
+    return {
+        "prefills": values.get("vf_mm:prefills_total", 0.0),
+        "decode_steps": values.get("vf_mm:decode_steps_total", 0.0),
+    }
 
 
 def free_port() -> int:
@@ -219,10 +243,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(path: Path, args: Any, log: Path) -> Iterator[tuple[str, int]]:
+def server(
+    path: Path, args: Any, log: Path, *, window_ms: float = 5.0
+) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = [*CLI, "serve", "--model", str(path), "--device", args.device, "--dtype",
-               args.dtype, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+               args.dtype, "--port", str(port), "--log-level", "warning",
+               "--batch-window-ms", str(window_ms)]  # fmt: skip
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -299,10 +326,12 @@ def served_eval(
                    "--format", "raw", "-o", str(profile / f"eval-w{workers}.txt"), "--",
                    *command]  # fmt: skip
     server_out = None if profile is None else profile / f"serve-w{workers}.txt"
+    before = served_work(url)
     with Sampler(counter=lambda: queries(url)) as sampler, profiled(server_pid, server_out):
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         wall = time.perf_counter() - start
+    work = {k: v - before[k] for k, v in served_work(url).items()}
     if done.returncode != 0:
         raise RuntimeError(f"vf-mm eval exited {done.returncode}: {done.stdout}\n{done.stderr}")
     results = json.loads((outdir / "metadata.json").read_text())["results"]
@@ -313,7 +342,7 @@ def served_eval(
         "rate": results["count"] / results["time_s"],
         "busy": sampler.busy(),
         "outside_s": wall - results["time_s"],
-    }
+    } | work
 
 
 def main() -> None:
@@ -324,6 +353,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--shape", choices=("3b", "tiny"), default="3b")
     parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument(
+        "--batch-windows",
+        default="5",
+        help="the served engine's batch window(s) in ms (vf-mm serve --batch-window-ms), "
+        "one server each",
+    )
     parser.add_argument("--examples", type=int, default=32)
     parser.add_argument("--rollouts-per-example", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -358,40 +393,55 @@ def main() -> None:
         gc.collect()  # the in-process engine's GPU memory, before the server takes its own
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        rows: dict[int, dict[str, Any]] = {}
-        with server(path, args, Path(tmp) / "serve.log") as (url, pid):
-            counts = [int(w) for w in args.workers.split(",")]
-            warm = served_eval(path, url, max(counts), Path(tmp) / "warm", args)
-            print(f"served warm-up at W={max(counts)}: {warm['rate']:.2f} rollouts/s", flush=True)
-            for w in counts:
-                rows[w] = served_eval(path, url, w, Path(tmp) / f"w{w}", args)
-                print(f"W={w}: {rows[w]}", flush=True)
-            if args.profile is not None:
-                for w in [max(counts)]:
+        rows: dict[tuple[float, int], dict[str, Any]] = {}
+        counts = [int(w) for w in args.workers.split(",")]
+        windows = [float(ms) for ms in args.batch_windows.split(",")]
+        for window in windows:
+            log = Path(tmp) / f"serve-{window:g}.log"
+            with server(path, args, log, window_ms=window) as (url, pid):
+                warm = served_eval(path, url, max(counts), Path(tmp) / f"warm{window:g}", args)
+                print(
+                    f"served ({window:g} ms window) warm-up at W={max(counts)}: "
+                    f"{warm['rate']:.2f} rollouts/s",
+                    flush=True,
+                )
+                for w in counts:
+                    rows[window, w] = served_eval(
+                        path, url, w, Path(tmp) / f"w{w}-{window:g}", args
+                    )
+                    print(f"{window:g} ms, W={w}: {rows[window, w]}", flush=True)
+                if args.profile is not None and window == windows[0]:
+                    w = max(counts)
                     try:
                         spied = served_eval(path, url, w, Path(tmp) / f"p{w}", args, server_pid=pid)
                     except RuntimeError as error:  # py-spy may lack ptrace here
                         print(f"W={w} under py-spy failed: {error}", flush=True)
                     else:
                         print(f"W={w} under py-spy: {spied['rate']:.2f} rollouts/s", flush=True)
-    rate, one = bound["engine_bound"], rows[counts[0]]["rate"] / counts[0]
+    rate = bound["engine_bound"]
+    replay = min(bound["replays"], key=lambda r: r["wall"])
     print(
-        f"\nengine-bound rate {rate:.2f} rollouts/s (in-process replay, no client); the "
-        f"in-process eval {bound['in_process']:.2f} ({bound['in_process'] / rate:.0%})"
+        f"\nengine-bound rate {rate:.2f} rollouts/s (in-process replay, no client; "
+        f"{replay['decode_steps']:.0f} decode steps); the in-process eval "
+        f"{bound['in_process']:.2f} ({bound['in_process'] / rate:.0%})"
     )
     header = (
-        f"{'workers':>8}{'rollouts/s':>12}{'of engine-bound':>17}{'scaling eff.':>14}"
-        f"{'GPU busy':>10}{'start + exit s':>16}{'errors':>8}"
+        f"{'window ms':>10}{'workers':>8}{'rollouts/s':>12}{'of engine-bound':>17}"
+        f"{'scaling eff.':>14}{'GPU busy':>10}{'decode steps':>14}{'start + exit s':>16}"
+        f"{'errors':>8}"
     )
     print(header)
-    for w, r in rows.items():
+    for (window, w), r in rows.items():
+        one = rows[window, counts[0]]["rate"] / counts[0]
         busy = "-" if r["busy"] is None else f"{r['busy']:.0%}"
         print(
-            f"{w:>8}{r['rate']:>12.2f}{r['rate'] / rate:>17.0%}{r['rate'] / (w * one):>14.0%}"
-            f"{busy:>10}{r['outside_s']:>16.1f}{r['errors']:>8}"
+            f"{window:>10g}{w:>8}{r['rate']:>12.2f}{r['rate'] / rate:>17.0%}"
+            f"{r['rate'] / (w * one):>14.0%}{busy:>10}{r['decode_steps']:>14.0f}"
+            f"{r['outside_s']:>16.1f}{r['errors']:>8}"
         )
     if args.out:
-        args.out.write_text(json.dumps({"bound": bound, "served": rows}, indent=2))
+        served = [{"window_ms": window, "workers": w} | r for (window, w), r in rows.items()]
+        args.out.write_text(json.dumps({"bound": bound, "served": served}, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,15 @@ looked up and found cached), each with its ``_created`` series (the server's sta
 the ``engine`` / ``model_name`` labels, written byte for byte as prometheus_client
 writes them, so a dashboard or scraper made for vLLM reads them unchanged. A backend
 without the counters reads 0.
+
+The embedded engine's own counters follow under the ``vf_mm:`` prefix, in the same form:
+``vf_mm:admissions_total`` (groups of requests started together),
+``vf_mm:prefills_total`` (prefill forwards), ``vf_mm:decode_steps_total`` (decode
+forwards, one token for every running request each) and
+``vf_mm:engine_busy_seconds_total`` (time the engine spent generating). Decode steps per
+sampled token tell how well requests share batches: when clients' requests arrive out of
+step, the same tokens take more steps. A backend without them (a scripted one) writes
+none of these.
 """
 
 from __future__ import annotations
@@ -26,6 +35,15 @@ _METRICS = (
     ("vllm:prefix_cache_hits",
      "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
 )  # fmt: skip
+# the embedded engine's counters (LocalBackend's properties), written only where the
+# backend has them
+_ENGINE_METRICS = (
+    ("vf_mm:admissions", "Groups of requests started together.", "batches_run"),
+    ("vf_mm:prefills", "Prefill forwards.", "prefills_run"),
+    ("vf_mm:decode_steps",
+     "Decode forwards (one token for every running request each).", "steps_run"),
+    ("vf_mm:engine_busy_seconds", "Seconds the engine spent generating.", "busy_s"),
+)  # fmt: skip
 # what prometheus_client answers a scrape that asks for no particular format
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -40,8 +58,14 @@ class MetricsRoute:
         engine = self.engine
         labels = f'engine="0",model_name="{_label_value(engine.model_name)}"'
         lines = []
-        for name, help_text, attribute in _METRICS:
-            value = getattr(engine.backend, attribute, 0)
+        backend = engine.backend
+        counters = [(name, text, getattr(backend, attr, 0)) for name, text, attr in _METRICS]
+        counters += [
+            (name, text, getattr(backend, attr))
+            for name, text, attr in _ENGINE_METRICS
+            if hasattr(backend, attr)
+        ]
+        for name, help_text, value in counters:
             lines += [
                 f"# HELP {name}_total {help_text}",
                 f"# TYPE {name}_total counter",
