@@ -1073,6 +1073,11 @@ def test_vf_mm_serve_cli(serve_cli, renderer):
             assert engine["vf_mm:prefills_total"] >= engine["vf_mm:admissions_total"]
             assert engine["vf_mm:decode_steps_total"] >= 3
             assert engine["vf_mm:engine_busy_seconds_total"] > 0
+            assert engine["vf_mm:requests_total"] >= 4  # the four prompts
+            assert (
+                engine["vf_mm:request_seconds_total"]
+                >= engine["vf_mm:engine_busy_seconds_total"] / engine["vf_mm:admissions_total"]
+            )  # (a request waits at least its batch)
 
         api = OpenAIChatBackend(MODEL, base_url=f"{base}/v1", api_key="x", max_retries=0)
         try:
