@@ -1,4 +1,4 @@
-"""Content-addressed image and video assets, and JSON-ready copies of messages.
+"""Content-addressed image and video assets.
 
 ``AssetStore(outdir)`` keeps each distinct image once, as ``OUTDIR/assets/<hash>.png``
 where ``<hash>`` is ``vf_mm.images.image_hash`` of the RGB image that
@@ -14,7 +14,7 @@ plays an MP4 or WebM as stored), raw frames encoded losslessly (FFV1 in ``.mkv``
 and renamed into place (``os.replace``), so a reader (or a run killed mid-write) never
 sees half an asset; a file that already exists is never written again.
 
-``AssetStore.to_jsonable(messages)`` is what goes into ``results.jsonl``: a copy of
+``AssetStore.to_jsonable(messages)`` (its body: ``_asset_messages``) is what goes into ``results.jsonl``: a copy of
 OpenAI-style messages in which every image part is ``{"type": "image_url", "image_url":
 {"url": "assets/<hash>.png"}}`` and every video part ``{"type": "video_url",
 "video_url": {"url": "assets/<hash>.<ext>"}, "frame_rate": fps, ...}`` (relative to
@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import tempfile
 import threading
 from collections import OrderedDict
@@ -53,10 +52,11 @@ from vf_mm._asset_refs import (
 )
 from vf_mm._files import fsync_dir
 from vf_mm._json import to_json_value
-from vf_mm.errors import ImageError, ResultsError, VideoDecodeError, VideoError
+from vf_mm.errors import VideoDecodeError, VideoError
 from vf_mm.images import ImagePolicy, encode_png, image_hash, load_image, load_image_with_png
 from vf_mm.images._internal import describe_source
-from vf_mm.types import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_part_source, video_part_source
+from vf_mm.results._asset_messages import messages_to_jsonable, well_formed_video_part
+from vf_mm.types import image_part_source, video_part_source
 from vf_mm.videos import (
     VIDEO_EXTENSIONS,
     Video,
@@ -80,11 +80,6 @@ __all__ = [
 
 
 _TMP_MARK = ".tmp-"
-_HTTP_URL = re.compile(r"^https?://", re.IGNORECASE)
-# keys of an image part that hold the image itself (vf_mm, OpenAI and transformers forms)
-_IMAGE_SOURCE_KEYS = frozenset({"type", "image", "image_url", "url", "path"})
-# keys of a video part that hold the video itself (vf_mm, OpenAI and transformers forms)
-_VIDEO_SOURCE_KEYS = frozenset({"type", "video", "video_url", "url", "path"})
 
 
 # -- files -------------------------------------------------------------------------
@@ -165,23 +160,6 @@ def stored_content_hash(
 def asset_name_hash(url: str) -> str:
     """The content hash an ``assets/<hash>.<ext>`` reference names."""
     return url.rsplit("/", 1)[1].split(".", 1)[0]
-
-
-# -- JSON values -------------------------------------------------------------------
-
-
-def unavailable(value: Any, exc: BaseException) -> dict[str, Any]:
-    """What is stored in place of a value that could not be: its type and why."""
-    return {"unavailable": type(value).__name__, "error": f"{type(exc).__name__}: {exc}"}
-
-
-def _well_formed(part: Mapping[str, Any]) -> bool:
-    """Whether a video part names exactly one source as ``load_video`` wants it (a
-    malformed one is handed to ``load_video`` for its error)."""
-    if part.get("type") == "video_url":
-        return isinstance(video_part_source(part), str)
-    present = [k for k in ("video", "url", "path") if part.get(k) is not None]
-    return len(present) == 1 and not isinstance(part[present[0]], Mapping)
 
 
 # -- the store ---------------------------------------------------------------------
@@ -410,7 +388,7 @@ class AssetStore:
         """
         policy = policy or self.policy or ImagePolicy()
         limits = self.video_limits or VideoLimits()
-        if not _well_formed(part):
+        if not well_formed_video_part(part):
             load_video(dict(part), policy=policy, limits=limits, where=where)  # raises
             raise VideoDecodeError("a video part without one video source", where=where)
         source = video_part_source(part)
@@ -521,143 +499,7 @@ class AssetStore:
             VideoError: A video that does not load (``on_error="raise"``).
             ResultsError: A value JSON cannot hold (``on_error="raise"``).
         """
-        if on_error not in ("raise", "record"):
-            raise ValueError(f"on_error must be 'raise' or 'record', not {on_error!r}")
-        record = on_error == "record"
-        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
-            error = ResultsError(
-                f"{where or 'messages'}: must be a list of message dicts, "
-                f"not {type(messages).__name__}"
-            )
-            if not record:
-                raise error
-            return [unavailable(messages, error)]
-        policy = policy or self.policy
-        out: list[dict[str, Any]] = []
-        for m, message in enumerate(messages):
-            at = f"message {m}" if where is None else f"{where}, message {m}"
-            if not isinstance(message, Mapping):
-                error = ResultsError(
-                    f"{at}: a message must be a dict, not {type(message).__name__}"
-                )
-                if not record:
-                    raise error
-                out.append(unavailable(message, error))
-                continue
-            copy: dict[str, Any] = {}
-            for key, value in message.items():
-                if not isinstance(key, str):
-                    if not record:
-                        raise ResultsError(f"{at}: key {key!r} is not a str")
-                    continue  # JSON cannot name it; the rollout's error says it failed
-                try:
-                    if key == "content":
-                        copy[key] = self._content(value, at, policy, record=record)
-                    else:
-                        copy[key] = to_json_value(value, at, key)
-                except (ResultsError, ImageError, VideoError) as exc:
-                    if not record:
-                        raise
-                    copy[key] = unavailable(value, exc)
-            out.append(copy)
-        return out
-
-    def _content(
-        self, value: Any, where: str, policy: ImagePolicy | None, *, record: bool = False
-    ) -> Any:
-        if value is None or isinstance(value, str):
-            return value
-        if isinstance(value, (list, tuple)):
-            parts = []
-            for p, part in enumerate(value):
-                try:
-                    parts.append(self._part(part, f"{where}, part {p}", policy))
-                except (ResultsError, ImageError, VideoError) as exc:
-                    if not record:
-                        raise
-                    source = _part_source(part) if isinstance(part, Mapping) else None
-                    parts.append(
-                        {
-                            "type": "unavailable",
-                            "error": f"{type(exc).__name__}: {exc}",
-                            "source": source if isinstance(source, str) else None,
-                        }
-                    )
-            return parts
-        raise ResultsError(
-            f"{where}, field 'content': must be a str, a list of parts or None, not "
-            f"{type(value).__name__}"
-        )
-
-    def _part(self, part: Any, where: str, policy: ImagePolicy | None) -> dict[str, Any]:
-        if not isinstance(part, Mapping):
-            raise ResultsError(f"{where}: a content part must be a dict, not {type(part).__name__}")
-        kind = part.get("type")
-        if kind in VIDEO_PART_TYPES:
-            return self._video_part(part, where, policy)
-        if kind not in IMAGE_PART_TYPES:
-            return to_json_value(part, where)
-        url = self._kept_url(part)
-        if url is None:
-            url = self.add(dict(part), policy=policy, where=where)
-        # keep what else the part says (``detail``, per-image options), converted as JSON
-        inner = part.get("image_url")
-        inner_rest = (
-            {k: v for k, v in inner.items() if k != "url"} if isinstance(inner, Mapping) else {}
-        )
-        rest = {k: v for k, v in part.items() if k not in _IMAGE_SOURCE_KEYS}
-        return {
-            "type": "image_url",
-            "image_url": {"url": url, **to_json_value(inner_rest, where, "image_url")},
-            **to_json_value(rest, where),
-        }
-
-    def _video_part(
-        self, part: Mapping[str, Any], where: str, policy: ImagePolicy | None
-    ) -> dict[str, Any]:
-        inner = part.get("video_url")
-        inner_rest = (
-            {k: v for k, v in inner.items() if k != "url"} if isinstance(inner, Mapping) else {}
-        )
-        rest = {k: v for k, v in part.items() if k not in _VIDEO_SOURCE_KEYS}
-        url = self._kept_video_url(part)
-        if url is None:
-            url, fps = self.add_video(part, policy=policy, where=where)
-            # the loaded rate, so that load_video of the stored part is the original
-            # whether or not the asset's container states it (vf_mm.videos.encode_lossless)
-            if fps is None:
-                rest.pop("frame_rate", None)
-            else:
-                rest["frame_rate"] = fps
-        return {
-            "type": "video_url",
-            "video_url": {"url": url, **to_json_value(inner_rest, where, "video_url")},
-            **to_json_value(rest, where),
-        }
-
-    def _kept_url(self, part: Mapping[str, Any]) -> str | None:
-        """The part's URL when it is kept as it is: http(s), or an asset of this store."""
-        url = image_part_source(part)
-        if not isinstance(url, str):
-            return None
-        if _HTTP_URL.match(url):
-            return url
-        digest = image_asset_hash(url)
-        if digest is not None and digest in self:
-            return url
-        return None
-
-    def _kept_video_url(self, part: Mapping[str, Any]) -> str | None:
-        """A video part's URL when it is kept as it is: http(s), or a video asset of this
-        store (its file there)."""
-        url = video_part_source(part) if _well_formed(part) else None
-        if not isinstance(url, str):
-            return None
-        if _HTTP_URL.match(url):
-            return url
-        if video_asset_hash(url) is not None and (self.root / url).is_file():
-            return url
-        return None
+        return messages_to_jsonable(self, messages, policy=policy, where=where, on_error=on_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,10 +536,3 @@ def asset_refs(row: Mapping[str, Any], *, prefix: str = "") -> Iterator[AssetRef
                         rate = part.get("frame_rate")
                         number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
                         yield AssetRef(url, True, rate if number else None, where)
-
-
-def _part_source(part: Mapping[str, Any]) -> Any:
-    """An image or video part's source, for an ``unavailable`` record."""
-    if part.get("type") in VIDEO_PART_TYPES:
-        return video_part_source(part)
-    return image_part_source(part)

@@ -16,7 +16,8 @@ from typing import Any
 
 from vf_mm._json import to_json_value
 from vf_mm.errors import ImageError, ResultsError, VideoError
-from vf_mm.results._assets import AssetStore, unavailable
+from vf_mm.results._asset_messages import unavailable
+from vf_mm.results._assets import AssetStore
 from vf_mm.results._format import ROW_KEYS, Key, _number
 from vf_mm.types import RolloutError, RolloutOutput
 
