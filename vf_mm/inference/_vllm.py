@@ -57,7 +57,8 @@ body that is not JSON is retried too (a proxy may have cut it); an answer that i
 but breaks the schema is not (it would break again). Other 4xx are final. After the last
 try: ``BackendUnavailableError`` (no answer), ``BackendHTTPError`` (status, the server's
 message) or ``BackendProtocolError``; each message names the server(s) and the number of
-attempts.
+attempts. What each answer means is ``vf_mm.inference._vllm_transport``'s
+(``VLLMTransport``); the backend chooses servers and decides whether to try again.
 """
 
 from __future__ import annotations
@@ -73,9 +74,6 @@ import httpx
 
 from vf_mm.errors import (
     BackendError,
-    BackendHTTPError,
-    BackendProtocolError,
-    BackendUnavailableError,
     MultiModalDataError,
 )
 from vf_mm.images import ImagePolicy
@@ -90,48 +88,19 @@ from vf_mm.inference._vllm_config import (
     Unset,
     with_keywords,
 )
-from vf_mm.inference._vllm_items import ITEM_CACHE_HEADER, MISS_ERROR_TYPE, HeldItems
+from vf_mm.inference._vllm_items import HeldItems
 from vf_mm.inference._vllm_protocol import (
-    GENERATE_PATH,
     ItemStrings,
     RequestBody,
-    ResponseNotJSON,
-    ResponseSchemaError,
     check_features,
-    decode_response,
     encode_request,
-    error_detail,
-    error_type,
 )
 from vf_mm.inference._vllm_routing import Router, Server
+from vf_mm.inference._vllm_transport import ItemsMissing, Retryable, VLLMTransport
 
 __all__ = ["ROUTINGS", "Auth", "Retry", "Routing", "VLLMBackend"]
 
 logger = logging.getLogger(__name__)
-
-MODELS_PATH = "/v1/models"
-
-#: Connections kept per client: far more than any one server's batch, so requests
-#: queue in vLLM's scheduler, not in our pool.
-_MAX_CONNECTIONS = 4096
-_MAX_KEEPALIVE = 1024
-_KEEPALIVE_EXPIRY_S = 60.0
-
-
-# -- attempts ---------------------------------------------------------------------------
-
-
-class _Retryable(Exception):
-    """One attempt failed in a way worth trying again."""
-
-    def __init__(self, error: BackendError, *, delay: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.delay = delay  # the server's Retry-After, when it gave one
-
-
-class _ItemsMissing(Exception):
-    """The server does not hold an item the body sent as ``null``: send it in full."""
 
 
 @dataclass(slots=True)
@@ -264,9 +233,12 @@ class VLLMBackend:
         self._servers = servers
         self._router = Router(servers, self.routing)
         self._held = [HeldItems() for _ in servers]  # parallel to servers
-        self._transport = transport
-        self._headers = {"Accept": "application/json"}
-        self._client: httpx.AsyncClient | None = None
+        self._http = VLLMTransport(
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            retry=self.retry,
+            transport=transport,
+        )
         self._closed = False
         self._discovered = max_model_len is not None
         self._discovery_next = 0.0
@@ -331,20 +303,17 @@ class VLLMBackend:
             raise BackendError(f"{self.name} is closed", backend=self.name)
         if not request.prompt_ids:
             raise ValueError("prompt_ids must not be empty (vLLM needs at least one token)")
-        client = self._get_client()
         if not self._discovered:
-            await self._discover_max_model_len(client)
+            await self._discover_max_model_len()
         check_prompt_length(
             len(request.prompt_ids), request.sampling, self.max_model_len, backend=self.name
         )
         prepared = await self._prepare(request)
-        return await self._send(client, request, prepared)
+        return await self._send(request, prepared)
 
     async def aclose(self) -> None:
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        await self._http.aclose()
 
     async def __aenter__(self) -> VLLMBackend:
         return self
@@ -426,30 +395,11 @@ class VLLMBackend:
 
     # -- sending, with retries ------------------------------------------------------
 
-    def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                transport=self._transport,
-                http1=True,
-                http2=False,
-                trust_env=False,  # an inference server is reached directly, never via a proxy
-                headers=self._headers,
-                timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, pool=None),
-                limits=httpx.Limits(
-                    max_connections=_MAX_CONNECTIONS,
-                    max_keepalive_connections=_MAX_KEEPALIVE,
-                    keepalive_expiry=_KEEPALIVE_EXPIRY_S,
-                ),
-            )
-        return self._client
-
-    async def _send(
-        self, client: httpx.AsyncClient, request: GenerateRequest, prepared: _Prepared
-    ) -> GenerateResult:
+    async def _send(self, request: GenerateRequest, prepared: _Prepared) -> GenerateResult:
         attempts = self.retry.max_retries + 1
         tried: set[int] = set()
         used: list[str] = []
-        last: _Retryable | None = None
+        last: Retryable | None = None
         for attempt in range(attempts):
             index = self._router.pick(tried, request.session_id)
             server = self._servers[index]
@@ -465,20 +415,20 @@ class VLLMBackend:
             body = await self._body_for(request, prepared, index)
             try:
                 try:
-                    content, advert = await self._attempt(client, server, body, retry=attempt > 0)
-                except _ItemsMissing:
+                    content, advert = await self._http.post(server, body, retry=attempt > 0)
+                except ItemsMissing:
                     # the server lost what we sent it (restarted, evicted): once, in full
                     held.misses += 1
                     held.forget()
                     body = await self._body_for(request, prepared, index)  # holds nothing
-                    content, advert = await self._attempt(client, server, body, retry=True)
-                result = self._result(content, request, body, server)
+                    content, advert = await self._http.post(server, body, retry=True)
+                result = self._http.decode(content, request, body, server)
                 self._router.touch(request.session_id)
                 held.sent += body.sent
                 held.skipped += body.skipped
                 held.confirm(advert, body.held)
                 return result
-            except _Retryable as exc:
+            except Retryable as exc:
                 last = exc
                 logger.debug("%s: attempt %d/%d failed: %s", server.url, attempt + 1, attempts, exc)
             except BackendError as exc:
@@ -490,107 +440,9 @@ class VLLMBackend:
         error.args = (f"{error.args[0]}; gave up after {attempts} attempt(s) on {where}",)
         raise error
 
-    async def _attempt(
-        self, client: httpx.AsyncClient, server: Server, sent: RequestBody, *, retry: bool
-    ) -> tuple[bytes, str | None]:
-        """One POST; on 200 the answer's bytes and its item-cache header (None without).
-        Raises ``_Retryable``, ``_ItemsMissing`` (a body with ``null`` items the server
-        does not hold) or a final error."""
-        body = sent.body
-        url = server.url + GENERATE_PATH
-        server.outstanding += 1
-        server.requests += 1
-        server.retries += int(retry)
-        failed = True
-        try:
-            try:
-                response = await client.post(
-                    url,
-                    content=body,
-                    headers={"Content-Type": "application/json", **server.headers},
-                )
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                self._mark_down(server)
-                raise _Retryable(
-                    BackendUnavailableError(
-                        f"cannot connect to vLLM server {server.url}: {_describe(exc)}",
-                        backend=server.url,
-                    )
-                ) from exc
-            except httpx.TimeoutException as exc:
-                raise _Retryable(
-                    BackendUnavailableError(
-                        f"vLLM server {server.url} timed out ({type(exc).__name__}, "
-                        f"timeout_s={self.timeout_s:g})",
-                        backend=server.url,
-                    )
-                ) from exc
-            except (httpx.TransportError, httpx.DecodingError) as exc:
-                # connection reset or closed before / while the answer was read
-                self._mark_down(server)
-                raise _Retryable(
-                    BackendUnavailableError(
-                        f"vLLM server {server.url} closed the connection without a whole "
-                        f"answer: {_describe(exc)}",
-                        backend=server.url,
-                    )
-                ) from exc
-            status = response.status_code
-            if status == 200:
-                failed = False
-                server.consecutive_failures = 0
-                server.down_until = 0.0
-                return response.content, response.headers.get(ITEM_CACHE_HEADER)
-            if status == 400 and sent.skipped and error_type(response.text) == MISS_ERROR_TYPE:
-                failed = False
-                raise _ItemsMissing
-            detail = error_detail(response.text, response.reason_phrase or "(empty body)")
-            error = BackendHTTPError(
-                f"vLLM server {server.url} answered {status}: {detail}{_hint(status)}",
-                backend=server.url,
-                status=status,
-                detail=detail,
-            )
-            if status in (408, 429) or (status >= 500 and status != 501):
-                self._mark_down(server)  # overloaded or broken: others first, for a while
-                raise _Retryable(error, delay=_retry_after(response))
-            server.consecutive_failures = 0
-            server.down_until = 0.0
-            raise error
-        finally:
-            server.outstanding -= 1
-            server.failures += int(failed)
-
-    def _result(
-        self, content: bytes, request: GenerateRequest, prepared: RequestBody, server: Server
-    ) -> GenerateResult:
-        """The answer of a 200; a body that is not JSON is retried, one that breaks the
-        schema is final (either counts as the server's failure)."""
-        try:
-            return decode_response(content, request, prepared)
-        except ResponseNotJSON as exc:
-            server.failures += 1
-            raise _Retryable(
-                BackendProtocolError(
-                    f"vLLM server {server.url} answered 200 with a body that is not JSON: {exc}",
-                    backend=server.url,
-                )
-            ) from exc
-        except ResponseSchemaError as exc:
-            server.failures += 1
-            raise BackendProtocolError(
-                f"vLLM server {server.url} answered 200 with a response that breaks the "
-                f"generate schema: {exc}",
-                backend=server.url,
-            ) from exc
-
-    def _mark_down(self, server: Server) -> None:
-        server.consecutive_failures += 1
-        server.down_until = time.monotonic() + self.retry.cooldown(server.consecutive_failures)
-
     # -- max_model_len --------------------------------------------------------------
 
-    async def _discover_max_model_len(self, client: httpx.AsyncClient) -> None:
+    async def _discover_max_model_len(self) -> None:
         """Read ``data[0].max_model_len`` of ``GET /v1/models`` once. Best effort: a server
         that does not answer leaves it unknown (the generate call reports the outage) and
         is asked again later; one that answers without the field settles it as None."""
@@ -599,37 +451,11 @@ class VLLMBackend:
         async with self._discovery_lock:
             if self._discovered or time.monotonic() < self._discovery_next:
                 return
-            for index in sorted(
-                range(len(self._servers)), key=lambda i: self._servers[i].outstanding
-            ):
-                server = self._servers[index]
-                try:
-                    response = await client.get(
-                        server.url + MODELS_PATH,
-                        headers=server.headers,
-                        timeout=httpx.Timeout(self.connect_timeout_s),
-                    )
-                except httpx.HTTPError as exc:
-                    logger.debug("%s%s: %s", server.url, MODELS_PATH, _describe(exc))
-                    continue
+            answered, value = await self._http.read_max_model_len(self._servers)
+            if answered:
                 self._discovered = True
-                value = None
-                if response.status_code == 200:
-                    try:
-                        data = response.json()["data"][0]
-                        value = data.get("max_model_len")
-                    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                        value = None
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                if value is not None:
                     self.max_model_len = value
-                else:
-                    logger.warning(
-                        "%s%s gave no max_model_len (status %d); prompt lengths are not "
-                        "checked before sending",
-                        server.url,
-                        MODELS_PATH,
-                        response.status_code,
-                    )
                 return
             self._discovery_next = time.monotonic() + max(1.0, self.retry.max_backoff_s)
 
@@ -671,28 +497,3 @@ def _normalise_base_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(f"a base URL must be http(s)://host[:port], got {url!r}")
     return text
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _hint(status: int) -> str:
-    if status in (403, 404):
-        return (
-            f" (is {GENERATE_PATH} enabled? vLLM serves it only with --enable-scale-out "
-            "or --tokens-only)"
-        )
-    return ""
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None  # an HTTP date: fall back to our own backoff
-    return seconds if seconds >= 0 else None
