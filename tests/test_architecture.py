@@ -186,6 +186,26 @@ def test_the_package_uses_absolute_imports_only():
     assert relative == [], "the import checks above read absolute imports: write them so"
 
 
+#: a class longer than this (lines of its body, AST) holds several concepts unless it says
+#: in its docstring why it is one ("One concept: ...")
+MAX_CLASS_LINES = 400
+
+
+def test_every_long_class_says_why_it_is_one_concept():
+    giants = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({size} lines)"
+        for path in _python_files("vf_mm")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and (size := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES
+        and "One concept:" not in (ast.get_docstring(node) or "")
+    ]
+    assert giants == [], (
+        f"a class over {MAX_CLASS_LINES} lines: split it along its seams, or state in its "
+        "docstring, in a sentence starting 'One concept:', why it is one"
+    )
+
+
 def test_nothing_in_the_project_points_outside_it():
     outside = []
     for folder, dirs, files in os.walk(ROOT):

@@ -96,6 +96,11 @@ class State(dict):
 class Environment:
     """The base: a dataset, how a row becomes a prompt, a rubric, sampling defaults.
 
+    One concept: the environment contract users subclass (its dataset, prompt, rubric,
+    state and the ``rollout``/``evaluate``/``score`` entry points that tie them), long
+    because each entry point checks its input and names the row in errors; the rollout
+    loop itself is ``MultiTurnEnv``'s and rows' reading is ``vf_mm.envs._rows``'.
+
     Args:
         dataset: The train rows: a Hugging Face ``datasets.Dataset`` (or a list of dicts;
             or, for a dataset of any size, a ``vf.LazyRows``, a streaming

@@ -50,6 +50,11 @@ _PART_TYPES = ("text", "image", "image_url", "video", "video_url")
 class ChatTemplateRenderer:
     """Renders with a Hugging Face tokenizer's chat template.
 
+    One concept: messages to exact token ids through one chat template and back (render,
+    bridge, parse); what the template does is ``TemplateFacts``, the bridge plan is
+    ``TurnBridge``, images are ``VisionSpec``'s, and what is left is the message
+    preparation and tokenization every one of those calls shares.
+
     Expands images when ``vision`` is given (any family in
     ``vf_mm.models.VISION_FAMILIES``). Thread-safe: the tokenizer, the template and the
     image cache are shared; between calls only the bridge's probe renders and the counts of
