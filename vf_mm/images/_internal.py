@@ -9,7 +9,9 @@ stability promise.
 - ``unwrap_part``: the source inside an image or video content part;
 - ``describe_source``: how errors name a source (short, without secrets);
 - ``check_local_path`` / ``file_url_to_path`` / ``read_local_file``: local files under
-  the policy's roots, read within a byte bound.
+  the policy's roots, read within a byte bound;
+- ``read_encoded``: a sorted source's encoded bytes (bytes, data URL, http(s), file),
+  read by the same rules for images and videos.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from vf_mm.images._policy import (
     DEFAULT_MAX_REDIRECTS,
     DEFAULT_TIMEOUT_S,
 )
+from vf_mm.images._read import read_encoded
 from vf_mm.images._source import Kind as SourceKind
 from vf_mm.images._source import classify as classify_source
 from vf_mm.images._source import describe as describe_source
@@ -44,6 +47,7 @@ __all__ = [
     "describe_source",
     "file_url_to_path",
     "is_public_address",
+    "read_encoded",
     "read_local_file",
     "system_resolver",
     "unwrap_part",

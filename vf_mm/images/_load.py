@@ -7,12 +7,10 @@ from typing import Any
 from PIL import Image
 
 from vf_mm.errors import ImageError, ImageFetchError
-from vf_mm.images._data_url import decode_data_url
 from vf_mm.images._decode import check_dimensions, decode_bytes_as_is, plain_png, to_rgb
 from vf_mm.images._fetch import Fetcher
-from vf_mm.images._guard import check_local_path, file_url_to_path
-from vf_mm.images._local import read_local_file
 from vf_mm.images._policy import ImagePolicy
+from vf_mm.images._read import read_encoded
 from vf_mm.images._source import (
     Kind,
     array_to_image,
@@ -117,18 +115,8 @@ def _load(source: Any, policy: ImagePolicy, fetcher: Fetcher) -> tuple[Image.Ima
         image = array_to_image(found.value)
         check_dimensions(image.width, image.height, policy)
         return to_rgb(image, owned=False), None  # a copy: fromarray may share the buffer
-    if found.kind is Kind.BYTES:
-        return _decoded(found.value, policy)
-    if found.kind is Kind.DATA_URL:
-        return _decoded(decode_data_url(found.value, max_bytes=policy.max_bytes), policy)
-    if found.kind is Kind.HTTP_URL:
-        return _decoded(fetcher.fetch(found.value, policy), policy)
-    path = file_url_to_path(found.value) if found.kind is Kind.FILE_URL else found.value
-    checked = check_local_path(path, policy)
     try:
-        data = read_local_file(
-            checked, max_bytes=policy.max_bytes, confined=policy.local_roots is not None
-        )
+        data = read_encoded(found, policy, fetcher)
     except ImageFetchError as exc:
         if (
             isinstance(found.value, str)

@@ -20,14 +20,8 @@ from vf_mm.errors import (
     VideoFetchError,
     VideoTooLargeError,
 )
-from vf_mm.images import Fetcher, ImagePolicy, decode_data_url
-from vf_mm.images._internal import (
-    SourceKind,
-    check_local_path,
-    classify_source,
-    file_url_to_path,
-    read_local_file,
-)
+from vf_mm.images import Fetcher, ImagePolicy
+from vf_mm.images._internal import classify_source, read_encoded
 from vf_mm.videos._decode import decode_video
 from vf_mm.videos._frames import frames_from_array, frames_from_list
 from vf_mm.videos._limits import VideoLimits, check_duration, check_frame_count, check_frame_size
@@ -227,16 +221,5 @@ def _read(source: Any, policy: ImagePolicy, limits: VideoLimits, fetcher: Fetche
             "bytes, a data:/file:/http(s): URL, a path, a Video or a content-part dict, "
             f"not {type(source).__name__}"
         )
-    found = classify_source(source)
-    if found.kind is SourceKind.BYTES:
-        return found.value
-    if found.kind is SourceKind.DATA_URL:
-        return decode_data_url(found.value, max_bytes=limits.max_bytes, medium="video")
     guarded = _guard_policy(policy, limits.max_bytes)
-    if found.kind is SourceKind.HTTP_URL:
-        return fetcher.fetch(found.value, guarded)
-    path = file_url_to_path(found.value) if found.kind is SourceKind.FILE_URL else found.value
-    checked = check_local_path(path, guarded)
-    return read_local_file(
-        checked, max_bytes=limits.max_bytes, confined=guarded.local_roots is not None
-    )
+    return read_encoded(classify_source(source), guarded, fetcher, medium="video")
