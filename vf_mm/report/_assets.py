@@ -17,6 +17,7 @@ import hashlib
 import io
 import re
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,6 +95,44 @@ class _Video:
     @property
     def rate_text(self) -> str:
         return "frame rate unknown" if self.fps is None else f"{self.fps:.4g} fps"
+
+    @classmethod
+    def of(
+        cls,
+        video: Video,
+        data: bytes,
+        frame_asset: Callable[[bytes], _Asset | str],
+        *,
+        name: str,
+        digest: str,
+        embed: bool = False,
+        src: str = "",
+    ) -> _Video | str:
+        """The view of ``video`` (decoded from the file ``data``): its strip, each frame's
+        PNG made an image asset by ``frame_asset`` (a ``str`` it returns is why not, and
+        is returned), and its player where a browser plays ``data``: the file embedded
+        as base64 (``embed``) or linked (``src``)."""
+        frames = []
+        w, h, pix = _fit(video.width, video.height, STRIP_MAX_W, STRIP_MAX_H)
+        for index, png in _strip_pngs(video):
+            asset = frame_asset(png)
+            if isinstance(asset, str):
+                return asset
+            frames.append({"index": index, "asset": asset, "w": w, "h": h, "pixelated": pix})
+        mime = browser_mime(data)
+        return cls(
+            cls=name,
+            num_frames=video.num_frames,
+            fps=video.fps,
+            width=video.width,
+            height=video.height,
+            container=video_extension(data),
+            frames=frames,
+            mime=mime,
+            b64=base64.b64encode(data).decode("ascii") if embed and mime else "",
+            digest=digest,
+            src=src if mime else "",
+        )
 
 
 class AssetViews(Protocol):
@@ -217,26 +256,17 @@ class _Assets:
         video = _decode_video(data, rate)
         if isinstance(video, str):
             return video
-        frames = []
-        for index, png in _strip_pngs(video):
-            asset = self._image_from_bytes(png)
-            if isinstance(asset, str):  # our own PNG: never; a placeholder would hide nothing
-                return asset
-            w, h, pix = _fit(video.width, video.height, STRIP_MAX_W, STRIP_MAX_H)
-            frames.append({"index": index, "asset": asset, "w": w, "h": h, "pixelated": pix})
-        mime = browser_mime(data)
-        found = _Video(
-            cls=f"v{len(self._videos)}",
-            num_frames=video.num_frames,
-            fps=video.fps,
-            width=video.width,
-            height=video.height,
-            container=video_extension(data),
-            frames=frames,
-            mime=mime,
-            b64=base64.b64encode(data).decode("ascii") if mime else "",
+        # our own PNGs: an image asset never fails, a placeholder would hide nothing
+        found = _Video.of(
+            video,
+            data,
+            self._image_from_bytes,
+            name=f"v{len(self._videos)}",
             digest=key[0][:12],
+            embed=True,
         )
+        if isinstance(found, str):
+            return found
         self._videos[key] = found
         return found
 

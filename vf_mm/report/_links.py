@@ -41,12 +41,9 @@ from vf_mm.report._assets import (
     _decode_video,
     _fit,
     _rate,
-    _strip_pngs,
     _Video,
 )
-from vf_mm.report._videos import STRIP_MAX_H, STRIP_MAX_W, browser_mime
 from vf_mm.results import ASSETS_DIR
-from vf_mm.videos import video_extension
 
 #: references whose resolution is remembered (a repeat within them costs no file access)
 MEMO_ENTRIES = 4096
@@ -187,37 +184,31 @@ class _LinkedAssets:
         video = _decode_video(data, rate)
         if isinstance(video, str):
             return video
-        frames = []
-        w, h, pix = _fit(video.width, video.height, STRIP_MAX_W, STRIP_MAX_H)
-        for index, png in _strip_pngs(video):
-            name = hashlib.sha256(png).hexdigest()[:32]
-            file = self._frames / f"{name}.png"
-            if not file.exists():
-                self._frames.mkdir(parents=True, exist_ok=True)
-                file.write_bytes(png)
-            asset = _Asset(
-                cls=f"f{name}",
-                mime="image/png",
-                b64="",
-                width=video.width,
-                height=video.height,
-                digest=name[:12],
-                src=f"{self._frames_url}{name}.png",
-            )
-            frames.append({"index": index, "asset": asset, "w": w, "h": h, "pixelated": pix})
-        mime = browser_mime(data)
-        return _Video(
-            cls=f"v{digest}{'' if rate is None else str(rate).replace('.', '_')}",
-            num_frames=video.num_frames,
-            fps=video.fps,
-            width=video.width,
-            height=video.height,
-            container=video_extension(data),
-            frames=frames,
-            mime=mime,
-            b64="",
+        return _Video.of(
+            video,
+            data,
+            lambda png: self._frame_asset(png, video.width, video.height),
+            name=f"v{digest}{'' if rate is None else str(rate).replace('.', '_')}",
             digest=digest[:12],
-            src=self._run_url + ref if mime else "",
+            src=self._run_url + ref,
+        )
+
+    def _frame_asset(self, png: bytes, width: int, height: int) -> _Asset:
+        """A strip frame's PNG (``width`` x ``height``), written once by its hash beside
+        the pages, linked."""
+        name = hashlib.sha256(png).hexdigest()[:32]
+        file = self._frames / f"{name}.png"
+        if not file.exists():
+            self._frames.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(png)
+        return _Asset(
+            cls=f"f{name}",
+            mime="image/png",
+            b64="",
+            width=width,
+            height=height,
+            digest=name[:12],
+            src=f"{self._frames_url}{name}.png",
         )
 
 
