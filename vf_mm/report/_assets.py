@@ -170,11 +170,9 @@ class _Assets:
 
     def view(self, ref: Any) -> dict[str, Any]:
         """What to draw for an image reference: an embedded asset, a remote link or a placeholder."""
-        if not isinstance(ref, str) or not ref.strip():
-            return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": "no image URL"}
-        ref = ref.strip()
-        if ref.lower().startswith(("http://", "https://")):
-            return {"type": "remote", "url": ref}
+        ref = unresolved_view(ref, "image")
+        if isinstance(ref, dict):
+            return ref
         if ref not in self._by_ref:
             self._by_ref[ref] = self._load(ref)
         got = self._by_ref[ref]
@@ -229,11 +227,9 @@ class _Assets:
     def video_view(self, ref: Any, *, frame_rate: Any = None) -> dict[str, Any]:
         """What to draw for a video reference (and its part's ``frame_rate``, which gives
         the rate of a file that states none): its strip, a remote link or a placeholder."""
-        if not isinstance(ref, str) or not ref.strip():
-            return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": "no video URL"}
-        ref = ref.strip()
-        if ref.lower().startswith(("http://", "https://")):
-            return {"type": "remote", "url": ref}
+        ref = unresolved_view(ref, "video")
+        if isinstance(ref, dict):
+            return ref
         rate = _rate(frame_rate)
         key = (ref, rate)
         if key not in self._videos_by_ref:
@@ -315,6 +311,22 @@ def _strip_pngs(video: Video) -> list[tuple[int, bytes]]:
         (index, encode_png(Image.fromarray(video.frames[index]), compress_level=6))
         for index in strip_indices(video.num_frames)
     ]
+
+
+def unresolved_view(ref: Any, what: str) -> dict[str, Any] | str:
+    """The view of a reference that names no file of ours (none at all: a placeholder; an
+    http(s) URL: a remote link, never fetched), else the reference, stripped, to resolve.
+
+    Args:
+        ref: An image or video part's URL, as the row holds it.
+        what: ``"image"`` or ``"video"``, for the placeholder's reason.
+    """
+    if not isinstance(ref, str) or not ref.strip():
+        return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": f"no {what} URL"}
+    ref = ref.strip()
+    if ref.lower().startswith(("http://", "https://")):
+        return {"type": "remote", "url": ref}
+    return ref
 
 
 def _fit(

@@ -42,6 +42,7 @@ from vf_mm.report._assets import (
     _fit,
     _rate,
     _Video,
+    unresolved_view,
 )
 from vf_mm.results import ASSETS_DIR
 
@@ -80,11 +81,9 @@ class _LinkedAssets:
 
     def view(self, ref: Any) -> dict[str, Any]:
         """What to draw for an image reference: a linked asset, a remote link or text."""
-        if not isinstance(ref, str) or not ref.strip():
-            return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": "no image URL"}
-        ref = ref.strip()
-        if ref.lower().startswith(("http://", "https://")):
-            return {"type": "remote", "url": ref}
+        ref = unresolved_view(ref, "image")
+        if isinstance(ref, dict):
+            return ref
         got = self._remember(("image", ref), lambda: self._load_image(ref))
         if isinstance(got, str):
             return {"type": "missing", "ref": shorten(ref, 200), "reason": got}
@@ -96,11 +95,9 @@ class _LinkedAssets:
     def video_view(self, ref: Any, *, frame_rate: Any = None) -> dict[str, Any]:
         """What to draw for a video reference: its strip (frames written under
         ``frames/``), a remote link or text."""
-        if not isinstance(ref, str) or not ref.strip():
-            return {"type": "missing", "ref": shorten(repr(ref), 200), "reason": "no video URL"}
-        ref = ref.strip()
-        if ref.lower().startswith(("http://", "https://")):
-            return {"type": "remote", "url": ref}
+        ref = unresolved_view(ref, "video")
+        if isinstance(ref, dict):
+            return ref
         rate = _rate(frame_rate)
         got = self._remember(("video", ref, rate), lambda: self._load_video(ref, rate))
         if isinstance(got, str):
