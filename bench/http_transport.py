@@ -26,7 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from _machine import cpu_name
 
-from vf_mm.inference._http import KeepAliveTransport
+from vf_mm.inference import KeepAliveTransport
 
 SERVER = r"""
 import asyncio, sys

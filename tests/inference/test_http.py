@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from vf_mm.inference._http import KeepAliveTransport
+from vf_mm.inference import KeepAliveTransport
 
 
 class Server:

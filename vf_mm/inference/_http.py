@@ -97,6 +97,19 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         self.opened = 0  # connections opened so far (tests and benchmarks read it)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and read its whole answer.
+
+        Args:
+            request: What httpx's client built (its ``timeout`` extension is obeyed).
+
+        Returns:
+            The answer, its body already read.
+
+        Raises:
+            httpx.TransportError: httpx's own kinds: ``ConnectError``, ``ConnectTimeout``,
+                ``WriteError``, ``WriteTimeout``, ``ReadError``, ``ReadTimeout``,
+                ``RemoteProtocolError``.
+        """
         url = request.url
         if url.scheme != "http":
             if self._fallback is None:
@@ -119,6 +132,7 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
+        """Close every connection, idle or in use, and the fallback transport."""
         for connections in self._idle.values():
             for connection in connections:
                 connection.close()
