@@ -9,7 +9,8 @@ route counts as parsing, not as the route. Phases, by what the frames name:
   item decode    base64 + msgpack of ``kwargs_data`` into arrays, and the digest of it
   item check     the family's ``ItemChecker`` on decoded items
   features       placeholders against the pads, the item cache
-  engine         the backend's ``generate`` (here the instant scripted engine)
+  engine         the backend's ``generate`` (an instant scripted engine, or the local
+                 engine's thread: its scheduling, the model's forward, torch under it)
   response       building and encoding the answer's JSON
   route          the rest of the generate route (its checks, sampling options)
   framework      starlette's routing and middleware, asyncio's loop, threads handing off
@@ -23,13 +24,17 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+# the local engine's modules (its thread's frames), and the scripted engine
+ENGINE_MODULES = ("_scripted", "_local", "_local_model", "_batch_engine", "_pool", "_scheduler",
+                  "_generate", "_kv", "_arena", "_packed", "_sampling", "_prefix_cache",
+                  "_vision_cache", "_row_builder", "_rows")  # fmt: skip
 # innermost match wins; each rule: (phase, substrings of a frame "func (file:line)")
 RULES: list[tuple[str, tuple[str, ...]]] = [
     ("item check", ("_items.py",)),
     ("item decode", ("decode_kwargs_item", "_mm_kwargs.py", "sent_digest", "b64decode")),
     ("body parse", ("parse_body", "json/decoder.py", "model_validate", "pydantic", "_server_wire")),
     ("response", ("json/encoder.py", "render (starlette", "JSONResponse", "_token_logprob")),
-    ("engine", ("_scripted.py", "_local.py", "_batch_engine.py", "_pool.py")),
+    ("engine", tuple(f"inference/{m}.py" for m in ENGINE_MODULES)),
     ("features", ("_server_features.py", "ItemCache")),
     ("route", ("_server_generate.py", "_server_engine.py")),
     ("http", ("h11", "uvicorn/protocols")),
