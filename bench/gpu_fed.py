@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import os
 import platform
@@ -127,18 +128,22 @@ class Sampler:
 
 class Recorder:
     """Wraps a backend's ``generate``: each request and its completion, by the asyncio
-    task (a rollout slot of ``Environment.evaluate``) that sent it."""
+    task (a rollout slot of ``Environment.evaluate``) that sent it, and when it was sent
+    and answered."""
 
     def __init__(self, backend: LocalBackend) -> None:
         self.by_slot: dict[int, list[tuple[Any, list[int]]]] = defaultdict(list)
+        self.times: dict[int, list[tuple[float, float]]] = defaultdict(list)
         self.on = False
         inner = backend.generate
 
         async def generate(request: Any) -> Any:
+            sent = time.perf_counter()
             result = await inner(request)
             if self.on:
-                task = asyncio.current_task()
-                self.by_slot[id(task)].append((request, list(result.completion_ids)))
+                slot = id(asyncio.current_task())
+                self.by_slot[slot].append((request, list(result.completion_ids)))
+                self.times[slot].append((sent, time.perf_counter()))
             return result
 
         backend.generate = generate  # type: ignore[method-assign]
@@ -171,15 +176,27 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
         await evaluate("warm")
         backend.clear_cache()
         recorder.on = True
+        before = engine_work(backend)
         wall, agg = await evaluate("recorded")
+        work = {k: v - before[k] for k, v in engine_work(backend).items()}
         recorder.on = False
         in_process = agg["count"] / wall
         slots = list(recorder.by_slot.values())
         turns = sum(len(s) for s in slots)
+        waits = [end - sent for t in recorder.times.values() for sent, end in t]
+        gaps = [  # a slot's time between an answer and its next request: the client's turn
+            nxt[0] - prev[1]
+            for t in recorder.times.values()
+            for prev, nxt in itertools.pairwise(t)
+            if nxt[0] - prev[1] < 1.0  # (a new rollout in the slot starts from its prompt)
+        ]
         print(
             f"in-process eval (client and engine in one process): {agg['count']} rollouts, "
             f"{turns} requests in {wall:.1f} s = {in_process:.2f} rollouts/s "
-            f"({agg['errors']} errors)",
+            f"({agg['errors']} errors); a request waits {1e3 * sum(waits) / len(waits):.0f} ms "
+            f"for its answer, the client's turn takes {1e3 * sum(gaps) / max(len(gaps), 1):.0f}"
+            f" ms (median {1e3 * sorted(gaps)[len(gaps) // 2] if gaps else 0:.0f}); "
+            f"{work['prefills']:.0f} prefills, {work['decode_steps']:.0f} decode steps",
             flush=True,
         )
         replays = []
@@ -187,9 +204,17 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
             backend.clear_cache()
             same = [0, 0]
 
-            async def chain(slot: list[tuple[Any, list[int]]], same: list[int] = same) -> None:
+            waited: list[float] = []
+
+            async def chain(
+                slot: list[tuple[Any, list[int]]],
+                same: list[int] = same,
+                waited: list[float] = waited,
+            ) -> None:
                 for request, ids in slot:
+                    sent = time.perf_counter()
                     result = await recorder.inner(request)
+                    waited.append(time.perf_counter() - sent)
                     same[0] += list(result.completion_ids) == ids
                     same[1] += 1
 
@@ -202,6 +227,7 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
             replays.append(
                 {"wall": end - start, "busy": sampler.busy(start, end), "same": same[0] / same[1]}
                 | work
+                | {"wait_ms": 1e3 * sum(waited) / len(waited)}
             )
         best = min(replays, key=lambda r: r["wall"])
         rate = n / best["wall"]
@@ -211,7 +237,8 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
             f"engine-bound (replay, no client): {turns} requests in {best['wall']:.1f} s = "
             f"{rate:.2f} rollouts/s, GPU busy {busy}; sampled tokens equal to the recorded "
             f"run's in {best['same']:.0%} of requests; replays took {walls} s; "
-            f"{best['prefills']:.0f} prefills, {best['decode_steps']:.0f} decode steps",
+            f"{best['prefills']:.0f} prefills, {best['decode_steps']:.0f} decode steps; a "
+            f"request waits {best['wait_ms']:.0f} ms for its answer",
             flush=True,
         )
         return {"in_process": in_process, "engine_bound": rate, "replays": replays}
@@ -235,6 +262,20 @@ def served_work(url: str) -> dict[str, float]:
     return {
         "prefills": values.get("vf_mm:prefills_total", 0.0),
         "decode_steps": values.get("vf_mm:decode_steps_total", 0.0),
+        "requests": values.get("vf_mm:requests_total", 0.0),
+        "request_s": values.get("vf_mm:request_seconds_total", 0.0),
+    }
+
+
+def turn_times(outdir: Path) -> dict[str, float]:
+    """Per model turn, from the run's rows: the client's wait on ``generate`` (render,
+    encode, HTTP, the server) and the environment's step, in ms."""
+    rows = [json.loads(line) for line in (outdir / "results.jsonl").read_text().splitlines()]
+    turns = sum(r.get("num_turns") or 0 for r in rows) or 1
+    timing = [r.get("timing") or {} for r in rows]
+    return {
+        "generate_ms": 1e3 * sum(t.get("generation_s", 0.0) for t in timing) / turns,
+        "env_ms": 1e3 * sum(t.get("env_s", 0.0) for t in timing) / turns,
     }
 
 
@@ -337,14 +378,20 @@ def served_eval(
     if done.returncode != 0:
         raise RuntimeError(f"vf-mm eval exited {done.returncode}: {done.stdout}\n{done.stderr}")
     results = json.loads((outdir / "metadata.json").read_text())["results"]
-    return {
-        "rollouts": results["count"],
-        "errors": results["errors"],
-        "time_s": results["time_s"],
-        "rate": results["count"] / results["time_s"],
-        "busy": sampler.busy(),
-        "outside_s": wall - results["time_s"],
-    } | work
+    engine_ms = 1e3 * work.pop("request_s") / max(work.pop("requests"), 1)
+    return (
+        {
+            "rollouts": results["count"],
+            "errors": results["errors"],
+            "time_s": results["time_s"],
+            "rate": results["count"] / results["time_s"],
+            "busy": sampler.busy(),
+            "outside_s": wall - results["time_s"],
+            "engine_ms": engine_ms,  # a request's time in the server's engine (queue + run)
+        }
+        | work
+        | turn_times(outdir)
+    )
 
 
 def main() -> None:
@@ -433,7 +480,7 @@ def main() -> None:
     header = (
         f"{'window ms':>10}{'workers':>8}{'rollouts/s':>12}{'of engine-bound':>17}"
         f"{'scaling eff.':>14}{'GPU busy':>10}{'decode steps':>14}{'start + exit s':>16}"
-        f"{'errors':>8}"
+        f"{'errors':>8}{'engine ms':>11}{'generate ms':>13}{'env ms':>8}"
     )
     print(header)
     for (window, w), r in rows.items():
@@ -442,7 +489,8 @@ def main() -> None:
         print(
             f"{window:>10g}{w:>8}{r['rate']:>12.2f}{r['rate'] / rate:>17.0%}"
             f"{r['rate'] / (w * one):>14.0%}{busy:>10}{r['decode_steps']:>14.0f}"
-            f"{r['outside_s']:>16.1f}{r['errors']:>8}"
+            f"{r['outside_s']:>16.1f}{r['errors']:>8}{r['engine_ms']:>11.0f}"
+            f"{r['generate_ms']:>13.0f}{r['env_ms']:>8.0f}"
         )
     if args.out:
         served = [{"window_ms": window, "workers": w} | r for (window, w), r in rows.items()]

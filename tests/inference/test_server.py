@@ -1101,17 +1101,6 @@ def test_vf_mm_serve_cli(serve_cli, renderer):
                 f'vllm:prefix_cache_queries_total{{engine="0",model_name="{MODEL}"}}'
             )
             assert float(queries.rsplit(" ", 1)[1]) >= 4 * len(ids)  # the four prompts at least
-            engine = {
-                line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in metrics.text.splitlines()
-                if line.startswith("vf_mm:") and "_total{" in line
-            }
-            # the embedded engine's counters: every request admitted and prefilled, each
-            # sampled token after the first a decode step (so at least 3 of 4 tokens)
-            assert engine["vf_mm:admissions_total"] >= 1
-            assert engine["vf_mm:prefills_total"] >= engine["vf_mm:admissions_total"]
-            assert engine["vf_mm:decode_steps_total"] >= 3
-            assert engine["vf_mm:engine_busy_seconds_total"] > 0
 
         api = OpenAIChatBackend(MODEL, base_url=f"{base}/v1", api_key="x", max_retries=0)
         try:

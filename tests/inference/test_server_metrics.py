@@ -1,5 +1,6 @@
 """``GET /metrics`` of ``vf-mm serve``: the backend's prefix-cache counters in Prometheus'
-text format, byte for byte as vLLM 0.32 (through prometheus_client 0.26) writes them."""
+text format, byte for byte as vLLM 0.32 (through prometheus_client 0.26) writes them, then
+the embedded engine's own counters under the ``vf_mm:`` prefix."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_metrics_publish_the_prefix_cache_counters_as_vllm_does(served):
     )
     queries = "Prefix cache queries, in terms of number of queried tokens."
     hits = "Prefix cache hits, in terms of number of cached tokens."
-    assert response.text == (
+    vllm, _, ours = response.text.partition("# HELP vf_mm:")
+    assert vllm == (
         f"# HELP vllm:prefix_cache_queries_total {queries}\n"
         "# TYPE vllm:prefix_cache_queries_total counter\n"
         f"vllm:prefix_cache_queries_total{{{labels}}} {float(backend.prefix_cache_queries)}\n"
@@ -62,6 +64,30 @@ def test_metrics_publish_the_prefix_cache_counters_as_vllm_does(served):
         f"vllm:prefix_cache_hits_created{{{labels}}} {created}\n"
     )
     assert float(created) == pytest.approx(client.app.state.server.created_at)
+    assert ours  # the engine's own counters follow, under their own prefix
+
+
+def test_metrics_publish_the_engines_own_counters(served):
+    client, backend, renderer = served
+    prompt = list(renderer.render([{"role": "user", "content": "count me"}]).token_ids)
+    generate(client, prompt)
+    text = client.get("/metrics").text
+    ours = text[text.index("# HELP vf_mm:") :].splitlines()
+    assert all(line.startswith(("# HELP vf_mm:", "# TYPE vf_mm:", "vf_mm:")) for line in ours)
+    values = {
+        line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in ours
+        if not line.startswith("#")
+    }
+    assert values["vf_mm:admissions_total"] == backend.batches_run >= 1
+    assert values["vf_mm:prefills_total"] == backend.prefills_run >= 1
+    assert values["vf_mm:decode_steps_total"] == backend.steps_run >= 2  # 3 tokens each
+    assert values["vf_mm:engine_busy_seconds_total"] == pytest.approx(backend.busy_s)
+    assert values["vf_mm:requests_total"] == backend.requests_answered >= 1
+    assert values["vf_mm:request_seconds_total"] == pytest.approx(backend.request_s)
+    # a request's time in the engine covers at least its own batch's generating time
+    assert backend.request_s >= backend.busy_s / backend.batches_run > 0
+    assert "# TYPE vf_mm:requests_total counter" in ours
 
 
 def test_counters_only_grow(served):

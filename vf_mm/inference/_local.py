@@ -64,6 +64,7 @@ computed with, and ``weights_version`` counts swaps.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -217,8 +218,13 @@ class LocalBackend:
         self._model.check(request)  # a bad request fails alone, before it joins a batch
         loop = asyncio.get_running_loop()
         future: asyncio.Future[GenerateResult] = loop.create_future()
+        started = time.perf_counter()
         self._scheduler.submit(Pending(request, future, loop))
-        return await future
+        try:
+            return await future
+        finally:
+            self._stats.requests_answered += 1
+            self._stats.request_s += time.perf_counter() - started
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
         """Replace the model's weights in place, between batches.
@@ -310,6 +316,17 @@ class LocalBackend:
     def vision_cache_hits(self) -> int:
         """Of those, found: the tower did not run."""
         return self._stats.vision_cache_hits
+
+    @property
+    def requests_answered(self) -> int:
+        """Requests the engine answered or failed."""
+        return self._stats.requests_answered
+
+    @property
+    def request_s(self) -> float:
+        """Their seconds from the engine's queue to their answer, summed: over
+        ``requests_answered``, the engine's share of a request's latency."""
+        return self._stats.request_s
 
 
 def _default_pool_bytes(device: torch.device) -> int:

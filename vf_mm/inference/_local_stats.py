@@ -27,3 +27,5 @@ class LocalStats:
     prefix_cache_hits: int = 0  # of those, tokens found cached (not computed again)
     vision_cache_queries: int = 0  # images whose tower output was looked up
     vision_cache_hits: int = 0  # of those, found (the tower did not run)
+    requests_answered: int = 0  # requests answered (or failed) by the engine
+    request_s: float = 0.0  # their time from the engine's queue to their answer, summed

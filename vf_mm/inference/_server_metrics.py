@@ -11,7 +11,9 @@ The embedded engine's own counters follow under the ``vf_mm:`` prefix, in the sa
 ``vf_mm:admissions_total`` (groups of requests started together),
 ``vf_mm:prefills_total`` (prefill forwards), ``vf_mm:decode_steps_total`` (decode
 forwards, one token for every running request each) and
-``vf_mm:engine_busy_seconds_total`` (time the engine spent generating). Decode steps per
+``vf_mm:engine_busy_seconds_total`` (time the engine spent generating),
+``vf_mm:requests_total`` and ``vf_mm:request_seconds_total`` (requests answered, and
+their time from the engine's queue to the answer, summed). Decode steps per
 sampled token tell how well requests share batches: when clients' requests arrive out of
 step, the same tokens take more steps. A backend without them (a scripted one) writes
 none of these.
@@ -43,6 +45,9 @@ _ENGINE_METRICS = (
     ("vf_mm:decode_steps",
      "Decode forwards (one token for every running request each).", "steps_run"),
     ("vf_mm:engine_busy_seconds", "Seconds the engine spent generating.", "busy_s"),
+    ("vf_mm:requests", "Requests the engine answered or failed.", "requests_answered"),
+    ("vf_mm:request_seconds",
+     "Seconds from the engine's queue to the answer, summed over requests.", "request_s"),
 )  # fmt: skip
 # what prometheus_client answers a scrape that asks for no particular format
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

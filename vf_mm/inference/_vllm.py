@@ -79,6 +79,7 @@ from vf_mm.errors import (
     MultiModalDataError,
 )
 from vf_mm.images import ImagePolicy
+from vf_mm.inference._http import KeepAliveTransport
 from vf_mm.inference._types import GenerateRequest, GenerateResult, check_prompt_length
 from vf_mm.inference._vllm_config import (
     ROUTINGS,
@@ -183,7 +184,8 @@ class VLLMBackend:
             is sent again in full (``item_stats``; ``vf_mm.inference._vllm_items`` says why
             a real vLLM server is always sent every item). False sends ``kwargs_data:
             null``: the server looks every item up by hash in its cache.
-        transport: Replaces httpx's (tests, a Unix socket).
+        transport: Replaces the default one (``KeepAliveTransport`` for ``http://``
+            servers, httpx's own for ``https://``): tests, a Unix socket.
         embed_token_ids: content_parts mode: per modality, the token ids that take
             embeddings (``renderer.vision.embed_ids("video")``), so the returned
             placeholders say which of their positions are embeddings (``is_embed``) where a
@@ -428,18 +430,26 @@ class VLLMBackend:
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
+            transport = self._transport
+            if transport is None:  # plain HTTP on our own pool; TLS through httpx's
+                tls = httpx.AsyncHTTPTransport(
+                    http1=True,
+                    http2=False,
+                    trust_env=False,
+                    limits=httpx.Limits(
+                        max_connections=_MAX_CONNECTIONS,
+                        max_keepalive_connections=_MAX_KEEPALIVE,
+                        keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+                    ),
+                )
+                transport = KeepAliveTransport(
+                    max_idle=_MAX_KEEPALIVE, keepalive_expiry_s=_KEEPALIVE_EXPIRY_S, fallback=tls
+                )
             self._client = httpx.AsyncClient(
-                transport=self._transport,
-                http1=True,
-                http2=False,
+                transport=transport,
                 trust_env=False,  # an inference server is reached directly, never via a proxy
                 headers=self._headers,
                 timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, pool=None),
-                limits=httpx.Limits(
-                    max_connections=_MAX_CONNECTIONS,
-                    max_keepalive_connections=_MAX_KEEPALIVE,
-                    keepalive_expiry=_KEEPALIVE_EXPIRY_S,
-                ),
             )
         return self._client
 
