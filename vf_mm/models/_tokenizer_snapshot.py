@@ -85,7 +85,11 @@ class TokenizerSnapshot:
         return original if original is not None else pickle.loads(self._data)
 
     def belongs_to(self, path: str | os.PathLike[str]) -> bool:
-        """Whether this is the tokenizer of checkpoint ``path`` (the same directory)."""
+        """Whether this is the tokenizer of checkpoint ``path`` (the same directory).
+
+        Args:
+            path: A checkpoint directory.
+        """
         return Path(self.path).resolve() == Path(path).resolve()
 
     def __getstate__(self) -> tuple[str, bytes]:
