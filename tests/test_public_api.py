@@ -175,6 +175,7 @@ def test_models_exports():
         "resolve_image_backend",
         "torchvision_available",
         "TEMPLATE_VARIANTS",
+        "TokenizerSnapshot",
         "VISION_FAMILIES",
         "VIDEO_FAMILIES",
         "VisionFamily",
