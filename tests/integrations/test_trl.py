@@ -413,6 +413,12 @@ def test_a_rollout_whose_turns_do_not_extend_each_other_fails_alone(bare):
     out = rollout_of([step([1, 5, 6], [7, 8]), step([1, 9, 9, 9], [3])])  # history rewritten
     record, error = bare._record(out, 3, "example 7, rollout 1")
     assert "example 7, rollout 1" in error and "TRL takes one sequence" in error
+    # where and why (vf_mm.training.history_break): before any sampled token, no messages
+    assert "position 1" in error and "in the first prompt, before model turn 1" in error
+    # a model turn re-rendered by the template is named as such, not as the environment's
+    out = rollout_of([step([1, 5, 6], [7, 8]), step([1, 5, 6, 7, 9, 4], [3])])
+    _, error = bare._record(out, 0, "x")
+    assert "inside model turn 1's sampled tokens" in error and "stop tokens" in error
     assert (record.prompt_ids, record.completion_ids, record.env_mask) == ([0], [2], [0])
     assert record.index == 3
     good, none = bare._record(
