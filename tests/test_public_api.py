@@ -302,6 +302,7 @@ def test_training_exports():
         "TrainingRollout",
         "build_samples",
         "group_advantages",
+        "history_break",
         "grpo_loss",
         "inputs_hash",
         "logprob_mismatch",
