@@ -65,6 +65,8 @@ from vf_mm.inference import LocalBackend
 from vf_mm.results import evaluate_to_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _phases import show as show_phases
+from _phases import split as split_phases
 from local_gpu import build_checkpoint
 
 CLI = [sys.executable, "-m", "vf_mm.cli._main"]
@@ -465,6 +467,9 @@ def main() -> None:
                         print(f"W={w} under py-spy failed: {error}", flush=True)
                     else:
                         print(f"W={w} under py-spy: {spied['rate']:.2f} rollouts/s", flush=True)
+                        spied_file = args.profile / f"serve-w{w}.txt"
+                        if spied_file.is_file():  # the server's samples by phase
+                            print(show_phases(split_phases(spied_file)), flush=True)
     rate = bound["engine_bound"]
     replay = min(bound["replays"], key=lambda r: r["wall"])
     print(

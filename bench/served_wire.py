@@ -23,6 +23,22 @@ tensors, and with each sent once T; the sum row is what one rollout costs the se
 one process (under its GIL, beside the engine's own thread) and the client.
 
     python bench/served_wire.py [--turns 8]
+
+``--load`` measures the server's process instead: ``vf-mm serve``'s app over an instant
+scripted engine in its own process, run as ``vf-mm serve`` runs it (``uvicorn.run``, the
+same options), and ``--clients`` concurrent clients replaying ``--rollouts`` recorded
+``gridnav`` rollouts over HTTP, each rollout's requests in order, exactly the bodies a
+``VLLMBackend`` sent (recorded once against the app in this process, each rollout by a
+fresh client, so its first request of each image carries its tensors and the later ones
+name it). A fresh server per client count, so nothing is cached from the last. Reported:
+requests/s reached, the server process's CPU ms per request (``/proc``: every thread) and
+the most requests/s one process could serve at that cost (1000 / ms); with ``--profile``
+one more pass at the largest client count under py-spy (``--py-spy PATH``), its samples
+split by phase (``bench/_phases.py``: HTTP, body parse, item decode, item check, the
+engine, response encode, ...).
+
+    python bench/served_wire.py --load [--rollouts 32] [--clients 1,8,32] [--profile]
+                                [--py-spy PATH] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -31,6 +47,9 @@ import argparse
 import asyncio
 import os
 import platform
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +65,7 @@ from vf_mm.testing import ScriptedBackend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _machine import cpu_name
-from client_cpu import build_checkpoint
+from client_cpu import build_checkpoint, cpu_s
 
 
 class Timed(httpx.AsyncBaseTransport):
@@ -86,12 +105,222 @@ async def send_all(
     return calls, transport.log, stats
 
 
+# -- --load: the server's own process under concurrent clients ---------------------------
+
+REPLY = "The goal is above me, so I will go up one cell now. <move>up</move>"
+
+
+class Recording(httpx.AsyncBaseTransport):
+    """httpx's ASGI transport to the app, keeping each request's body and headers."""
+
+    def __init__(self, app: Any) -> None:
+        self.inner = httpx.ASGITransport(app=app)
+        self.sent: list[tuple[bytes, dict[str, str]]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        keep = {
+            k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")
+        }
+        self.sent.append((body, keep))
+        return await self.inner.handle_async_request(request)
+
+
+def record_rollouts(path: Path, rollouts: int, turns: int) -> list[list[tuple[bytes, dict]]]:
+    """``rollouts`` gridnav rollouts (one at a time, so each one's requests are in a row),
+    and the HTTP bodies a fresh ``VLLMBackend`` per rollout sends for them."""
+    engine = ScriptedBackend(load_renderer(path), [REPLY])
+    client = vf_mm.make_client(path, backend=engine)
+    env = vf_mm.load_environment("gridnav", seed=0, max_turns=turns)
+    asyncio.run(
+        env.evaluate(client, num_examples=rollouts, concurrency=1,
+                     sampling_args={"max_tokens": 32, "logprobs": True})
+    )  # fmt: skip
+    grouped: list[list[Any]] = []
+    for request in engine.requests:  # a rollout starts where the image count drops
+        mmd = request.multi_modal_data
+        n = len(mmd.mm_items.get("image", [])) if mmd is not None else 0
+        if not grouped or n <= grouped[-1][-1][0]:
+            grouped.append([])
+        grouped[-1].append((n, request))
+    app = create_app(engine, renderer=client.renderer, model_name="m")
+
+    async def send(requests: list[Any]) -> list[tuple[bytes, dict]]:
+        transport = Recording(app)
+        backend = VLLMBackend("http://served", model="m", max_model_len=32768, transport=transport)
+        try:
+            for request in requests:
+                await backend.generate(request)
+        finally:
+            await backend.aclose()
+        return transport.sent
+
+    return [asyncio.run(send([r for _, r in group])) for group in grouped]
+
+
+def serve_child(path: str, port: int) -> None:
+    """What ``vf-mm serve`` runs (``run_serve``: ``create_app`` under ``uvicorn.run``, its
+    default options), over an instant scripted engine."""
+    import uvicorn
+
+    renderer = load_renderer(path)
+    engine = ScriptedBackend(renderer, [REPLY], record=False)
+    app = create_app(engine, renderer=renderer, model_name="m")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", timeout_keep_alive=5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _replay(port: int, rollouts: list[list[tuple[bytes, dict]]], clients: int) -> float:
+    """Every rollout's bodies POSTed in order by ``clients`` concurrent clients, each on
+    its own keep-alive connection, over plain asyncio streams (the requests' bytes built
+    beforehand, so the clients cost this 2-core machine little beside the server); wall s."""
+    queue: asyncio.Queue[list[bytes]] = asyncio.Queue()
+    for r in rollouts:
+        queue.put_nowait([_http_request(port, body, headers) for body, headers in r])
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while not queue.empty():
+                for raw in queue.get_nowait():
+                    writer.write(raw)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    status = int(head.split(b" ", 2)[1])
+                    length = next(
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    )
+                    body = await reader.readexactly(length)
+                    assert status == 200, body[:500]
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return time.perf_counter() - start
+
+
+def _http_request(port: int, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [b"POST /inference/v1/generate HTTP/1.1", f"host: 127.0.0.1:{port}".encode(),
+             f"content-length: {len(body)}".encode()]  # fmt: skip
+    lines += [f"{k}: {v}".encode() for k, v in headers.items()]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def load_pass(
+    path: Path, rollouts: list[list[tuple[bytes, dict]]], clients: int, spy: list[str] | None,
+    log: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """One fresh server, the rollouts replayed at ``clients``; with ``spy`` (py-spy's
+    command up to ``--pid``), sampled."""
+    port = _free_port()
+    with open(log, "ab") as err:
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--serve-child", str(path), str(port)],
+            stdout=err, stderr=err,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    spying = None
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"the server did not start (see {log})")
+        # a warm-up on its own rollouts' first request, so imports are not counted
+        asyncio.run(_replay(port, [[r[0]] for r in rollouts[:2]], 1))
+        if spy is not None:
+            spying = subprocess.Popen([*spy, str(server.pid)], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)  # fmt: skip
+            time.sleep(1.0)
+        before = cpu_s(server.pid)
+        client0 = time.process_time()
+        wall = asyncio.run(_replay(port, rollouts, clients))
+        client = time.process_time() - client0
+        spent = cpu_s(server.pid) - before
+    finally:
+        if spying is not None:
+            spying.send_signal(signal.SIGINT)
+            spying.wait(timeout=60)
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+    n = sum(len(r) for r in rollouts)
+    return {"requests": n, "wall_s": wall, "requests_s": n / wall,
+            "server_ms_request": spent / n * 1e3, "server_cores": spent / wall,
+            "max_requests_s": n / max(spent, 1e-9), "client_cores": client / wall}  # fmt: skip
+
+
+def run_load(args: Any) -> None:
+    import json
+
+    from _phases import show, split
+
+    print(f"{cpu_name()}, {os.cpu_count()} cores | Python {platform.python_version()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_checkpoint(Path(tmp) / "qwen2_5_vl")
+        rollouts = record_rollouts(path, args.rollouts, args.turns)
+        n = sum(len(r) for r in rollouts)
+        mb = sum(len(b) for r in rollouts for b, _ in r) / 1e6
+        print(
+            f"gridnav: {len(rollouts)} rollouts, {n} requests, {mb:.1f} MB of bodies "
+            f"(VLLMBackend, each image's tensors sent once); instant scripted engine\n"
+        )
+        print(f"{'clients':>8}{'requests/s':>12}{'server ms/req':>15}{'server cores':>14}"
+              f"{'max req/s':>11}{'rollouts/s max':>16}{'client cores':>14}")  # fmt: skip
+        out: dict[str, Any] = {"requests": n, "rollouts": len(rollouts), "runs": {}}
+        log = Path(tmp) / "serve.log"
+        counts = [int(c) for c in args.clients.split(",")]
+        for clients in counts:
+            r = load_pass(path, rollouts, clients, None, log)
+            out["runs"][clients] = r
+            per_rollout = n / len(rollouts)
+            print(f"{clients:>8}{r['requests_s']:>12.1f}{r['server_ms_request']:>15.2f}"
+                  f"{r['server_cores']:>14.2f}{r['max_requests_s']:>11.0f}"
+                  f"{r['max_requests_s'] / per_rollout:>16.1f}{r['client_cores']:>14.2f}", flush=True)  # fmt: skip
+        if args.profile:
+            raw = Path(tmp) / "serve.txt"
+            spy = [args.py_spy, "record", "--rate", "200", "--format", "raw",
+                   "-o", str(raw), "--pid"]  # fmt: skip
+            r = load_pass(path, rollouts, counts[-1], spy, log)
+            counts_by = split(raw)
+            print(f"\nunder py-spy, {counts[-1]} clients: {r['requests_s']:.1f} requests/s, "
+                  f"server {r['server_ms_request']:.2f} ms/req; its samples by phase:")  # fmt: skip
+            print(show(counts_by, ms_per_request=r["server_ms_request"]))
+            out["phases"] = dict(counts_by)
+            if args.keep_profile:
+                args.keep_profile.write_text(raw.read_text())
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2))
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-child":
+        serve_child(sys.argv[2], int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--load", action="store_true", help="the server process under load")
+    parser.add_argument("--rollouts", type=int, default=32)
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--profile", action="store_true", help="one more pass under py-spy")
+    parser.add_argument("--py-spy", default="py-spy", help="py-spy's executable")
+    parser.add_argument("--keep-profile", type=Path, default=None, help="py-spy's raw stacks")
+    parser.add_argument("--out", type=Path, default=None, help="--load's numbers as JSON")
     args = parser.parse_args()
+    if args.load:
+        run_load(args)
+        return
     print(f"{cpu_name()}, {os.cpu_count()} cores | Python {platform.python_version()}")
     with tempfile.TemporaryDirectory() as tmp:
         path = build_checkpoint(Path(tmp) / "qwen2_5_vl")

@@ -382,3 +382,75 @@ def test_the_embedded_models_served_name_renders_from_its_checkpoint(tmp_path, m
     assert client.backend.model == "embedded"
     assert client.vision is not None and embedded_model().is_dir()
     asyncio.run(client.aclose())
+
+
+# -- the tokenizer, loaded once: copied per renderer, sent to workers ------------------
+
+
+def count_tokenizer_loads(monkeypatch, *, refuse=False):
+    """Counts ``AutoTokenizer.from_pretrained`` calls (every tokenizer read from disk);
+    ``refuse``: any such call fails the test."""
+    from transformers import AutoTokenizer
+
+    loads = []
+    load = AutoTokenizer.from_pretrained
+
+    def spy(*args, **kwargs):
+        loads.append(args[0] if args else kwargs)
+        assert not refuse, "the tokenizer was read from disk again"
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", spy)
+    return loads
+
+
+def two_turns():
+    return [user(0), {"role": "assistant", "content": "left"}, user(1, "and now?")]
+
+
+def rendered_ids(client):
+    """Every renderer of the client's pool renders a two-turn image prompt; their ids."""
+    return [r.render(two_turns()).token_ids for r in client.renderer.renderers]
+
+
+def test_make_client_reads_the_tokenizer_once_and_gives_each_renderer_its_own(
+    model_dir, renderer, monkeypatch
+):
+    import vf_mm as vf
+
+    loads = count_tokenizer_loads(monkeypatch)
+    client = vf.make_client(model_dir, backend=ScriptedBackend(renderer, ["ok"]), renderers=3)
+    assert len(loads) == 1  # not once per renderer
+    tokenizers = {id(r.tokenizer) for r in client.renderer.renderers}
+    assert len(tokenizers) == 3  # a tokenizer is not shared between threads
+    expected = renderer.render(two_turns()).token_ids
+    assert rendered_ids(client) == [expected] * 3
+
+
+def test_a_worker_given_the_parents_tokenizer_renders_as_one_that_read_it_from_disk(
+    model_dir, renderer, monkeypatch
+):
+    """What a worker process receives (the snapshot, pickled) builds its whole pool
+    without reading tokenizer.json again, and renders the ids a renderer loaded from disk
+    renders."""
+    import pickle
+
+    import vf_mm as vf
+    from vf_mm.models import TokenizerSnapshot
+
+    shipped = pickle.loads(pickle.dumps(TokenizerSnapshot.from_pretrained(model_dir)))
+    count_tokenizer_loads(monkeypatch, refuse=True)
+    client = vf.make_client(
+        model_dir, backend=ScriptedBackend(renderer, ["ok"]), renderers=2, tokenizer=shipped
+    )
+    expected = renderer.render(two_turns()).token_ids
+    assert rendered_ids(client) == [expected] * 2
+
+
+def test_make_client_refuses_the_tokenizer_of_another_checkpoint(model_dir, renderer, tmp_path):
+    import vf_mm as vf
+    from vf_mm.models import TokenizerSnapshot
+
+    other = TokenizerSnapshot(renderer.tokenizer, path=tmp_path)
+    with pytest.raises(ValueError, match=f"tokenizer of {tmp_path}, not of {model_dir}"):
+        vf.make_client(model_dir, backend=ScriptedBackend(renderer, ["ok"]), tokenizer=other)

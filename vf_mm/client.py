@@ -23,12 +23,15 @@ from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from vf_mm.errors import BackendProtocolError, PromptTooLongError, ReservedTokenError
 from vf_mm.inference import Backend, ChatBackend, GenerateRequest, SamplingParams, Usage
 from vf_mm.renderers import Renderer, bridge
 from vf_mm.types import Messages, RenderedTokens, ResponseTokens, TrajectoryStep
+
+if TYPE_CHECKING:
+    from vf_mm.models import TokenizerSnapshot
 
 
 @dataclass(slots=True)
@@ -406,6 +409,7 @@ def make_client(
     renderers: int | None = None,
     sampling: SamplingParams | None = None,
     backend_options: Mapping[str, Any] | None = None,
+    tokenizer: TokenizerSnapshot | None = None,
 ) -> RendererClient:
     """A ``RendererClient`` in one call: the renderer pool, the backend and the client that
     ``vf-mm eval`` builds from its flags. Close it with ``await client.aclose()``.
@@ -433,9 +437,14 @@ def make_client(
         sampling: the client's default ``SamplingParams``.
         backend_options: keyword arguments for the backend's constructor (``device``,
             ``dtype`` for ``LocalBackend``; timeouts and routing for ``VLLMBackend``).
+        tokenizer: ``model``'s tokenizer, loaded already (``vf_mm.models.TokenizerSnapshot``,
+            e.g. made by a parent process and sent to its workers): each renderer gets a
+            copy instead of loading ``model``'s tokenizer again. None: it is loaded from
+            ``model`` once, and the pool's other renderers get copies of it.
 
     Raises:
-        ValueError: an unknown backend name, or arguments that do not go together.
+        ValueError: an unknown backend name, arguments that do not go together, or a
+            ``tokenizer`` of another checkpoint than ``model``.
     """
     from vf_mm.renderers import RendererPool, load_renderer
 
@@ -469,11 +478,20 @@ def make_client(
     if not isinstance(backend, str) and not hasattr(backend, "generate"):
         return RendererClient(backend, None, sampling=sampling)  # a ChatBackend
     size = renderers if renderers is not None else max(2, min(8, os.cpu_count() or 2))
+    if tokenizer is not None and not tokenizer.belongs_to(source):
+        raise ValueError(f"tokenizer= is the tokenizer of {tokenizer.path}, not of {source}")
+    if tokenizer is None and size > 1:
+        from vf_mm.models import TokenizerSnapshot
+
+        tokenizer = TokenizerSnapshot.of_checkpoint(source)
 
     def renderer() -> Renderer:
+        loaded = None if tokenizer is None else tokenizer.copy()
         if image_cache_bytes is None:
-            return load_renderer(source, image_backend=image_backend)
-        return load_renderer(source, image_backend=image_backend, cache_bytes=image_cache_bytes)
+            return load_renderer(source, image_backend=image_backend, tokenizer=loaded)
+        return load_renderer(
+            source, image_backend=image_backend, cache_bytes=image_cache_bytes, tokenizer=loaded
+        )
 
     pool = RendererPool(renderer, size=size)
     engine: Backend

@@ -113,3 +113,45 @@ def test_rollout_with_workers_records_the_workers_image_processing(tmp_path, mon
             assert trainer.differences(group["processing"]) == {}
             assert all(r.error is None for r in unpack_group(group, images=rebuilder))
         assert rebuilder.rebuilt == 2
+
+
+def test_the_parent_reads_the_tokenizer_once_and_sends_it_to_every_worker(tmp_path, monkeypatch):
+    """The workers are handed the tokenizer the parent loaded for its own check (no worker
+    reads tokenizer.json: test_client.py shows a client built from it does not), instead
+    of each worker loading it once per renderer. The pool is a stand-in that records its
+    spec and fails to start: no process is spawned."""
+    import pickle
+
+    from transformers import AutoTokenizer
+
+    import vf_mm.workers
+    from vf_mm.errors import WorkerStartError
+    from vf_mm.models import TokenizerSnapshot, embedded_model
+
+    loads, load, specs = [], AutoTokenizer.from_pretrained, []
+
+    def spy(*args, **kwargs):
+        loads.append(args)
+        return load(*args, **kwargs)
+
+    class Pool:
+        def __init__(self, spec, size, **options):
+            specs.append(spec)
+
+        async def __aenter__(self):
+            raise WorkerStartError("stand-in pool")
+
+        async def __aexit__(self, *exc):
+            return None
+
+    monkeypatch.chdir(ROOT)
+    embedded_model()  # built before counting (it loads a tokenizer to build one)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", spy)
+    monkeypatch.setattr(vf_mm.workers, "WorkerPool", Pool)
+    assert main([*RUN, "--workers", "4", "-o", str(tmp_path / "run")]) == 1
+    assert len(loads) == 1  # the parent's check and the four workers share one load
+    sent = specs[0].make_client.keywords["tokenizer"]
+    assert isinstance(sent, TokenizerSnapshot) and sent.belongs_to(embedded_model())
+    assert (
+        pickle.loads(pickle.dumps(specs[0])).make_client.keywords["tokenizer"].nbytes == sent.nbytes
+    )

@@ -274,3 +274,37 @@ def test_a_llava_onevision_item_is_encoded_with_its_own_layout():
     assert raw["pixel_values"]["field"] == ["batched", {"keep_on_cpu": False}]
     assert raw["pixel_values"]["data"][1] == [5, 3, 32, 32]
     assert raw["image_sizes"]["field"] == ["batched", {"keep_on_cpu": True}]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["QR==", "QUI=", "QUJD", "QQ=", "Q===", "=QQQ", "QQ==QQ==", "QU JD", "QU\nJD", "QU-_", ""],
+)
+def test_base64_is_read_as_base64_validate_reads_it(text: str) -> None:
+    """The fast decoder takes exactly what ``base64.b64decode(validate=True)`` takes, to
+    the same bytes, and refuses the rest with base64's own message (strings and bytes)."""
+    from vf_mm.inference._mm_kwargs import _b64decode
+
+    try:
+        want: bytes | str = base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        want = str(exc)
+    for data in (text, text.encode()):
+        try:
+            got: bytes | str = _b64decode(data)
+        except ValueError as exc:
+            got = str(exc)
+        assert got == want, data
+
+
+def test_decoded_arrays_are_read_only_views_of_one_copy() -> None:
+    """Each tensor is a read-only view of the bytes msgpack handed over (no second copy)."""
+    item = _item(4, 12)
+    out = decode_kwargs_item(encode_kwargs_item(item))
+    pixels = out["pixel_values"]
+    assert not pixels.flags.writeable and not pixels.flags.owndata
+    root = pixels
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    assert type(root) is bytes and len(root) == pixels.nbytes
+    np.testing.assert_array_equal(pixels, item["pixel_values"])

@@ -748,6 +748,45 @@ def test_malformed_bodies_are_400(client):
         _error(r)
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": NaN, "b": -Infinity}',  # json takes these, msgspec does not
+        b'{"a": 123456789012345678901234567890123}',
+        b'{"a": "\\ud800"}',  # a lone surrogate escape
+        b'{"a": 1, "a": 2}',
+        '{"a": "\u00e9\u4e2d"}'.encode(),
+        '{"a": 1}'.encode("utf-16"),
+        b'{"token_ids": [1, 2], "x": [1.5e300, -0.0, 1e-7]}',
+    ],
+)
+def test_bodies_read_as_json_reads_them(raw: bytes) -> None:
+    """The server's body decoder gives what ``json.loads`` gives, or its error."""
+    from vf_mm.inference._server_engine import loads_body
+
+    def read(f):
+        try:
+            return repr(f(raw))  # repr: NaN equals itself
+        except ValueError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    assert read(loads_body) == read(json.loads)
+
+
+def test_generate_answers_are_the_json_they_were(client, renderer):
+    """The generate route's answer parses to what ``JSONResponse`` wrote: compact JSON of
+    the same values (logprobs as floats), with its content type."""
+    body = {"model": MODEL, "token_ids": _text_ids(renderer),
+            "sampling_params": {"max_tokens": 4, "logprobs": 1}}  # fmt: skip
+    r = _generate(client, body)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    answer = r.json()
+    assert json.loads(json.dumps(answer, separators=(",", ":"))) == answer
+    assert b": " not in r.content and b", " not in r.content
+    entries = answer["choices"][0]["logprobs"]["content"]
+    assert entries and all(isinstance(e["logprob"], float) for e in entries)
+
+
 class _BrokenBackend:
     name = "broken"
     max_model_len = 64

@@ -4,7 +4,7 @@ one or two trainer steps on the CPU.
 
 What is checked against what: the trainer's log-probabilities of the sampled tokens
 (its own forward, TRL's fused LM head) against the ones the sampler recorded, within
-``TOLERANCE``; the image inputs the trainer's forward got against the ones the sampler
+``tolerance(family)``; the image inputs the trainer's forward got against the ones the sampler
 was sent (the rollouts' last turns), tensor for tensor, and the per-token type ids
 against the image tokens; the parameters move; the environment's reward is TRL's
 logged reward. And the mistakes: settings, trainers and datasets that cannot work are
@@ -40,8 +40,29 @@ from vf_mm.types import (
 pytestmark = pytest.mark.trl
 
 #: the largest |trainer - sampler| logprob difference allowed on a sampled token: 4
-#: float32 ulps at |logprob| ~ 7 (measured: 4.8e-7 to 9.5e-7, 1-2 ulps)
+#: float32 ulps at |logprob| ~ 7 (one ulp is 2**-21 = 4.8e-7 on [4, 8); measured: 4.8e-7
+#: to 9.5e-7, 1-2 ulps)
 TOLERANCE = 2e-6
+#: Gemma 4's bound: 16 ulps (7.6e-6). Its float32 forward rounds more than the others'
+#: (sqrt(hidden) embedding scale, per-layer embeddings, logit softcapping), and both sides
+#: compute the same function over differently shaped inputs: the sampler one sequence with
+#: a growing KV cache, TRL the group left-padded into one batch through its fused LM head.
+#: Measured on the tiny checkpoint with plain transformers (same weights, ids, images):
+#: in float64 (Gemma 4's internal float32 casts kept at float64) TRL's padded batch, the
+#: sequence alone and the sequence decoded token by token agree within 3.6e-15 (2 float64
+#: ulps at |logprob| 8), so no input differs (type ids, mask, positions, image positions);
+#: in float32 the same three differ by up to 4.3e-6, the sampler is 2.4e-6 (5 ulps) and
+#: TRL 3.5e-6 (7 ulps) from the float64 value, and they differ from each other by 3.8e-6
+#: (8 ulps): float32 reduction order, not a mismatch. A real one (a dropped image, a
+#: wrong position) is orders of magnitude larger.
+TOLERANCES = {"gemma4": 16 * 2**-21}
+
+
+def tolerance(family: str) -> float:
+    """The largest |trainer - sampler| logprob difference allowed for ``family``."""
+    return TOLERANCES.get(family, TOLERANCE)
+
+
 # LFM2-VL's image processor is torchvision's alone, which the trl tier's venv lacks
 FAMILIES = (*(f for f in VISION_FAMILIES if family_info(f).pil_backend), "text")
 QWEN = ("qwen2_5_vl", "qwen3_vl")
@@ -176,11 +197,11 @@ def sampler_images(output) -> list:
 
 def check_agreement(run: Run, family: str, step: int = 0) -> dict[str, float]:
     """The loss forward of trainer step ``step``: its log-probabilities are the sampler's
-    within TOLERANCE, and its image inputs are exactly what the sampler was sent."""
+    within ``tolerance(family)``, and its image inputs are exactly what the sampler was sent."""
     rows, logps, _, forward = next(loss for loss in run.losses if loss[2] == step)
     stats = mismatch(rows, logps)
     assert stats["tokens"] > 0
-    assert stats["max_abs_diff"] <= TOLERANCE, stats
+    assert stats["max_abs_diff"] <= tolerance(family), stats
     outputs = next(outs for outs, recs in run.generations if any(r is rows[0] for r in recs))
     ids = forward["input_ids"]
     if family == "text":
@@ -392,6 +413,12 @@ def test_a_rollout_whose_turns_do_not_extend_each_other_fails_alone(bare):
     out = rollout_of([step([1, 5, 6], [7, 8]), step([1, 9, 9, 9], [3])])  # history rewritten
     record, error = bare._record(out, 3, "example 7, rollout 1")
     assert "example 7, rollout 1" in error and "TRL takes one sequence" in error
+    # where and why (vf_mm.training.history_break): before any sampled token, no messages
+    assert "position 1" in error and "in the first prompt, before model turn 1" in error
+    # a model turn re-rendered by the template is named as such, not as the environment's
+    out = rollout_of([step([1, 5, 6], [7, 8]), step([1, 5, 6, 7, 9, 4], [3])])
+    _, error = bare._record(out, 0, "x")
+    assert "inside model turn 1's sampled tokens" in error and "stop tokens" in error
     assert (record.prompt_ids, record.completion_ids, record.env_mask) == ([0], [2], [0])
     assert record.index == 3
     good, none = bare._record(
@@ -532,6 +559,6 @@ def test_the_guides_example_runs_as_written(trl, tmp_path, monkeypatch):
     try:
         logs = [h for h in trainer.state.log_history if "rewards/gridnav/mean" in h]
         assert len(logs) == 2  # a log line per step
-        assert all(log["vf_mm/logprob_diff_max"] <= TOLERANCE for log in logs)
+        assert all(log["vf_mm/logprob_diff_max"] <= tolerance("qwen2_5_vl") for log in logs)
     finally:
         trainer.rollout_func.close()

@@ -243,3 +243,44 @@ def test_rows_are_read_as_workers_free_up_not_queued_up_front(checkpoint):
     asyncio.run(main())
     assert len(pulled) == 8 and sorted(delivered) == list(range(8))
     assert max(ahead) <= 1  # one driver (2 rollouts of 1 worker): one group at a time
+
+
+def test_a_worker_stores_its_groups_images_as_the_parent_would(checkpoint, tmp_path):
+    """``GroupTask.assets_dir``: the worker stores its rollouts' images in the run's
+    assets itself and sends back messages naming them; the rows the parent then writes
+    equal those written from the outputs as they were, with the same files, and the
+    parent encodes none. (In-process: a ``GroupRunner`` is what a worker process runs.)"""
+    import json
+
+    from vf_mm.results import ResultsWriter
+    from vf_mm.workers._task import GroupTask
+    from vf_mm.workers._worker import GroupRunner
+
+    env = vf.load_environment(ENV)
+    row = dict(env.get_eval_dataset()[0])
+    runner = GroupRunner(spec(checkpoint))
+    rows = {}
+    for name in ("parent", "worker"):
+        outdir = tmp_path / name
+        with ResultsWriter(outdir, metadata={}) as writer:
+            task = GroupTask(0, row, 0, (0, 1), 2, None, 3,
+                             assets_dir=str(outdir) if name == "worker" else None)  # fmt: skip
+            result = asyncio.run(runner.run(task))
+            for index, output in sorted(result.outputs, key=lambda pair: pair[0]):
+                writer.write(output, rollout_index=index)
+            encoded_here = writer.assets.written
+        lines = (outdir / "results.jsonl").read_text().splitlines()
+        rows[name] = [
+            {k: v for k, v in json.loads(line).items() if k != "timing"} for line in lines
+        ]
+        files = sorted(p.name for p in (outdir / "assets").iterdir())
+        rows[name].append(files)
+        if name == "worker":
+            assert encoded_here == 0
+            parts = [p for o in result.outputs for m in o[1].prompt + o[1].completion
+                     for p in (m["content"] if isinstance(m["content"], list) else [])]  # fmt: skip
+            assert parts and all(not hasattr(p.get("image"), "save") for p in parts)
+        else:
+            assert encoded_here == len(files) >= 2
+    assert rows["worker"] == rows["parent"]
+    asyncio.run(runner.close())

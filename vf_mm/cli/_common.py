@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 from rich.progress import (
@@ -36,6 +36,9 @@ from rich.table import Table
 
 import vf_mm
 from vf_mm.cli._console import cli_console
+
+if TYPE_CHECKING:
+    from vf_mm.models import TokenizerSnapshot
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -350,10 +353,16 @@ def shard_argument(text: str) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def worker_pool(args: argparse.Namespace, model: str) -> Any:
+async def worker_pool(
+    args: argparse.Namespace, model: str, *, tokenizer: TokenizerSnapshot | None = None
+) -> Any:
     """``--workers W`` / ``--ray``: a started ``WorkerPool`` whose workers build their
     client as this process would (``make_client``) and load the environment as it did;
-    None without them. Stopped when the block ends."""
+    None without them. Stopped when the block ends.
+
+    The model's tokenizer is loaded here once (or ``tokenizer``, loaded already) and sent
+    to every worker: a large vocabulary takes seconds to load, once per renderer of every
+    worker otherwise, all at once on the node's cores."""
     if args.workers is None and args.ray is None:
         yield None
         return
@@ -363,9 +372,11 @@ async def worker_pool(args: argparse.Namespace, model: str) -> Any:
 
     from vf_mm.workers import WorkerPool, WorkerSpec
 
+    if tokenizer is None:
+        tokenizer = workers_tokenizer(args, model)
     spec = WorkerSpec(
         args.env,
-        functools.partial(make_client, args, model),
+        functools.partial(make_client, args, model, tokenizer=tokenizer),
         env_args=dict(args.env_args),
         env_dirs=[str(d) for d in args.env_dir],
     )
@@ -540,8 +551,22 @@ def _refuse(args: argparse.Namespace, message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
-    """``vf_mm.make_client`` with what the flags say (close it with ``aclose``)."""
+def workers_tokenizer(args: argparse.Namespace, model: str) -> TokenizerSnapshot | None:
+    """The model's tokenizer, loaded once for every worker to copy; None where the workers
+    render nothing (``--backend openai``) or ``model`` is no checkpoint directory whose
+    tokenizer loads (each worker then loads what it can, and says why not)."""
+    if args.backend == "openai":
+        return None
+    from vf_mm.models import TokenizerSnapshot
+
+    return TokenizerSnapshot.of_checkpoint(model)
+
+
+def make_client(
+    args: argparse.Namespace, model: str, *, tokenizer: TokenizerSnapshot | None = None
+) -> vf_mm.RendererClient:
+    """``vf_mm.make_client`` with what the flags say (close it with ``aclose``);
+    ``tokenizer``: the model's, loaded already (a worker's, sent by its parent)."""
     keys = args.api_key or []  # their count was checked with the other flags
     if args.backend == "vllm" and not args.base_url:
         raise SystemExit("--backend vllm needs -b BASE_URL")
@@ -553,6 +578,7 @@ def make_client(args: argparse.Namespace, model: str) -> vf_mm.RendererClient:
         image_backend=args.image_backend,
         image_cache_bytes=getattr(args, "image_cache_mb", IMAGE_CACHE_MB) << 20,
         backend_options=local_backend_options(args) if args.backend == "local" else None,
+        tokenizer=tokenizer,
     )
 
 

@@ -44,6 +44,7 @@ from vf_mm.cli._common import (
     run_interruptibly,
     summary_table,
     worker_pool,
+    workers_tokenizer,
 )
 from vf_mm.cli._console import cli_console
 from vf_mm.errors import MissingDependencyError, WorkerError
@@ -147,16 +148,18 @@ async def _eval(args: argparse.Namespace, count: RunCount) -> int:
         "vf_mm_version": vf_mm.__version__,
     }
     scaled = args.workers is not None or args.ray is not None
-    # with workers, each builds its own client; this process only checks the renderer
+    # with workers, each builds its own client; this process only checks the renderer,
+    # with the tokenizer it loads once for them all
     client = None if scaled else make_client(args, model)
-    problem = _media_refused(env, client, args, model)
+    tokenizer = workers_tokenizer(args, model) if scaled else None
+    problem = _media_refused(env, client, args, model, tokenizer)
     if problem is not None:  # every rollout would fail the same way: say it once, up front
         if client is not None:
             await client.backend.aclose()
         console.print(f"[red]{escape(problem)}[/]")
         return 1
     try:
-        async with worker_pool(args, model) as workers:
+        async with worker_pool(args, model, tokenizer=tokenizer) as workers:
             with progress_bar(console, "") as bar:
                 task = bar.add_task(env.env_id, total=None, rate=0.0, reward="-", errors=0)
 
@@ -219,10 +222,13 @@ async def _eval(args: argparse.Namespace, count: RunCount) -> int:
     return 0
 
 
-def _media_refused(env: Any, client: Any, args: argparse.Namespace, model: str) -> str | None:
+def _media_refused(
+    env: Any, client: Any, args: argparse.Namespace, model: str, tokenizer: Any
+) -> str | None:
     """Why the model cannot take the environment's first eval prompt (images for a text
     model, clips for a model without video), or None. ``client`` None (workers build
-    their own): the renderer is loaded here to check."""
+    their own): the renderer is loaded here to check (with ``tokenizer``'s copy, the
+    model's ``TokenizerSnapshot``, when there is one)."""
     from vf_mm.types import image_parts, video_parts
 
     if args.backend == "openai":
@@ -239,7 +245,9 @@ def _media_refused(env: Any, client: Any, args: argparse.Namespace, model: str) 
     else:
         from vf_mm.renderers import load_renderer
 
-        vision = getattr(load_renderer(model, image_backend=args.image_backend), "vision", None)
+        loaded = None if tokenizer is None else tokenizer.copy()
+        renderer = load_renderer(model, image_backend=args.image_backend, tokenizer=loaded)
+        vision = getattr(renderer, "vision", None)
     if image_parts(prompt) and vision is None:
         return f"{model} is a text model, but {env.env_id}'s prompts hold images"
     if video_parts(prompt) and getattr(vision, "video", None) is None:

@@ -10,7 +10,8 @@ vLLM servers of one model as subprocesses (``server_flags``: what each needs for
 ``VLLMBackend``; ``vllm_command``: what starts one), stopped with their parent however
 it ends. ``Retry``, ``Routing`` and ``Auth`` are ``VLLMBackend``'s settings objects
 (retries and backoff; the routing policy and its sessions; the API keys), each checked
-when it is made.
+when it is made; ``KeepAliveTransport`` is the httpx transport it sends plain-HTTP
+requests through (pass it to any ``httpx.AsyncClient`` that posts to an inference server).
 """
 
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ __all__ = [
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",
+    "KeepAliveTransport",
     "LocalBackend",
     "OpenAIChatBackend",
     "Retry",
@@ -53,6 +55,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from vf_mm.inference._http import KeepAliveTransport
     from vf_mm.inference._local import LocalBackend
     from vf_mm.inference._openai import OpenAIChatBackend
     from vf_mm.inference._server import create_app
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(
     __name__,
     {
+        "KeepAliveTransport": "vf_mm.inference._http",
         "LocalBackend": "vf_mm.inference._local",
         "OpenAIChatBackend": "vf_mm.inference._openai",
         "VLLMBackend": "vf_mm.inference._vllm",

@@ -33,14 +33,16 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 
 from vf_mm.errors import PromptTooLongError, UnsupportedModelError
 from vf_mm.images import ImagePolicy
@@ -51,7 +53,14 @@ from vf_mm.inference._vllm_items import item_cache_advert
 from vf_mm.models import VISION_FAMILIES, family_info
 from vf_mm.models._internal import ItemChecker
 
-__all__ = ["ItemCache", "ServerEngine", "clamp_logprob", "renderer_attribute"]
+__all__ = [
+    "ItemCache",
+    "ServerEngine",
+    "clamp_logprob",
+    "json_response",
+    "loads_body",
+    "renderer_attribute",
+]
 
 # parse bodies larger than this off the event loop
 _THREAD_PARSE_BYTES = 64 * 1024
@@ -122,6 +131,25 @@ class ItemCache:
             while len(self._items) > self.max_items or self.nbytes > self.max_bytes:
                 _, (_, dropped, _) = self._items.popitem(last=False)
                 self.nbytes -= dropped
+
+
+def loads_body(raw: bytes) -> Any:
+    """A request body's JSON as ``json.loads`` reads it, by msgspec's decoder (in C:
+    about twice as fast on bodies of long base64 strings). A body msgspec refuses is read
+    again by ``json.loads``, so every error a client sees, and every value ``json`` takes
+    that msgspec does not (``NaN``, a lone surrogate escape, a UTF-16 body), is json's."""
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw)
+
+
+def json_response(body: Any, *, headers: Mapping[str, str] | None = None) -> Response:
+    """A 200 JSON answer encoded by msgspec: the JSON ``JSONResponse`` writes (compact,
+    UTF-8) for bodies of strings, ints, None and finite floats, the only values the routes
+    put in an answer (logprobs go through ``clamp_logprob``), several times faster on a
+    completion's per-token logprobs."""
+    return Response(msgspec.json.encode(body), media_type="application/json", headers=headers)
 
 
 def renderer_attribute(renderer: Any, attribute: str) -> Any:
@@ -219,7 +247,7 @@ class ServerEngine:
 
         def parse() -> Any:
             try:
-                data = json.loads(raw)
+                data = loads_body(raw)
             except json.JSONDecodeError as exc:
                 raise json_error(exc) from None
             except UnicodeDecodeError as exc:

@@ -30,11 +30,11 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from vf_mm.errors import ImageError, RenderError, VideoError
 from vf_mm.images import load_image
-from vf_mm.inference._server_engine import ServerEngine, clamp_logprob
+from vf_mm.inference._server_engine import ServerEngine, clamp_logprob, json_response
 from vf_mm.inference._server_errors import RequestError
 from vf_mm.inference._server_features import FeaturesReader
 from vf_mm.inference._server_models import UNSUPPORTED_SAMPLING, GenerateRequestModel
@@ -143,7 +143,7 @@ class GenerateRoute:
                 else None
             )
         advert = engine.cache.advert  # clients may send what we hold as null (_vllm_items)
-        return JSONResponse(body, headers={ITEM_CACHE_HEADER: advert} if advert else None)
+        return json_response(body, headers={ITEM_CACHE_HEADER: advert} if advert else None)
 
     def _check_supported(self, req: GenerateRequestModel) -> None:
         def refuse(what: str, param: str) -> None:

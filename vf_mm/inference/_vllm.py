@@ -152,7 +152,8 @@ class VLLMBackend:
             is sent again in full (``item_stats``; ``vf_mm.inference._vllm_items`` says why
             a real vLLM server is always sent every item). False sends ``kwargs_data:
             null``: the server looks every item up by hash in its cache.
-        transport: Replaces httpx's (tests, a Unix socket).
+        transport: Replaces the default one (``KeepAliveTransport`` for ``http://``
+            servers, httpx's own for ``https://``): tests, a Unix socket.
         embed_token_ids: content_parts mode: per modality, the token ids that take
             embeddings (``renderer.vision.embed_ids("video")``), so the returned
             placeholders say which of their positions are embeddings (``is_embed``) where a

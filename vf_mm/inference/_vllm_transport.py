@@ -1,4 +1,5 @@
-"""``VLLMTransport``: the HTTP side of ``VLLMBackend``: one shared client, one POST to one
+"""``VLLMTransport``: the HTTP side of ``VLLMBackend``: one shared client (plain HTTP on
+``KeepAliveTransport``, TLS through httpx), one POST to one
 server and what its answer means, and the ``GET /v1/models`` that reads
 ``max_model_len``.
 
@@ -24,6 +25,7 @@ from vf_mm.errors import (
     BackendProtocolError,
     BackendUnavailableError,
 )
+from vf_mm.inference._http import KeepAliveTransport
 from vf_mm.inference._types import GenerateRequest, GenerateResult
 from vf_mm.inference._vllm_config import Retry
 from vf_mm.inference._vllm_items import ITEM_CACHE_HEADER, MISS_ERROR_TYPE
@@ -77,7 +79,8 @@ class VLLMTransport:
         timeout_s: Bounds each read (for a generate: the wait for the whole answer).
         connect_timeout_s: Bounds each connect.
         retry: Its cooldown marks a failing server down.
-        transport: Replaces httpx's (tests, a Unix socket).
+        transport: Replaces the default one (``KeepAliveTransport`` for ``http://``
+            servers, httpx's own for ``https://``): tests, a Unix socket.
     """
 
     def __init__(
@@ -97,18 +100,26 @@ class VLLMTransport:
     def client(self) -> httpx.AsyncClient:
         """The shared client (made on first use)."""
         if self._client is None:
+            transport = self._transport
+            if transport is None:  # plain HTTP on our own pool; TLS through httpx's
+                tls = httpx.AsyncHTTPTransport(
+                    http1=True,
+                    http2=False,
+                    trust_env=False,
+                    limits=httpx.Limits(
+                        max_connections=_MAX_CONNECTIONS,
+                        max_keepalive_connections=_MAX_KEEPALIVE,
+                        keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+                    ),
+                )
+                transport = KeepAliveTransport(
+                    max_idle=_MAX_KEEPALIVE, keepalive_expiry_s=_KEEPALIVE_EXPIRY_S, fallback=tls
+                )
             self._client = httpx.AsyncClient(
-                transport=self._transport,
-                http1=True,
-                http2=False,
+                transport=transport,
                 trust_env=False,  # an inference server is reached directly, never via a proxy
                 headers={"Accept": "application/json"},
                 timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, pool=None),
-                limits=httpx.Limits(
-                    max_connections=_MAX_CONNECTIONS,
-                    max_keepalive_connections=_MAX_KEEPALIVE,
-                    keepalive_expiry=_KEEPALIVE_EXPIRY_S,
-                ),
             )
         return self._client
 

@@ -3,7 +3,9 @@
 Registry: ``VISION_FAMILIES`` are the checkpoint ``model_type`` values that get image
 support (any other checkpoint with a chat template renders as text); ``family_info(family)`` is a family's ``VisionFamily`` record.
 ``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)`` and
-``processor_class(family)`` are the family's transformers classes, and ``load_processor(path)`` loads a checkpoint's processor;
+``processor_class(family)`` are the family's transformers classes, and ``load_processor(path)`` loads a checkpoint's processor
+(``TokenizerSnapshot``: a checkpoint's tokenizer loaded once, pickled, copied cheaply for
+each renderer and each worker process);
 ``expand_image(processor, image)`` is one image's model inputs and prompt text, as the
 family's processor computes them, and ``image_token_ids(processor)`` the ids that take
 image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
@@ -50,6 +52,7 @@ from vf_mm.models._families import (
 )
 from vf_mm.models._inputs import model_inputs
 from vf_mm.models._templates import TEMPLATE_VARIANTS
+from vf_mm.models._tokenizer_snapshot import TokenizerSnapshot
 from vf_mm.models._video import (
     VIDEO_FAMILIES,
     expand_video,
@@ -62,6 +65,7 @@ __all__ = [
     "resolve_image_backend",
     "torchvision_available",
     "TEMPLATE_VARIANTS",
+    "TokenizerSnapshot",
     "VIDEO_FAMILIES",
     "VISION_FAMILIES",
     "VisionFamily",

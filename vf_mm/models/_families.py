@@ -368,7 +368,7 @@ def model_type(path: str | Path) -> str:
         raise UnsupportedModelError(f"{config}: cannot read the model type ({exc})") from None
 
 
-def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
+def load_processor(path: str | Path, *, image_backend: str = "auto", tokenizer: Any = None) -> Any:
     """The HF processor of a vision checkpoint directory.
 
     The tokenizer, the image processor of ``image_backend``, and the processor options of
@@ -377,6 +377,9 @@ def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
     Args:
         path: The checkpoint directory.
         image_backend: ``"auto"``, ``"pil"`` or ``"torchvision"``.
+        tokenizer: This checkpoint's tokenizer, already loaded (``AutoTokenizer``'s, or a
+            ``TokenizerSnapshot``'s copy), taken as is instead of loading it from the
+            directory again (a large vocabulary takes seconds to load); None loads it.
 
     Raises:
         UnsupportedModelError: A checkpoint of a family vf_mm does not know.
@@ -391,7 +394,8 @@ def load_processor(path: str | Path, *, image_backend: str = "auto") -> Any:
             f"{path}: model type {family!r} is not a vision family vf_mm renders "
             f"(supported: {', '.join(VISION_FAMILIES)})"
         )
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(path)
     image_processor = image_processor_class(family, image_backend).from_pretrained(path)
     template = tokenizer.chat_template
     if template is None and (path / "chat_template.jinja").exists():

@@ -33,6 +33,7 @@ def load_renderer(
     image_backend: str = "auto",
     processor_kwargs: dict[str, Any] | None = None,
     video_limits: VideoLimits | None = None,
+    tokenizer: Any = None,
 ) -> ChatTemplateRenderer:
     """A renderer for ``model``.
 
@@ -58,6 +59,10 @@ def load_renderer(
         processor_kwargs: Processor call options, the ones the engine is given too (vLLM's
             ``mm_processor_kwargs``).
         video_limits: What a clip may cost to load (``VideoLimits()`` when None).
+        tokenizer: For a checkpoint directory: its tokenizer, already loaded (e.g. a
+            ``vf_mm.models.TokenizerSnapshot``'s copy), used instead of loading it from the
+            directory again; None loads it. The renderer owns it from then on (renderers
+            must not share one: a tokenizer is not safe to use from two threads at once).
 
     Raises:
         UnsupportedModelError: A checkpoint vf_mm has no renderer for (no chat template,
@@ -72,7 +77,7 @@ def load_renderer(
         family = model_type(path) if (path / "config.json").exists() else None
         if family in VISION_FAMILIES:
             return _from_processor(
-                load_processor(path, image_backend=image_backend),
+                load_processor(path, image_backend=image_backend, tokenizer=tokenizer),
                 family,
                 image_policy,
                 _cache(cache_bytes, image_cache),
@@ -91,7 +96,8 @@ def load_renderer(
         from transformers import AutoTokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as exc:
             raise UnsupportedModelError(
                 f"{path}: model type {family!r} is not a vision family vf_mm renders and its "
@@ -99,6 +105,8 @@ def load_renderer(
                 f"supported: {', '.join(SUPPORTED)}"
             ) from None
         return ChatTemplateRenderer(tokenizer, name=str(path), template_kwargs=template_kwargs)
+    if tokenizer is not None:
+        raise ValueError("tokenizer= goes with a checkpoint directory (model is already loaded)")
     if hasattr(model, "image_processor") and hasattr(model, "tokenizer"):
         family = _processor_family(model)
         if family is None:

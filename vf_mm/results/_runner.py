@@ -181,7 +181,8 @@ async def evaluate_to_dir(
             "keep_outputs": False,  # each is written, then released
         }
         run = asyncio.ensure_future(
-            workers.evaluate(env, **options)
+            # process workers store the assets themselves: the same files, none encoded here
+            workers.evaluate(env, **options, assets_dir=outdir)
             if workers is not None
             else env.evaluate(client, **options)
         )

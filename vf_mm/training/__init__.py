@@ -35,7 +35,9 @@
   image), ``grpo_loss`` is the clipped GRPO objective, ``group_advantages`` the
   group-normalised advantages (``stream_rollouts`` fills them unless told
   ``advantages="none"``; ``build_samples`` and ``grpo_loss`` refuse a missing or NaN
-  one), ``logprob_mismatch`` the sampler/trainer mismatch (masked k3 KL and the largest
+  one), ``history_break`` says where and why a rollout's turns stop extending each
+  other (the template re-rendering the model's turn, or the environment rewriting the
+  history), ``logprob_mismatch`` the sampler/trainer mismatch (masked k3 KL and the largest
   logprob difference). The guide: ``docs/training.md``.
 
 Importing this package imports neither torch nor zmq; the torch-side names load on use.
@@ -46,6 +48,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vf_mm._lazy import lazy_exports
+from vf_mm.training._breaks import history_break
 from vf_mm.training._curve import write_key_pair
 from vf_mm.training._groups import (
     GROUP_FORMAT,
@@ -89,6 +92,7 @@ __all__ = [
     "TrainingRollout",
     "build_samples",
     "group_advantages",
+    "history_break",
     "inputs_hash",
     "grpo_loss",
     "logprob_mismatch",

@@ -203,6 +203,7 @@ class WorkerPool:
         skip: set[tuple[Any, int]] | frozenset[tuple[Any, int]] | None = None,
         on_result: Callable[[RolloutOutput, int], Awaitable[None] | None] | None = None,
         keep_outputs: bool | None = None,
+        assets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """``Environment.evaluate``'s contract, run in the workers.
 
@@ -226,6 +227,10 @@ class WorkerPool:
             on_result: Called with each scored rollout and its index.
             keep_outputs: Accepted for the shared signature; outputs are never kept, and
                 ``True`` is refused: use ``on_result``.
+            assets_dir: A run directory (``evaluate_to_dir``'s): process workers store
+                their rollouts' images and videos in its ``assets/`` themselves and send
+                back messages naming them (``GroupTask.assets_dir``), so this process does
+                not encode them; Ray actors, which may run on other machines, do not.
 
         Raises:
             WorkerStartError: A worker cannot start (every worker would fail the same way).
@@ -236,6 +241,9 @@ class WorkerPool:
         if keep_outputs:
             raise ValueError("WorkerPool.evaluate keeps no outputs: collect them in on_result")
         skip = skip or frozenset()
+        stored_in = (
+            str(assets_dir) if assets_dir is not None and self.transport == "process" else None
+        )
         ids: Iterator[Any] = iter(example_ids) if example_ids is not None else itertools.count()
         source = enumerate(rows)
         retry: asyncio.Queue[GroupTask] = asyncio.Queue()  # groups whose worker died
@@ -259,7 +267,8 @@ class WorkerPool:
                 if indices:
                     remaining += 1
                     return GroupTask(next(self._task_ids), dict(row), example_id, indices,
-                                     rollouts_per_example, sampling_args, seed)  # fmt: skip
+                                     rollouts_per_example, sampling_args, seed,
+                                     assets_dir=stored_in)  # fmt: skip
             exhausted = True
             if remaining == 0:
                 finished.set()

@@ -88,7 +88,10 @@ class ProcessWorker:
             args=(theirs, self.spec, self.threads, dict(os.environ)),
             name=self.name,
         )
-        self._process.start()
+        # on a thread: start() writes the pickled spec into a pipe the child reads only
+        # once it runs, so a large spec (a tokenizer) would hold this loop, and every
+        # other worker's start, until this child is up
+        await asyncio.to_thread(self._process.start)
         theirs.close()  # the child's end lives in the child only: its death is our EOF
         self._conn = ours
         first = await asyncio.to_thread(self._first_message)

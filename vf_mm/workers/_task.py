@@ -54,6 +54,11 @@ class GroupTask:
         sampling_args: Sampling over the environment's defaults.
         seed: Seeds sampling per rollout.
         attempts: Counts the workers that died while running it.
+        assets_dir: A run directory on this machine's filesystem: the worker stores the
+            group's images and videos in its ``assets/`` itself (``AssetStore``:
+            content-addressed, each written once whoever writes it) and sends back
+            messages that name them, so the parent neither encodes them nor unpickles
+            them. None: the messages come back as they are.
     """
 
     task_id: int
@@ -64,6 +69,7 @@ class GroupTask:
     sampling_args: Mapping[str, Any] | None = None
     seed: int | None = None
     attempts: int = 0
+    assets_dir: str | None = None
 
 
 @dataclass(slots=True)

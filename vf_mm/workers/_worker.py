@@ -9,9 +9,11 @@ an in-process run does), several groups at once on its own event loop. The trans
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from vf_mm.adapters import load_environment  # as vf_mm.load_environment: verifiers' too
+from vf_mm.results import AssetStore
 from vf_mm.training import ImageProcessing
 from vf_mm.workers._task import GroupResult, GroupTask, WorkerSpec
 
@@ -24,6 +26,7 @@ class GroupRunner:
             spec.env_id, search_paths=list(spec.env_dirs), **dict(spec.env_args)
         )
         self.client = spec.make_client()
+        self._store: AssetStore | None = None
 
     @property
     def info(self) -> dict[str, Any]:
@@ -53,9 +56,34 @@ class GroupRunner:
             skip=skip,
             on_result=lambda output, index: outputs.append((index, output)),
         )
+        if task.assets_dir is not None:
+            store = self._assets(task.assets_dir)
+            outputs = [(index, _stored_media(output, store)) for index, output in outputs]
+            store.sync()  # the files are durable before the parent writes rows naming them
         return GroupResult(task.task_id, outputs, copy.deepcopy(self.client.stats))
+
+    def _assets(self, outdir: str) -> AssetStore:
+        """The worker's store for ``outdir``, reading media under its renderer's rules
+        (those the parent's writer reads them under: ``media_rules``)."""
+        if self._store is None or str(self._store.root) != outdir:
+            policy, video_limits = getattr(self.client, "media_rules", (None, None))
+            self._store = AssetStore(outdir, policy=policy, video_limits=video_limits)
+        return self._store
 
     async def close(self) -> None:
         backend = getattr(self.client, "backend", None)
         if backend is not None:
             await backend.aclose()
+
+
+def _stored_media(output: Any, store: AssetStore) -> Any:
+    """``output`` with its prompt's and completion's images and videos stored in
+    ``store`` and named by their asset URLs (what the parent's writer would write, and
+    keeps as it is: an asset of its store). Content the store refuses leaves the output
+    as it was, for the parent's writer to record as it always does."""
+    try:
+        prompt = store.to_jsonable(output.prompt or [])
+        completion = store.to_jsonable(output.completion or [])
+    except Exception:  # the parent's writer decides (it records what it cannot store)
+        return output
+    return dataclasses.replace(output, prompt=prompt, completion=completion)

@@ -27,8 +27,10 @@ What holds, and why:
   logprobs there and 0 elsewhere), with every image's model inputs, in token order, kept
   in ``records`` for the trainer's forward (the images never reach TRL's processor).
 - **A rollout that cannot be trained on fails alone**: one that failed in the
-  environment, whose steps do not extend each other (the environment rewrote its
-  history: TRL takes one sequence per completion) or that holds videos (TRL 1.16's
+  environment, whose steps do not extend each other (TRL takes one sequence per
+  completion; its error says where and why, ``vf_mm.training.history_break``: most
+  often the template re-rendering the model's own turn, not the environment) or that
+  holds videos (TRL 1.16's
   forward takes no video inputs) becomes a row of one pad and one end token with
   nothing to learn (``env_mask`` 0) and reward None, which TRL keeps out of its group's
   mean and gives advantage 0; its error is in ``outputs`` / ``errors`` and logged. A
@@ -50,7 +52,7 @@ import dataclasses
 import logging
 import threading
 import zlib
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,7 +61,7 @@ import numpy as np
 from vf_mm.client import RendererClient
 from vf_mm.errors import TrajectoryError
 from vf_mm.inference import LocalBackend, SamplingParams
-from vf_mm.training import build_samples
+from vf_mm.training import build_samples, history_break
 from vf_mm.types import RolloutOutput
 
 logger = logging.getLogger(__name__)
@@ -138,6 +140,7 @@ class TRLRollouts:
         self.vision: Any = None
         self._pad_id = 0
         self._eos_id = 0
+        self._decode: Callable[[list[int]], str] | None = None
 
     # -- what TRL calls ------------------------------------------------------------------
 
@@ -233,6 +236,7 @@ class TRLRollouts:
         with pool.renderer() as renderer:
             self.vision = getattr(renderer, "vision", None)
             tokenizer = renderer.tokenizer
+        self._decode = tokenizer.decode
         self._eos_id = int(tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else self._eos_id
@@ -333,11 +337,10 @@ class TRLRollouts:
                 error = f"{where}: {exc}"
             else:
                 if len(samples) != 1:
+                    why = history_break(output, decode=self._decode)
                     error = (
                         f"{where}: its {len(output.trajectory)} turns make {len(samples)} "
-                        "sequences (a turn's prompt does not extend the turn before it: the "
-                        "environment rewrote the history), and TRL takes one sequence per "
-                        "completion"
+                        f"sequences, and TRL takes one sequence per completion: {why}"
                     )
                 elif samples[0].videos:
                     error = (
