@@ -48,8 +48,13 @@ INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
 
 
 def run(*cmd: str | Path) -> None:
+    """Run ``cmd`` in the repo, writing bytecode even where PYTHONDONTWRITEBYTECODE is set
+    (into the ignored ``__pycache__`` folders): without it every test process (each pytest
+    worker, each CLI or server a test starts) compiles vf_mm and pytest rewrites every
+    test module afresh, ~13 CPU-s for each of the default tier's two workers."""
     print("+", shlex.join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True, env=env)
 
 
 def setup() -> None:

@@ -39,6 +39,10 @@ def run_command(line: str, where: str, cwd: Path) -> None:
         done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *words[1:]],
                               cwd=cwd, capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
         assert done.returncode == 0, f"{where}: {line}\n{done.stdout}\n{done.stderr}"
+        # every test ran and passed (a skip would hide a scaffold whose test cannot run)
+        assert re.search(r"\b\d+ passed", done.stdout) and "skipped" not in done.stdout, (
+            f"{where}: {line}\n{done.stdout}"
+        )
     else:
         raise AssertionError(f"{where}: {line!r} is not a command this test can run")
 

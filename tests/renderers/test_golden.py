@@ -306,6 +306,13 @@ def renderers() -> dict[tuple[str, str], Any]:
     return {}
 
 
+@pytest.fixture(scope="module")
+def processors() -> dict[str, Any]:
+    """One transformers processor per checkpoint (loaded on first use; each test only
+    calls it, which changes nothing in it)."""
+    return {}
+
+
 def reference_ids(processor: Any, family: str, messages: list[dict[str, Any]], case: dict) -> list:
     """The processor's token ids with images expanded. SmolVLM's and LLaVA-OneVision's
     ``apply_chat_template`` need a video processor (torchvision, absent here), and
@@ -360,7 +367,7 @@ REFUSED = {
 
 @pytest.mark.parametrize(("family", "case"), IMAGE_CASES)
 def test_renderer_ids_equal_the_processor_with_the_real_template(
-    real_checkpoints, renderers, family, case
+    real_checkpoints, renderers, processors, family, case
 ):
     """Both sides read the real template from the checkpoint; the renderer's ids (its own
     placeholder expansion and image processing) equal the processor's, so vf_mm's exact
@@ -377,7 +384,9 @@ def test_renderer_ids_equal_the_processor_with_the_real_template(
     if key not in renderers:
         renderers[key] = load_renderer(path, template_kwargs=kwargs)
     renderer = renderers[key]
-    processor = load_processor(path)
+    if family not in processors:
+        processors[family] = load_processor(path)
+    processor = processors[family]
     assert renderer.tokenizer.chat_template == real
     assert processor.tokenizer.chat_template == real
 
