@@ -166,10 +166,11 @@ def assert_agrees(result: Mismatch, *, bf16_sampler: bool = False) -> None:
 
 
 def assert_refused(family: str, server_url: str, path: Path) -> None:
-    """A family whose image placeholders carry ``is_embed`` (Gemma 3's markers inside the
-    range, SmolVLM's tile tags): vLLM 0.32's features route takes offset and length only,
-    and ``RendererClient`` builds features requests, so every rollout fails at its first
-    turn with a typed error naming content_parts; nothing is sampled, nothing trained."""
+    """A family whose image placeholders carry ``is_embed`` (Gemma 3's and Gemma 4's
+    markers inside the range, SmolVLM's tile tags): vLLM 0.32's features route takes
+    offset and length only, and ``RendererClient`` builds features requests, so every
+    rollout fails at its first turn with a typed error naming content_parts; nothing is
+    sampled, nothing trained."""
     outputs = rollouts(family, server_url, path, count=1)
     for output in outputs:
         assert output.error is not None and output.error.type == "MultiModalDataError", output

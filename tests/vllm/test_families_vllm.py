@@ -1,8 +1,8 @@
 """Every vision family against a real vLLM 0.32 server: vLLM's own processing of an image
 equals the renderer's, token for token and bit for bit.
 
-For each of Qwen3.5, Gemma 3, SmolVLM and LLaVA-OneVision (one tiny checkpoint and one
-server each, images of sizes that force a resize, the renderer on the torchvision
+For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM and LLaVA-OneVision (one tiny checkpoint
+and one server each, images of sizes that force a resize, the renderer on the torchvision
 backend, which vLLM uses):
 
 - the render route (``/v1/chat/completions/render``): vLLM's token ids equal the
@@ -12,14 +12,19 @@ backend, which vLLM uses):
   image) with the image sent raw comes back expanded to exactly the renderer's ids;
 - features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
   takes our ``kwargs_data`` and samples what its own processing of the image gives, for
-  the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision). Gemma 3's and
-  SmolVLM's carry ``is_embed``, which vLLM 0.32's features protocol cannot take.
+  the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision). Gemma 3's,
+  Gemma 4's and SmolVLM's carry ``is_embed``, which vLLM 0.32's features protocol cannot
+  take.
 
 Qwen3.5's server runs in bfloat16: vLLM 0.32's CPU Gated DeltaNet refuses float32.
 
 Placeholders: equal to vLLM's, except Gemma 3's, where vLLM's range also covers the newline
 tokens its processor writes around the image markers (``"\\n\\n"`` merged with the text
 beside them); ours is the markers and the image tokens, which vLLM's contains.
+
+Gemma 4's patch positions are ``image_position_ids`` in transformers (and vf_mm), and
+``pixel_position_ids`` in vLLM's ``kwargs_data``: the same tensor under vLLM's name.
+The server is told no audio (``"audio": 0``): the tiny checkpoint has no audio tower.
 """
 
 from __future__ import annotations
@@ -54,10 +59,12 @@ from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
 
-FAMILIES = ("qwen3_5", "gemma3", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision")
 PLAIN_RUNS = ("qwen3_5", "llava_onevision")  # placeholders without is_embed
 SIZES = [(640, 480), (97, 501), (1000, 120)]
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
+#: vLLM's names for a model input that transformers (and vf_mm) name otherwise
+VLLM_NAMES = {"pixel_position_ids": "image_position_ids"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -66,13 +73,22 @@ def _needs_torchvision():
 
 
 @pytest.fixture(scope="module")
-def servers(vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLMServer, object]]]:
-    """One server per family, launched together and waited for on first use."""
+def servers(request, vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLMServer, object]]]:
+    """One server per family the selected tests use (``-k gemma4`` starts one), launched
+    together and waited for on first use."""
     root = tmp_path_factory.mktemp("families-vllm")
+    chosen = {
+        item.callspec.params.get("family")
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    }
     out: dict[str, tuple[VLLMServer, object]] = {}
-    for family in FAMILIES:
+    for family in [f for f in FAMILIES if f in chosen]:
         path = build_tiny_vlm(root / family, family)
-        args = ["--limit-mm-per-prompt", '{"image":2,"video":0}', "--no-mm-device-do-normalize"]
+        limits = (
+            '{"image":2,"video":0,"audio":0}' if family == "gemma4" else '{"image":2,"video":0}'
+        )
+        args = ["--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize"]
         if family == "qwen3_5":
             args += ["--dtype", "bfloat16"]  # vLLM's CPU Gated DeltaNet runs only in bf16
         server = VLLMServer(family, path, free_port(), root / f"{family}.log", args)
@@ -85,7 +101,7 @@ def servers(vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLMServer, o
         for server, _ in out.values():
             server.stop()
         if os.environ.get("VF_MM_KEEP_VLLM_LOGS"):
-            for family in FAMILIES:
+            for family in out:
                 shutil.copy(root / f"{family}.log", os.environ["VF_MM_KEEP_VLLM_LOGS"])
 
 
@@ -127,7 +143,9 @@ def test_the_render_route_equals_the_renderer(family, size):
     for key, value in decoded.items():
         if key == "num_patches":  # vLLM's bookkeeping of how many tiles an image has
             continue
-        mine = np.asarray(item[key]).reshape(value.shape)  # SmolVLM: no leading image axis
+        mine = np.asarray(item[VLLM_NAMES.get(key, key)]).reshape(
+            value.shape
+        )  # SmolVLM: no leading image axis
         if str(value.dtype) == "bfloat16":  # the bf16 server (Qwen3.5) casts what it made
             mine = torch.from_numpy(mine).to(torch.bfloat16).float().numpy()
             value = np.asarray(value, dtype=np.float32)
@@ -203,8 +221,9 @@ def test_the_trainer_scores_vllms_multi_turn_image_samples_as_vllm_did(family):
     each turn) sampled by this server through vf_mm's client, scored by the same
     checkpoint's transformers forward on vf_mm's training batch; with one later image
     turned grey, the metric must show it (``tests/vllm/_mismatch.py``). Qwen3.5's server
-    samples in bfloat16 (vLLM's CPU DeltaNet): its bar is prime-rl's. Gemma 3 and SmolVLM
-    cannot be sampled by vf_mm's client on vLLM 0.32 (``is_embed``): refused by name."""
+    samples in bfloat16 (vLLM's CPU DeltaNet): its bar is prime-rl's. Gemma 3, Gemma 4
+    and SmolVLM cannot be sampled by vf_mm's client on vLLM 0.32 (``is_embed``): refused
+    by name."""
     name, server, path, _renderer = family
     if name not in PLAIN_RUNS:
         assert_refused(name, server.base_url, path)

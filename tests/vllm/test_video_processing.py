@@ -181,8 +181,9 @@ def test_the_renderer_matches_the_processor_on_a_conversation(family, tmp_path):
     text = processor.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
     # one processor call takes one set of video options: give it the second clip's frames
     # as its own sampling keeps them (num_frames=4), with that sampling in the metadata
-    # (Qwen3-VL also samples the first clip, at its default 2 fps: 6 of 9 frames)
-    qwen3 = family in ("qwen3_vl", "qwen3_5")
+    # (Qwen3-VL's processor, which Qwen3.5 and both MoE families share, also samples the
+    # first clip, at its default 2 fps: 6 of 9 frames)
+    qwen3 = type(processor.video_processor).__name__ == "Qwen3VLVideoProcessor"
     kept_a = np.linspace(0, 8, 6).round().astype(int).tolist() if qwen3 else list(range(9))
     kept_b = [0, 2, 3, 5] if qwen3 else [0, 1, 3, 4]  # linspace / arange sampling of 4 in 6
     whole = processor(

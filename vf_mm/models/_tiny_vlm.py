@@ -445,6 +445,18 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
 # soft token; the tiny one uses the smallest budget, 70 (630 patches, 16 pixels each),
 # and the real patch size and pooling.
 _GEMMA4 = dict(patch_size=16, pooling=3, soft_tokens=70)
+# The released checkpoints' processor_config.json also carries a video_processor
+# section (Gemma4VideoProcessor: 32 frames sampled, 70 soft tokens a frame, the
+# image's patch size and pooling). The tiny one carries the same section: a transformers
+# that has torchvision (vLLM's environment) loads the video processor with the
+# processor, and refuses to load a Gemma 4 checkpoint whose config lacks it.
+_GEMMA4_VIDEO = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "do_sample_frames": True, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+    "max_soft_tokens": 70, "num_frames": 32, "patch_size": _GEMMA4["patch_size"],
+    "pooling_kernel_size": _GEMMA4["pooling"], "resample": 3, "rescale_factor": 1 / 255,
+    "return_metadata": False, "video_processor_type": "Gemma4VideoProcessor",
+}  # fmt: skip
 
 
 def _build_gemma4(path: Path, seed: int, template: str, variant: str) -> Path:
@@ -474,6 +486,7 @@ def _build_gemma4(path: Path, seed: int, template: str, variant: str) -> Path:
         image_seq_length=_GEMMA4["soft_tokens"],
         image_processor=json.loads(image_processor.to_json_string()),
         feature_extractor=json.loads(Gemma4AudioFeatureExtractor().to_json_string()),
+        video_processor=_GEMMA4_VIDEO,
     )
     large = variant in ("31b", "26b-a4b")
     text = _text_config(
