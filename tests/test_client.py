@@ -4,6 +4,7 @@ full render (and says why), and returns tokens parallel to their logprobs and ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 
 import numpy as np
@@ -409,8 +410,12 @@ def two_turns():
 
 
 def rendered_ids(client):
-    """Every renderer of the client's pool renders a two-turn image prompt; their ids."""
-    return [r.render(two_turns()).token_ids for r in client.renderer.renderers]
+    """Every renderer the client's pool can hold (all borrowed at once, so each is built)
+    renders a two-turn image prompt; their ids."""
+    pool = client.renderer
+    with contextlib.ExitStack() as borrowed:
+        held = [borrowed.enter_context(pool.renderer()) for _ in range(pool.size)]
+        return [r.render(two_turns()).token_ids for r in held]
 
 
 def test_make_client_reads_the_tokenizer_once_and_gives_each_renderer_its_own(
@@ -420,11 +425,11 @@ def test_make_client_reads_the_tokenizer_once_and_gives_each_renderer_its_own(
 
     loads = count_tokenizer_loads(monkeypatch)
     client = vf.make_client(model_dir, backend=ScriptedBackend(renderer, ["ok"]), renderers=3)
+    expected = renderer.render(two_turns()).token_ids
+    assert rendered_ids(client) == [expected] * 3
     assert len(loads) == 1  # not once per renderer
     tokenizers = {id(r.tokenizer) for r in client.renderer.renderers}
     assert len(tokenizers) == 3  # a tokenizer is not shared between threads
-    expected = renderer.render(two_turns()).token_ids
-    assert rendered_ids(client) == [expected] * 3
 
 
 def test_a_worker_given_the_parents_tokenizer_renders_as_one_that_read_it_from_disk(

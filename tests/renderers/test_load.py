@@ -133,6 +133,39 @@ def test_pool_renders_from_threads(checkpoints):
     assert isinstance(single, ChatTemplateRenderer)
 
 
+def test_a_pool_builds_renderers_only_as_concurrent_renders_need_them(checkpoints):
+    built = []
+
+    def factory():
+        built.append(load_renderer(checkpoints["qwen2_5_vl"]))
+        return built[-1]
+
+    pool = RendererPool(factory, size=3)
+    assert len(built) == 1  # the first at once: a bad checkpoint fails here
+    for seed in range(3):  # one render at a time: the one renderer serves them all
+        pool.render(conversation(seed, max_turns=1))
+    assert len(built) == 1 and pool.size == 3
+    with pool.renderer() as a, pool.renderer() as b:  # two at once: a second is built
+        assert a is not b
+        assert a.vision.cache is b.vision.cache  # sharing the first one's image cache
+    assert len(built) == 2
+    with pool.renderer(), pool.renderer(), pool.renderer():
+        pass
+    assert len(built) == 3 and pool.renderers == tuple(built)
+    got = threading.Event()
+
+    def borrow():
+        with pool.renderer():
+            got.set()
+
+    with pool.renderer(), pool.renderer(), pool.renderer():  # all three out
+        fourth = threading.Thread(target=borrow)
+        fourth.start()
+        assert not got.wait(0.2)  # it waits for one back, and none is built past size
+    fourth.join()
+    assert got.is_set() and len(built) == 3
+
+
 def test_a_renderer_and_a_pool_are_renderers(checkpoints):
     """Both meet the ``Renderer`` protocol, with the protocol's own signatures."""
     import inspect

@@ -8,6 +8,7 @@ renderers, and images would silently stop being carried forward.
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
@@ -20,10 +21,14 @@ R = TypeVar("R", bound=Renderer)
 
 
 class RendererPool(Generic[R]):
-    """``size`` renderers built by ``factory``; ``with pool.renderer() as r:`` borrows one.
+    """Up to ``size`` renderers built by ``factory``; ``with pool.renderer() as r:`` borrows one.
 
     Tokenizers keep per-instance state that is not safe to share across threads while
-    encoding; a pool gives each concurrent render its own renderer. A pool is itself a
+    encoding; a pool gives each concurrent render its own renderer. The first is built at
+    once (so a bad checkpoint fails here); the others only when a render finds every
+    built one borrowed, so a process that renders little at a time (one of many rollout
+    workers) pays for the renderers it uses, not for ``size``: building one costs seconds
+    with a large vocabulary. A pool is itself a
     ``Renderer``: calls made on it (``render``, ``bridge_to_next_turn``,
     ``parse_response``) borrow one for the duration of the call.
 
@@ -36,25 +41,27 @@ class RendererPool(Generic[R]):
 
     Args:
         factory: Builds one renderer.
-        size: How many renderers (the most renders at once).
+        size: The most renderers (the most renders at once).
     """
 
     def __init__(self, factory: Callable[[], R], size: int = 4) -> None:
         if size < 1:
             raise ValueError("a RendererPool needs at least one renderer")
-        self._all = [factory() for _ in range(size)]
-        _share_cache(self._all)
+        self._factory = factory
+        self._size = size
+        self._all = [factory()]
         self._free: queue.SimpleQueue[R] = queue.SimpleQueue()
-        for r in self._all:
-            self._free.put(r)
+        self._free.put(self._all[0])
+        self._growing = threading.Lock()
 
     @property
     def size(self) -> int:
-        return len(self._all)
+        """The most renderers the pool builds (the most renders at once)."""
+        return self._size
 
     @property
     def renderers(self) -> tuple[R, ...]:
-        """Every renderer of the pool (for reading their counters, not for rendering)."""
+        """The renderers built so far (for reading their counters, not for rendering)."""
         return tuple(self._all)
 
     @property
@@ -72,11 +79,24 @@ class RendererPool(Generic[R]):
     @contextmanager
     def renderer(self) -> Iterator[R]:
         """Borrow one renderer, for what only a single renderer has (its tokenizer, its vision spec)."""
-        r = self._free.get()
+        try:
+            r = self._free.get_nowait()
+        except queue.Empty:
+            r = self._grown() or self._free.get()
         try:
             yield r
         finally:
             self._free.put(r)
+
+    def _grown(self) -> R | None:
+        """A new renderer (sharing the first one's image cache), or None at ``size``."""
+        with self._growing:
+            if len(self._all) >= self._size:
+                return None
+            r = self._factory()
+            _share_cache([self._all[0], r])
+            self._all.append(r)
+            return r
 
     def render(
         self,
