@@ -84,6 +84,10 @@ class Server:
                     await writer.drain()
                     writer.close()
                     return
+                elif path == "/upgrade":
+                    writer.write(
+                        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n"
+                    )
                 elif path == "/slow":
                     await asyncio.sleep(30)
                 await writer.drain()
@@ -196,6 +200,38 @@ def test_a_server_that_hangs_up_is_httpxs_remote_protocol_error():
             with pytest.raises(httpx.RemoteProtocolError):
                 await http.get(f"http://127.0.0.1:{server.port}/half")
             assert not transport._idle.get(("127.0.0.1", server.port))  # neither kept
+
+    with_server(test)
+
+
+def test_a_protocol_switch_is_refused_not_spun_on():
+    async def test(server: Server) -> None:
+        transport = KeepAliveTransport()
+        async with client(transport, timeout=httpx.Timeout(5)) as http:
+            with pytest.raises(httpx.UnsupportedProtocol, match="switched protocols"):
+                await http.get(
+                    f"http://127.0.0.1:{server.port}/upgrade",
+                    headers={"Upgrade": "x", "Connection": "upgrade"},
+                )
+            assert not transport._idle.get(("127.0.0.1", server.port))
+
+    with_server(test)
+
+
+def test_releasing_a_connection_closes_the_expired_idle_ones():
+    async def test(server: Server) -> None:
+        transport = KeepAliveTransport(keepalive_expiry_s=1.0)
+        url = f"http://127.0.0.1:{server.port}/echo"
+        idle = transport._idle[("127.0.0.1", server.port)]
+        async with client(transport) as http:
+            await asyncio.gather(*(http.post(url, content=b"x") for _ in range(4)))
+            assert len(idle) == 4
+            await asyncio.sleep(0.6)
+            await http.post(url, content=b"y")  # reuses the newest: it is fresh again
+            await asyncio.sleep(0.6)  # the other three are now past their expiry
+            await http.post(url, content=b"z")  # reuses the newest; its release prunes
+            assert len(idle) == 1
+        assert transport.opened == 4
 
     with_server(test)
 

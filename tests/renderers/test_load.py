@@ -166,6 +166,54 @@ def test_a_pool_builds_renderers_only_as_concurrent_renders_need_them(checkpoint
     assert got.is_set() and len(built) == 3
 
 
+def test_renderers_needed_together_are_built_together_and_a_failed_build_stops_growth(
+    checkpoints, caplog
+):
+    builds = []
+    meet = threading.Barrier(2, timeout=10)  # builds made one after another never meet
+
+    def factory():
+        builds.append(len(builds) + 1)
+        n = builds[-1]
+        if n in (2, 3):
+            meet.wait()
+        if n == 4:
+            raise OSError("the checkpoint is gone")
+        return load_renderer(checkpoints["qwen2_5_vl"])
+
+    pool = RendererPool(factory, size=5)
+    held: list = []
+    errors: list = []
+
+    def hold(ready):
+        try:
+            with pool.renderer() as r:
+                held.append(r)
+                ready.wait(10)
+        except Exception as exc:  # a broken barrier: the two builds did not overlap
+            errors.append(exc)
+
+    release = threading.Event()
+    with pool.renderer():
+        threads = [threading.Thread(target=hold, args=(release,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for _ in range(3000):  # up to 30 s for the two builds
+            if len(held) == 2 or errors:
+                break
+            threading.Event().wait(0.01)
+        assert not errors and len(pool.renderers) == 3
+        got = threading.Event()
+        fourth = threading.Thread(target=lambda: (pool.render(conversation(0, 1)), got.set()))
+        fourth.start()  # finds none free, its build fails: it waits for one of the three
+        release.set()
+        fourth.join(10)
+    for t in threads:
+        t.join(10)
+    assert got.is_set() and pool.size == 3 and len(pool.renderers) == 3
+    assert "could not build another renderer" in caplog.text
+
+
 def test_a_renderer_and_a_pool_are_renderers(checkpoints):
     """Both meet the ``Renderer`` protocol, with the protocol's own signatures."""
     import inspect

@@ -16,7 +16,9 @@ What it does:
 - One asyncio stream per request in flight, parsed by h11. A finished exchange returns
   its connection to the origin's idle list (at most ``max_idle`` per origin, each for
   ``keepalive_expiry_s``); a connection the server closed or said to close is dropped,
-  and asyncio has already seen its end of file, so reuse costs no system call.
+  and asyncio has already seen its end of file, so reuse costs no system call; each
+  release also closes the oldest idle connections that expired or were closed.
+- No cap on connections: one per request in flight (the caller bounds what it sends).
 - Timeouts from the request's ``timeout`` extension (connect, read, write: httpx's
   ``Timeout``); none set means no limit.
 - Errors are httpx's (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``,
@@ -176,6 +178,9 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         if state.our_state is h11.DONE and state.their_state is h11.DONE:
             state.start_next_cycle()
             idle = self._idle[origin]
+            now = time.monotonic()
+            while idle and not idle[0].reusable(now, self.keepalive_expiry_s):
+                idle.popleft().close()  # the oldest first: expired, or closed by the server
             if len(idle) < self.max_idle:
                 connection.idle_since = time.monotonic()
                 idle.append(connection)
@@ -245,6 +250,11 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 chunks.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 break
+            elif event is h11.PAUSED:  # a protocol switch (101, CONNECT): not ours to serve
+                raise httpx.UnsupportedProtocol(
+                    "the server switched protocols; this transport speaks HTTP/1.1 only",
+                    request=request,
+                )
             elif isinstance(event, h11.ConnectionClosed):
                 raise httpx.RemoteProtocolError(
                     "the server closed the connection in the middle of its answer",

@@ -7,6 +7,7 @@ renderers, and images would silently stop being carried forward.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -16,6 +17,8 @@ from typing import Any, Generic, TypeVar
 from vf_mm.renderers._parse import ParsedResponse
 from vf_mm.renderers._protocol import Renderer, bridge
 from vf_mm.types import MultiModalData, RenderedTokens
+
+logger = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Renderer)
 
@@ -53,6 +56,7 @@ class RendererPool(Generic[R]):
         self._free: queue.SimpleQueue[R] = queue.SimpleQueue()
         self._free.put(self._all[0])
         self._growing = threading.Lock()
+        self._reserved = 1  # renderers built or being built
 
     @property
     def size(self) -> int:
@@ -89,14 +93,28 @@ class RendererPool(Generic[R]):
             self._free.put(r)
 
     def _grown(self) -> R | None:
-        """A new renderer (sharing the first one's image cache), or None at ``size``."""
+        """A new renderer (sharing the first one's image cache), or None at ``size``.
+
+        A slot is reserved under the lock and the renderer built outside it, so borrowers
+        that arrive together build theirs at once instead of one after another. A factory
+        that fails stops the growth (logged once): the pool keeps the renderers it has, and
+        the borrower waits for one of them."""
         with self._growing:
-            if len(self._all) >= self._size:
+            if self._reserved >= self._size:
                 return None
+            self._reserved += 1
+        try:
             r = self._factory()
-            _share_cache([self._all[0], r])
+        except Exception:
+            logger.exception("a RendererPool could not build another renderer; it keeps %d",
+                             len(self._all))  # fmt: skip
+            with self._growing:
+                self._size = self._reserved = len(self._all)
+            return None
+        _share_cache([self._all[0], r])
+        with self._growing:
             self._all.append(r)
-            return r
+        return r
 
     def render(
         self,
