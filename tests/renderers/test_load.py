@@ -204,7 +204,9 @@ def test_renderers_needed_together_are_built_together_and_a_failed_build_stops_g
             threading.Event().wait(0.01)
         assert not errors and len(pool.renderers) == 3
         got = threading.Event()
-        fourth = threading.Thread(target=lambda: (pool.render(conversation(0, 1)), got.set()))
+        fourth = threading.Thread(
+            target=lambda: (pool.render(conversation(0, max_turns=1)), got.set())
+        )
         fourth.start()  # finds none free, its build fails: it waits for one of the three
         release.set()
         fourth.join(10)
