@@ -15,6 +15,20 @@ import pytest
 
 from vf_mm.inference import KeepAliveTransport
 
+#: fixed answers by path, and whether the server closes the connection after each
+CANNED = {
+    "/close": (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", True),
+    "/half": (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", True),  # 3 of 10 bytes
+    "/chunked": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        False,
+    ),
+    "/upgrade": (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+        False,
+    ),
+}
+
 
 class Server:
     """Answers ``/echo`` (the body back), ``/close`` (answers, then closes), ``/chunked``,
@@ -57,18 +71,13 @@ class Server:
                     writer.write(
                         b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
                     )
-                elif path == "/close":
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
-                    )
-                    await writer.drain()
-                    writer.close()
-                    return
-                elif path == "/chunked":
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                        b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
-                    )
+                elif path in CANNED:
+                    answer, then_close = CANNED[path]
+                    writer.write(answer)
+                    if then_close:
+                        await writer.drain()
+                        writer.close()
+                        return
                 elif path == "/gzip":
                     packed = gzip.compress(b"unpacked")
                     writer.write(
@@ -79,15 +88,6 @@ class Server:
                 elif path == "/hangup":
                     writer.close()
                     return
-                elif path == "/half":
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-                    await writer.drain()
-                    writer.close()
-                    return
-                elif path == "/upgrade":
-                    writer.write(
-                        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n"
-                    )
                 elif path == "/slow":
                     await asyncio.sleep(30)
                 await writer.drain()
