@@ -251,14 +251,19 @@ def engine_work(backend: LocalBackend) -> dict[str, float]:
     return {"prefills": backend.prefills_run, "decode_steps": backend.steps_run}
 
 
-def served_work(url: str) -> dict[str, float]:
-    """The served engine's prefill and decode forwards so far (its ``vf_mm:`` counters)."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    values = {
+def metrics(url: str, *, timeout: float = 5.0) -> dict[str, float]:
+    """The server's ``/metrics`` samples by name (labels dropped; one engine, one model)."""
+    text = httpx.get(f"{url}/metrics", timeout=timeout).text
+    return {
         line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("vf_mm:")
+        if line and not line.startswith("#")
     }
+
+
+def served_work(url: str) -> dict[str, float]:
+    """The served engine's prefill and decode forwards so far (its ``vf_mm:`` counters)."""
+    values = metrics(url)
     return {
         "prefills": values.get("vf_mm:prefills_total", 0.0),
         "decode_steps": values.get("vf_mm:decode_steps_total", 0.0),
@@ -318,12 +323,7 @@ def server(
 
 def queries(url: str) -> float:
     """The server's prefix-cache query counter (moves with every request it admits)."""
-    text = httpx.get(f"{url}/metrics", timeout=1).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:prefix_cache_queries_total")
-    )
+    return metrics(url, timeout=1.0).get("vllm:prefix_cache_queries_total", 0.0)
 
 
 @contextlib.contextmanager
