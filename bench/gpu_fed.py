@@ -29,7 +29,11 @@ scaling efficiency rate(W) / (W x rate(1)), GPU busy, and the in-process eval's 
     python bench/gpu_fed.py [--shape 3b|tiny] [--device cuda] [--dtype bfloat16]
                             [--workers 1,2,4,8] [--examples 32] [--rollouts-per-example 4]
                             [--concurrency 32] [--max-tokens 32] [--out FILE.json]
-                            [--batch-windows 5[,20,...]] [--profile DIR]
+                            [--batch-windows 5[,20,...]] [--profile DIR] [--trace DIR]
+
+``--trace DIR`` records the engine's timeline (``bench/_engine_trace.py``) in the replay
+and in each server, and prints where each run's engine time went (decode, prefill,
+admission, idle with nothing to run) and a request's mean wait in the engine's queue.
 
 ``--shape tiny --device cpu --dtype float32`` runs the same path on a CPU in a minute.
 Needs what ``bench/local_gpu.py`` needs, and starlette, uvicorn and pydantic for the server.
@@ -65,6 +69,7 @@ from vf_mm.inference import LocalBackend
 from vf_mm.results import evaluate_to_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _engine_trace
 from _phases import show as show_phases
 from _phases import split as split_phases
 from local_gpu import build_checkpoint
@@ -162,6 +167,8 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
     n = args.examples * args.rollouts_per_example
     sampling = {"max_tokens": args.max_tokens, "temperature": 1.0}
 
+    evaluated: list[tuple[float, float]] = []  # each evaluate's perf_counter span
+
     async def evaluate(name: str) -> tuple[float, dict]:
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
@@ -170,6 +177,7 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
                 rollouts_per_example=args.rollouts_per_example, concurrency=args.concurrency,
                 sampling_args=sampling, seed=0,
             )  # fmt: skip
+            evaluated.append((start, time.perf_counter()))
             return time.perf_counter() - start, agg
 
     try:
@@ -225,7 +233,8 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
                 end = time.perf_counter()
             work = {k: v - before[k] for k, v in engine_work(backend).items()}
             replays.append(
-                {"wall": end - start, "busy": sampler.busy(start, end), "same": same[0] / same[1]}
+                {"t0": start, "t1": end, "wall": end - start, "busy": sampler.busy(start, end)}
+                | {"same": same[0] / same[1]}
                 | work
                 | {"wait_ms": 1e3 * sum(waited) / len(waited)}
             )
@@ -241,7 +250,12 @@ async def engine_bound(path: Path, args: Any) -> dict[str, Any]:
             f"request waits {best['wait_ms']:.0f} ms for its answer",
             flush=True,
         )
-        return {"in_process": in_process, "engine_bound": rate, "replays": replays}
+        return {
+            "in_process": in_process,
+            "in_process_span": evaluated[-1],
+            "engine_bound": rate,
+            "replays": replays,
+        }
     finally:
         await backend.aclose()
 
@@ -292,10 +306,15 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server(
-    path: Path, args: Any, log: Path, *, window_ms: float = 5.0
+    path: Path, args: Any, log: Path, *, window_ms: float = 5.0, trace: Path | None = None
 ) -> Iterator[tuple[str, int]]:
+    """``vf-mm serve`` in a subprocess (with ``trace``: the engine's timeline written
+    there when it exits, ``_engine_trace.serve_main``)."""
     port = free_port()
-    command = [*CLI, "serve", "--model", str(path), "--device", args.device, "--dtype",
+    serve = [*CLI, "serve"]
+    if trace is not None:
+        serve = [sys.executable, _engine_trace.__file__, "serve", str(trace)]
+    command = [*serve, "--model", str(path), "--device", args.device, "--dtype",
                args.dtype, "--port", str(port), "--log-level", "warning",
                "--batch-window-ms", str(window_ms)]  # fmt: skip
     with open(log, "w") as out:
@@ -381,6 +400,8 @@ def served_eval(
     engine_ms = 1e3 * work.pop("request_s") / max(work.pop("requests"), 1)
     return (
         {
+            "t0": start,
+            "t1": start + wall,
             "rollouts": results["count"],
             "errors": results["errors"],
             "time_s": results["time_s"],
@@ -392,6 +413,16 @@ def served_eval(
         | work
         | turn_times(outdir)
     )
+
+
+def traced(name: str, events: list[Any], t0: float, t1: float) -> str:
+    """Where the engine's time went in one run, from the first request it queued after
+    ``t0`` to its last event before ``t1``."""
+    inside = [e for e in events if t0 <= e[0] <= t1]
+    starts = [e[0] for e in inside if e[1] == "submit"]
+    if not starts:
+        return f"{name}: no engine events in the run"
+    return _engine_trace.show(name, _engine_trace.summary(inside, starts[0], inside[-1][0]))
 
 
 def main() -> None:
@@ -420,6 +451,13 @@ def main() -> None:
         help="after the table's runs, one more at the largest W with py-spy (on PATH) sampling the "
         "server and the eval's processes; collapsed stacks go to this folder",
     )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="record the engine's timeline (bench/_engine_trace.py) in the replay and in each "
+        "server, print where its time went per run, and keep the raw traces in this folder",
+    )
     args = parser.parse_args()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(
@@ -438,7 +476,15 @@ def main() -> None:
             f"{args.max_tokens}, temperature 1\n",
             flush=True,
         )
+        trace = _engine_trace.install() if args.trace is not None else None
         bound = asyncio.run(engine_bound(path, args))
+        if trace is not None:
+            args.trace.mkdir(parents=True, exist_ok=True)
+            (args.trace / "in-process.json").write_text(json.dumps(trace.events))
+            print(traced("in-process eval", trace.events, *bound["in_process_span"]))
+            for i, r in enumerate(bound["replays"]):
+                print(traced(f"replay {i + 1}", trace.events, r["t0"], r["t1"]), flush=True)
+            trace.on = False
         gc.collect()  # the in-process engine's GPU memory, before the server takes its own
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -447,7 +493,8 @@ def main() -> None:
         windows = [float(ms) for ms in args.batch_windows.split(",")]
         for window in windows:
             log = Path(tmp) / f"serve-{window:g}.log"
-            with server(path, args, log, window_ms=window) as (url, pid):
+            served_trace = None if args.trace is None else args.trace / f"serve-{window:g}.json"
+            with server(path, args, log, window_ms=window, trace=served_trace) as (url, pid):
                 warm = served_eval(path, url, max(counts), Path(tmp) / f"warm{window:g}", args)
                 print(
                     f"served ({window:g} ms window) warm-up at W={max(counts)}: "
@@ -470,6 +517,11 @@ def main() -> None:
                         spied_file = args.profile / f"serve-w{w}.txt"
                         if spied_file.is_file():  # the server's samples by phase
                             print(show_phases(split_phases(spied_file)), flush=True)
+            if served_trace is not None and served_trace.is_file():
+                events = json.loads(served_trace.read_text())
+                for w in counts:
+                    r = rows[window, w]
+                    print(traced(f"served {window:g} ms W={w}", events, r["t0"], r["t1"]))
     rate = bound["engine_bound"]
     replay = min(bound["replays"], key=lambda r: r["wall"])
     print(
