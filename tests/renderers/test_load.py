@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -207,13 +208,47 @@ def test_renderers_needed_together_are_built_together_and_a_failed_build_stops_g
         fourth = threading.Thread(
             target=lambda: (pool.render(conversation(0, max_turns=1)), got.set())
         )
-        fourth.start()  # finds none free, its build fails: it waits for one of the three
+        fourth.start()  # finds none free for a build's time, its build fails: it waits
+        for _ in range(3000):
+            if len(builds) == 4:
+                break
+            threading.Event().wait(0.01)
         release.set()
         fourth.join(10)
     for t in threads:
         t.join(10)
     assert got.is_set() and pool.size == 3 and len(pool.renderers) == 3
     assert "could not build another renderer" in caplog.text
+
+
+def test_a_borrower_waits_for_a_renderer_to_come_back_before_building_one(checkpoints):
+    """A build holds the GIL for most of its time (the tokenizer's deserialisation): a
+    borrower that finds every renderer out waits as long as the first build took for one
+    to come back, and builds only if none does."""
+    built = []
+
+    def factory():
+        time.sleep(0.5)  # a build as slow as a large vocabulary's
+        built.append(load_renderer(checkpoints["qwen2_5_vl"]))
+        return built[-1]
+
+    pool = RendererPool(factory, size=3)
+    out = threading.Event()
+
+    def hold_briefly():
+        with pool.renderer():
+            out.set()
+            time.sleep(0.05)
+
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    out.wait(10)
+    with pool.renderer() as r:  # the one renderer comes back in 50 ms: no build
+        assert r is built[0]
+    holder.join()
+    assert len(built) == 1
+    with pool.renderer(), pool.renderer() as second:  # none comes back: one is built
+        assert second is built[1]
 
 
 def test_a_renderer_and_a_pool_are_renderers(checkpoints):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Generic, TypeVar
 
 from vf_mm.renderers._parse import ParsedResponse
@@ -22,16 +23,24 @@ logger = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Renderer)
 
+#: bounds on a borrower's wait for a renderer to come back before it builds one (the
+#: first build's duration, within these)
+MIN_PATIENCE_S = 0.01
+MAX_PATIENCE_S = 5.0
+
 
 class RendererPool(Generic[R]):
     """Up to ``size`` renderers built by ``factory``; ``with pool.renderer() as r:`` borrows one.
 
     Tokenizers keep per-instance state that is not safe to share across threads while
     encoding; a pool gives each concurrent render its own renderer. The first is built at
-    once (so a bad checkpoint fails here); the others only when a render finds every
-    built one borrowed, so a process that renders little at a time (one of many rollout
-    workers) pays for the renderers it uses, not for ``size``: building one costs seconds
-    with a large vocabulary. A pool is itself a
+    once (so a bad checkpoint fails here); another only when a render has found every
+    built one borrowed for as long as building the first took. A build costs about a
+    second with a large vocabulary, and most of it (the tokenizer's deserialisation)
+    holds the GIL, stalling every thread of the process, the event loop included; so a
+    renderer that comes back sooner is the faster answer, and a process whose renders
+    are short (one of many rollout workers) builds few or none beyond the first instead
+    of one for every render in flight at its start. A pool is itself a
     ``Renderer``: calls made on it (``render``, ``bridge_to_next_turn``,
     ``parse_response``) borrow one for the duration of the call.
 
@@ -52,7 +61,10 @@ class RendererPool(Generic[R]):
             raise ValueError("a RendererPool needs at least one renderer")
         self._factory = factory
         self._size = size
+        started = time.perf_counter()
         self._all = [factory()]
+        #: how long a borrower waits for a renderer to come back before building one
+        self._patience = min(max(time.perf_counter() - started, MIN_PATIENCE_S), MAX_PATIENCE_S)
         self._free: queue.SimpleQueue[R] = queue.SimpleQueue()
         self._free.put(self._all[0])
         self._growing = threading.Lock()
@@ -86,11 +98,20 @@ class RendererPool(Generic[R]):
         try:
             r = self._free.get_nowait()
         except queue.Empty:
-            r = self._grown() or self._free.get()
+            r = self._waited()
         try:
             yield r
         finally:
             self._free.put(r)
+
+    def _waited(self) -> R:
+        """A renderer for a borrower that found none free: the first to come back within
+        ``_patience``, else a new one (``_grown``), else (at ``size``, or the build
+        failed) the first to come back."""
+        if self._reserved < self._size:
+            with suppress(queue.Empty):
+                return self._free.get(timeout=self._patience)
+        return self._grown() or self._free.get()
 
     def _grown(self) -> R | None:
         """A new renderer (sharing the first one's image cache), or None at ``size``.
