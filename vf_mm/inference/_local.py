@@ -32,8 +32,9 @@ Hugging Face ``generate`` (the **generate engine**), re-encoding every prompt.
 
 **Continuous batching.** When idle, the worker takes the first waiting request and
 whatever else arrives within ``batch_window_ms`` (up to ``max_batch``); while rows are
-decoding, requests that arrive join the running batch (after two decode steps' wait,
-so that requests arriving close together share one prefill forward), and a row that
+decoding, requests that arrive join the running batch (after waiting as long as the
+last prefill took, two to eight decode steps, so that requests arriving close together
+share one prefill forward), and a row that
 finishes leaves it and is answered at once. Each step is one forward over every
 running row. ``clear_cache`` and ``load_weights`` wait for the running rows and hold
 new ones back meanwhile.

@@ -7,10 +7,14 @@ When idle, the worker takes the first waiting request and whatever else arrives 
 - an engine of rows (``RowEngine``: the batch engine, the pool engine) runs them by
   **continuous batching**: while rows decode, requests that arrive join the running
   batch, and a row that finishes leaves it and is answered at once. A request that
-  arrives while rows decode is held until it has waited two decode steps (or nothing
-  else runs), so that requests arriving close together share one prefill: a prefill is
-  one forward, whatever its number of rows. One admission loop (``_episode``) serves
-  both engines; each engine says how it places, prefills, decodes and retires rows.
+  arrives while rows decode is held (``hold_s``) until it has waited as long as the last
+  prefill took (at least two decode steps, at most ``HOLD_STEPS``), or until nothing
+  else runs or the batch has no room left, so that requests arriving close together
+  share one prefill: on a GPU a prefill's cost is mostly fixed (one forward's kernel
+  launches, whatever its number of rows), so holding a request up to that cost while the
+  others decode is never worse than paying it twice. One admission loop (``_episode``)
+  serves both engines; each engine says how it places, prefills, decodes and retires
+  rows.
 - ``GenerateEngine`` (Hugging Face ``generate``) runs each batch whole.
 
 ``between_batches`` holds the worker for a weight swap or a cache clear: it takes in no
@@ -85,6 +89,17 @@ class RowEngine(Protocol):
     def drain(self) -> None:
         """No row is left: finish any work still in flight (the loop ends)."""
         ...
+
+
+#: the longest a request that arrives while rows decode is held, in decode steps
+HOLD_STEPS = 8
+
+
+def hold_s(*, window_s: float, step_s: float, prefill_s: float) -> float:
+    """How long a request arriving while rows decode waits for others to share its
+    prefill: the last prefill's duration, at least two decode steps (and the batch
+    window), at most ``HOLD_STEPS`` steps."""
+    return max(window_s, 2 * step_s, min(prefill_s, HOLD_STEPS * step_s))
 
 
 class Scheduler:
@@ -188,15 +203,16 @@ class Scheduler:
         """Run rows until none is left, taking in new requests as they come (unless a
         weight swap waits). Returns whether the backend is closing.
 
-        Requests that arrive while rows decode are held until they have waited two
-        decode steps (or the batch window, or nothing else runs), then admitted
-        together; one that finds no room (the pool engine) is first in line at the
-        next admission."""
+        Requests that arrive while rows decode are held (``hold_s``, or until nothing
+        else runs or no room is left), then admitted together; one that finds no room
+        (the pool engine) is first in line at the next admission."""
         stats = self._stats
         closing = False
         held: list[Pending] = []
         held_since = 0.0
+        refused = False  # held has requests the engine had no room for
         step_s = 0.0  # a recent decode step's duration
+        prefill_s = 0.0  # the last prefill's
         while True:
             started = time.perf_counter()
             try:
@@ -204,10 +220,13 @@ class Scheduler:
                     stats.batches_run += 1
                     waiting = engine.admit(admit)
                     admit = []
+                    refused = bool(waiting)
                     if waiting:  # no room yet: first in line at the next admission
                         held = waiting + held
                         held_since = time.monotonic()
+                    prefill = time.perf_counter()
                     engine.prefill()
+                    prefill_s = time.perf_counter() - prefill
                 engine.retire()
                 if engine.rows:
                     step = time.perf_counter()
@@ -227,6 +246,12 @@ class Scheduler:
             if not engine.rows and not held:
                 engine.drain()
                 return closing
+            if not held:
+                continue
             waited = time.monotonic() - held_since
-            if held and (not engine.rows or waited >= max(self.batch_window_s, 2 * step_s)):
+            # no room for more arrivals: holding gains nothing (unless the engine itself
+            # had no room: then they wait for rows to finish)
+            full = not refused and len(engine.rows) + len(held) >= self.max_batch
+            hold = hold_s(window_s=self.batch_window_s, step_s=step_s, prefill_s=prefill_s)
+            if not engine.rows or full or waited >= hold:
                 admit, held = held, []
