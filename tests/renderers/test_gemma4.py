@@ -92,6 +92,32 @@ def tool_turn(content: Any) -> list[dict[str, Any]]:
     ]
 
 
+# -- the released checkpoints' ids ----------------------------------------------------------
+
+# google/gemma-4-*'s tokenizer.json and config.json (bos 2, eos [1, 106], pad 0)
+RELEASED_IDS = {
+    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4, "<|tool>": 46, "<tool|>": 47,
+    "<|tool_call>": 48, "<tool_call|>": 49, "<|tool_response>": 50, "<tool_response|>": 51,
+    '<|"|>': 52, "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105,
+    "<turn|>": 106, "\n": 107,
+}  # fmt: skip
+
+
+def test_the_tiny_checkpoint_has_the_released_ids_and_pads_with_0(variant_paths, renderer_of):
+    """Engines assume the released layout: vLLM 0.32 takes id 0 for Gemma 4's per-layer
+    embeddings at image positions, where transformers takes the config's pad id; with
+    any other pad id the sampler and the trainer disagree at every image."""
+    tokenizer = renderer_of().tokenizer
+    assert {t: tokenizer.convert_tokens_to_ids(t) for t in RELEASED_IDS} == RELEASED_IDS
+    config = json.loads((variant_paths("8995379") / "config.json").read_text())
+    assert config["text_config"]["pad_token_id"] == tokenizer.pad_token_id == 0
+    media = ["boi_token_id", "boa_token_id", "image_token_id", "audio_token_id",
+             "eoi_token_id", "eoa_token_index", "video_token_id"]  # fmt: skip
+    ids = [config[name] for name in media]  # the released order: 255999, 256000, 258880...
+    assert ids == sorted(ids) and max(ids) == len(tokenizer) - 1
+    assert config["text_config"]["vocab_size"] == len(tokenizer) == len(tokenizer.get_vocab())
+
+
 # -- what each template variant drops ------------------------------------------------------
 
 

@@ -14,6 +14,11 @@ SmolVLM takes an all-zero tile for padding) and measures again: the mismatch mus
 be far larger, so the small number above is evidence that every image reached the
 trainer as the sampler saw it.
 
+A family whose images vLLM 0.32 takes only as content_parts (Gemma 4) is measured on
+prompts vLLM expands from raw images instead (``measure_content_parts``): each expanded
+prompt must equal the renderer's ids and placeholders, and the batch carries the
+renderer's model inputs.
+
 Used by the modules that already run a server per family (``test_families_vllm.py``,
 ``test_video_vllm.py``, the session's Qwen2-VL server): no server is started here.
 """
@@ -24,12 +29,14 @@ import asyncio
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 import vf_mm as vf
-from vf_mm.inference import VLLMBackend
+from vf_mm.inference import GenerateRequest, SamplingParams, VLLMBackend
 from vf_mm.models import model_class
 from vf_mm.renderers import load_renderer
 from vf_mm.training import (
@@ -126,11 +133,102 @@ def measure(
     batches = make_batches(samples, token_budget=100_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
     assert all(b.is_multimodal for b in batches)
+    stats, control = score(family, path, batches)
+    images = sum(len(i) for b in batches for i in b.images or [])
+    result = Mismatch(
+        family=family, rollouts=len(outputs), images=images,
+        mismatch_kl=stats["mismatch_kl"], max_abs_diff=stats["max_abs_diff"],
+        tokens=int(stats["tokens"]), control_kl=control["mismatch_kl"],
+        control_max_abs_diff=control["max_abs_diff"],
+    )  # fmt: skip
+    print(result.line(), flush=True)
+    assert result.tokens > 0 and math.isfinite(result.mismatch_kl)
+    return result
+
+
+def conversation(seed: int) -> list[dict[str, Any]]:
+    """Two user turns with an image each (sizes that force a resize, the second an
+    extreme aspect) and an answer between them: the prompt holds an earlier turn's image
+    and the last turn's."""
+    rng = np.random.default_rng(seed)
+
+    def picture(width: int, height: int) -> Image.Image:
+        return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+    return [
+        {"role": "user", "content": [{"type": "image", "image": picture(640, 480)},
+                                     {"type": "text", "text": "What is in it?"}]},
+        {"role": "assistant", "content": "A grid of cells."},
+        {"role": "user", "content": [{"type": "text", "text": "And in this one?"},
+                                     {"type": "image", "image": picture(97, 501)}]},
+    ]  # fmt: skip
+
+
+def content_parts_steps(
+    server_url: str, path: Path, *, count: int, seed: int = 0
+) -> tuple[list[dict[str, Any]], Any]:
+    """``count`` conversations (``conversation``) sampled by vLLM in content_parts mode:
+    the prompt as the chat template writes it (one placeholder per image) with the images
+    sent raw, so vLLM processes them itself; 8 tokens each at temperature 1, the family's
+    image tokens banned as ``RendererClient`` bans them. Each becomes one trajectory step
+    whose model inputs are the renderer's, after checking that vLLM expanded the prompt to
+    exactly the renderer's ids and placeholders."""
+    renderer = load_renderer(path)
+    vision = renderer.vision
+    embed = {"image": list(vision.embed_ids("image"))}
+    steps = []
+
+    async def go() -> None:
+        async with VLLMBackend(server_url, mode="content_parts", embed_token_ids=embed) as backend:
+            for i in range(count):
+                messages = conversation(seed + i)
+                ours = renderer.render(messages)
+                shown = [{**m, "content": [{"type": "image"} if p["type"] == "image" else p
+                                           for p in m["content"]]}
+                         if isinstance(m["content"], list) else m for m in messages]  # fmt: skip
+                text = renderer.tokenizer.apply_chat_template(
+                    shown, tokenize=False, add_generation_prompt=True
+                )
+                parts = [p for m in messages if isinstance(m["content"], list)
+                         for p in m["content"] if p["type"] == "image"]  # fmt: skip
+                request = GenerateRequest(
+                    prompt_ids=renderer.tokenizer(text, add_special_tokens=False)["input_ids"],
+                    sampling=SamplingParams(max_tokens=8, temperature=1.0, seed=seed + i,
+                                            logprobs=True),
+                    content_parts=parts, banned_token_ids=tuple(sorted(vision.banned_token_ids)),
+                )  # fmt: skip
+                result = await backend.generate(request)
+                assert result.prompt_ids == list(ours.token_ids), "vLLM expanded another prompt"
+                assert result.multi_modal_data is not None
+                theirs = result.multi_modal_data.mm_placeholders["image"]
+                assert theirs == ours.multi_modal_data.mm_placeholders["image"], theirs
+                steps.append({"tokens": {
+                    "prompt_ids": list(ours.token_ids),
+                    "completion_ids": list(result.completion_ids),
+                    "completion_logprobs": list(result.logprobs or []),
+                    "completion_mask": [1] * len(result.completion_ids),
+                    "multi_modal_data": ours.multi_modal_data,
+                }})  # fmt: skip
+
+    asyncio.run(go())
+    return steps, renderer
+
+
+def score(
+    family: str, path: Path, batches: list[MicroBatch], *, causal_images: bool = False
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The trainer's view of ``batches`` (the transformers forward, float32) against the
+    sampler's logprobs, and the same with each sample's last image grey (the negative
+    control). ``causal_images``: a Gemma 4 26B/31B checkpoint scored with causal attention
+    over its images instead of its bidirectional image blocks (a diagnosis, not the
+    model)."""
     model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    if causal_images:
+        model.config.get_text_config().use_bidirectional_attention = None
     with torch.no_grad():
         stats = combined(batches, [token_logprobs(model, b) for b in batches])
-        # the negative control: in each row that reaches the second turn, its last image
-        # (the environment's) grey
+        # the negative control: in each row that holds two images (that reaches a later
+        # turn), the last one (the later turn's) grey
         greyed = 0
         for batch in batches:
             for images in batch.images or []:
@@ -141,9 +239,27 @@ def measure(
                     greyed += 1
         assert greyed, "no sample holds a later turn's image"
         control = combined(batches, [token_logprobs(model, b) for b in batches])
+    return stats, control
+
+
+def measure_content_parts(
+    family: str, server_url: str, path: Path, *, count: int = 4, causal_images: bool = False
+) -> Mismatch:
+    """``measure`` for a family whose images vLLM 0.32 takes only as content_parts
+    (placeholders with ``is_embed``: Gemma 4): ``content_parts_steps`` sampled, vf_mm's
+    builder makes the batches from the renderer's model inputs, the transformers forward
+    scores them."""
+    steps, renderer = content_parts_steps(server_url, path, count=count)
+    token = renderer.vision.image_token_id
+    samples = [s for step in steps
+               for s in build_samples({"steps": [step]}, advantage=1.0, image_token_id=token)]  # fmt: skip
+    batches = make_batches(samples, token_budget=100_000, pad_token_id=0,
+                           image_token_id=token, family=family)  # fmt: skip
+    assert all(b.is_multimodal for b in batches)
     images = sum(len(i) for b in batches for i in b.images or [])
+    stats, control = score(family, path, batches, causal_images=causal_images)
     result = Mismatch(
-        family=family, rollouts=len(outputs), images=images,
+        family=family, rollouts=len(steps), images=images,
         mismatch_kl=stats["mismatch_kl"], max_abs_diff=stats["max_abs_diff"],
         tokens=int(stats["tokens"]), control_kl=control["mismatch_kl"],
         control_max_abs_diff=control["max_abs_diff"],

@@ -1,7 +1,8 @@
 """Issue 31's sampler/trainer mismatch metric on the session's Qwen2-VL server.
 
 The other families are measured where their servers run (``test_families_vllm.py``:
-Qwen3.5, LLaVA-OneVision, and Gemma 3, Gemma 4 and SmolVLM refused; ``test_video_vllm.py``:
+Qwen3.5, LLaVA-OneVision, Gemma 4 in content_parts mode, and Gemma 3, Gemma 4 and SmolVLM
+refused in features mode; ``test_video_vllm.py``:
 Qwen2.5-VL, Qwen3-VL), by the same helper: ``tests/vllm/_mismatch.py``.
 """
 

@@ -382,11 +382,9 @@ GEMMA3_NAMED_TOKENS = {
     "eoi_token": "<end_of_image>",
 }
 
-# Gemma 4's named tokens, as its tokenizer_config.json names them (the real ids: <|turn>
-# 105, <turn|> 106, <|image> 255999, <|audio> 256000, <|image|> 258880, <|audio|> 258881,
-# <image|> 258882, <audio|> 258883, <|video|> 258884): turns, the thought channel, the
-# thinking switch, tool declarations, calls and responses, the string quote of its
-# tool-call dialect, and the image and audio markers and soft tokens.
+# Gemma 4's named tokens, as its tokenizer_config.json names them: turns, the thought
+# channel, the thinking switch, tool declarations, calls and responses, the string quote
+# of its tool-call dialect, and the image and audio markers and soft tokens.
 GEMMA4_NAMED_TOKENS = {
     "sot_token": "<|turn>",
     "eot_token": "<turn|>",
@@ -418,6 +416,24 @@ GEMMA4_SPECIAL_TOKENS = (
     *GEMMA4_NAMED_TOKENS.values(),
     "<|video|>",
 )
+# The ids the released Gemma 4 checkpoints give the tokens below 258880 (their
+# tokenizer.json; config.json's bos 2, eos [1, 106]): the tiny vocabulary puts them
+# there too, so ids that matter to engines are the real ones. vLLM 0.32 looks Gemma 4's
+# per-layer embeddings up for id 0 at image positions where transformers uses
+# ``pad_token_id``: the two agree only where ``<pad>`` is 0, as in the released
+# checkpoints. The image, audio and video tokens (real ids 255999 to 258884, in a
+# vocabulary of 262,144) come after the tiny vocabulary, in the real order.
+GEMMA4_REAL_IDS = {
+    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4,
+    "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
+    "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52,
+    "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105, "<turn|>": 106,
+    "\n": 107,
+}  # fmt: skip
+# the tokens after the vocabulary, in the real ids' order (255999, 256000, 258880 ... 258884)
+GEMMA4_MEDIA_TOKENS = (
+    "<|image>", "<|audio>", "<|image|>", "<|audio|>", "<image|>", "<audio|>", "<|video|>",
+)  # fmt: skip
 
 
 # LLaVA-NeXT (Mistral)'s specials, in its order (the real ids: <unk> 0, <s> 1, </s> 2,
@@ -448,6 +464,7 @@ def gemma_tokenizer(
     eos: str = "<eos>",
     pad: str = "<pad>",
     unk: str = "<unk>",
+    at: dict[str, int] | None = None,
 ) -> Any:
     """A small Gemma-style tokenizer, built offline (see the module docstring).
 
@@ -455,7 +472,9 @@ def gemma_tokenizer(
     3's: the ``image_token`` (``<image_soft_token>``), ``boi_token``
     (``<start_of_image>``) and ``eoi_token`` (``<end_of_image>``) attributes the Gemma 3
     processor reads); ``specials`` are the added special tokens, in order; ``bos``,
-    ``eos``, ``pad`` and ``unk`` name four of them.
+    ``eos``, ``pad`` and ``unk`` name four of them. ``at``: tokens (specials or
+    vocabulary entries) put at given ids, the rest of the vocabulary filling the ids
+    around them in its own order; the other specials follow the vocabulary.
     """
     from tokenizers import (
         AddedToken,
@@ -490,6 +509,9 @@ def gemma_tokenizer(
     vocab = state["model"]["vocab"]
     for byte in range(256):  # byte fallback: every byte has a token
         vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    if at:
+        vocab = _placed(vocab, at)
+    state["model"]["vocab"] = vocab
     state["model"]["byte_fallback"] = True
     state["decoder"] = json.loads(
         decoders.Sequence(
@@ -508,7 +530,26 @@ def gemma_tokenizer(
     )
 
 
+def _placed(vocab: dict[str, int], at: dict[str, int]) -> dict[str, int]:
+    """``vocab`` (token to id) with each token of ``at`` at its id and the others, in
+    their order, filling the remaining ids from 0 up: no id is left empty."""
+    rest = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in at]
+    size = len(rest) + len(at)
+    if max(at.values()) >= size or len(set(at.values())) != len(at):
+        raise ValueError(f"cannot place {at} in a vocabulary of {size}")
+    taken = set(at.values())
+    free = (i for i in range(size) if i not in taken)
+    return {**dict(zip(rest, free, strict=False)), **at}
+
+
 def gemma4_tokenizer(vocab_size: int = 2000) -> Any:
     """A small Gemma 4-style tokenizer: ``gemma_tokenizer``'s vocabulary with Gemma 4's
-    special tokens and named tokens (``GEMMA4_NAMED_TOKENS``)."""
-    return gemma_tokenizer(vocab_size, specials=GEMMA4_SPECIAL_TOKENS, named=GEMMA4_NAMED_TOKENS)
+    special tokens and named tokens (``GEMMA4_NAMED_TOKENS``), the specials and the
+    newline at the released checkpoints' ids (``GEMMA4_REAL_IDS``) and the media tokens
+    after the vocabulary in their real order (``GEMMA4_MEDIA_TOKENS``)."""
+    specials = tuple(t for t in GEMMA4_REAL_IDS if t != "\n") + GEMMA4_MEDIA_TOKENS
+    if set(specials) != set(GEMMA4_SPECIAL_TOKENS):
+        raise AssertionError("GEMMA4_REAL_IDS and GEMMA4_MEDIA_TOKENS must name every special")
+    return gemma_tokenizer(
+        vocab_size, specials=specials, named=GEMMA4_NAMED_TOKENS, at=GEMMA4_REAL_IDS
+    )
