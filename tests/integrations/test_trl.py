@@ -533,6 +533,18 @@ def test_another_trl_version_is_refused_naming_the_one_to_install(
         trl.GRPOTrainer(model=str(path), args=config(tmp_path), **inputs)
 
 
+def test_a_hub_model_id_is_refused_naming_the_download(trl, tmp_path):
+    """TRL's ``model=`` takes a Hub id; vf_mm's renderer and sampler load a directory."""
+    from vf_mm.errors import UnsupportedModelError
+
+    with pytest.raises(
+        UnsupportedModelError, match=r"not a checkpoint directory.*snapshot_download"
+    ):
+        trl.trl_inputs(pictures_env(text=True), "Qwen/Qwen2.5-VL-3B-Instruct")
+    with pytest.raises(UnsupportedModelError, match="not a checkpoint directory"):
+        trl.trl_inputs(pictures_env(text=True), tmp_path / "missing")
+
+
 def test_the_dataset_shows_each_prompt_and_names_its_example(trl, checkpoints):
     inputs = trl.trl_inputs(pictures_env(), checkpoints("qwen2_5_vl"), num_examples=3)
     dataset = inputs["train_dataset"]

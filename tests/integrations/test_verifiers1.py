@@ -31,7 +31,10 @@ pytestmark = pytest.mark.verifiers1
 ROOT = Path(__file__).resolve().parents[2]
 #: the checkpoints an episode runs for against vf-mm serve: (family, chat template variant;
 #: None the family's default, Qwen3.5's with thinking off)
-EPISODES = (("qwen2_5_vl", None), ("qwen3_vl", None), ("qwen3_5", None), ("qwen3_5", "think"))
+EPISODES = (
+    ("qwen2_vl", None), ("qwen2_5_vl", None), ("qwen3_vl", None), ("qwen3_5", None),
+    ("qwen3_5", "think"), ("llava_onevision", None),
+)  # fmt: skip
 ENV_ARGS = {"difficulty": "easy", "num_examples": 2, "max_turns": 2}
 
 
@@ -498,17 +501,19 @@ def test_the_adapter_bridges_what_renderers_own_renderer_bridges(vf1, checkpoint
         ]
 
 
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "smolvlm", "internvl"])
 def test_a_family_whose_image_range_holds_markers_is_refused_in_content_parts_form(
-    vf1, checkpoints
+    vf1, checkpoints, family
 ):
-    """Gemma 3 writes its image as markers around the embeddings and blank lines beside
-    them: a server expanding one pad writes that text on its side, so the collapsed form
-    is refused by name (the full render is vf_mm's, as ever)."""
+    """Gemma 3 and Gemma 4 write an image as markers around the embeddings (Gemma 3 blank
+    lines beside them), SmolVLM its tiles' row text and tags, InternVL3 ``<img>`` tags: a
+    server expanding one pad writes that text on its side, so the collapsed form is
+    refused by name (the full render is vf_mm's, as ever)."""
     from vf_mm.errors import UnsupportedModelError
 
     _, integration = vf1
     ours = integration.VfMMRenderer(
-        None, integration.VfMMRendererConfig(model=str(checkpoints("gemma3")))
+        None, integration.VfMMRendererConfig(model=str(checkpoints(family)))
     )
     messages = [{"role": "user", "content": [_picture(0, 64, 64), {"type": "text", "text": "?"}]}]
     assert ours.render(messages, add_generation_prompt=True).multi_modal_data is not None

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from vf_mm.errors import UnsupportedModelError
 from vf_mm.integrations.trl._rollouts import (
     ERROR_KEY,
     EXAMPLE_COLUMN,
@@ -67,6 +68,13 @@ def trl_inputs(
     from vf_mm.models import VISION_FAMILIES, load_processor, model_type
 
     path = Path(model)
+    if not path.is_dir():  # TRL's own model= takes Hub ids; vf_mm loads a directory
+        raise UnsupportedModelError(
+            f"trl_inputs: {str(model)!r} is not a checkpoint directory, and vf_mm's renderer, "
+            "processor and sampler load from one. For a Hub model id, download it first "
+            f"(huggingface_hub.snapshot_download({str(model)!r}) returns the directory) and "
+            "pass that directory here and as GRPOTrainer(model=...)"
+        )
     family = model_type(path)
     rows = env.get_dataset(num_examples)
     if not rows:

@@ -21,9 +21,9 @@ each image's placeholder range collapsed back to its one pad: the server's expan
 it (vLLM, or ``vf-mm serve``, which expands with vf_mm's own processing) gives back
 exactly vf_mm's ids, provided an image's range is a run of its pad token and nothing
 else. That holds for the Qwen-VL families and LLaVA; a family whose range also holds
-markers or row text (Gemma 3, Gemma 4, SmolVLM, Qwen3-VL's video timestamps) is refused with
-``UnsupportedModelError``, because a server writes that text on its own side of the pad
-and the ids would no longer be the ones vf_mm renders.
+markers or row text (Gemma 3, Gemma 4, SmolVLM, InternVL3, Qwen3-VL's video timestamps)
+is refused with ``UnsupportedModelError``, because a server writes that text on its own
+side of the pad and the ids would no longer be the ones vf_mm renders.
 
 Bridging: verifiers hands a bridge the previous turn's *collapsed* ids. Each collapsed
 render or bridge is remembered (bounded, least recently used first out) with its
