@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vf_mm.cli import main
+from vf_mm.inference import LocalBackend
+
 #: the event each wrapped call writes when it returns
 DONE = {"admit": "admitted", "prefill": "prefilled", "decode": "decoded", "retire": "retired"}
 
@@ -49,43 +52,47 @@ class Trace:
 
 
 def install() -> Trace:
-    """Wrap ``Scheduler.submit`` and each row engine's ``admit`` / ``prefill`` /
-    ``decode`` / ``retire``. Kinds: ``submit`` (1), ``admit`` / ``admitted`` (requests
-    offered, at the call's start and end), ``prefill`` / ``prefilled`` and ``decode`` /
-    ``decoded`` (rows running, at start and end), ``retired`` (rows left running)."""
-    from vf_mm.inference._batch_engine import BatchEngine
-    from vf_mm.inference._pool import PoolEngine
-    from vf_mm.inference._scheduler import Scheduler
-
+    """Trace every ``LocalBackend`` built from now on: its scheduler's ``submit`` and its
+    row engine's ``admit`` / ``prefill`` / ``decode`` / ``retire`` (each instance's, so
+    nothing but the backends' own parts is touched). Kinds: ``submit`` (1), ``admit`` /
+    ``admitted`` (requests offered, at the call's start and end), ``prefill`` /
+    ``prefilled`` and ``decode`` / ``decoded`` (rows running, at start and end),
+    ``retired`` (rows left running). The generate engine (no rows) is not traced."""
     trace = Trace()
-    submit = Scheduler.submit
+    build = LocalBackend.__init__
 
-    @functools.wraps(submit)
-    def traced_submit(self: Any, pending: Any) -> None:
-        trace.add("submit", 1)
-        submit(self, pending)
+    @functools.wraps(build)
+    def traced_build(self: LocalBackend, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        scheduler = self._scheduler
+        submit = scheduler.submit
 
-    Scheduler.submit = traced_submit  # type: ignore[method-assign]
+        def traced_submit(pending: Any) -> None:
+            trace.add("submit", 1)
+            submit(pending)
 
-    def around(cls: type, name: str, count: Any) -> None:
-        inner = getattr(cls, name)
+        scheduler.submit = traced_submit  # type: ignore[method-assign]
+        engine = scheduler._engine
+        if hasattr(engine, "rows"):
+            around(engine, "admit", len)
+            around(engine, "prefill", lambda: len(engine._new))
+            around(engine, "decode", lambda: len(engine.rows))
+            around(engine, "retire", lambda: len(engine.rows))
 
-        @functools.wraps(inner)
-        def traced(self: Any, *args: Any) -> Any:
+    def around(engine: Any, name: str, count: Any) -> None:
+        inner = getattr(engine, name)
+
+        def traced(*args: Any) -> Any:
             start = time.perf_counter()
-            before = count(self, *args)
-            out = inner(self, *args)
+            before = count(*args)
+            out = inner(*args)
             trace.add(name, before, at=start)
-            trace.add(DONE[name], len(self.rows))
+            trace.add(DONE[name], len(engine.rows))
             return out
 
-        setattr(cls, name, traced)
+        setattr(engine, name, traced)
 
-    for cls in (PoolEngine, BatchEngine):
-        around(cls, "admit", lambda self, pendings: len(pendings))
-        around(cls, "prefill", lambda self: len(self._new))
-        around(cls, "decode", lambda self: len(self.rows))
-        around(cls, "retire", lambda self: len(self.rows))
+    LocalBackend.__init__ = traced_build  # type: ignore[method-assign]
     return trace
 
 
@@ -96,8 +103,6 @@ def serve_main(path: Path, argv: list[str]) -> None:
     # uvicorn re-raises the SIGTERM that stopped it once it has shut down: exit through
     # SystemExit then, so that atexit writes the trace
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    from vf_mm.cli._main import main
-
     sys.argv = ["vf-mm", "serve", *argv]
     main()
 
