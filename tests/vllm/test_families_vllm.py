@@ -2,7 +2,7 @@
 equals the renderer's, token for token and bit for bit.
 
 For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL3,
-Qwen3.5-MoE and LFM2.5-VL (one tiny checkpoint and one server each, images of sizes that
+Qwen3-VL-MoE, Qwen3.5-MoE and LFM2.5-VL (one tiny checkpoint and one server each, images of sizes that
 force a resize, the renderer on the torchvision backend, which vLLM uses):
 
 - the render route (``/v1/chat/completions/render``): vLLM's token ids equal the
@@ -13,7 +13,7 @@ force a resize, the renderer on the torchvision backend, which vLLM uses):
 - features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
   takes our ``kwargs_data`` and samples what its own processing of the image gives, for
   the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision, LLaVA-NeXT,
-  Qwen3.5-MoE). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
+  the MoEs). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
   ``is_embed``, which vLLM 0.32's features protocol cannot take.
 
 Qwen3.5's and Qwen3.5-MoE's servers run in bfloat16: vLLM 0.32's CPU Gated DeltaNet
@@ -61,14 +61,13 @@ from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
 
-#: Qwen3-VL-MoE and Kimi-K2.5 are not here: vLLM 0.32 does not load their tiny
-#: checkpoints (docs/models.md says why)
+#: Kimi-K2.5 is not here: vLLM 0.32 does not load its tiny checkpoint (docs/models.md)
 FAMILIES = (
     "qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl",
-    "qwen3_5_moe", "lfm2_vl",
+    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl",
 )  # fmt: skip
 #: placeholders without is_embed: features mode takes them
-PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_5_moe")
+PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe")
 SIZES = [(640, 480), (97, 501), (1000, 120)]
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 #: vLLM's names for a model input that transformers (and vf_mm) name otherwise
