@@ -6,6 +6,7 @@
     python3 dev.py bench    # the benchmarks in bench/
     python3 dev.py slow     # the slow tier (pytest -m slow)
     python3 dev.py vllm     # the vllm tier: a real vLLM server (sets up .venv-vllm)
+    python3 dev.py torchvision  # the vllm tier's image tests under the pinned transformers (.venv-torchvision)
     python3 dev.py ray      # the ray tier: rollout workers as Ray actors (sets up .venv-ray)
     python3 dev.py verifiers  # the verifiers tier: verifiers environments (sets up .venv-verifiers)
     python3 dev.py trl      # the trl tier: TRL's GRPOTrainer on vf_mm environments (sets up .venv-trl)
@@ -42,6 +43,8 @@ TRL_VENV = ROOT / ".venv-trl"
 TRL_PY = TRL_VENV / "bin" / "python"
 VERIFIERS1_VENV = ROOT / ".venv-verifiers1"
 VERIFIERS1_PY = VERIFIERS1_VENV / "bin" / "python"
+TORCHVISION_VENV = ROOT / ".venv-torchvision"
+TORCHVISION_PY = TORCHVISION_VENV / "bin" / "python"
 #: the tiers the default run leaves out (each has its own job and venv)
 OTHER_TIERS = "not slow and not vllm and not ray and not verifiers and not trl and not verifiers1"
 INPUTS = [ROOT / "requirements" / "lock.txt", ROOT / "pyproject.toml"]
@@ -107,6 +110,28 @@ def setup_verifiers1() -> None:
     )
 
 
+def setup_torchvision() -> None:
+    """.venv-torchvision: .venv's packages (the pinned lock, transformers 5.23) under
+    .venv-vllm's torch and torchvision (PyPI's CUDA builds, which run on a CPU: PyPI's
+    torchvision does not import beside .venv's +cpu torch, and no +cpu torchvision is on
+    PyPI). The image processors transformers has only in torchvision (LFM2.5-VL's,
+    Kimi-K2.5's) are then checked under the transformers vf_mm pins, not only under the
+    vLLM venv's (5.19). Nothing is installed: links to .venv-vllm's torch packages, which
+    come first on the path, and .venv's site-packages added as a site directory."""
+    vllm_site = next((ROOT / ".venv-vllm" / "lib").glob("python3*/site-packages"))
+    main_site = next((VENV / "lib").glob("python3*/site-packages"))
+    if not TORCHVISION_PY.exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(TORCHVISION_VENV)
+    site = next((TORCHVISION_VENV / "lib").glob("python3*/site-packages"))
+    torch_parts = ("torch", "torchvision", "torchgen", "functorch", "triton", "nvidia", "cuda")
+    for entry in vllm_site.iterdir():
+        if entry.name.split("-")[0].split(".")[0].startswith(torch_parts):
+            link = site / entry.name
+            if not link.is_symlink():
+                link.symlink_to(entry)
+    (site / "vf_mm_main_venv.pth").write_text(f"import site; site.addsitedir({str(main_site)!r})\n")
+
+
 def setup_tier(root: Path, requirements: Path, *, unpinned: tuple[str, ...] = ()) -> None:
     """A tier's own venv at ``root``: the pinned lock plus ``requirements``. The lock is
     also a constraint, so nothing the tier's packages pull in moves a pinned version
@@ -139,6 +164,9 @@ VLLM_TESTS = (
     "tests/renderers/test_kimi_k25.py",
     "tests/renderers/test_golden.py",
 )
+#: the vllm tier's tests that need torchvision and neither vLLM nor its server, which
+#: ``dev.py torchvision`` runs under the default lock's transformers
+TORCHVISION_TESTS = VLLM_TESTS[1:]
 
 JOBS = {
     "demo": [
@@ -172,6 +200,8 @@ JOBS = {
         ["bash", ROOT / "scripts" / "setup_vllm.sh"],
         [VLLM_PY, "-m", "pytest", "-q", "-m", "vllm", *VLLM_TESTS],
     ],
+    # the same image tests (no server) under .venv's transformers, with .venv-vllm's torchvision
+    "torchvision": [[TORCHVISION_PY, "-m", "pytest", "-q", "-m", "vllm", *TORCHVISION_TESTS]],
     # rollout workers as Ray actors on a local Ray cluster (Ray in its own venv .venv-ray)
     "ray": [[RAY_PY, "-m", "pytest", "-q", "-m", "ray", "tests/workers"]],
     # verifiers classic environments run through vf_mm (verifiers in its own venv .venv-verifiers)
@@ -286,6 +316,9 @@ def main(argv: list[str]) -> int:
         setup()
     if argv[0] == "ray":
         setup_ray()
+    if argv[0] == "torchvision":  # .venv-vllm's torch and torchvision beside .venv's packages
+        run("bash", ROOT / "scripts" / "setup_vllm.sh")
+        setup_torchvision()
     job, extra = JOBS[argv[0]], argv[1:]
     try:
         for i, cmd in enumerate(job):

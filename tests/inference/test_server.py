@@ -1131,21 +1131,23 @@ def test_vf_mm_serve_cli(serve_cli, renderer):
     asyncio.run(talk())
 
 
-def test_a_family_the_server_does_not_check_is_refused_at_start():
-    """A family whose processed images are not checked (LFM2-VL) is refused when the app
-    is made, naming the family, why, and what to use instead, not on its first image;
-    every other vision family is served (tests/inference/test_server_families.py)."""
+@pytest.mark.parametrize("family", ["lfm2_vl", "kimi_k25"])
+def test_a_family_the_server_does_not_check_is_refused_at_start(family):
+    """A family whose processed images are not checked (LFM2-VL, Kimi-K2.5) is refused
+    when the app is made, naming the family, why, and what to use instead, not on its
+    first image; every other vision family is served
+    (tests/inference/test_server_families.py)."""
     from types import SimpleNamespace
 
     from vf_mm.errors import UnsupportedModelError
 
     with pytest.raises(
-        UnsupportedModelError, match=r"not serve 'lfm2_vl'.*not checked.*LocalBackend"
+        UnsupportedModelError, match=rf"not serve '{family}'.*not checked.*LocalBackend"
     ):
-        create_app(SimpleNamespace(family="lfm2_vl"), model_name="m")
+        create_app(SimpleNamespace(family=family), model_name="m")
     # a backend that does not say its family (a scripted one): the renderer's is checked
-    renderer = SimpleNamespace(vision=object(), name="lfm2_vl")
-    with pytest.raises(UnsupportedModelError, match="not serve 'lfm2_vl'"):
+    renderer = SimpleNamespace(vision=object(), name=family)
+    with pytest.raises(UnsupportedModelError, match=f"not serve '{family}'"):
         create_app(SimpleNamespace(), renderer=renderer, model_name="m")
 
 

@@ -721,3 +721,25 @@ def test_qwen3_vl_instruct_refuses_what_it_would_drop(moe):
              {"role": "user", "content": "hi"}]  # fmt: skip
     with pytest.raises(RenderError, match=r"message 0 \(system\) holds an image"):
         renderer.render(first)
+
+
+def test_the_tiny_qwen3_vl_moe_is_saved_as_the_released_checkpoints_are(moe):
+    """vLLM 0.32 loads Qwen3-VL-MoE's fused experts only in the released layout
+    (``gate_up_proj`` (experts, hidden, 2 x intermediate), ``down_proj`` (experts,
+    intermediate, hidden)) and reads ``norm_topk_prob`` from the text config; transformers
+    reads that file back to the weights it computes with (each the transpose)."""
+    from safetensors.torch import load_file
+
+    from vf_mm.models import model_class
+
+    config = json.loads((moe["qwen3_vl_moe"] / "config.json").read_text())["text_config"]
+    assert config["norm_topk_prob"] is True
+    hidden, inner = config["hidden_size"], config["moe_intermediate_size"]
+    saved = load_file(str(moe["qwen3_vl_moe"] / "model.safetensors"))
+    prefix = "model.language_model.layers.0.mlp.experts."
+    assert saved[prefix + "gate_up_proj"].shape[1:] == (hidden, 2 * inner)
+    assert saved[prefix + "down_proj"].shape[1:] == (inner, hidden)
+    model = model_class("qwen3_vl_moe").from_pretrained(moe["qwen3_vl_moe"], dtype=torch.float32)
+    experts = model.model.language_model.layers[0].mlp.experts
+    assert torch.equal(experts.gate_up_proj, saved[prefix + "gate_up_proj"].transpose(1, 2))
+    assert torch.equal(experts.down_proj, saved[prefix + "down_proj"].transpose(1, 2))

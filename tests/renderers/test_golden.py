@@ -191,6 +191,29 @@ def test_vf_mm_template_renders_what_the_real_one_renders(tokenizers, family, ca
     assert rendered == as_processor_reads(family, case["text"])
 
 
+@pytest.mark.parametrize("key", sorted(RENDERINGS))
+def test_the_real_template_ends_an_answer_with_a_stop_token_of_the_family(tokenizers, key):
+    """The family's stop tokens (what the backend stops sampling on) hold the token the
+    real template writes right after an answer's text, and each is one token of the
+    vocabulary: a model that ends its turn as the template does is stopped there, not
+    run on to ``max_tokens``."""
+    family, _variant = family_of(key)
+    stops = family_info(family).stop_tokens
+    tokenizer = tokenizers[key]
+    for stop in stops:
+        assert len(tokenizer(stop, add_special_tokens=False)["input_ids"]) == 1, stop
+    answer = "It is 7."
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "How many?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+        {"role": "user", "content": [{"type": "text", "text": "Sure?"}]},
+    ]
+    case = {"messages": messages, "add_generation_prompt": True}
+    text = render(tokenizer, template(SOURCES[key]["file"]), case)
+    after = text[text.index(answer) + len(answer) :]
+    assert after.startswith(stops), (key, after[:40])
+
+
 def test_a_rewrite_changes_each_image_placeholder_and_nothing_else(tokenizers):
     """InternVL3's rewrite (``<image>`` to ``<IMG_CONTEXT>``) applied to the stored
     template renders what applying it to the golden string gives, and it touches exactly

@@ -24,7 +24,10 @@ from typing import Any
 import pytest
 
 import vf_mm as vf
-from tests.renderers._sampling import assert_samples_as_a_full_forward_scores
+from tests.renderers._sampling import (
+    assert_an_image_rollout_trains,
+    assert_samples_as_a_full_forward_scores,
+)
 from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -315,50 +318,9 @@ def test_a_text_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(
     assert router and any(p.grad is not None and p.grad.abs().sum() > 0 for p in router)
 
 
-class _Look(vf.MultiTurnEnv):
-    """Every turn shows the model one more picture."""
-
-    async def env_response(self, messages, state):
-        from PIL import Image
-
-        picture = Image.new("RGB", (60 + 20 * state["turn"], 40), (40 * state["turn"], 90, 200))
-        return [{"role": "user", "content": [{"type": "image", "image": picture},
-                                             {"type": "text", "text": "and now?"}]}]  # fmt: skip
-
-
 @pytest.mark.vllm
 def test_an_image_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(kimi):
-    """Where torchvision imports: a rollout with an image each turn, sampled by the local
-    backend, becomes samples whose forward (MoonViT, the projector, the DeepSeek-V3
-    stack) gives back the sampler's logprobs, and a GRPO step reaches the vision tower."""
-    pytest.importorskip("torchvision")
-    import asyncio
-
-    import torch
-    from PIL import Image
-
-    from vf_mm.inference import LocalBackend
-    from vf_mm.models import model_class
-    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
-
-    renderer = load_renderer(kimi, image_backend="torchvision")
-    env = _Look(dataset=[{"question": "what is it?", "image": Image.new("RGB", (300, 90), "red")}],
-                max_turns=3, sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
-    state = asyncio.run(env.rollout(vf.RendererClient(LocalBackend(kimi), renderer),
-                                    env.get_dataset()[0]))  # fmt: skip
-    token = renderer.vision.image_token_id
-    samples = build_samples(state, advantage=1.0, image_token_id=token)
-    assert samples[-1].is_multimodal and len(samples[-1].images) == 3
-    batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
-                           image_token_id=token, family="kimi_k25")  # fmt: skip
-    model = model_class("kimi_k25").from_pretrained(kimi, dtype=torch.float32).eval()
-    for batch in batches:
-        with torch.no_grad():
-            ours = token_logprobs(model, batch)
-        mask = batch.loss_mask.bool()
-        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
-    model.train()
-    loss, _ = grpo_loss(model, batches[-1])
-    loss.backward()
-    vision = [p for n, p in model.named_parameters() if "vision" in n]
-    assert vision and any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision)
+    """Where torchvision imports: an image rollout sampled by the local backend trains,
+    its forward (MoonViT, the projector, the DeepSeek-V3 stack) giving back the sampler's
+    logprobs (``assert_an_image_rollout_trains``)."""
+    assert_an_image_rollout_trains(kimi, "kimi_k25")

@@ -19,7 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.renderers._sampling import assert_samples_as_a_full_forward_scores
+from tests.renderers._sampling import (
+    assert_an_image_rollout_trains,
+    assert_samples_as_a_full_forward_scores,
+)
 from vf_mm.errors import MissingDependencyError
 from vf_mm.models import family_info, load_processor, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -191,3 +194,12 @@ def test_images_match_the_processor_bit_for_bit(lfm2, seed):
     for placeholder in rendered.multi_modal_data.mm_placeholders["image"]:
         covered[placeholder.embed_positions()] = True
     assert np.array_equal(covered, marked)
+
+
+@pytest.mark.vllm
+def test_an_image_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(lfm2):
+    """Where torchvision imports: an image rollout sampled by the local backend trains,
+    its forward (the SigLIP2 tower, the projector, the LFM2 hybrid stack with its tiles'
+    ``pixel_attention_mask`` and ``spatial_shapes``) giving back the sampler's logprobs
+    (``assert_an_image_rollout_trains``)."""
+    assert_an_image_rollout_trains(lfm2, "lfm2_vl")

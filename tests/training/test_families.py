@@ -180,13 +180,15 @@ def test_a_packed_batch_gives_each_sample_what_it_gets_alone(trained):
 
 @pytest.mark.parametrize(
     ("family", "variant", "router"),
-    [("gemma4", "26b-a4b", "router"), ("qwen3_vl_moe", None, "gate"), ("qwen3_5_moe", None, "gate")],
+    [("gemma4", "26b-a4b", "router"), ("qwen3_vl_moe", None, "gate"), ("qwen3_5_moe", None, "gate"),
+     pytest.param("gemma4", "31b", None, marks=pytest.mark.slow)],  # a build of its own
 )  # fmt: skip
 def test_a_mixture_of_experts_trains_as_it_sampled(tmp_path, family, variant, router):
     """The MoE checkpoints (their tiny renditions): Gemma 4's 26B-A4B (experts beside each
     MLP, and bidirectional attention over each image, which only the
     ``mm_token_type_ids`` of ``model_inputs`` switch on), Qwen3-VL-MoE (experts in place
-    of the MLPs) and Qwen3.5-MoE (experts beside a shared expert, Gated DeltaNet layers).
+    of the MLPs) and Qwen3.5-MoE (experts beside a shared expert, Gated DeltaNet layers);
+    in the slow tier also Gemma 4's 31B (dense, bidirectional attention over each image).
     A rollout sampled by the local backend gives back its logprobs in the training
     forward, and a GRPO step reaches the routers, the experts and the vision tower."""
     path = build_tiny_vlm(tmp_path / "m", family, variant=variant)
@@ -216,5 +218,6 @@ def test_a_mixture_of_experts_trains_as_it_sampled(tmp_path, family, variant, ro
     loss, _ = grpo_loss(model.train(), batches[-1])
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    for part in (f".{router}.", "experts", "visual" if family != "gemma4" else "vision_tower"):
+    experts = (f".{router}.", "experts") if router else ()  # the 31B is dense
+    for part in (*experts, "visual" if family != "gemma4" else "vision_tower"):
         assert any(part in n and g.abs().sum() > 0 for n, g in grads.items()), (part, list(grads))

@@ -1,9 +1,9 @@
 """Every vision family against a real vLLM 0.32 server: vLLM's own processing of an image
 equals the renderer's, token for token and bit for bit.
 
-For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM and LLaVA-OneVision (one tiny checkpoint
-and one server each, images of sizes that force a resize, the renderer on the torchvision
-backend, which vLLM uses):
+For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL3,
+Qwen3-VL-MoE, Qwen3.5-MoE and LFM2.5-VL (one tiny checkpoint and one server each, images of sizes that
+force a resize, the renderer on the torchvision backend, which vLLM uses):
 
 - the render route (``/v1/chat/completions/render``): vLLM's token ids equal the
   renderer's, and every tensor of its ``kwargs_data`` (decoded by our decoder from
@@ -12,13 +12,15 @@ backend, which vLLM uses):
   image) with the image sent raw comes back expanded to exactly the renderer's ids;
 - features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
   takes our ``kwargs_data`` and samples what its own processing of the image gives, for
-  the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision). Gemma 3's,
-  Gemma 4's and SmolVLM's carry ``is_embed``, which vLLM 0.32's features protocol cannot
-  take;
+  the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision, LLaVA-NeXT,
+  the MoEs). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
+  ``is_embed``, which vLLM 0.32's features protocol cannot take;
 - the sampler/trainer mismatch: features-mode rollouts for the plain-run families, and
   Gemma 4's (E2B architecture) in content_parts mode, where vLLM processes the images.
 
-Qwen3.5's server runs in bfloat16: vLLM 0.32's CPU Gated DeltaNet refuses float32.
+Qwen3.5's and Qwen3.5-MoE's servers run in bfloat16: vLLM 0.32's CPU Gated DeltaNet
+refuses float32. vLLM's ``kwargs_data`` also holds its own bookkeeping (``VLLM_ONLY``: an
+image's tile count, InternVL's image token id), no model input, which is not compared.
 
 Placeholders: equal to vLLM's, except Gemma 3's, where vLLM's range also covers the newline
 tokens its processor writes around the image markers (``"\\n\\n"`` merged with the text
@@ -61,12 +63,20 @@ from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
 
-FAMILIES = ("qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision")
-PLAIN_RUNS = ("qwen3_5", "llava_onevision")  # placeholders without is_embed
+#: Kimi-K2.5 is not here: vLLM 0.32 does not load its tiny checkpoint (docs/models.md)
+FAMILIES = (
+    "qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl",
+    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl",
+)  # fmt: skip
+#: placeholders without is_embed: features mode takes them
+PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe")
 SIZES = [(640, 480), (97, 501), (1000, 120)]
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 #: vLLM's names for a model input that transformers (and vf_mm) name otherwise
 VLLM_NAMES = {"pixel_position_ids": "image_position_ids"}
+#: vLLM's own bookkeeping in an image's kwargs_data, no model input of the processor's: how
+#: many tiles an image has (SmolVLM, InternVL) and InternVL's image token id
+VLLM_ONLY = ("num_patches", "image_num_patches", "image_token_id")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -91,7 +101,7 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLM
             '{"image":2,"video":0,"audio":0}' if family == "gemma4" else '{"image":2,"video":0}'
         )
         args = ["--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize"]
-        if family == "qwen3_5":
+        if family in ("qwen3_5", "qwen3_5_moe"):
             args += ["--dtype", "bfloat16"]  # vLLM's CPU Gated DeltaNet runs only in bf16
         server = VLLMServer(family, path, free_port(), root / f"{family}.log", args)
         out[family] = (server, path)
@@ -143,7 +153,7 @@ def test_the_render_route_equals_the_renderer(family, size):
     item = ours.multi_modal_data.mm_items["image"][0]
     decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["image"][0])
     for key, value in decoded.items():
-        if key == "num_patches":  # vLLM's bookkeeping of how many tiles an image has
+        if key in VLLM_ONLY:
             continue
         mine = np.asarray(item[VLLM_NAMES.get(key, key)]).reshape(
             value.shape
@@ -222,15 +232,16 @@ def test_the_trainer_scores_vllms_multi_turn_image_samples_as_vllm_did(family):
     """Issue 31's mismatch metric, per family: two two-turn gridnav rollouts (an image
     each turn) sampled by this server through vf_mm's client, scored by the same
     checkpoint's transformers forward on vf_mm's training batch; with one later image
-    turned grey, the metric must show it (``tests/vllm/_mismatch.py``). Qwen3.5's server
-    samples in bfloat16 (vLLM's CPU DeltaNet): its bar is prime-rl's. Gemma 3, Gemma 4
-    and SmolVLM cannot be sampled by vf_mm's client on vLLM 0.32 (``is_embed``): refused
-    by name."""
+    turned grey, the metric must show it (``tests/vllm/_mismatch.py``). Qwen3.5's and
+    Qwen3.5-MoE's servers sample in bfloat16 (vLLM's CPU DeltaNet): their bar is
+    prime-rl's. Gemma 3, Gemma 4, SmolVLM, InternVL3 and LFM2.5-VL cannot be sampled by
+    vf_mm's client on vLLM 0.32 (``is_embed``): refused by name."""
     name, server, path, _renderer = family
     if name not in PLAIN_RUNS:
         assert_refused(name, server.base_url, path)
         return
-    hybrid = name == "qwen3_5"  # seeded requests kill vLLM 0.32's CPU engine (_mismatch.py)
+    # seeded requests kill vLLM 0.32's CPU engine on the hybrid stacks (_mismatch.py)
+    hybrid = name in ("qwen3_5", "qwen3_5_moe")
     result = measure(name, server.base_url, path, seed=None if hybrid else 0)
     assert_agrees(result, bf16_sampler=hybrid)
 

@@ -213,10 +213,32 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
+    if family == "qwen3_vl_moe":
+        _experts_as_released(path)
     if family == "lfm2_vl":
         _siglip_keys_as_released(path, prefix="model.vision_tower.")
     elif family not in ("internvl", "kimi_k25"):  # their towers' names are the released ones
         _siglip_keys_as_released(path)
+
+
+def _experts_as_released(path: Path) -> None:
+    """Lay Qwen3-VL-MoE's fused expert weights out as the released checkpoints do:
+    ``gate_up_proj`` (experts, hidden, 2 x intermediate) and ``down_proj`` (experts,
+    intermediate, hidden). transformers 5.23 saves the transpose of each (its own layout)
+    and reads both (its loading converter transposes a tensor whose shape is not the
+    parameter's); vLLM 0.32 reads only the released one."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    with safe_open(str(file), "pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(str(file))
+    fused = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+    released = {
+        k: v.transpose(1, 2).contiguous() if k.endswith(fused) else v for k, v in tensors.items()
+    }
+    save_file(released, str(file), metadata=metadata)
 
 
 def _siglip_keys_as_released(path: Path, *, prefix: str = "vision_tower.") -> None:
@@ -433,7 +455,13 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                     shared_expert_intermediate_size=64)  # fmt: skip
     elif family == "qwen3_vl_moe":  # experts in place of the MLP in every layer
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+        # norm_topk_prob: vLLM's Qwen3-MoE layer reads it from the config (without it vLLM
+        # 0.32 cannot load the checkpoint); transformers' router always renormalises the
+        # top-k weights and no longer names it, so True is transformers' behaviour. An
+        # intermediate size whose double is not the hidden size keeps the fused experts'
+        # two layouts apart (``_experts_as_released``)
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                    norm_topk_prob=True)  # fmt: skip
     return AutoConfig.for_model(
         family, text_config=text, vision_config=vision, tie_word_embeddings=False, **ids
     )
