@@ -23,8 +23,8 @@ def _private_cache(tmp_path_factory):
     """vf_mm's cache (the converted real Qwen vocabulary, the tiny checkpoints of
     ``cached_tiny_vlm``) goes to this run's temp dir, not ~. Under pytest-xdist the workers'
     temp dirs (``popen-gwN``) share one parent, this run's own: the cache goes there, so
-    what one worker built (the vocabulary takes ~9 CPU-s) the other reuses; ``build_once``
-    is safe for concurrent first uses."""
+    what one worker built (the vocabulary takes ~5 CPU-s) the other reuses; ``build_once``
+    locks a first build, so a worker that needs it meanwhile waits instead of building too."""
     saved = os.environ.get("VF_MM_CACHE")
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
