@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -16,6 +17,21 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # imported before this file (a plugin): set it directly too
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C as Python's default handler answers it."""
+    raise KeyboardInterrupt
+
+
+# Ctrl-C still raises KeyboardInterrupt, through a handler of the suite's own instead of
+# signal.default_int_handler: over the default one, CPython 3.11's asyncio.run installs a
+# handler and, leaving, checks it with signal.getsignal, which formats that handler (the
+# run's main task, result and all) into a ValueError it drops. A test's result carries
+# images and tensors: ~7 CPU-s of repr in four test files alone. (A child process starts
+# with the default handler again: exec resets a handled signal.)
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupt)
 
 
 @pytest.fixture(autouse=True, scope="session")
