@@ -68,3 +68,20 @@ def test_a_build_another_process_holds_the_lock_for_is_waited_for_and_reused(tmp
     other.release()
     waiter.join(30)
     assert found == [tmp_path / "thing"] and built == []
+
+
+def test_the_tiny_vocabulary_is_trained_once_a_process_and_each_build_gets_its_own_copy(
+    monkeypatch,
+):
+    """Dozens of tiny checkpoints in a test run share one BPE training (per size and
+    split); a caller that changes its vocabulary changes no other caller's."""
+    from vf_mm.models import _vocab
+
+    corpora: list[int] = []
+    corpus = _vocab._corpus
+    monkeypatch.setattr(_vocab, "_corpus", lambda: corpora.append(1) or corpus())
+    first, _ = _vocab._train_bpe(301)  # a size no other test trains
+    first["mine"] = -1
+    second, merges = _vocab._train_bpe(301)
+    assert corpora == [1] and "mine" not in second and merges
+    assert _vocab.tiny_tokenizer(301).get_vocab() == _vocab.tiny_tokenizer(301).get_vocab()
