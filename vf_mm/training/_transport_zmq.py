@@ -401,6 +401,8 @@ class ZmqChannel:
         Returns whether everything was acknowledged."""
         delivered = False
         try:
+            if self._refused is not None:  # the trainer refused this sender: none of it
+                raise TransportError(self._refused)  # reaches it, nor does an end marker
             self._closing = True  # from now on the socket's send timeout is linger_s
             self._end_error = error
             self._send_end()
