@@ -178,6 +178,10 @@ async def train(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[di
                   f"{point['kl']:>8.4f} {point['mismatch_kl']:>8.1e} {point['max_abs_diff']:>7.4f} "
                   f"{time.perf_counter() - start:>5.1f}", flush=True)  # fmt: skip
     finally:
+        # the trainer is this process, and it reads nothing more: every group it took is
+        # committed (or the run failed), so the sender need not wait for the trainer to
+        # take its end marker (a trainer in a process of its own would: keep the linger)
+        sender.linger_s = 0
         sender.close()
         receiver.close()
         await backend.aclose()

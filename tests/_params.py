@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import strategies as st
+
+#: Every character UTF-8 encodes (all but the surrogates): what ``st.text()`` draws by
+#: default, but without its ``codec="utf-8"`` check, which in a fresh checkout (no
+#: ``.hypothesis`` cache yet) first encodes all of Unicode, ~4 CPU-s in each test process.
+UNICODE = st.characters(exclude_categories=("Cs",))
 
 
 def seeds(default: int, total: int) -> list[object]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -18,13 +19,28 @@ if "torch" in sys.modules:  # imported before this file (a plugin): set it direc
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C as Python's default handler answers it."""
+    raise KeyboardInterrupt
+
+
+# Ctrl-C still raises KeyboardInterrupt, through a handler of the suite's own instead of
+# signal.default_int_handler: over the default one, CPython 3.11's asyncio.run installs a
+# handler and, leaving, checks it with signal.getsignal, which formats that handler (the
+# run's main task, result and all) into a ValueError it drops. A test's result carries
+# images and tensors: ~7 CPU-s of repr in four test files alone. (A child process starts
+# with the default handler again: exec resets a handled signal.)
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupt)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """vf_mm's cache (the converted real Qwen vocabulary, the tiny checkpoints of
     ``cached_tiny_vlm``) goes to this run's temp dir, not ~. Under pytest-xdist the workers'
     temp dirs (``popen-gwN``) share one parent, this run's own: the cache goes there, so
-    what one worker built (the vocabulary takes ~9 CPU-s) the other reuses; ``build_once``
-    is safe for concurrent first uses."""
+    what one worker built (the vocabulary takes ~5 CPU-s) the other reuses; ``build_once``
+    locks a first build, so a worker that needs it meanwhile waits instead of building too."""
     saved = os.environ.get("VF_MM_CACHE")
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -4,6 +4,7 @@ layers, and no code reaches into another subpackage's private modules."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 from pathlib import Path
@@ -60,11 +61,17 @@ def _python_files(*folders: str) -> list[Path]:
     return [f for f in files if not any(p.startswith(".") for p in f.relative_to(ROOT).parts)]
 
 
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of a file's syntax tree, parsed once for all the tests here."""
+    return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))))
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
     """Every absolute ``vf_mm`` module a file imports (``from a import b`` counts ``a.b``:
     ``b`` may be a module), anywhere in the file, lazy imports included."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in _nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module == "vf_mm":
             for alias in node.names:  # a submodule, or a name the root re-exports
                 is_module = (PACKAGE / alias.name).is_dir() or (
@@ -180,7 +187,7 @@ def test_the_package_uses_absolute_imports_only():
     relative = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in _python_files("vf_mm")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in _nodes(path)
         if isinstance(node, ast.ImportFrom) and node.level > 0
     ]
     assert relative == [], "the import checks above read absolute imports: write them so"
@@ -195,7 +202,7 @@ def test_every_long_class_says_why_it_is_one_concept():
     giants = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({size} lines)"
         for path in _python_files("vf_mm")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in _nodes(path)
         if isinstance(node, ast.ClassDef)
         and (size := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES
         and "One concept:" not in (ast.get_docstring(node) or "")

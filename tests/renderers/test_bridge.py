@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._params import UNICODE
 from tests.renderers.conftest import content, conversation, random_image
 from vf_mm.renderers import load_renderer
 
@@ -467,9 +468,7 @@ def test_a_tokenizer_that_cleans_up_spaces_decodes_through_its_own_call(checkpoi
 
 # -- the ChatML tail: Qwen2-VL's and Qwen2.5-VL's templates without running them ------------
 
-_TEXT = st.text(
-    st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
-) | st.sampled_from(
+_TEXT = st.text(UNICODE, max_size=12) | st.sampled_from(
     ["", " ", "\n", " a \n", "<b>x</b>", "{{ x }}", "{% raw %}", "Picture 1:", "<|vision_start|>"]
 )
 _PART = st.one_of(

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests._params import UNICODE
 from vf_mm.training._acks import (
     ACK,
     HELLO,
@@ -21,7 +22,7 @@ from vf_mm.training._acks import (
     unpack_reply,
 )
 
-ids = st.lists(st.text(min_size=1, max_size=40), max_size=8)
+ids = st.lists(st.text(UNICODE, min_size=1, max_size=40), max_size=8)
 u32 = st.integers(0, 2**32 - 1)
 
 

@@ -75,6 +75,29 @@ def test_only_allowed_workers_deliver_and_the_trainer_reports_the_others(keys, c
     assert "not in the allow-list" in caplog.text
 
 
+def test_a_refused_sender_closes_at_once_even_when_told_to_wait_forever(keys):
+    """A worker the trainer refused has nothing to wait for: its close sends no end marker
+    (no connection would take it, and the send would block for the whole linger) and
+    returns, with linger_s=None too."""
+    made, allow = keys
+    receiver = GroupReceiver("tcp://127.0.0.1:*", secret_key=made["trainer"][1], allow=allow,
+                             senders=None, timeout_s=60)  # fmt: skip
+    _, thread = trainer(receiver)
+    intruder = GroupSender(receiver.endpoint, secret_key=made["intruder"][1],
+                           trainer_key=made["trainer"][0], hwm=1, linger_s=None)  # fmt: skip
+    with pytest.raises(TransportError, match="not in the trainer's allow-list"):
+        for i in range(5):
+            intruder.send({"poison": i})
+    closing = threading.Thread(target=intruder.close, daemon=True)  # (a regression: stuck)
+    closing.start()
+    closing.join(30)  # a generous bound on the wait, not a timing claim
+    alive = closing.is_alive()
+    receiver.close()
+    thread.join(10)
+    assert not alive, "the refused sender's close waited on a trainer that refused it"
+    assert intruder.closed and not intruder.delivered
+
+
 def test_a_worker_never_sends_to_a_trainer_with_another_key(keys):
     made, allow = keys
     impostor = GroupReceiver("tcp://127.0.0.1:*", secret_key=made["other-trainer"][1],

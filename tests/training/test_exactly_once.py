@@ -195,6 +195,25 @@ def test_without_autocommit_only_commit_frees_the_window(ipc_dir):
         sender.close()
 
 
+def test_a_changed_timeout_or_linger_is_the_one_the_sender_uses(ipc_dir):
+    """``linger_s`` and ``timeout_s`` are settable (``vf-mm rollout`` shortens the linger
+    when a run stops early): the ZeroMQ channel uses the new values, not the ones given
+    at construction."""
+    with GroupReceiver(
+        f"ipc://{ipc_dir}/settings", timeout_s=10, senders=None, autocommit=False
+    ) as receiver:
+        sender = GroupSender(receiver.endpoint, hwm=1, timeout_s=60, linger_s=60)
+        sender.send(group(0))
+        assert next(receiver)["i"] == 0  # taken, never committed: the window stays full
+        sender.timeout_s = 0.05
+        with pytest.raises(BackPressureTimeout, match=r"in 0\.05 s"):
+            sender.send(group(1))
+        sender.linger_s = 0.05
+        assert sender.linger_s == sender.timeout_s == 0.05
+        sender.close()  # group 0 is never acknowledged: it gives up after the new linger
+        assert not sender.delivered
+
+
 def test_groups_without_ids_are_acknowledged_when_taken(ipc_dir):
     with GroupReceiver(f"ipc://{ipc_dir}/plain", timeout_s=10, autocommit=False) as receiver:
         sender = GroupSender(receiver.endpoint, hwm=8, linger_s=10)

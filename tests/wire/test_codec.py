@@ -31,6 +31,7 @@ import pydantic
 import pytest
 import torch
 
+from tests.wire.test_foreign import FOREIGN_NO_WARNING
 from vf_mm.errors import DecodeError, EncodeError, VfMmError
 from vf_mm.wire import Decoder, Encoder, Ext, packb, unpackb
 from vf_mm.wire.dtypes import DTYPES, by_name
@@ -417,8 +418,10 @@ def test_from_bytes_no_warnings_in_process() -> None:
 
 
 def test_from_bytes_no_warnings_fresh_process() -> None:
-    # torch's "not writable" warning fires once per process: check in a fresh one
-    code = (
+    # torch's "not writable" warning fires once per process: check in a fresh one, under
+    # -W error (a warning is an exception there, so one process checks every input: these
+    # frames, and test_foreign.py's foreign tensor maps, whose own test is in the slow tier)
+    code = FOREIGN_NO_WARNING + (
         "import torch\n"
         "from vf_mm.wire import packb, unpackb\n"
         "msg = bytes(packb({'t': torch.arange(6.0).reshape(2, 3), 'b': torch.ones(2, dtype=torch.bfloat16)}))\n"

@@ -485,18 +485,25 @@ def _fresh_process_warnings(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: foreign tensor maps decoded from bytes and from a bytearray: checked for warnings in a
+#: fresh process (torch warns once per process), under ``-W error``
+FOREIGN_NO_WARNING = (
+    "import msgpack, torch\n"
+    "from vf_mm.wire import unpackb\n"
+    "m = msgpack.packb({'__torch_tensor__': True, 'dtype': 'float32', 'shape': [2],"
+    " 'data': b'\\x00' * 8})\n"
+    "assert unpackb(m).tolist() == [0.0, 0.0]\n"
+    "assert unpackb(bytearray(m)).tolist() == [0.0, 0.0]\n"
+)
+
+
+@pytest.mark.slow
 def test_foreign_from_bytes_and_from_bytearray_emit_no_warning() -> None:
     """In a fresh process (torch warns once per process), under ``-W error``: a warning
-    from either input type is an exception there, so one process checks both."""
-    code = (
-        "import msgpack, torch\n"
-        "from vf_mm.wire import unpackb\n"
-        "m = msgpack.packb({'__torch_tensor__': True, 'dtype': 'float32', 'shape': [2],"
-        " 'data': b'\\x00' * 8})\n"
-        "assert unpackb(m).tolist() == [0.0, 0.0]\n"
-        "assert unpackb(bytearray(m)).tolist() == [0.0, 0.0]\n"
-        "print('ok')\n"
-    )
+    from either input type is an exception there, so one process checks both. Slow tier:
+    the default tier's ``test_codec.py::test_from_bytes_no_warnings_fresh_process`` runs
+    this same code in its fresh process (one process, not two, importing torch)."""
+    code = FOREIGN_NO_WARNING + "print('ok')\n"
     proc = _fresh_process_warnings(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"

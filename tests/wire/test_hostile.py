@@ -20,6 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._params import UNICODE
 from vf_mm.errors import DecodeError, FrameTooLargeError, StreamError, TornFrameError
 from vf_mm.wire import StreamReader, packb, unpackb, write_stream
 
@@ -151,7 +152,7 @@ def foreign_map(draw: st.DrawFn) -> bytes:
         | st.booleans()
         | st.integers(-(2**63), 2**64 - 1)
         | st.floats()
-        | st.text(max_size=5)
+        | st.text(UNICODE, max_size=5)
         | st.binary(max_size=24)
     )
     dtype = draw(
@@ -173,7 +174,7 @@ def foreign_map(draw: st.DrawFn) -> bytes:
                 "i4,i4",
             ]
         )
-        | st.text(max_size=8)
+        | st.text(UNICODE, max_size=8)
         | values
     )
     shape = draw(

@@ -1,9 +1,9 @@
 """Artifacts built once per machine: under ``$VF_MM_CACHE`` (default ``~/.cache/vf_mm``).
 
 A build writes into a temporary sibling directory and is renamed into place, so a
-reader never sees a half-written artifact, and concurrent first uses (several test
-workers, several ``vf-mm eval`` runs) each build, one rename wins and the others
-use the winner's copy.
+reader never sees a half-written artifact. Concurrent first uses (several test workers,
+several ``vf-mm eval`` runs) take turns on a lock file beside it (``<name>.lock``): one
+builds, the others wait for it and use its copy instead of building their own.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from filelock import FileLock
+
 
 def cache_dir() -> Path:
     """``$VF_MM_CACHE``, else ``~/.cache/vf_mm``."""
@@ -21,18 +23,19 @@ def cache_dir() -> Path:
 
 def build_once(name: str, build: Callable[[Path], object], *, marker: str) -> Path:
     """``cache_dir() / name``, made by ``build(directory)`` the first time; a directory
-    there without ``marker`` (a file every build writes) is not a build and is replaced."""
+    there without ``marker`` (a file every build writes) is not a build and is replaced.
+    The build holds ``<name>.lock`` there: a concurrent first use waits and reuses it."""
     path = cache_dir() / name
     if (path / marker).exists():
         return path
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    build(tmp)
-    try:
-        tmp.replace(path)
-    except OSError:  # the name is taken: another process's build, or an unfinished leftover
-        if (path / marker).exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path.with_name(f"{path.name}.lock")):
+        if (path / marker).exists():  # built by another process while this one waited
+            return path
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)  # an unfinished build of a dead process
+        build(tmp)
+        if path.exists():  # an unfinished leftover (no marker), from before the lock
             shutil.rmtree(path, ignore_errors=True)
-            tmp.replace(path)
+        tmp.replace(path)
     return path

@@ -17,6 +17,7 @@ file's digest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -289,7 +290,15 @@ def qwen3_5_tokenizer(vocab_size: int = 2000) -> Any:
 def _train_bpe(
     vocab_size: int, *, split: str = QWEN2_SPLIT
 ) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A byte-level BPE with a Qwen pre-tokenizer split, trained on the fixed corpus."""
+    """A byte-level BPE with a Qwen pre-tokenizer split, trained on the fixed corpus:
+    once per process for each size and split (~0.1 CPU-s, and a test suite builds dozens
+    of tiny checkpoints), a fresh copy for each caller."""
+    vocab, merges = _trained_bpe(vocab_size, split)
+    return dict(vocab), list(merges)
+
+
+@functools.lru_cache(maxsize=8)
+def _trained_bpe(vocab_size: int, split: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())

@@ -68,6 +68,8 @@ class _Channel(Protocol):
     sent: int
     resent: int
     acked: int
+    linger_s: float | None  # GroupSender's settings: it sets them here when they change
+    timeout_s: float | None
 
     def wait_for_credit(self) -> None: ...
     def send(self, view: memoryview, group_id: str | None) -> None: ...
@@ -151,8 +153,8 @@ class GroupSender:
             raise ValueError("CURVE needs both secret_key (this worker's) and trainer_key")
         self.target = target
         self.hwm = hwm
-        self.linger_s = linger_s
-        self.timeout_s = timeout_s
+        self._linger_s = linger_s
+        self._timeout_s = timeout_s
         self.checksum = checksum
         self.max_frame_bytes = max_frame_bytes
         self.bytes_sent = 0
@@ -179,6 +181,27 @@ class GroupSender:
             self._channel = FileChannel(
                 target, append=append, checksum=checksum, max_frame_bytes=max_frame_bytes
             )
+
+    @property
+    def linger_s(self) -> float | None:
+        """How long ``close`` waits for acknowledgements. Settable until then: the channel
+        reads the new value (``vf-mm rollout`` shortens it when a run stops early)."""
+        return self._linger_s
+
+    @linger_s.setter
+    def linger_s(self, value: float | None) -> None:
+        self._linger_s = value
+        self._channel.linger_s = value
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Bounds the wait for room in the window; settable: the next wait uses it."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float | None) -> None:
+        self._timeout_s = value
+        self._channel.timeout_s = value
 
     @property
     def endpoint(self) -> str | None:

@@ -33,6 +33,8 @@ class FileChannel:
     endpoint: str | None = None
     resent = 0
     acked = 0
+    linger_s: float | None = None  # a file neither waits for room nor lingers
+    timeout_s: float | None = None
 
     def __init__(self, target: Any, *, append: bool, checksum: bool, max_frame_bytes: int) -> None:
         self._writer = StreamWriter(

@@ -154,6 +154,8 @@ class ZmqChannel:
         self.hwm = hwm
         self.linger_s = linger_s
         self.timeout_s = timeout_s
+        self._sndtimeo_s = timeout_s  # what the socket's SNDTIMEO is now
+        self._closing = False
         self.checksum = checksum
         self.sent = 0
         self.resent = 0
@@ -358,6 +360,12 @@ class ZmqChannel:
 
     def _send_parts(self, view: memoryview, kind: FrameKind, group_id: str | None = None) -> None:
         zmq = zmq_module()
+        # the socket's send timeout follows the settings (GroupSender may change them):
+        # timeout_s while sending, linger_s once closing
+        wanted = self.linger_s if self._closing else self.timeout_s
+        if wanted != self._sndtimeo_s:
+            self._socket.setsockopt(zmq.SNDTIMEO, _millis(wanted))
+            self._sndtimeo_s = wanted
         # part 0 is small (ZeroMQ copies it anyway); part 1 goes out without a copy
         parts: list[Any] = [_head(view, kind, self.checksum), view]
         if group_id is not None:
@@ -366,7 +374,7 @@ class ZmqChannel:
             self._socket.send_multipart(parts, copy=False)
         except zmq.Again:
             raise BackPressureTimeout(
-                f"{self.endpoint}: ZeroMQ could not queue a message in {self.timeout_s} s",
+                f"{self.endpoint}: ZeroMQ could not queue a message in {wanted} s",
                 sent=self.sent,
             ) from None
         except zmq.ZMQError as exc:
@@ -393,7 +401,9 @@ class ZmqChannel:
         Returns whether everything was acknowledged."""
         delivered = False
         try:
-            self._socket.setsockopt(zmq_module().SNDTIMEO, _millis(self.linger_s))
+            if self._refused is not None:  # the trainer refused this sender: none of it
+                raise TransportError(self._refused)  # reaches it, nor does an end marker
+            self._closing = True  # from now on the socket's send timeout is linger_s
             self._end_error = error
             self._send_end()
             deadline = None if self.linger_s is None else time.monotonic() + self.linger_s
