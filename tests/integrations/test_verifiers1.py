@@ -257,7 +257,11 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
     ``build_samples`` of vf_mm's rollout of the same row with the same completions: token
     ids, loss mask, logprobs, token types, and each image's model inputs and placeholder.
     Qwen3.5 with thinking off and on (its think template writes the sampled turn's
-    reasoning block, its nothink one an empty one)."""
+    reasoning block, its nothink one an empty one). And the adapter's own image sidecar of
+    each branch, concatenated as prime-rl's orchestrator concatenates
+    ``branch.multi_modal_data``, equals ``build_samples``' tensors bit for bit."""
+    from verifiers.v1.dialects.chat import message_to_wire
+
     import vf_mm as vf
     from vf_mm.client import RendererClient
     from vf_mm.renderers import load_renderer
@@ -278,6 +282,7 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
         (trace,) = episode.traces
         assert trace.ok, trace.errors
         got = integration.trace_samples(trace, adapter)
+        branches = {f"verifiers branch {b.index}": b for b in trace.branches}
 
         replay = RendererClient(Replay(_sampled_turns(trace)), load_renderer(str(checkpoint)))
         state = asyncio.run(vf_env.rollout(replay, rows[task.data.example_id]))
@@ -302,7 +307,26 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
                     np.testing.assert_array_equal(gi[key], wi[key])
                     assert gi[key].dtype == wi[key].dtype
             images += len(g.images)
+        for g, w in zip(got, want, strict=True):
+            # what prime-rl trains on with the verifiers it pins (main, a60a606): the
+            # renderer's own sidecar of the branch (``process_multimodal=True``), each key's
+            # items concatenated along dim 0 in token order; verifiers 0.4.0 asks for none
+            branch = branches[g.source]
+            ours = adapter.render([message_to_wire(m) for m in branch.messages])
+            assert ours.multi_modal_data is not None
+            mm_kwargs = _concatenated(ours.multi_modal_data.mm_items["image"])
+            assert mm_kwargs.keys() == _concatenated(w.images).keys()
+            for key, value in _concatenated(w.images).items():
+                np.testing.assert_array_equal(mm_kwargs[key], value, err_msg=key)
+                assert mm_kwargs[key].dtype == value.dtype, key
     assert images >= 6  # every picture of both rollouts, in one sample or several
+
+
+def _concatenated(items) -> dict[str, np.ndarray]:
+    """Images' model inputs as one array per key, concatenated along dim 0 in order (the
+    form a trainer's forward takes, and prime-rl's orchestrator sends it)."""
+    keys = {key for item in items for key in item}
+    return {key: np.concatenate([np.asarray(item[key]) for item in items]) for key in keys}
 
 
 # -- the adapter against renderers' own renderers --------------------------------------------
