@@ -49,10 +49,11 @@ def assert_an_image_rollout_trains(path: Path, family: str) -> None:
     from PIL import Image
 
     import vf_mm as vf
+    from tests._forward import assert_scores_as_sampled
     from vf_mm.inference import LocalBackend
     from vf_mm.models import model_class
     from vf_mm.renderers import load_renderer
-    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+    from vf_mm.training import build_samples, grpo_loss, make_batches
 
     class Look(vf.MultiTurnEnv):
         """Every turn shows the model one more picture."""
@@ -74,12 +75,7 @@ def assert_an_image_rollout_trains(path: Path, family: str) -> None:
     batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
     model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
-    for batch in batches:
-        with torch.no_grad():
-            ours = token_logprobs(model, batch)
-        mask = batch.loss_mask.bool()
-        assert mask.any()
-        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    assert_scores_as_sampled(model, batches)
     model.train()
     loss, _ = grpo_loss(model, batches[-1])
     loss.backward()

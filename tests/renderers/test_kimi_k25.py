@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import vf_mm as vf
+from tests._forward import assert_scores_as_sampled
 from tests.renderers._sampling import (
     assert_an_image_rollout_trains,
     assert_samples_as_a_full_forward_scores,
@@ -294,7 +295,7 @@ def test_a_text_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(
 
     from vf_mm.inference import LocalBackend
     from vf_mm.models import model_class
-    from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+    from vf_mm.training import build_samples, grpo_loss, make_batches
 
     env = _Ask(dataset=[{"question": "what is it?"}], max_turns=3,
                sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
@@ -305,12 +306,7 @@ def test_a_text_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(
     batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
                            image_token_id=image_token, family="kimi_k25")  # fmt: skip
     model = model_class("kimi_k25").from_pretrained(kimi, dtype=torch.float32).eval()
-    for batch in batches:
-        with torch.no_grad():
-            ours = token_logprobs(model, batch)
-        mask = batch.loss_mask.bool()
-        assert mask.any()
-        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    assert_scores_as_sampled(model, batches)
     model.train()
     loss, _ = grpo_loss(model, batches[0])
     loss.backward()

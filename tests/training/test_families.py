@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 import vf_mm as vf
+from tests._forward import assert_scores_as_sampled
 from vf_mm.inference import LocalBackend
 from vf_mm.models import model_class
 from vf_mm.renderers import load_renderer
@@ -64,12 +65,7 @@ def test_the_forward_gives_back_the_samplers_logprobs(trained):
     batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
     model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
-    for batch in batches:
-        with torch.no_grad():
-            ours = token_logprobs(model, batch)
-        mask = batch.loss_mask.bool()
-        assert mask.any()
-        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    assert_scores_as_sampled(model, batches)
 
 
 def test_a_grpo_step_trains_the_language_and_vision_weights(trained):

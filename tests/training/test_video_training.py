@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 import vf_mm as vf
+from tests._forward import assert_scores_as_sampled
 from vf_mm.errors import TrajectoryError
 from vf_mm.inference import LocalBackend
 from vf_mm.models import (
@@ -28,7 +29,7 @@ from vf_mm.models import (
 )
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
-from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
+from vf_mm.training import build_samples, grpo_loss, make_batches
 
 
 def clip(seed: int, frames: int = 6, size: tuple[int, int] = (56, 42)) -> np.ndarray:
@@ -76,12 +77,7 @@ def test_the_forward_gives_back_the_samplers_logprobs_with_videos(trained):
     assert len(samples[-1].videos) == 2  # the env's clips of turns 1 and 2
     assert set(np.unique(samples[-1].mm_token_type_ids)) == {0, 1, 2}  # (sampler's marks)
     model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
-    for batch in batches:
-        with torch.no_grad():
-            ours = token_logprobs(model, batch)
-        mask = batch.loss_mask.bool()
-        assert mask.any()
-        assert torch.allclose(ours[mask], batch.logprobs[mask], atol=2e-4)
+    assert_scores_as_sampled(model, batches)
 
 
 def test_a_grpo_step_with_videos_trains_the_vision_weights(trained):
