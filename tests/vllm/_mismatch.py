@@ -130,20 +130,7 @@ def measure(
     renderer = load_renderer(path)
     token = renderer.vision.image_token_id
     samples = [s for o in outputs for s in build_samples(o, advantage=1.0, image_token_id=token)]
-    batches = make_batches(samples, token_budget=100_000, pad_token_id=0,
-                           image_token_id=token, family=family)  # fmt: skip
-    assert all(b.is_multimodal for b in batches)
-    stats, control = score(family, path, batches)
-    images = sum(len(i) for b in batches for i in b.images or [])
-    result = Mismatch(
-        family=family, rollouts=len(outputs), images=images,
-        mismatch_kl=stats["mismatch_kl"], max_abs_diff=stats["max_abs_diff"],
-        tokens=int(stats["tokens"]), control_kl=control["mismatch_kl"],
-        control_max_abs_diff=control["max_abs_diff"],
-    )  # fmt: skip
-    print(result.line(), flush=True)
-    assert result.tokens > 0 and math.isfinite(result.mismatch_kl)
-    return result
+    return scored(family, path, samples, token, rollouts=len(outputs))
 
 
 def conversation(seed: int) -> list[dict[str, Any]]:
@@ -253,13 +240,27 @@ def measure_content_parts(
     token = renderer.vision.image_token_id
     samples = [s for step in steps
                for s in build_samples({"steps": [step]}, advantage=1.0, image_token_id=token)]  # fmt: skip
+    return scored(family, path, samples, token, rollouts=len(steps), causal_images=causal_images)
+
+
+def scored(
+    family: str,
+    path: Path,
+    samples: list[Any],
+    token: int,
+    *,
+    rollouts: int,
+    causal_images: bool = False,
+) -> Mismatch:
+    """The trainer's scores of ``samples`` (the sampler's, images included) against the
+    sampler's logprobs, and the grey-image control, as one printed ``Mismatch``."""
     batches = make_batches(samples, token_budget=100_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
     assert all(b.is_multimodal for b in batches)
     images = sum(len(i) for b in batches for i in b.images or [])
     stats, control = score(family, path, batches, causal_images=causal_images)
     result = Mismatch(
-        family=family, rollouts=len(steps), images=images,
+        family=family, rollouts=rollouts, images=images,
         mismatch_kl=stats["mismatch_kl"], max_abs_diff=stats["max_abs_diff"],
         tokens=int(stats["tokens"]), control_kl=control["mismatch_kl"],
         control_max_abs_diff=control["max_abs_diff"],
