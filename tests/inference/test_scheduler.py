@@ -186,6 +186,21 @@ def test_a_batch_with_no_room_left_admits_its_arrivals_at_once(clock):
     assert admissions == [(["a"], 0), (["b", "c"], 3)]
 
 
+def test_an_admission_that_ran_no_prefill_keeps_the_last_prefills_cost(clock):
+    """B left before it arrived: its admission makes no row and runs no forward, so it
+    says nothing about what a prefill costs. C and D, 4 steps apart, still share one
+    prefill (timing B's empty prefill would hold C two steps and prefill it alone)."""
+    admissions = run(
+        clock,
+        [("a", 0, 60), ("b", 3, 10), ("c", 20, 10), ("d", 24, 10)],
+        prefill_s=0.3,
+        step_s=0.01,
+        max_batch=8,
+        cancelled=("b",),
+    )
+    assert [names for names, _ in admissions] == [["a"], ["b"], ["c", "d"]]
+
+
 @pytest.mark.parametrize(
     ("prefill_s", "expected"),
     [

@@ -212,7 +212,7 @@ class Scheduler:
         held_since = 0.0
         refused = False  # held has requests the engine had no room for
         step_s = 0.0  # a recent decode step's duration
-        prefill_s = 0.0  # the last prefill's
+        prefill_s = 0.0  # the last prefill's that ran rows (one of none costs nothing)
         while True:
             started = time.perf_counter()
             try:
@@ -224,9 +224,10 @@ class Scheduler:
                     if waiting:  # no room yet: first in line at the next admission
                         held = waiting + held
                         held_since = time.monotonic()
-                    prefill = time.perf_counter()
+                    prefill, before = time.perf_counter(), len(engine.rows)
                     engine.prefill()
-                    prefill_s = time.perf_counter() - prefill
+                    if len(engine.rows) > before:  # a prefill of no row ran no forward
+                        prefill_s = time.perf_counter() - prefill
                 engine.retire()
                 if engine.rows:
                     step = time.perf_counter()
