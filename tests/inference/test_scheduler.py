@@ -212,3 +212,18 @@ def test_an_admission_that_ran_no_prefill_keeps_the_last_prefills_cost(clock):
 def test_a_request_is_held_as_long_as_the_last_prefill_took_within_bounds(prefill_s, expected):
     assert hold_s(window_s=0.0, step_s=0.01, prefill_s=prefill_s) == pytest.approx(expected)
     assert hold_s(window_s=0.5, step_s=0.01, prefill_s=prefill_s) == 0.5  # the batch window
+
+
+def test_requests_the_engine_has_no_room_for_run_as_soon_as_a_row_leaves(clock):
+    """C fills the batch, but the engine (the pool engine's KV arena) holds two rows: C
+    waits for a row to leave and is offered again at that very step (B's, the 12th),
+    not once each hold (the 19th) and not in between (each offer refused again)."""
+    admissions = run(
+        clock,
+        [("a", 0, 30), ("b", 0, 12), ("c", 3, 5)],
+        prefill_s=0.3,
+        step_s=0.01,
+        max_batch=3,
+        room=2,
+    )
+    assert admissions == [(["a", "b"], 0), (["c"], 3), (["c"], 12)]
