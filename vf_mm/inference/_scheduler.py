@@ -11,10 +11,12 @@ When idle, the worker takes the first waiting request and whatever else arrives 
   prefill took (at least two decode steps, at most ``HOLD_STEPS``), or until nothing
   else runs or the batch has no room left, so that requests arriving close together
   share one prefill: on a GPU a prefill's cost is mostly fixed (one forward's kernel
-  launches, whatever its number of rows), so holding a request up to that cost while the
-  others decode is never worse than paying it twice. One admission loop (``_episode``)
-  serves both engines; each engine says how it places, prefills, decodes and retires
-  rows.
+  launches, whatever its number of rows), so a held request waits at most about what a
+  second prefill would stall every running row, and the others decode meanwhile. (On a
+  CPU a prefill's cost grows with its tokens: sharing one saves less than the hold
+  measures.) A request the engine has no room for (the pool engine's KV arena) is
+  offered again as soon as a row leaves. One admission loop (``_episode``) serves both
+  engines; each engine says how it places, prefills, decodes and retires rows.
 - ``GenerateEngine`` (Hugging Face ``generate``) runs each batch whole.
 
 ``between_batches`` holds the worker for a weight swap or a cache clear: it takes in no
@@ -204,15 +206,17 @@ class Scheduler:
         weight swap waits). Returns whether the backend is closing.
 
         Requests that arrive while rows decode are held (``hold_s``, or until nothing
-        else runs or no room is left), then admitted together; one that finds no room
-        (the pool engine) is first in line at the next admission."""
+        else runs or the batch has no room left), then admitted together. One the engine
+        has no room for (the pool engine's KV arena) is first in line, offered again as
+        soon as a row leaves: only a row that leaves gives room back, so an offer before
+        is refused again, and one after waits for nothing."""
         stats = self._stats
         closing = False
         held: list[Pending] = []
         held_since = 0.0
-        refused = False  # held has requests the engine had no room for
+        blocked: int | None = None  # rows running when the engine had no room for held
         step_s = 0.0  # a recent decode step's duration
-        prefill_s = 0.0  # the last prefill's
+        prefill_s = 0.0  # the last prefill's that ran rows (one of none costs nothing)
         while True:
             started = time.perf_counter()
             try:
@@ -220,13 +224,12 @@ class Scheduler:
                     stats.batches_run += 1
                     waiting = engine.admit(admit)
                     admit = []
-                    refused = bool(waiting)
-                    if waiting:  # no room yet: first in line at the next admission
-                        held = waiting + held
-                        held_since = time.monotonic()
-                    prefill = time.perf_counter()
+                    held = waiting + held  # no room yet: first in line at the next admission
+                    prefill, before = time.perf_counter(), len(engine.rows)
                     engine.prefill()
-                    prefill_s = time.perf_counter() - prefill
+                    if len(engine.rows) > before:  # a prefill of no row ran no forward
+                        prefill_s = time.perf_counter() - prefill
+                    blocked = len(engine.rows) if waiting else None
                 engine.retire()
                 if engine.rows:
                     step = time.perf_counter()
@@ -248,10 +251,11 @@ class Scheduler:
                 return closing
             if not held:
                 continue
-            waited = time.monotonic() - held_since
-            # no room for more arrivals: holding gains nothing (unless the engine itself
-            # had no room: then they wait for rows to finish)
-            full = not refused and len(engine.rows) + len(held) >= self.max_batch
-            hold = hold_s(window_s=self.batch_window_s, step_s=step_s, prefill_s=prefill_s)
-            if not engine.rows or full or waited >= hold:
+            if blocked is not None:  # the engine had no room: a row that left gave some
+                ready = len(engine.rows) < blocked
+            else:  # the batch has no room for more arrivals: holding gains nothing
+                full = len(engine.rows) + len(held) >= self.max_batch
+                hold = hold_s(window_s=self.batch_window_s, step_s=step_s, prefill_s=prefill_s)
+                ready = full or time.monotonic() - held_since >= hold
+            if not engine.rows or ready:
                 admit, held = held, []
