@@ -125,6 +125,7 @@ def run(
     max_batch: int,
     room: int = 1000,
     cancelled: tuple[str, ...] = (),
+    hold_steps: int = HOLD_STEPS,
 ) -> list[tuple[list[str], int]]:
     """Run ``(name, arriving at decode step, steps to decode)`` requests (step 0: before
     any) to their answers; the engine's admissions. Those ``cancelled`` have left before
@@ -147,8 +148,9 @@ def run(
         engine = StepEngine(clock, prefill_s=prefill_s, step_s=step_s, arrivals=arrivals, room=room)
         first = arrivals.pop(0)
         scheduler = engine.scheduler = Scheduler(
-            engine, stats=LocalStats(), batch_window_s=0.0, max_batch=max_batch
-        )
+            engine, stats=LocalStats(), batch_window_s=0.0, max_batch=max_batch,
+            hold_steps=hold_steps,
+        )  # fmt: skip
         for pending in first:
             scheduler.submit(pending)
         answered = await asyncio.wait_for(asyncio.gather(*waited), 30)
@@ -171,6 +173,32 @@ def test_requests_arriving_while_rows_decode_share_one_prefill_within_its_cost(c
         max_batch=8,
     )
     assert [names for names, _ in admissions] == [["a"], ["b", "c"]]
+
+
+def test_held_two_steps_where_a_prefill_costs_by_its_tokens(clock):
+    """The batch engine (a CPU) holds arrivals two decode steps whatever a prefill took:
+    B is prefilled alone at step 5, C after it."""
+    admissions = run(
+        clock,
+        [("a", 0, 60), ("b", 3, 10), ("c", 7, 10)],
+        prefill_s=0.3,
+        step_s=0.01,
+        max_batch=8,
+        hold_steps=2,
+    )
+    assert [names for names, _ in admissions] == [["a"], ["b"], ["c"]]
+
+
+def test_a_cpu_backend_holds_two_decode_steps(checkpoints):
+    """``LocalBackend`` picks the hold by its engine: two steps for the batch engine (CPU);
+    the pool engine (GPU) holds up to ``HOLD_STEPS``."""
+    from vf_mm.inference import LocalBackend
+
+    backend = LocalBackend(checkpoints("qwen2_5_vl"))
+    try:
+        assert backend.engine == "batch" and backend._scheduler.hold_steps == 2
+    finally:
+        asyncio.run(backend.aclose())
 
 
 def test_a_batch_with_no_room_left_admits_its_arrivals_at_once(clock):

@@ -32,9 +32,9 @@ Hugging Face ``generate`` (the **generate engine**), re-encoding every prompt.
 
 **Continuous batching.** When idle, the worker takes the first waiting request and
 whatever else arrives within ``batch_window_ms`` (up to ``max_batch``); while rows are
-decoding, requests that arrive join the running batch (after waiting as long as the
-last prefill took, two to eight decode steps, so that requests arriving close together
-share one prefill forward), and a row that
+decoding, requests that arrive join the running batch (after waiting, so that requests
+arriving close together share one prefill forward: the pool engine as long as the last
+prefill took, two to eight decode steps; the batch engine two steps), and a row that
 finishes leaves it and is answered at once. Each step is one forward over every
 running row. ``clear_cache`` and ``load_weights`` wait for the running rows and hold
 new ones back meanwhile.
@@ -81,7 +81,7 @@ from vf_mm.inference._prefix_cache import PrefixCache
 from vf_mm.inference._row_builder import RowBuilder
 from vf_mm.inference._rows import Pending
 from vf_mm.inference._sampling import Seeds
-from vf_mm.inference._scheduler import RowParts, Scheduler
+from vf_mm.inference._scheduler import HOLD_STEPS, RowParts, Scheduler
 from vf_mm.inference._types import GenerateRequest, GenerateResult
 from vf_mm.inference._vision_cache import VisionCache
 
@@ -207,8 +207,14 @@ class LocalBackend:
             engine = GenerateEngine(loaded, seeds=seeds)
             self.engine = "generate"
         self._closed = False
+        # a GPU prefill's cost is mostly fixed, a CPU one's grows with its tokens: only the
+        # pool engine holds arrivals up to a prefill's duration (scheduler docstring)
         self._scheduler = Scheduler(
-            engine, stats=self._stats, batch_window_s=self.batch_window_s, max_batch=max_batch
+            engine,
+            stats=self._stats,
+            batch_window_s=self.batch_window_s,
+            max_batch=max_batch,
+            hold_steps=HOLD_STEPS if self.engine == "pool" else 2,
         )
 
     # -- public -------------------------------------------------------------------------

@@ -12,9 +12,9 @@ When idle, the worker takes the first waiting request and whatever else arrives 
   else runs or the batch has no room left, so that requests arriving close together
   share one prefill: on a GPU a prefill's cost is mostly fixed (one forward's kernel
   launches, whatever its number of rows), so a held request waits at most about what a
-  second prefill would stall every running row, and the others decode meanwhile. (On a
-  CPU a prefill's cost grows with its tokens: sharing one saves less than the hold
-  measures.) A request the engine has no room for (the pool engine's KV arena) is
+  second prefill would stall every running row, and the others decode meanwhile. On a
+  CPU a prefill's cost grows with its tokens, so sharing one saves little: the batch
+  engine passes ``hold_steps=2`` and holds two decode steps. A request the engine has no room for (the pool engine's KV arena) is
   offered again as soon as a row leaves. One admission loop (``_episode``) serves both
   engines; each engine says how it places, prefills, decodes and retires rows.
 - ``GenerateEngine`` (Hugging Face ``generate``) runs each batch whole.
@@ -97,16 +97,19 @@ class RowEngine(Protocol):
 HOLD_STEPS = 8
 
 
-def hold_s(*, window_s: float, step_s: float, prefill_s: float) -> float:
+def hold_s(
+    *, window_s: float, step_s: float, prefill_s: float, max_steps: int = HOLD_STEPS
+) -> float:
     """How long a request arriving while rows decode waits for others to share its
     prefill: the last prefill's duration, at least two decode steps (and the batch
-    window), at most ``HOLD_STEPS`` steps."""
-    return max(window_s, 2 * step_s, min(prefill_s, HOLD_STEPS * step_s))
+    window), at most ``max_steps`` steps."""
+    return max(window_s, 2 * step_s, min(prefill_s, max_steps * step_s))
 
 
 class Scheduler:
     """Runs ``engine`` on a worker thread over the requests ``submit`` queues, counting
-    into ``stats`` (module docstring)."""
+    into ``stats`` (module docstring). ``hold_steps``: the most decode steps an arrival
+    is held for others to share its prefill (``hold_s``)."""
 
     def __init__(
         self,
@@ -115,8 +118,10 @@ class Scheduler:
         stats: LocalStats,
         batch_window_s: float,
         max_batch: int,
+        hold_steps: int = HOLD_STEPS,
     ) -> None:
         self._engine = engine
+        self.hold_steps = hold_steps
         self._stats = stats
         self.batch_window_s = batch_window_s
         self.max_batch = max_batch
@@ -255,7 +260,8 @@ class Scheduler:
                 ready = len(engine.rows) < blocked
             else:  # the batch has no room for more arrivals: holding gains nothing
                 full = len(engine.rows) + len(held) >= self.max_batch
-                hold = hold_s(window_s=self.batch_window_s, step_s=step_s, prefill_s=prefill_s)
+                hold = hold_s(window_s=self.batch_window_s, step_s=step_s, prefill_s=prefill_s,
+                              max_steps=self.hold_steps)  # fmt: skip
                 ready = full or time.monotonic() - held_since >= hold
             if not engine.rows or ready:
                 admit, held = held, []
