@@ -261,8 +261,9 @@ def _kimi_k25_as_released(path: Path) -> None:
     under the encoder; it reads the released names back to the same tensors) and the
     released image settings ``media_proc_cfg``, which vLLM's image processor reads, beside
     transformers' own (the same resizing rule: at most ``max_patches`` patches and
-    ``max_side`` a side). transformers reads the architecture name from the model type,
-    not from ``architectures``, so one file layout serves both."""
+    ``max_side`` a side). transformers picks its class from the model type, not from
+    ``architectures``, and keeps the released keys it has no use for: one file layout
+    serves both."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -280,6 +281,11 @@ def _kimi_k25_as_released(path: Path) -> None:
     config_file = path / "config.json"
     config = json.loads(config_file.read_text())
     config["architectures"] = ["KimiK25ForConditionalGeneration"]
+    # the released switch that makes vLLM take images and videos as its one "vision_chunk"
+    # modality (without it vLLM counts images under "image", which this model does not
+    # declare, and refuses every one), and the released video placeholder
+    config["use_unified_vision_chunk"] = True
+    config["video_placeholder"] = "<|kimi_k25_video_placeholder|>"
     config_file.write_text(json.dumps(config, indent=2) + "\n")
 
     image_file = path / "preprocessor_config.json"
@@ -759,6 +765,9 @@ def _build_lfm2_vl(path: Path, seed: int) -> Path:
 # loader's rename of the vision tower's fused attention weights (``attn.q_proj``). Its image processor has only a
 # torchvision backend: the settings are written as JSON, so the checkpoint builds where
 # torchvision does not import (its images render only where it does).
+# Its attention latent is the released size (kv_lora_rank 512 + rope 64 = 576 a token): the
+# only one vLLM 0.32's CPU MLA kernel takes (vllm/v1/attention/backends/mla/cpu_mla.py,
+# ``get_supported_head_sizes``), a few hundred thousand weights more.
 # The router's ``topk_method`` and ``scoring_func`` are the released ones: transformers'
 # DeepSeek-V3 router always scores with a sigmoid and a score-correction bias and ignores
 # them; vLLM reads them (without them: softmax, no bias, and the bias weight is refused).
@@ -783,7 +792,7 @@ def _build_kimi_k25(path: Path, seed: int) -> Path:
     text = _text_config(
         tokenizer, model_type="deepseek_v3", moe_intermediate_size=64, n_shared_experts=1,
         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16,
+        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=32, qk_rope_head_dim=64,
         qk_nope_head_dim=16, v_head_dim=32, num_key_value_heads=4, rope_interleave=True,
         topk_method="noaux_tc", scoring_func="sigmoid",
     )  # fmt: skip
