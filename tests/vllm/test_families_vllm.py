@@ -2,8 +2,9 @@
 equals the renderer's, token for token and bit for bit.
 
 For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL3,
-Qwen3-VL-MoE, Qwen3.5-MoE and LFM2.5-VL (one tiny checkpoint and one server each, images of sizes that
-force a resize, the renderer on the torchvision backend, which vLLM uses):
+Qwen3-VL-MoE, Qwen3.5-MoE, LFM2.5-VL and Kimi-K2.5 (one tiny checkpoint and one server
+each, images of sizes that force a resize, the renderer on the torchvision backend, which
+vLLM uses):
 
 - the render route (``/v1/chat/completions/render``): vLLM's token ids equal the
   renderer's, and every tensor of its ``kwargs_data`` (decoded by our decoder from
@@ -25,6 +26,12 @@ image's tile count, InternVL's image token id), no model input, which is not com
 Placeholders: equal to vLLM's, except Gemma 3's, where vLLM's range also covers the newline
 tokens its processor writes around the image markers (``"\\n\\n"`` merged with the text
 beside them); ours is the markers and the image tokens, which vLLM's contains.
+
+Kimi-K2.5 (content_parts only): vLLM takes its images as the modality ``vision_chunk``
+(the grid as ``grid_thws``) and resizes them with PIL where transformers uses
+torchvision, so its pixels are compared within ``KIMI_RESIZE_TOLERANCE``, and within one
+float32 ulp for an image nothing resizes; features mode and the mismatch are skipped,
+naming why (``KIMI_FEATURES``, docs/models.md).
 
 Gemma 4's patch positions are ``image_position_ids`` in transformers (and vf_mm), and
 ``pixel_position_ids`` in vLLM's ``kwargs_data``: the same tensor under vLLM's name.
