@@ -229,6 +229,44 @@ def test_the_local_backend_samples_as_a_full_forward_scores_it(kimi):
     assert_samples_as_a_full_forward_scores(kimi, "kimi_k25")
 
 
+#: the released checkpoints' weight prefixes, the only ones vLLM 0.32's Kimi-K2.5 loads
+RELEASED_PREFIXES = (
+    "language_model.model.layers.", "language_model.model.embed_tokens.",
+    "language_model.model.norm.", "language_model.lm_head.", "vision_tower.patch_embed.",
+    "vision_tower.encoder.blocks.", "vision_tower.encoder.final_layernorm.", "mm_projector.",
+)  # fmt: skip
+
+
+def test_the_checkpoint_is_laid_out_as_released_and_transformers_reads_it_whole(kimi):
+    """The tiny checkpoint is written as moonshotai/Kimi-K2.5 is released, so that vLLM's
+    own Kimi-K2.5 model serves it (the vllm tier's ``test_families_vllm.py``): its
+    architecture name, weight names, router settings, the unified "vision_chunk" modality
+    and ``media_proc_cfg`` (the same resizing limits as transformers' settings beside it);
+    transformers still loads every weight from it, none missing or left over."""
+    from safetensors import safe_open
+    from transformers import Kimi_K25ForConditionalGeneration
+
+    config = json.loads((kimi / "config.json").read_text())
+    assert config["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert config["use_unified_vision_chunk"] is True
+    assert (config["text_config"]["topk_method"], config["text_config"]["scoring_func"]) == (
+        "noaux_tc", "sigmoid",
+    )  # fmt: skip
+    with safe_open(str(kimi / "model.safetensors"), "pt") as handle:
+        keys = list(handle.keys())
+    assert [k for k in keys if not k.startswith(RELEASED_PREFIXES)] == []
+    image = json.loads((kimi / "preprocessor_config.json").read_text())
+    media = image["media_proc_cfg"]
+    assert (media["in_patch_limit"], media["patch_limit_on_one_side"]) == (
+        image["max_patches"], image["size"]["max_height"],
+    )  # fmt: skip
+    assert (media["patch_size"], media["merge_kernel_size"]) == (
+        image["patch_size"], image["merge_size"],
+    )  # fmt: skip
+    _model, info = Kimi_K25ForConditionalGeneration.from_pretrained(kimi, output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}
+
+
 # -- the images, where torchvision imports ---------------------------------------------
 
 

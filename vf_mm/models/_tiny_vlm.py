@@ -217,7 +217,9 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
         _experts_as_released(path)
     if family == "lfm2_vl":
         _siglip_keys_as_released(path, prefix="model.vision_tower.")
-    elif family not in ("internvl", "kimi_k25"):  # their towers' names are the released ones
+    elif family == "kimi_k25":
+        _kimi_k25_as_released(path)
+    elif family != "internvl":  # its tower's names are the released ones
         _siglip_keys_as_released(path)
 
 
@@ -239,6 +241,65 @@ def _experts_as_released(path: Path) -> None:
         k: v.transpose(1, 2).contiguous() if k.endswith(fused) else v for k, v in tensors.items()
     }
     save_file(released, str(file), metadata=metadata)
+
+
+#: transformers' save names (5.19 to 5.23) of Kimi-K2.5's weights -> the released ones
+_KIMI_K25_RELEASED_PREFIXES = (
+    ("language_model.model.blocks.", "language_model.model.layers."),
+    ("model.mm_projector.", "mm_projector."),
+    ("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."),
+)
+
+
+def _kimi_k25_as_released(path: Path) -> None:
+    """Lay a Kimi-K2.5 checkpoint out as moonshotai/Kimi-K2.5 is released, the only layout
+    vLLM 0.32's own Kimi-K2.5 model loads: the architecture ``KimiK25ForConditionalGeneration``
+    (transformers' class is ``Kimi_K25ForConditionalGeneration``; vLLM resolves the model
+    by this name, and with transformers' falls back to its Transformers backend, which
+    cannot load it), the weights' released names (transformers saves the language model's
+    layers as ``blocks``, the projector's norm under ``model.`` and the patch embedding
+    under the encoder; it reads the released names back to the same tensors) and the
+    released image settings ``media_proc_cfg``, which vLLM's image processor reads, beside
+    transformers' own (the same resizing rule: at most ``max_patches`` patches and
+    ``max_side`` a side). transformers picks its class from the model type, not from
+    ``architectures``, and keeps the released keys it has no use for: one file layout
+    serves both."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    with safe_open(str(file), "pt") as handle:
+        metadata = handle.metadata()
+    renamed = {}
+    for key, value in load_file(str(file)).items():
+        for saved, released in _KIMI_K25_RELEASED_PREFIXES:
+            if key.startswith(saved):
+                key = released + key[len(saved) :]
+        renamed[key] = value
+    save_file(renamed, str(file), metadata=metadata)
+
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text())
+    config["architectures"] = ["KimiK25ForConditionalGeneration"]
+    # the released switch that makes vLLM take images and videos as its one "vision_chunk"
+    # modality (without it vLLM counts images under "image", which this model does not
+    # declare, and refuses every one), and the released video placeholder
+    config["use_unified_vision_chunk"] = True
+    config["video_placeholder"] = "<|kimi_k25_video_placeholder|>"
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+
+    image_file = path / "preprocessor_config.json"
+    image = json.loads(image_file.read_text())
+    limit = _KIMI_K25["max_patches"]
+    image["media_proc_cfg"] = {
+        "in_patch_limit": limit, "patch_limit_on_one_side": _KIMI_K25["max_side"],
+        "patch_size": _KIMI_K25["patch_size"], "merge_kernel_size": _KIMI_K25["merge_size"],
+        "image_mean": image["image_mean"], "image_std": image["image_std"],
+        "fixed_output_tokens": None, "in_patch_limit_each_frame": limit,
+        "in_patch_limit_video": None, "sample_fps": 2.0, "max_num_frames_each_video": None,
+        "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff",
+    }  # fmt: skip
+    image_file.write_text(json.dumps(image, indent=2) + "\n")
 
 
 def _siglip_keys_as_released(path: Path, *, prefix: str = "vision_tower.") -> None:
@@ -704,6 +765,12 @@ def _build_lfm2_vl(path: Path, seed: int) -> Path:
 # loader's rename of the vision tower's fused attention weights (``attn.q_proj``). Its image processor has only a
 # torchvision backend: the settings are written as JSON, so the checkpoint builds where
 # torchvision does not import (its images render only where it does).
+# Its attention latent is the released size (kv_lora_rank 512 + rope 64 = 576 a token): the
+# only one vLLM 0.32's CPU MLA kernel takes (vllm/v1/attention/backends/mla/cpu_mla.py,
+# ``get_supported_head_sizes``), a few hundred thousand weights more.
+# The router's ``topk_method`` and ``scoring_func`` are the released ones: transformers'
+# DeepSeek-V3 router always scores with a sigmoid and a score-correction bias and ignores
+# them; vLLM reads them (without them: softmax, no bias, and the bias weight is refused).
 _KIMI_K25 = dict(patch_size=14, merge_size=2, max_patches=64, max_side=16)
 
 
@@ -725,8 +792,9 @@ def _build_kimi_k25(path: Path, seed: int) -> Path:
     text = _text_config(
         tokenizer, model_type="deepseek_v3", moe_intermediate_size=64, n_shared_experts=1,
         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16,
+        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=32, qk_rope_head_dim=64,
         qk_nope_head_dim=16, v_head_dim=32, num_key_value_heads=4, rope_interleave=True,
+        topk_method="noaux_tc", scoring_func="sigmoid",
     )  # fmt: skip
     text.pop("head_dim")
     vision = dict(
