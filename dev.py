@@ -11,6 +11,7 @@
     python3 dev.py verifiers  # the verifiers tier: verifiers environments (sets up .venv-verifiers)
     python3 dev.py trl      # the trl tier: TRL's GRPOTrainer on vf_mm environments (sets up .venv-trl)
     python3 dev.py verifiers1  # the verifiers1 tier: prime-rl's path, verifiers 0.4 (sets up .venv-verifiers1)
+    python3 dev.py verifiers1-primerl  # the same tests on the verifiers prime-rl pins (.venv-verifiers1-primerl)
     python3 dev.py mutate   # plant each of MUTATIONS in turn: the default tier must fail
     python3 dev.py browser  # install the headless chromium the report tests use (test does)
 
@@ -43,6 +44,8 @@ TRL_VENV = ROOT / ".venv-trl"
 TRL_PY = TRL_VENV / "bin" / "python"
 VERIFIERS1_VENV = ROOT / ".venv-verifiers1"
 VERIFIERS1_PY = VERIFIERS1_VENV / "bin" / "python"
+VERIFIERS1_PRIMERL_VENV = ROOT / ".venv-verifiers1-primerl"
+VERIFIERS1_PRIMERL_PY = VERIFIERS1_PRIMERL_VENV / "bin" / "python"
 TORCHVISION_VENV = ROOT / ".venv-torchvision"
 TORCHVISION_PY = TORCHVISION_VENV / "bin" / "python"
 #: the tiers the default run leaves out (each has its own job and venv)
@@ -107,6 +110,17 @@ def setup_verifiers1() -> None:
     openai (<3) and mcp instead of the lock's: kept out of .venv, which keeps openai 3."""
     setup_tier(
         VERIFIERS1_VENV, ROOT / "requirements" / "verifiers1.txt", unpinned=("openai", "mcp")
+    )
+
+
+def setup_verifiers1_primerl() -> None:
+    """.venv-verifiers1-primerl: the pinned lock plus requirements/verifiers1-primerl.txt (the
+    unreleased verifiers prime-rl pins, from GitHub, whose branches carry their images' model
+    inputs), openai and mcp left to that verifiers' own bounds."""
+    setup_tier(
+        VERIFIERS1_PRIMERL_VENV,
+        ROOT / "requirements" / "verifiers1-primerl.txt",
+        unpinned=("openai", "mcp"),
     )
 
 
@@ -211,6 +225,11 @@ JOBS = {
     # prime-rl's path: vf_mm environments as verifiers 0.4 (v1) environments, rendered by vf_mm
     # through renderers' custom hook, against vf-mm serve (in its own venv .venv-verifiers1)
     "verifiers1": [[VERIFIERS1_PY, "-m", "pytest", "-q", "-m", "verifiers1", "tests/integrations"]],
+    # the same tests on the verifiers prime-rl pins (a60a606), where each branch's images come
+    # through verifiers' own Branch.multi_modal_data (in its own venv .venv-verifiers1-primerl)
+    "verifiers1-primerl": [
+        [VERIFIERS1_PRIMERL_PY, "-m", "pytest", "-q", "-m", "verifiers1", "tests/integrations"]
+    ],
 }
 
 
@@ -312,6 +331,8 @@ def main(argv: list[str]) -> int:
         setup_trl()
     elif argv[0] == "verifiers1":  # the same
         setup_verifiers1()
+    elif argv[0] == "verifiers1-primerl":  # the same
+        setup_verifiers1_primerl()
     else:
         setup()
     if argv[0] == "ray":

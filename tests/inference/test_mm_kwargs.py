@@ -308,3 +308,29 @@ def test_decoded_arrays_are_read_only_views_of_one_copy() -> None:
         root = root.base
     assert type(root) is bytes and len(root) == pixels.nbytes
     np.testing.assert_array_equal(pixels, item["pixel_values"])
+
+
+def test_encode_features_is_the_features_field_a_generate_request_sends() -> None:
+    """``encode_features`` (what ``vf_mm.integrations.verifiers`` posts through renderers'
+    client) is the ``features`` of ``encode_request`` for the same data, every item inline;
+    data a prompt of that length cannot carry is refused."""
+    import json
+
+    from vf_mm.errors import MultiModalDataError
+    from vf_mm.inference import GenerateRequest, SamplingParams, encode_features
+    from vf_mm.inference._vllm_protocol import encode_request
+    from vf_mm.types import MultiModalData, PlaceholderRange
+
+    item = {"pixel_values": np.arange(8, dtype=np.float32).reshape(2, 4),
+            "image_grid_thw": np.array([[1, 2, 1]], dtype=np.int64)}  # fmt: skip
+    mmd = MultiModalData({"image": ["h0"]}, {"image": [PlaceholderRange(2, 1)]}, {"image": [item]})
+    request = GenerateRequest(
+        prompt_ids=[1, 2, 9, 3], sampling=SamplingParams(), multi_modal_data=mmd
+    )
+    sent = json.loads(
+        encode_request(request, model=None, image_policy=None, send_kwargs_data=True).body
+    )
+    assert encode_features(mmd, num_tokens=4) == sent["features"]
+    assert sent["features"]["kwargs_data"]["image"] == [encode_kwargs_item(item)]
+    with pytest.raises(MultiModalDataError):
+        encode_features(mmd, num_tokens=2)  # the placeholder lies past the prompt

@@ -293,6 +293,9 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
         assert trace.rewards["reward"].score == output.reward
         want = build_samples(output, advantage=0.0, image_token_id=vision.image_token_id)
 
+        if _carries_images(v1):
+            images += _assert_branch_images(trace, got, want)
+            continue
         assert len(got) == len(want)  # a turn bridged in one is bridged in the other
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g.input_ids, w.input_ids)
@@ -320,6 +323,50 @@ def test_an_episode_flattens_as_vf_mm_builds_samples_of_the_same_rollout(
                 np.testing.assert_array_equal(mm_kwargs[key], value, err_msg=key)
                 assert mm_kwargs[key].dtype == value.dtype, key
     assert images >= 6  # every picture of both rollouts, in one sample or several
+
+
+def _carries_images(v1) -> bool:
+    """Whether the installed verifiers' ``Branch`` carries its images' model inputs
+    (``multi_modal_data``: the unreleased verifiers prime-rl pins, a60a606; 0.4.0's does not)."""
+    return "multi_modal_data" in dir(v1.Branch)
+
+
+def _assert_branch_images(trace, got, want) -> int:
+    """With the verifiers prime-rl pins: what its orchestrator trains on, measured. It
+    concatenates each branch's ``multi_modal_data`` items per key along dim 0; that must
+    equal, bit for bit and dtype included, vf_mm's processing of the same branch's images
+    (``trace_samples``, which places each on its pad run); and the last branch (the whole
+    history) holds exactly the images of ``build_samples``' last sample (the whole history
+    too). This verifiers renders every prompt holding an image in full, never bridging it:
+    where vf_mm does not bridge either (as many samples as branches) the branches are
+    vf_mm's samples token for token; where vf_mm bridges they are not (docs/trainers.md
+    gives what differs), and images are what is compared."""
+    branches = {f"verifiers branch {b.index}": b for b in trace.branches}
+    for g in got:
+        mmd = branches[g.source].multi_modal_data
+        assert mmd is not None, g.source
+        _assert_same_tensors(_concatenated([i for v in mmd.mm_items.values() for i in v]), g.images)
+    _assert_same_tensors(
+        _concatenated(
+            [i for v in branches[got[-1].source].multi_modal_data.mm_items.values() for i in v]
+        ),
+        want[-1].images,
+    )
+    if len(got) == len(want):  # where vf_mm does not bridge either (Qwen3.5, LLaVA-OneVision)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g.input_ids, w.input_ids)
+            np.testing.assert_array_equal(g.loss_mask, w.loss_mask)
+            np.testing.assert_array_equal(g.logprobs, w.logprobs)
+            np.testing.assert_array_equal(g.mm_token_type_ids, w.mm_token_type_ids)
+    return len(got[-1].images)
+
+
+def _assert_same_tensors(theirs: dict[str, np.ndarray], images: list[dict]) -> None:
+    ours = _concatenated(images)
+    assert theirs.keys() == ours.keys()
+    for key, value in ours.items():
+        np.testing.assert_array_equal(theirs[key], value, err_msg=key)
+        assert theirs[key].dtype == value.dtype, key
 
 
 def _concatenated(items) -> dict[str, np.ndarray]:

@@ -3,7 +3,8 @@
 ``Backend`` (token level: ``LocalBackend``, ``VLLMBackend``) and ``ChatBackend``
 (message level: ``OpenAIChatBackend``) are the two contracts. ``encode_kwargs_item`` /
 ``decode_kwargs_item`` are vLLM's ``kwargs_data`` encoding of one image's model inputs
-(what ``features`` mode sends), checked against vLLM's own decoder. ``create_app`` is the
+(what ``features`` mode sends), checked against vLLM's own decoder; ``encode_features``
+is a prompt's whole ``features`` field. ``create_app`` is the
 HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind vLLM's
 token-in/token-out route and an OpenAI-compatible chat route. ``VLLMServers`` starts N
 vLLM servers of one model as subprocesses (``server_flags``: what each needs for
@@ -50,6 +51,7 @@ __all__ = [
     "VLLMBackend",
     "VLLMServers",
     "create_app",
+    "encode_features",
     "server_flags",
     "vllm_command",
 ]
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from vf_mm.inference._openai import OpenAIChatBackend
     from vf_mm.inference._server import create_app
     from vf_mm.inference._vllm import VLLMBackend
+    from vf_mm.inference._vllm_protocol import encode_features
 
 # Backends import torch or httpx, the server starlette: they load on first use, so
 # importing vf_mm stays light.
@@ -71,5 +74,6 @@ __getattr__ = lazy_exports(
         "OpenAIChatBackend": "vf_mm.inference._openai",
         "VLLMBackend": "vf_mm.inference._vllm",
         "create_app": "vf_mm.inference._server",
+        "encode_features": "vf_mm.inference._vllm_protocol",
     },
 )

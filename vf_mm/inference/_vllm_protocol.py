@@ -222,6 +222,21 @@ def encode_request(
     return out
 
 
+def encode_features(mmd: MultiModalData, *, num_tokens: int) -> dict[str, Any]:
+    """``mmd`` as the ``features`` field of a generate request to a prompt of ``num_tokens``
+    ids, every item's model inputs inline (``kwargs_data``, vLLM's codec): what a vLLM
+    server and ``vf-mm serve`` read. For a client that builds the rest of the body itself
+    (``vf_mm.integrations.verifiers``: verifiers' train client posts through ``renderers``).
+    Raises ``MultiModalDataError`` for data such a prompt cannot carry (``check_features``).
+
+    Args:
+        mmd: The prompt's multi-modal data, every item with its model inputs.
+        num_tokens: The prompt's length in token ids (its placeholders must lie within).
+    """
+    features, _ = _features(mmd, num_tokens, True, None, None, RequestBody(b""))
+    return features
+
+
 def _sampling_params(sampling: SamplingParams, banned: Sequence[int] = ()) -> dict[str, Any]:
     params: dict[str, Any] = {
         "max_tokens": sampling.max_tokens,

@@ -51,6 +51,7 @@ from renderers import RenderedTokens as RRenderedTokens
 from renderers.configs import BaseRendererConfig
 
 from vf_mm.errors import UnsupportedModelError
+from vf_mm.inference import encode_features
 from vf_mm.renderers import bridge, load_renderer
 from vf_mm.types import MultiModalData, PlaceholderRange, RenderedTokens
 
@@ -112,6 +113,8 @@ class VfMMRenderer:
                 and video_id != vision.image_token_id
             ):
                 self._pads["video"] = int(video_id)
+        if self.is_multimodal:
+            _route_features_through_vf_mm()
         self._lock = threading.Lock()
         # collapsed prompt ids -> (expanded ids, their multi-modal data)
         self._expanded: OrderedDict[tuple[int, ...], tuple[list[int], MultiModalData | None]] = (
@@ -329,6 +332,39 @@ class VfMMRenderer:
             at = placeholder.offset + placeholder.length
         out += ids[at:]
         return out
+
+
+def _route_features_through_vf_mm() -> None:
+    """Make ``renderers.client._build_mm_features`` encode a ``VfMMRenderer``'s images
+    (once per process; every other renderer still goes to the original).
+
+    The unreleased verifiers prime-rl pins (a60a606) renders a prompt holding an image with
+    ``process_multimodal=True`` and posts its sidecar as vLLM's ``features`` through
+    ``renderers.client.generate``, whose encoder dispatches on the renderer's class (Qwen3-VL,
+    Qwen3.5, Gemma 4, Nemotron 3.5) and raises ``NotImplementedError`` for any other:
+    ``renderers`` has no public hook a custom renderer could register an encoder with. The
+    sidecar is vf_mm's, so vf_mm's own encoding of it (``encode_features``, the one
+    ``VLLMBackend`` sends vLLM and ``vf-mm serve``) is the right one. verifiers 0.4.0 never
+    calls it (images go as ``content_parts``); a ``renderers`` without the function is left
+    alone."""
+    import renderers.client as client
+
+    original = getattr(client, "_build_mm_features", None)
+    if original is None or getattr(original, "vf_mm_routes", False):
+        return
+
+    def build_mm_features(renderer: Any, mm_data: RMultiModalData) -> Any:
+        if not isinstance(renderer, VfMMRenderer):
+            return original(renderer, mm_data)
+        data = _from_renderers(mm_data)
+        end = max(
+            (p.offset + p.length for ranges in data.mm_placeholders.values() for p in ranges),
+            default=0,
+        )
+        return encode_features(data, num_tokens=end)
+
+    build_mm_features.vf_mm_routes = True  # type: ignore[attr-defined]
+    client._build_mm_features = build_mm_features  # type: ignore[attr-defined]
 
 
 def _to_renderers(data: MultiModalData | None) -> RMultiModalData | None:

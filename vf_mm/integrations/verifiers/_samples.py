@@ -85,7 +85,12 @@ def branch_sample(
             f"{ids.shape[0]} tokens"
         )
     logprobs = np.where(mask_array == 1, np.asarray(branch.logprobs, dtype=np.float32), 0)
-    types = branch.mm_token_type_ids
+    # verifiers 0.4.0's Branch has them; the newer one prime-rl pins (a60a606) has not, and
+    # prime-rl maps the branch's ids through the renderer's ``mm_token_type_id_map`` itself
+    types = getattr(branch, "mm_token_type_ids", None)
+    type_map = getattr(renderer, "mm_token_type_id_map", None)
+    if types is None and type_map:
+        types = [type_map.get(int(t), 0) for t in ids]
     sample = Sample(
         input_ids=ids,
         loss_mask=mask_array,
