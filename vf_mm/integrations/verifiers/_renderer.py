@@ -364,7 +364,7 @@ def _route_features_through_vf_mm() -> None:
         return encode_features(data, num_tokens=end)
 
     build_mm_features.vf_mm_routes = True  # type: ignore[attr-defined]
-    client._build_mm_features = build_mm_features  # type: ignore[attr-defined]
+    client._build_mm_features = build_mm_features  # type: ignore[attr-defined, unused-ignore]
 
 
 def _to_renderers(data: MultiModalData | None) -> RMultiModalData | None:
