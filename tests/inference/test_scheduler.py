@@ -120,16 +120,16 @@ def run(
     clock: Clock,
     requests: list[tuple[str, int, int]],
     *,
-    prefill_s: float,
-    step_s: float,
+    prefill_s: float = 0.3,
+    step_s: float = 0.01,
     max_batch: int,
     room: int = 1000,
     cancelled: tuple[str, ...] = (),
     hold_steps: int = HOLD_STEPS,
 ) -> list[tuple[list[str], int]]:
     """Run ``(name, arriving at decode step, steps to decode)`` requests (step 0: before
-    any) to their answers; the engine's admissions. Those ``cancelled`` have left before
-    they arrive."""
+    any) to their answers; the engine's admissions. A prefill costs 30 decode steps unless
+    told otherwise; those ``cancelled`` have left before they arrive."""
 
     async def go() -> list[tuple[list[str], int]]:
         loop = asyncio.get_running_loop()
@@ -168,8 +168,6 @@ def test_requests_arriving_while_rows_decode_share_one_prefill_within_its_cost(c
     admissions = run(
         clock,
         [("a", 0, 60), ("b", 3, 10), ("c", 7, 10)],
-        prefill_s=0.3,
-        step_s=0.01,
         max_batch=8,
     )
     assert [names for names, _ in admissions] == [["a"], ["b", "c"]]
@@ -181,8 +179,6 @@ def test_held_two_steps_where_a_prefill_costs_by_its_tokens(clock):
     admissions = run(
         clock,
         [("a", 0, 60), ("b", 3, 10), ("c", 7, 10)],
-        prefill_s=0.3,
-        step_s=0.01,
         max_batch=8,
         hold_steps=2,
     )
@@ -207,8 +203,6 @@ def test_a_batch_with_no_room_left_admits_its_arrivals_at_once(clock):
     admissions = run(
         clock,
         [("a", 0, 40), ("b", 3, 5), ("c", 3, 5)],
-        prefill_s=0.3,
-        step_s=0.01,
         max_batch=3,
     )
     assert admissions == [(["a"], 0), (["b", "c"], 3)]
@@ -221,8 +215,6 @@ def test_an_admission_that_ran_no_prefill_keeps_the_last_prefills_cost(clock):
     admissions = run(
         clock,
         [("a", 0, 60), ("b", 3, 10), ("c", 20, 10), ("d", 24, 10)],
-        prefill_s=0.3,
-        step_s=0.01,
         max_batch=8,
         cancelled=("b",),
     )
@@ -249,8 +241,6 @@ def test_requests_the_engine_has_no_room_for_run_as_soon_as_a_row_leaves(clock):
     admissions = run(
         clock,
         [("a", 0, 30), ("b", 0, 12), ("c", 3, 5)],
-        prefill_s=0.3,
-        step_s=0.01,
         max_batch=3,
         room=2,
     )
