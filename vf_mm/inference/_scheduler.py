@@ -14,9 +14,10 @@ When idle, the worker takes the first waiting request and whatever else arrives 
   launches, whatever its number of rows), so a held request waits at most about what a
   second prefill would stall every running row, and the others decode meanwhile. On a
   CPU a prefill's cost grows with its tokens, so sharing one saves little: the batch
-  engine passes ``hold_steps=2`` and holds two decode steps. A request the engine has no room for (the pool engine's KV arena) is
-  offered again as soon as a row leaves. One admission loop (``_episode``) serves both
-  engines; each engine says how it places, prefills, decodes and retires rows.
+  engine passes ``hold_steps=2`` and holds two decode steps. A request the engine has
+  no room for (the pool engine's KV arena) is offered again as soon as a row leaves.
+  One admission loop (``_episode``) serves both engines; each engine says how it
+  places, prefills, decodes and retires rows.
 - ``GenerateEngine`` (Hugging Face ``generate``) runs each batch whole.
 
 ``between_batches`` holds the worker for a weight swap or a cache clear: it takes in no
