@@ -1,5 +1,6 @@
-"""Claims the tests of the families whose images need torchvision (LFM2.5-VL, Kimi-K2.5)
-make of ``LocalBackend``: on a text turn, and on an image rollout that trains."""
+"""Claims the tests of the families whose image processor transformers has only for
+torchvision (LFM2.5-VL, Kimi-K2.5) make of ``LocalBackend``: on a text turn, and on an
+image rollout that trains."""
 
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def assert_samples_as_a_full_forward_scores(path: Path, family: str) -> None:
 
 
 def assert_an_image_rollout_trains(path: Path, family: str) -> None:
-    """Where torchvision imports: a three-turn rollout with an image each turn, sampled by
-    ``LocalBackend`` through ``RendererClient``, becomes samples whose training forward
-    (the family's ``make_batches`` layout) gives back the sampler's logprobs (within
-    2e-4), and a GRPO step reaches the vision tower."""
-    pytest.importorskip("torchvision")
+    """A three-turn rollout with an image each turn, sampled by ``LocalBackend`` through
+    ``RendererClient``, becomes samples whose training forward (the family's
+    ``make_batches`` layout) gives back the sampler's logprobs (within 2e-4), and a GRPO
+    step reaches the vision tower. The renderer is ``load_renderer``'s default: the
+    family's torchvision image processor where torchvision imports, else vf_mm's
+    torch-only port of it."""
     import torch
     from PIL import Image
 
@@ -64,7 +66,7 @@ def assert_an_image_rollout_trains(path: Path, family: str) -> None:
             return [{"role": "user", "content": [{"type": "image", "image": picture},
                                                  {"type": "text", "text": "and now?"}]}]  # fmt: skip
 
-    renderer = load_renderer(path, image_backend="torchvision")
+    renderer = load_renderer(path)
     env = Look(dataset=[{"question": "what is it?", "image": Image.new("RGB", (300, 90), "red")}],
                max_turns=3, sampling_args={"max_tokens": 6, "temperature": 1.0})  # fmt: skip
     client = vf.RendererClient(LocalBackend(path), renderer)

@@ -7,12 +7,15 @@ conversation, with the tiny checkpoint's tokenizer, are recorded in
 that has the package). Both the tiny checkpoint's template (vf_mm's own) and the one
 circulating copy of Kimi-K2.5's template (radixark/miles' ``kimi_k25_fixed.jinja``, with
 a ``preserve_thinking`` gate added; off, as here, it renders the oracle's ids) must give
-those ids. Images are compared in their message-level form (one ``<|media_pad|>`` per
-image); their pixels need torchvision (transformers 5.23 has no PIL image processor for
-Kimi-K2.5), so without it the renderer is refused naming torchvision.
+those ids. Images are compared there in their message-level form (one ``<|media_pad|>``
+per image); the text tests' renderer is the tiny checkpoint's tokenizer with the
+family's stop tokens and call format.
 
-The default tier has no torchvision, so the renderer here is the tiny checkpoint's
-tokenizer with the family's stop tokens and call format: Kimi-K2.5 without its images.
+Pixels: transformers 5.23 has only a torchvision image processor for Kimi-K2.5, and the
+default tier has no torchvision, so there ``load_renderer`` uses vf_mm's torch-only port
+(``KimiK25Images``). The default tier holds it to goldens the real processor wrote
+(``golden/tv_ports.json``: ids, tensor hashes); the torchvision tier (``-m vllm``) holds
+it to the real processor itself, bit for bit, and the renderer to the processor.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tests.renderers._sampling import (
     assert_an_image_rollout_trains,
     assert_samples_as_a_full_forward_scores,
 )
+from tests.renderers._tv_golden import assert_renders_the_golden, golden_cases
 from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -213,14 +217,39 @@ def test_tools_the_declaration_cannot_write_are_refused_and_a_given_one_is_writt
     assert text.startswith("<|im_system|>tool_declare<|im_middle|># Tools\nTS<|im_end|>")
 
 
-def test_its_images_need_torchvision_and_the_renderer_says_so(kimi):
-    """Without torchvision there is no Kimi-K2.5 image processor: the renderer is refused
-    with a typed error naming torchvision, not loaded as a text model that would drop the
-    images."""
-    if torchvision_available():
-        pytest.skip("torchvision imports here: the images render (the vllm tier's test)")
-    with pytest.raises(MissingDependencyError, match="torchvision"):
-        load_renderer(kimi)
+@pytest.fixture(scope="module")
+def image_renderer(kimi) -> ChatTemplateRenderer:
+    """The checkpoint's renderer as ``load_renderer`` makes it here: with transformers'
+    torchvision image processor where torchvision imports, else vf_mm's torch-only port."""
+    return load_renderer(kimi)
+
+
+@pytest.mark.parametrize("case", golden_cases("kimi_k25"), ids=lambda c: f"seed{c['seed']}")
+def test_images_render_as_the_real_processor_wrote_them(image_renderer, case):
+    """Without torchvision too: the renderer's ids, ``pixel_values`` and
+    ``image_grid_thw`` (sha256 of their bytes) and placeholders equal what
+    ``Kimi_K25ImageProcessor`` (torchvision) gave for the same stress images
+    (``golden/tv_ports.json``)."""
+    assert_renders_the_golden(image_renderer, "kimi_k25", case)
+
+
+def test_torchvision_or_pil_asked_for_by_name_is_refused_not_replaced(kimi):
+    """``image_backend="torchvision"`` is transformers' own class: where torchvision does
+    not import it is refused naming it, never silently the port; ``"pil"`` (which
+    Kimi-K2.5 has none of) is refused naming the backends it has."""
+    from vf_mm.models import load_processor
+
+    if not torchvision_available():
+        with pytest.raises(MissingDependencyError, match="needs torchvision"):
+            load_renderer(kimi, image_backend="torchvision")
+    with pytest.raises(MissingDependencyError, match=r"no PIL one.*'torch'"):
+        load_processor(kimi, image_backend="pil")
+    auto = load_processor(kimi).image_processor
+    port = load_processor(kimi, image_backend="torch").image_processor
+    assert type(port).__name__ == "KimiK25Images"
+    assert type(auto).__name__ == (
+        "Kimi_K25ImageProcessor" if torchvision_available() else "KimiK25Images"
+    )
 
 
 def test_the_local_backend_samples_as_a_full_forward_scores_it(kimi):
@@ -352,9 +381,100 @@ def test_a_text_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(
     assert router and any(p.grad is not None and p.grad.abs().sum() > 0 for p in router)
 
 
-@pytest.mark.vllm
 def test_an_image_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(kimi):
-    """Where torchvision imports: an image rollout sampled by the local backend trains,
-    its forward (MoonViT, the projector, the DeepSeek-V3 stack) giving back the sampler's
-    logprobs (``assert_an_image_rollout_trains``)."""
+    """Without torchvision too (vf_mm's port): an image rollout sampled by the local
+    backend trains, its forward (MoonViT, the projector, the DeepSeek-V3 stack) giving
+    back the sampler's logprobs (``assert_an_image_rollout_trains``)."""
     assert_an_image_rollout_trains(kimi, "kimi_k25")
+
+
+# -- vf_mm's torch-only port against transformers' torchvision processor ---------------
+
+PORT_SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480),
+              (1500, 1300), (13, 29), (300, 90))  # fmt: skip
+PORT_MODES = ("RGB", "L", "RGBA", "P", "LA")
+
+
+def port_images(seed: int) -> list[Any]:
+    """Every stress size in every mode (PIL), and arrays of 1, 3 and 4 channels."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images: list[Any] = []
+    for i, (w, h) in enumerate(PORT_SIZES):
+        picture = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        mode = PORT_MODES[(seed + i) % len(PORT_MODES)]
+        images.append(picture.convert(mode) if mode != "P" else picture.quantize(16))
+    return images
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"resample": 2}, {"resample": 0}, {"resample": 1}, {"max_patches": 4}, {"do_normalize": False},
+     {"do_rescale": False}, {"do_resize": False, "size": {"max_height": 16, "max_width": 16}}],
+    ids=["checkpoint", "bilinear", "nearest", "lanczos", "tight_budget", "no_normalize", "no_rescale",
+         "no_resize"],
+)  # fmt: skip
+def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, options):
+    """``KimiK25Images`` (torch alone) gives ``Kimi_K25ImageProcessor``'s
+    ``pixel_values`` and ``image_grid_thw``, same dtype, shape and bytes, for every stress
+    size and mode, several images a call, channels-last arrays of 1, 3 and 4 channels, and
+    the processor's options; and the same patch counts without the image."""
+    pytest.importorskip("torchvision")
+    import numpy as np
+
+    from vf_mm.models import load_processor
+
+    real = load_processor(kimi, image_backend="torchvision").image_processor
+    port = load_processor(kimi, image_backend="torch").image_processor
+    assert type(real).__name__ == "Kimi_K25ImageProcessor"
+    assert port.to_dict() == real.to_dict()  # the same settings, saved under the same class
+    if options.get("do_resize") is False:  # no resize: sides a multiple of the patch
+        calls = [[np.full((28, 42, 3), 7, np.uint8), np.arange(14 * 56 * 3, dtype=np.uint8)
+                  .reshape(14, 56, 3)]]  # fmt: skip
+    else:
+        images = port_images(len(options))
+        rng = np.random.default_rng(7)
+        rgba = rng.integers(0, 256, (37, 45, 4), dtype=np.uint8)
+        calls = [images[:4], images[4:], [rgba], [rgba[..., :1]], [rgba[..., :3]]]
+    for images in calls:
+        layout = {} if hasattr(images[0], "mode") else {"input_data_format": "channels_last"}
+        want = real(images, return_tensors="np", **options, **layout)
+        got = port(images, return_tensors="np", **options, **layout)
+        assert set(got) == set(want)
+        for key in want:
+            assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+    for h, w in PORT_SIZES:
+        assert port.get_number_of_image_patches(h, w, options) == real.get_number_of_image_patches(
+            h, w, options
+        )
+
+
+@pytest.mark.vllm
+def test_the_ports_render_and_description_are_the_torchvision_ones(kimi):
+    """The renderer with the port (``image_backend="torch"``) renders what the one with
+    transformers' torchvision class renders, and a trainer processing with the port
+    agrees with a sampler that had torchvision: the same recorded processing
+    (``ImageProcessing``: classes, config, backend ``"torchvision"``)."""
+    pytest.importorskip("torchvision")
+    import numpy as np
+
+    from tests.renderers.golden.tv_ports import conversation
+    from vf_mm.training import ImageProcessing
+
+    real = load_renderer(kimi, image_backend="torchvision")
+    port = load_renderer(kimi, image_backend="torch")
+    assert real.image_backend == port.image_backend == "torchvision"
+    for seed in range(6):
+        a, b = real.render(conversation(seed)), port.render(conversation(seed))
+        assert a.token_ids == b.token_ids
+        assert a.multi_modal_data.mm_placeholders == b.multi_modal_data.mm_placeholders
+        for x, y in zip(
+            a.multi_modal_data.mm_items["image"], b.multi_modal_data.mm_items["image"], strict=True
+        ):
+            assert all(np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype for k in x)
+    sampler = ImageProcessing.from_checkpoint(kimi, image_backend="torchvision")
+    trainer = ImageProcessing.from_checkpoint(kimi, image_backend="torch")
+    assert trainer.differences(sampler.description) == {}

@@ -283,6 +283,8 @@ def test_the_image_backend_is_what_autoprocessor_would_pick_and_is_recorded(chec
     assert load_renderer(checkpoints["qwen2_5_vl"], image_backend="pil").image_backend == "pil"
     with pytest.raises(ValueError, match="image_backend must be one of"):
         load_renderer(checkpoints["qwen2_5_vl"], image_backend="opencv")
+    with pytest.raises(UnsupportedModelError, match="has a PIL backend"):  # nothing to port
+        load_renderer(checkpoints["qwen2_5_vl"], image_backend="torch")
     if not torchvision_available():
         with pytest.raises(MissingDependencyError, match="needs torchvision"):
             load_renderer(checkpoints["qwen2_5_vl"], image_backend="torchvision")

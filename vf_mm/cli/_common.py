@@ -459,11 +459,13 @@ def local_backend_options(args: argparse.Namespace) -> dict[str, Any]:
 def add_image_backend_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image-backend",
-        choices=["auto", "pil", "torchvision"],
+        choices=["auto", "pil", "torchvision", "torch"],
         default="auto",
         help="image processing for the renderer: auto picks what transformers' AutoProcessor "
         "and vLLM use on this machine (torchvision where it imports, else pil); the two give "
-        "different pixels for resized images, so match the engine and the trainer",
+        "different pixels for resized images, so match the engine and the trainer. torch is "
+        "vf_mm's torch-only port of the torchvision-only processors (LFM2-VL, Kimi-K2.5), "
+        "torchvision's pixels without torchvision (auto uses it there)",
     )
 
 

@@ -18,6 +18,14 @@ engine and the trainer compute, so the backend is a choice (``image_backend``):
 ``"auto"`` (the default) picks what ``AutoProcessor`` would on this machine,
 ``resolve_image_backend`` says which that is.
 
+Two families have only a torchvision image processor in transformers 5.23 (LFM2-VL and
+Kimi-K2.5, ``VisionFamily.pil_backend`` False). For them vf_mm has its own torch-only
+ports (``VisionFamily.torch_port``), which compute the torchvision processor's numbers
+bit for bit: ``"auto"`` loads the port where torchvision does not import, and
+``"torch"`` asks for it by name anywhere; ``"torchvision"`` stays transformers' own class
+and is refused by name where torchvision does not import. ``image_backend_of`` reports a
+port as ``"torchvision"``: the backend names whose numbers are computed.
+
 Everything also loads without torchvision (a CPU-only machine): the stock processors of
 families with video refuse to build there (they look up a video processor class), so
 the registry uses a processor subclass that accepts ``video_processor=None``.
@@ -84,6 +92,9 @@ class VisionFamily:
             are skipped.
         pil_backend: The image processor has a PIL backend (a ``"Pil"`` class); LFM2-VL's
             and Kimi-K2.5's have only torchvision's.
+        torch_port: vf_mm's torch-only port of a torchvision-only image processor
+            (``"module:Class"`` in ``vf_mm.models``): the torchvision numbers where
+            torchvision does not import; None: the family has a PIL backend.
         item_layout: How one image's inputs are laid out, which ``ItemChecker``
             (``_items``) checks a client's against: ``"grid"``, ``"crops"``, ``"tiles"``,
             ``"anyres"``, ``"soft_tokens"``; None: not checked (a server refuses to take
@@ -118,6 +129,8 @@ class VisionFamily:
     marker_tokens: tuple[str, ...] = ()
     # the image processor has a PIL backend ("Pil" class); LFM2-VL's has only torchvision's
     pil_backend: bool = True
+    # vf_mm's torch-only port of a torchvision-only image processor ("module:Class")
+    torch_port: str | None = None
     # how one image's inputs are laid out, which ``ItemChecker`` (``_items``) checks a
     # client's against: "grid", "crops", "tiles", "anyres", "soft_tokens"; None: not
     # checked (a server refuses to take the family's processed images)
@@ -212,13 +225,14 @@ _FAMILIES = {
                      ("<|im_end|>", "[EOS]"), tool_format="kimi",
                      marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>",
                                     "<|kimi_k25_video_placeholder|>"),
-                     pil_backend=False, item_layout=None),
+                     pil_backend=False, torch_port="_kimi_k25_images:KimiK25Images",
+                     item_layout=None),
     )
 }  # fmt: skip
 
 VISION_FAMILIES = tuple(_FAMILIES)
 
-IMAGE_BACKENDS = ("auto", "pil", "torchvision")
+IMAGE_BACKENDS = ("auto", "pil", "torchvision", "torch")
 
 
 def family_info(family: str) -> VisionFamily:
@@ -265,11 +279,13 @@ def torchvision_available() -> bool:
 
 
 def resolve_image_backend(backend: str = "auto") -> str:
-    """``"pil"`` or ``"torchvision"``.
+    """``"pil"``, ``"torchvision"`` or ``"torch"``.
 
     Args:
         backend: ``"auto"`` is what ``AutoProcessor`` picks on this machine (torchvision
-            where it imports, else PIL).
+            where it imports, else PIL; a family with no PIL backend then gets vf_mm's
+            torch-only port, ``image_processor_class``); ``"torch"`` is that port asked
+            for by name.
 
     Raises:
         MissingDependencyError: Asking for torchvision where it does not import.
@@ -281,42 +297,70 @@ def resolve_image_backend(backend: str = "auto") -> str:
     if backend == "torchvision" and not torchvision_available():
         raise MissingDependencyError(
             "image_backend='torchvision' needs torchvision, which does not import here "
-            "(install the build that matches your torch, or use image_backend='pil')"
+            "(install the build that matches your torch, or use image_backend='auto')"
         )
     return backend
 
 
 def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
-    """The family's image processor class for ``backend`` (``"pil"`` or ``"torchvision"``;
-    ``"auto"`` is resolved first)."""
+    """The family's image processor class for ``backend``.
+
+    ``"pil"`` and ``"torchvision"`` are transformers' classes; ``"torch"`` is vf_mm's
+    torch-only port of a torchvision-only one (``VisionFamily.torch_port``), which
+    ``"auto"`` also gives where torchvision does not import.
+
+    Raises:
+        MissingDependencyError: ``"pil"`` for a family with no PIL image processor;
+            ``"torchvision"`` where it does not import.
+        UnsupportedModelError: ``"torch"`` for a family with a PIL image processor (it
+            has no port: nothing to port).
+    """
     import transformers
 
     info = family_info(family)
-    backend = resolve_image_backend(backend)
-    if backend == "pil" and not info.pil_backend:
-        only = (
-            f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
-            "backend in transformers 5.23"
+    resolved = resolve_image_backend(backend)
+    if resolved == "torch" and info.torch_port is None:
+        raise UnsupportedModelError(
+            f"image_backend='torch' is vf_mm's torch-only port of the image processors "
+            f"transformers has only for torchvision; {info.label}'s has a PIL backend: "
+            "use image_backend='auto', 'pil' or 'torchvision'"
         )
-        if torchvision_available():  # "pil" was asked for by name
-            raise MissingDependencyError(
-                f"{only} (no PIL one): load it with image_backend='torchvision' or 'auto'"
-            )
+    if info.torch_port is not None and (
+        resolved == "torch" or (backend == "auto" and resolved == "pil")
+    ):
+        return _torch_port(info.torch_port)
+    if resolved == "pil" and not info.pil_backend:
         raise MissingDependencyError(
-            f"{only}, and torchvision does not import here: install the torchvision build "
-            "that matches your torch (as beside vLLM) to render its images"
+            f"{info.label}'s image processor ({info.image_processor}) has only a torchvision "
+            "backend in transformers 5.23 (no PIL one): load it with image_backend='auto' "
+            "(torchvision's where it imports, else vf_mm's torch-only port, which computes "
+            "the same numbers), 'torchvision' or 'torch' (the port)"
         )
-    return getattr(transformers, info.image_processor + ("" if backend == "torchvision" else "Pil"))
+    return getattr(
+        transformers, info.image_processor + ("" if resolved == "torchvision" else "Pil")
+    )
+
+
+def _torch_port(spec: str) -> type[Any]:
+    """The port class named ``"module:Class"`` (a module of ``vf_mm.models``)."""
+    import importlib
+
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(f"vf_mm.models.{module}"), name)
 
 
 def image_backend_of(image_processor: Any) -> str:
-    """Which backend a loaded image processor computes with (``"pil"`` or ``"torchvision"``).
+    """Whose numbers a loaded image processor computes: ``"pil"`` or ``"torchvision"``.
+
+    vf_mm's torch-only ports (``"torch"``) compute torchvision's numbers with torch
+    alone, so they are ``"torchvision"`` too: a sampler with torchvision and a trainer
+    without it agree (their pixels equal, bit for bit).
 
     Args:
         image_processor: A loaded HF image processor.
     """
     names = {cls.__name__ for cls in type(image_processor).__mro__}
-    return "torchvision" if "TorchvisionBackend" in names else "pil"
+    return "torchvision" if names & {"TorchvisionBackend", "TorchvisionPort"} else "pil"
 
 
 def model_class(family: str) -> type[Any]:

@@ -242,7 +242,13 @@ def _describe(processor: Any, kwargs: Any, options: Any, backend: str) -> dict[s
     except Exception:  # a processor without to_dict: its public attributes
         config = {k: v for k, v in vars(image_processor).items() if not k.startswith("_")}
     return {
-        "classes": [type(processor).__name__, type(image_processor).__name__],
+        # vf_mm's torch-only port of a torchvision processor is recorded as the class whose
+        # numbers it computes (``torchvision_class``): a trainer without torchvision then
+        # rebuilds a torchvision sampler's images, the hashes proving them equal
+        "classes": [
+            type(processor).__name__,
+            getattr(image_processor, "torchvision_class", type(image_processor).__name__),
+        ],
         "config": _plain({"image_processor": config, "kwargs": kwargs, "options": options}),
         "backend": backend,
         "versions": _versions(),

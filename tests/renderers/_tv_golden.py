@@ -1,0 +1,53 @@
+"""The claim the default tier makes of the families whose image processor transformers
+has only for torchvision (Kimi-K2.5, LFM2.5-VL): vf_mm's renderer, with vf_mm's
+torch-only port where torchvision does not import, reproduces the goldens the real
+processor wrote (``golden/tv_ports.json``, by ``golden/tv_ports.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.renderers.golden.tv_ports import (
+    conversation,
+    image_digest,
+    images_of,
+    tensor_record,
+)
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "tv_ports.json").read_text())
+
+
+def golden_cases(family: str) -> list[dict[str, Any]]:
+    return GOLDEN["families"][family]["cases"]
+
+
+def assert_renders_the_golden(renderer: Any, family: str, case: dict[str, Any]) -> None:
+    """The case's images are the golden's (same pixels in), and the render's token ids and
+    batched model inputs (``model_inputs``: shape, dtype, sha256 of the bytes) are the
+    real processor's; the placeholders cover exactly the tokens that take image
+    embeddings, one placeholder per image."""
+    import torch
+
+    from vf_mm.models import family_info, image_token_ids, model_inputs
+
+    messages = conversation(case["seed"])
+    assert [image_digest(p) for p in images_of(messages)] == case["images"], "the inputs moved"
+    rendered = renderer.render(messages)
+    assert rendered.token_ids == case["input_ids"]
+    items = rendered.multi_modal_data.mm_items["image"]
+    embed = image_token_ids(renderer.vision.processor)
+    inputs = model_inputs(family, torch.tensor([rendered.token_ids]), items,
+                          image_token_ids=embed)  # fmt: skip
+    for name in family_info(family).image_inputs:
+        assert tensor_record(inputs[name].numpy()) == case["inputs"][name], name
+    placeholders = rendered.multi_modal_data.mm_placeholders["image"]
+    assert len(placeholders) == len(case["images"])
+    marked = np.isin(rendered.token_ids, embed)
+    covered = np.zeros(len(marked), dtype=bool)
+    for placeholder in placeholders:
+        covered[placeholder.embed_positions()] = True
+    assert np.array_equal(covered, marked)
