@@ -1,13 +1,17 @@
 """LFM2.5-VL (``lfm2_vl``): its format under the real template, and its images.
 
-transformers 5.23 has only a torchvision image processor for LFM2-VL, and the default
-tier runs without torchvision. So the default tier checks what needs no pixels: the tiny
-checkpoint's tokenizer and the real LFM2.5-VL template (``golden/lfm2_5_vl.jinja``, from
-the trl 1.16.0 wheel; ``test_golden.py`` holds vf_mm's template equal to it) rendering,
-parsing and bridging turns of reasoning and Python-list tool calls, the local backend
-sampling its text as a full forward scores it, and that a renderer asked for its images says torchvision is needed instead of rendering them wrong. The
-images themselves (token ids and every model-input tensor against the processor) are
-checked where torchvision imports: the vllm tier (``-m vllm``).
+The text: the tiny checkpoint's tokenizer and the real LFM2.5-VL template
+(``golden/lfm2_5_vl.jinja``, from the trl 1.16.0 wheel; ``test_golden.py`` holds vf_mm's
+template equal to it) rendering, parsing and bridging turns of reasoning and
+Python-list tool calls, and the local backend sampling its text as a full forward
+scores it.
+
+The images: transformers 5.23 has only a torchvision image processor for LFM2-VL, and
+the default tier has no torchvision, so there ``load_renderer`` uses vf_mm's torch-only
+port (``Lfm2VlImages``). The default tier holds it to goldens the real processor wrote
+(``golden/tv_ports.json``: ids, tensor hashes) and trains on an image rollout; the
+torchvision tier (``-m vllm``) holds the port to the real processor itself, bit for bit,
+and the renderer to the processor.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tests.renderers._sampling import (
     assert_an_image_rollout_trains,
     assert_samples_as_a_full_forward_scores,
 )
+from tests.renderers._tv_golden import assert_renders_the_golden, golden_cases
 from vf_mm.errors import MissingDependencyError
 from vf_mm.models import family_info, load_processor, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -130,14 +135,38 @@ def test_a_malformed_call_is_reported_not_raised(text_renderer, block, error):
     assert len(parsed.tool_call_errors) == 1 and error in parsed.tool_call_errors[0]
 
 
-def test_its_images_need_torchvision_and_the_renderer_says_so(lfm2):
-    """Without torchvision there is no LFM2-VL image processor at all: the renderer is
-    refused with a typed error naming torchvision, not loaded as a text model that would
-    drop the images."""
-    if torchvision_available():
-        pytest.skip("torchvision imports here: the images render (the vllm tier's test)")
-    with pytest.raises(MissingDependencyError, match="torchvision"):
-        load_renderer(lfm2)
+@pytest.fixture(scope="module")
+def image_renderer(lfm2) -> ChatTemplateRenderer:
+    """The checkpoint's renderer as ``load_renderer`` makes it here: with transformers'
+    torchvision image processor where torchvision imports, else vf_mm's torch-only port."""
+    return load_renderer(lfm2)
+
+
+@pytest.mark.parametrize("case", golden_cases("lfm2_vl"), ids=lambda c: f"seed{c['seed']}")
+def test_images_render_as_the_real_processor_wrote_them(image_renderer, case):
+    """Without torchvision too: the renderer's ids (tile and thumbnail markers included),
+    ``pixel_values``, ``pixel_attention_mask`` and ``spatial_shapes`` (sha256 of their
+    bytes) and placeholders (``is_embed`` on the image tokens) equal what
+    ``Lfm2VlImageProcessor`` (torchvision) gave for the same stress images, tiled ones
+    among them (``golden/tv_ports.json``)."""
+    assert_renders_the_golden(image_renderer, "lfm2_vl", case)
+
+
+def test_torchvision_or_pil_asked_for_by_name_is_refused_not_replaced(lfm2):
+    """``image_backend="torchvision"`` is transformers' own class: where torchvision does
+    not import it is refused naming it, never silently the port; ``"pil"`` (which
+    LFM2-VL has none of) is refused naming the backends it has."""
+    if not torchvision_available():
+        with pytest.raises(MissingDependencyError, match="needs torchvision"):
+            load_renderer(lfm2, image_backend="torchvision")
+    with pytest.raises(MissingDependencyError, match=r"no PIL one.*'torch'"):
+        load_processor(lfm2, image_backend="pil")
+    auto = load_processor(lfm2).image_processor
+    port = load_processor(lfm2, image_backend="torch").image_processor
+    assert type(port).__name__ == "Lfm2VlImages"
+    assert type(auto).__name__ == (
+        "Lfm2VlImageProcessor" if torchvision_available() else "Lfm2VlImages"
+    )
 
 
 def test_the_local_backend_samples_its_hybrid_stack_as_a_full_forward_scores_it(lfm2):
@@ -201,10 +230,113 @@ def test_images_match_the_processor_bit_for_bit(lfm2, seed):
     assert np.array_equal(covered, marked)
 
 
-@pytest.mark.vllm
 def test_an_image_rollout_trains_and_the_forward_gives_back_the_samplers_logprobs(lfm2):
-    """Where torchvision imports: an image rollout sampled by the local backend trains,
-    its forward (the SigLIP2 tower, the projector, the LFM2 hybrid stack with its tiles'
-    ``pixel_attention_mask`` and ``spatial_shapes``) giving back the sampler's logprobs
-    (``assert_an_image_rollout_trains``)."""
+    """Without torchvision too (vf_mm's port): an image rollout sampled by the local
+    backend trains, its forward (the SigLIP2 tower, the projector, the LFM2 hybrid stack
+    with its tiles' ``pixel_attention_mask`` and ``spatial_shapes``) giving back the
+    sampler's logprobs (``assert_an_image_rollout_trains``)."""
     assert_an_image_rollout_trains(lfm2, "lfm2_vl")
+
+
+# -- vf_mm's torch-only port against transformers' torchvision processor ---------------
+
+PORT_SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480),
+              (1500, 1300), (13, 29), (300, 90), (129, 64), (200, 200))  # fmt: skip
+
+
+def port_calls(seed: int) -> list[list[object]]:
+    """Every stress size in a mode of each (PIL), three images a call, and arrays of 1,
+    3 and 4 channels."""
+    rng = np.random.default_rng(seed)
+    images: list[object] = []
+    for i, (w, h) in enumerate(PORT_SIZES):
+        picture = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        mode = MODES[(seed + i) % len(MODES)]
+        images.append(
+            picture.convert(mode) if mode != "P" else picture.quantize(16, method=FAST_OCTREE)
+        )
+    rgba = rng.integers(0, 256, (37, 45, 4), dtype=np.uint8)
+    calls = [images[i : i + 3] for i in range(0, len(images), 3)]
+    return [*calls, [rgba], [rgba[..., :1]], [rgba[..., :3]]]
+
+
+def assert_same_outputs(real, port, calls, options) -> None:
+    for images in calls:
+        layout = {} if hasattr(images[0], "mode") else {"input_data_format": "channels_last"}
+        want = real(images, return_tensors="np", **options, **layout)
+        got = port(images, return_tensors="np", **options, **layout)
+        assert set(got) == set(want)
+        for key in want:
+            a, b = np.asarray(want[key]), np.asarray(got[key])
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    "options",
+    [{"return_row_col_info": True}, {"do_image_splitting": False}, {"use_thumbnail": False},
+     {"min_tiles": 1, "max_tiles": 4}, {"resample": 3}, {"resample": 0}, {"resample": 1},
+     {"do_normalize": False}, {"do_rescale": False},
+     {"do_pad": False, "do_image_splitting": False}],
+    ids=["checkpoint", "no_splitting", "no_thumbnail", "one_to_four_tiles", "bicubic",
+         "nearest", "lanczos", "no_normalize", "no_rescale", "no_pad"],
+)  # fmt: skip
+def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(lfm2, options):
+    """``Lfm2VlImages`` (torch alone) gives ``Lfm2VlImageProcessor``'s ``pixel_values``,
+    ``pixel_attention_mask``, ``spatial_shapes`` (and the rows, columns and sizes the
+    processor writes its tokens from), same dtype, shape and bytes, for every stress
+    size and mode, tiled or not, several images a call, arrays of 1, 3 and 4 channels,
+    and the processor's options."""
+    pytest.importorskip("torchvision")
+    real = load_processor(lfm2, image_backend="torchvision").image_processor
+    port = load_processor(lfm2, image_backend="torch").image_processor
+    assert type(real).__name__ == "Lfm2VlImageProcessor"
+    assert port.to_dict() == real.to_dict()  # the same settings, saved under the same class
+    calls = port_calls(len(options))
+    if options.get("do_pad") is False:  # unpadded crops of one image cannot be stacked
+        calls = [[image] for images in calls for image in images]
+    assert_same_outputs(real, port, calls, options)
+
+
+@pytest.mark.vllm
+def test_without_avx2_the_port_takes_torchvisions_float_path_too(lfm2, monkeypatch):
+    """On a CPU without AVX2 (the capability torch reports, patched here) torchvision
+    resizes bilinear uint8 images through float32 and rounds back; the port does the
+    same, and that path's pixels are not the native kernel's, so following it matters."""
+    pytest.importorskip("torchvision")
+    import torch
+
+    real = load_processor(lfm2, image_backend="torchvision").image_processor
+    port = load_processor(lfm2, image_backend="torch").image_processor
+    calls = port_calls(3)[:4]
+    native = [port(images, return_tensors="np")["pixel_values"] for images in calls]
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert_same_outputs(real, port, calls, {})
+    floats = [port(images, return_tensors="np")["pixel_values"] for images in calls]
+    assert any(not np.array_equal(a, b) for a, b in zip(native, floats, strict=True))
+
+
+@pytest.mark.vllm
+def test_the_ports_render_and_description_are_the_torchvision_ones(lfm2):
+    """The renderer with the port (``image_backend="torch"``) renders what the one with
+    transformers' torchvision class renders, and a trainer processing with the port
+    agrees with a sampler that had torchvision: the same recorded processing
+    (``ImageProcessing``: classes, config, backend ``"torchvision"``)."""
+    pytest.importorskip("torchvision")
+    from tests.renderers.golden.tv_ports import conversation
+    from vf_mm.training import ImageProcessing
+
+    real = load_renderer(lfm2, image_backend="torchvision")
+    port = load_renderer(lfm2, image_backend="torch")
+    assert real.image_backend == port.image_backend == "torchvision"
+    for seed in range(6):
+        a, b = real.render(conversation(seed)), port.render(conversation(seed))
+        assert a.token_ids == b.token_ids
+        assert a.multi_modal_data.mm_placeholders == b.multi_modal_data.mm_placeholders
+        pairs = zip(a.multi_modal_data.mm_items["image"], b.multi_modal_data.mm_items["image"],
+                    strict=True)  # fmt: skip
+        for x, y in pairs:
+            assert all(np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype for k in x)
+    sampler = ImageProcessing.from_checkpoint(lfm2, image_backend="torchvision")
+    trainer = ImageProcessing.from_checkpoint(lfm2, image_backend="torch")
+    assert trainer.differences(sampler.description) == {}

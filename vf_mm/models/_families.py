@@ -219,7 +219,7 @@ _FAMILIES = {
                      ("<|im_end|>",), tool_format="pythonic",
                      image_inputs=("pixel_values", "pixel_attention_mask", "spatial_shapes"),
                      marker_tokens=_LFM2_VL_MARKERS, pil_backend=False,
-                     item_layout=None),
+                     torch_port="_lfm2_vl_images:Lfm2VlImages", item_layout=None),
         VisionFamily("kimi_k25", "Kimi-K2.5", "Kimi_K25Processor", "Kimi_K25ImageProcessor",
                      "Kimi_K25ForConditionalGeneration", None, "moonshotai/Kimi-K2.5",
                      ("<|im_end|>", "[EOS]"), tool_format="kimi",

@@ -705,7 +705,7 @@ def _build_internvl(path: Path, seed: int) -> Path:
 # and the unshuffle and scales the tile to 64x64 (4 tokens) and the budget to 1 to 4
 # tokens. Its image processor has only a torchvision backend: the settings are written
 # as JSON, so the checkpoint builds where torchvision does not import (its images render
-# only where it does).
+# there through vf_mm's torch-only port, ``_lfm2_vl_images``).
 _LFM2_VL = dict(
     tile_size=64, encoder_patch_size=16, downsample_factor=2, min_image_tokens=1,
     max_image_tokens=64, min_tiles=2, max_tiles=10,
@@ -764,7 +764,8 @@ def _build_lfm2_vl(path: Path, seed: int) -> Path:
 # projection as the real model's do (q_lora_rank): a full q_proj would be caught by the
 # loader's rename of the vision tower's fused attention weights (``attn.q_proj``). Its image processor has only a
 # torchvision backend: the settings are written as JSON, so the checkpoint builds where
-# torchvision does not import (its images render only where it does).
+# torchvision does not import (its images render there through vf_mm's torch-only port,
+# ``_kimi_k25_images``).
 # Its attention latent is the released size (kv_lora_rank 512 + rope 64 = 576 a token): the
 # only one vLLM 0.32's CPU MLA kernel takes (vllm/v1/attention/backends/mla/cpu_mla.py,
 # ``get_supported_head_sizes``), a few hundred thousand weights more.

@@ -33,7 +33,7 @@ from PIL import Image
 
 HERE = Path(__file__).parent
 OUT = HERE / "tv_ports.json"
-FAMILIES = ("kimi_k25",)
+FAMILIES = ("kimi_k25", "lfm2_vl")
 SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640, 480), (1500, 1300),
          (13, 29), (300, 90))  # fmt: skip
 MODES = ("RGB", "L", "RGBA", "P", "LA")
