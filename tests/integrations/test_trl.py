@@ -26,7 +26,7 @@ from PIL import Image
 
 import vf_mm as vf
 from vf_mm.errors import MissingDependencyError, TrajectoryError
-from vf_mm.models import VISION_FAMILIES, family_info, model_class, model_inputs
+from vf_mm.models import VISION_FAMILIES, model_class, model_inputs
 from vf_mm.training import MicroBatch, logprob_mismatch
 from vf_mm.types import (
     MultiModalData,
@@ -63,8 +63,9 @@ def tolerance(family: str) -> float:
     return TOLERANCES.get(family, TOLERANCE)
 
 
-# LFM2-VL's image processor is torchvision's alone, which the trl tier's venv lacks
-FAMILIES = (*(f for f in VISION_FAMILIES if family_info(f).pil_backend), "text")
+# every family: LFM2-VL's and Kimi-K2.5's image processors (torchvision's alone in
+# transformers) through vf_mm's torch-only ports, the trl tier's venv having no torchvision
+FAMILIES = (*VISION_FAMILIES, "text")
 QWEN = ("qwen2_5_vl", "qwen3_vl")
 
 

@@ -284,10 +284,14 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc, unused-ignore]  # (mis
 def _tile_indexed(inputs: dict[str, Any], images: int) -> bool:
     """Whether ``pixel_values`` holds a row per tile rather than per image (InternVL,
     LFM2-VL): TRL's forward then needs ``num_tiles`` to give each row its own. Qwen's
-    rows are patches, told by ``image_grid_thw``; Gemma 4's carry ``image_position_ids``."""
+    rows are patches, told by ``image_grid_thw``; Gemma 4's carry ``image_position_ids``.
+    LFM2-VL's always count as tiles (TRL's forward splits any batch with
+    ``spatial_shapes`` by ``num_tiles``), even when every image is one crop."""
     pixels = inputs.get("pixel_values")
     if pixels is None or "image_grid_thw" in inputs or "image_position_ids" in inputs:
         return False
+    if "spatial_shapes" in inputs:
+        return True
     return bool(pixels.ndim in (3, 4) and pixels.shape[0] != images)
 
 
