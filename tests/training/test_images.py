@@ -143,15 +143,17 @@ def wire(frame: dict) -> dict:
 # -- every family, every kind of source ---------------------------------------------
 
 
-# the families whose images process with PIL (LFM2-VL's image processor is torchvision's
-# alone: its images are checked in the vllm tier, tests/renderers/test_lfm2_vl.py)
-PIL_FAMILIES = tuple(f for f in VISION_FAMILIES if family_info(f).pil_backend)
+def backend(family: str) -> str:
+    """PIL, or for the families whose image processor transformers has only for
+    torchvision (LFM2-VL, Kimi-K2.5) ``"auto"``: vf_mm's torch-only port where torchvision
+    does not import."""
+    return "pil" if family_info(family).pil_backend else "auto"
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    return {f: build_tiny_vlm(root / f, f) for f in PIL_FAMILIES}
+    return {f: build_tiny_vlm(root / f, f) for f in VISION_FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +162,11 @@ def qwen(checkpoints):
     return path, load_renderer(path, image_backend="pil")
 
 
-@pytest.mark.parametrize("family", PIL_FAMILIES)
+@pytest.mark.parametrize("family", VISION_FAMILIES)
 @pytest.mark.parametrize("mode", ["encoded", "ref"])
 def test_every_family_rebuilds_every_source_bit_for_bit(family, mode, checkpoints, tmp_path):
     path = checkpoints[family]
-    renderer = load_renderer(path, image_backend="pil")
+    renderer = load_renderer(path, image_backend=backend(family))
     outputs = sample(renderer, sources(tmp_path), n=2)
     store = ImageStore(tmp_path / "store")
     frame = wire(pack_group(outputs, images=mode, processing=ImageProcessing.from_vision(renderer.vision), store=store))  # fmt: skip
@@ -172,7 +174,7 @@ def test_every_family_rebuilds_every_source_bit_for_bit(family, mode, checkpoint
     assert frame["images"] == {}  # every image travels as bytes, none as tensors
     assert len(frame["sources"]) == len(sources(tmp_path))
     # the trainer loads its own processing, as the sampler loaded its renderer
-    trainer = ImageProcessing.from_checkpoint(path, image_backend="pil")
+    trainer = ImageProcessing.from_checkpoint(path, image_backend=backend(family))
     with ImageRebuilder(trainer, roots=[store.root]) as rebuilder:
         got = unpack_group(frame, images=rebuilder)
         assert rebuilder.rebuilt == len(frame["sources"])
