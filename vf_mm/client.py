@@ -429,7 +429,8 @@ def make_client(
         base_url: the server(s) of ``"vllm"`` (required) and ``"openai"`` (optional).
         api_key: the key (one per server for several vLLM servers, or one for all).
         image_backend: the renderer's image processing: ``"auto"`` (what transformers'
-            ``AutoProcessor`` and vLLM use here), ``"pil"`` or ``"torchvision"``.
+            ``AutoProcessor`` and vLLM use here), ``"pil"``, ``"torchvision"`` or ``"torch"``
+            (vf_mm's torch-only port of a torchvision-only image processor).
         image_cache_bytes: the processed-image cache the pool's renderers share (default:
             ``load_renderer``'s).
         renderers: how many renderers the pool holds (concurrent renders); default

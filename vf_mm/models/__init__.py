@@ -15,10 +15,12 @@ Video (``VIDEO_FAMILIES``: the Qwen-VL ones, LLaVA-OneVision, SmolVLM2):
 checkpoint's video processing, ``expand_video(settings, frames, ...)``
 is one clip's model inputs and prompt text, as transformers' video processor computes
 them, with torch alone (no torchvision needed).
-``image_backend`` (``IMAGE_BACKENDS``: ``"auto"``, ``"pil"``, ``"torchvision"``) picks
-the image processing; ``"auto"`` is what ``AutoProcessor`` and vLLM use on this machine
-(``resolve_image_backend``), so the renderer's pixels are the engine's. All of them work
-without torchvision (CPU-only machines lack it).
+``image_backend`` (``IMAGE_BACKENDS``: ``"auto"``, ``"pil"``, ``"torchvision"``,
+``"torch"``) picks the image processing; ``"auto"`` is what ``AutoProcessor`` and vLLM use
+on this machine (``resolve_image_backend``), so the renderer's pixels are the engine's.
+All of them work without torchvision (CPU-only machines lack it): the families whose
+image processor transformers has only for torchvision (LFM2-VL, Kimi-K2.5) get vf_mm's
+torch-only ports there (``"torch"``), which compute torchvision's numbers bit for bit.
 
 Recipes (users reach them through ``vf_mm.testing``, siblings through this package's
 internal tier ``_internal``): ``build_tiny_vlm(path, family)`` and ``build_tiny_lm(path)``

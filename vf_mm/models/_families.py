@@ -420,7 +420,8 @@ def load_processor(path: str | Path, *, image_backend: str = "auto", tokenizer: 
 
     Args:
         path: The checkpoint directory.
-        image_backend: ``"auto"``, ``"pil"`` or ``"torchvision"``.
+        image_backend: ``"auto"``, ``"pil"``, ``"torchvision"`` or ``"torch"``
+            (``image_processor_class``).
         tokenizer: This checkpoint's tokenizer, already loaded (``AutoTokenizer``'s, or a
             ``TokenizerSnapshot``'s copy), taken as is instead of loading it from the
             directory again (a large vocabulary takes seconds to load); None loads it.

@@ -52,9 +52,11 @@ def load_renderer(
         template_kwargs: Go to the chat template on every render (e.g.
             ``enable_thinking``).
         image_backend: For a checkpoint directory: ``"auto"`` (what ``AutoProcessor`` and
-            vLLM use on this machine), ``"pil"`` or ``"torchvision"``; the renderer's pixels
-            must be the engine's and the trainer's, and the two backends differ on every
-            resized image. A processor passed in keeps its own backend
+            vLLM use on this machine), ``"pil"``, ``"torchvision"`` or ``"torch"`` (vf_mm's
+            torch-only port of a torchvision-only image processor, LFM2-VL's and
+            Kimi-K2.5's: torchvision's pixels without torchvision, which ``"auto"`` picks
+            there); the renderer's pixels must be the engine's and the trainer's, and PIL's
+            and torchvision's differ on every resized image. A processor passed in keeps its own backend
             (``renderer.image_backend`` says which).
         processor_kwargs: Processor call options, the ones the engine is given too (vLLM's
             ``mm_processor_kwargs``).

@@ -174,7 +174,8 @@ class ImageProcessing:
 
         Args:
             path: The checkpoint directory.
-            image_backend: ``"auto"``, ``"pil"`` or ``"torchvision"``, as the renderer's.
+            image_backend: ``"auto"``, ``"pil"``, ``"torchvision"`` or ``"torch"``, as the
+                renderer's.
             options: Processor call options, as the renderer's.
         """
         from vf_mm.models import load_processor

@@ -66,7 +66,7 @@ class VfMMRendererConfig(BaseRendererConfig):
         model: The checkpoint directory vf_mm's renderer loads from (None: the directory
             the tokenizer was loaded from, ``tokenizer.name_or_path``, which is what
             verifiers' ``renderer_model_name`` names).
-        image_backend: vf_mm's image processing (``"auto"``, ``"pil"``, ``"torchvision"``);
+        image_backend: vf_mm's image processing (``"auto"``, ``"pil"``, ``"torchvision"``, ``"torch"``);
             the server that expands the images must process them the same way.
     """
 
