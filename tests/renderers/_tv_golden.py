@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.renderers.golden.tv_ports import (
     conversation,
@@ -51,3 +52,18 @@ def assert_renders_the_golden(renderer: Any, family: str, case: dict[str, Any]) 
     for placeholder in placeholders:
         covered[placeholder.embed_positions()] = True
     assert np.array_equal(covered, marked)
+
+
+def require_the_ports_transformers(path: Path) -> None:
+    """Skip where transformers is older than the release the ports follow (the vllm
+    venv's 5.19), after checking that the port is refused there by name."""
+    import transformers
+
+    from vf_mm.errors import MissingDependencyError
+    from vf_mm.models import load_processor
+
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    if version < (5, 23):  # the release the ports follow (the lock's)
+        with pytest.raises(MissingDependencyError, match=r"follow transformers 5\.23"):
+            load_processor(path, image_backend="torch")
+        pytest.skip(f"the ports follow transformers 5.23's processors; this is {version}")

@@ -32,7 +32,11 @@ from tests.renderers._sampling import (
     assert_an_image_rollout_trains,
     assert_samples_as_a_full_forward_scores,
 )
-from tests.renderers._tv_golden import assert_renders_the_golden, golden_cases
+from tests.renderers._tv_golden import (
+    assert_renders_the_golden,
+    golden_cases,
+    require_the_ports_transformers,
+)
 from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -252,6 +256,18 @@ def test_torchvision_or_pil_asked_for_by_name_is_refused_not_replaced(kimi):
     )
 
 
+def test_the_port_is_refused_under_a_transformers_it_does_not_follow(kimi, monkeypatch):
+    """The port computes what transformers 5.23's processor computes; under an older
+    transformers (whose pipeline differs) it is refused by name, not run."""
+    import transformers
+
+    from vf_mm.models import load_processor
+
+    monkeypatch.setattr(transformers, "__version__", "5.19.0")
+    with pytest.raises(MissingDependencyError, match=r"follow transformers 5\.23.*5\.19\.0"):
+        load_processor(kimi, image_backend="torch")
+
+
 def test_the_local_backend_samples_as_a_full_forward_scores_it(kimi):
     """The DeepSeek-V3 text stack (MLA attention, routed experts) samples a text turn
     whose logprobs equal one forward over the prompt and completion."""
@@ -424,6 +440,7 @@ def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, 
     size and mode, several images a call, channels-last arrays of 1, 3 and 4 channels, and
     the processor's options; and the same patch counts without the image."""
     pytest.importorskip("torchvision")
+    require_the_ports_transformers(kimi)
     import numpy as np
 
     from vf_mm.models import load_processor
@@ -460,6 +477,7 @@ def test_the_ports_render_and_description_are_the_torchvision_ones(kimi):
     agrees with a sampler that had torchvision: the same recorded processing
     (``ImageProcessing``: classes, config, backend ``"torchvision"``)."""
     pytest.importorskip("torchvision")
+    require_the_ports_transformers(kimi)
     import numpy as np
 
     from tests.renderers.golden.tv_ports import conversation

@@ -27,7 +27,11 @@ from tests.renderers._sampling import (
     assert_an_image_rollout_trains,
     assert_samples_as_a_full_forward_scores,
 )
-from tests.renderers._tv_golden import assert_renders_the_golden, golden_cases
+from tests.renderers._tv_golden import (
+    assert_renders_the_golden,
+    golden_cases,
+    require_the_ports_transformers,
+)
 from vf_mm.errors import MissingDependencyError
 from vf_mm.models import family_info, load_processor, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
@@ -288,6 +292,7 @@ def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(lfm2, 
     size and mode, tiled or not, several images a call, arrays of 1, 3 and 4 channels,
     and the processor's options."""
     pytest.importorskip("torchvision")
+    require_the_ports_transformers(lfm2)
     real = load_processor(lfm2, image_backend="torchvision").image_processor
     port = load_processor(lfm2, image_backend="torch").image_processor
     assert type(real).__name__ == "Lfm2VlImageProcessor"
@@ -304,6 +309,7 @@ def test_without_avx2_the_port_takes_torchvisions_float_path_too(lfm2, monkeypat
     resizes bilinear uint8 images through float32 and rounds back; the port does the
     same, and that path's pixels are not the native kernel's, so following it matters."""
     pytest.importorskip("torchvision")
+    require_the_ports_transformers(lfm2)
     import torch
 
     real = load_processor(lfm2, image_backend="torchvision").image_processor
@@ -323,6 +329,7 @@ def test_the_ports_render_and_description_are_the_torchvision_ones(lfm2):
     agrees with a sampler that had torchvision: the same recorded processing
     (``ImageProcessing``: classes, config, backend ``"torchvision"``)."""
     pytest.importorskip("torchvision")
+    require_the_ports_transformers(lfm2)
     from tests.renderers.golden.tv_ports import conversation
     from vf_mm.training import ImageProcessing
 

@@ -341,10 +341,29 @@ def image_processor_class(family: str, backend: str = "pil") -> type[Any]:
     )
 
 
+#: the transformers release whose image processor pipeline and torchvision processors
+#: the ports follow (the lock's); older ones differ (5.19's ``convert_to_rgb``, its
+#: backends), so a port is refused there rather than computing something else
+PORTS_FOLLOW = (5, 23)
+
+
 def _torch_port(spec: str) -> type[Any]:
-    """The port class named ``"module:Class"`` (a module of ``vf_mm.models``)."""
+    """The port class named ``"module:Class"`` (a module of ``vf_mm.models``).
+
+    Raises:
+        MissingDependencyError: A transformers older than the one the ports follow.
+    """
     import importlib
 
+    import transformers
+
+    version = tuple(int(p) for p in re.findall(r"\d+", transformers.__version__)[:2])
+    if version < PORTS_FOLLOW:
+        raise MissingDependencyError(
+            f"vf_mm's torch-only image processors follow transformers "
+            f"{'.'.join(map(str, PORTS_FOLLOW))}'s; this is {transformers.__version__}: "
+            "install transformers>=5.23, or use image_backend='torchvision' where it imports"
+        )
     module, name = spec.split(":")
     return getattr(importlib.import_module(f"vf_mm.models.{module}"), name)
 
