@@ -18,6 +18,8 @@ bit for bit, calling the very torch ops torchvision's v2 functional calls (torch
 - ``rescale_and_normalize``: one float32 subtraction and division by the mean and std
   scaled by ``1 / rescale_factor`` (transformers' fused rescale and normalise).
 
+The video processing (``_video``) resizes and normalises its frames with the same ops.
+
 Each image is processed alone, as transformers does on the CPU (its default
 ``disable_grouping`` on CPU tensors). The port reports ``image_backend_of(...) ==
 "torchvision"``: the backend names whose numbers an image processor computes, and these

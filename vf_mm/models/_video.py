@@ -54,7 +54,6 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import platform
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -435,57 +434,26 @@ def resized_size(
         ) from None
 
 
-def _native_uint8(resample: int) -> bool:
-    """Whether torchvision resizes uint8 frames without a float round trip here."""
-    import torch
-
-    if resample == _BILINEAR:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or (
-            platform.machine() in ("aarch64", "arm64")
-        )
-    return True
-
-
 def resize_frames(frames: Any, height: int, width: int, resample: int) -> Any:
-    """(T, C, H, W) uint8 frames resized as torchvision's v2 ``resize`` resizes them."""
-    import torch
-    from torch.nn.functional import interpolate
+    """(T, C, H, W) uint8 frames resized as torchvision's v2 ``resize`` resizes them
+    (``_tv_ops.resize``, the image ports' too)."""
+    from vf_mm.models._tv_ops import interpolation_mode, resize
 
-    if tuple(frames.shape[-2:]) == (height, width):
-        return frames
-    modes = {_BICUBIC: "bicubic", _BILINEAR: "bilinear", _LANCZOS: "lanczos"}
-    if resample not in modes:
+    if resample not in (_BICUBIC, _BILINEAR, _LANCZOS):
         raise RenderError(
             f"video resample {resample} is not supported (bicubic 3, bilinear 2 and lanczos 1 are)"
         )
-    if _native_uint8(resample):
-        return interpolate(
-            frames, size=[height, width], mode=modes[resample], align_corners=False, antialias=True
-        )
-    out = interpolate(
-        frames.to(torch.float32), size=[height, width], mode=modes[resample],
-        align_corners=False, antialias=True,
-    )  # fmt: skip
-    if resample in (_BICUBIC, _LANCZOS):
-        out = out.clamp_(min=0, max=255)
-    return out.round_().to(torch.uint8)
+    return resize(frames, height, width, mode=interpolation_mode(resample))
 
 
 def _normalize(frames: Any, settings: VideoSettings) -> Any:
-    import torch
+    """transformers' fused rescale and normalise (``_tv_ops.rescale_and_normalize``)."""
+    from vf_mm.models._tv_ops import rescale_and_normalize
 
-    if settings.do_rescale and settings.do_normalize:
-        scale = 1.0 / settings.rescale_factor
-        mean = (torch.tensor(settings.image_mean) * scale).view(-1, 1, 1)
-        std = (torch.tensor(settings.image_std) * scale).view(-1, 1, 1)
-        return frames.to(torch.float32).sub_(mean).div_(std)
-    if settings.do_normalize:
-        mean = torch.tensor(settings.image_mean).view(-1, 1, 1)
-        std = torch.tensor(settings.image_std).view(-1, 1, 1)
-        return frames.to(torch.float32).sub_(mean).div_(std)
-    if settings.do_rescale:
-        return frames * settings.rescale_factor
-    return frames
+    return rescale_and_normalize(
+        frames, do_rescale=settings.do_rescale, rescale_factor=settings.rescale_factor,
+        do_normalize=settings.do_normalize, mean=settings.image_mean, std=settings.image_std,
+    )  # fmt: skip
 
 
 def _patchify(frames: Any, settings: VideoSettings) -> tuple[Any, int, int, int]:
