@@ -430,9 +430,10 @@ def port_images(seed: int) -> list[Any]:
 @pytest.mark.parametrize(
     "options",
     [{}, {"resample": 2}, {"resample": 0}, {"resample": 1}, {"max_patches": 4}, {"do_normalize": False},
-     {"do_rescale": False}, {"do_resize": False, "size": {"max_height": 16, "max_width": 16}}],
+     {"do_rescale": False}, {"do_resize": False, "size": {"max_height": 16, "max_width": 16}},
+     {"disable_grouping": False}],
     ids=["checkpoint", "bilinear", "nearest", "lanczos", "tight_budget", "no_normalize", "no_rescale",
-         "no_resize"],
+         "no_resize", "grouped"],
 )  # fmt: skip
 def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, options):
     """``KimiK25Images`` (torch alone) gives ``Kimi_K25ImageProcessor``'s
@@ -442,6 +443,7 @@ def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, 
     pytest.importorskip("torchvision")
     require_the_ports_transformers(kimi)
     import numpy as np
+    from PIL import Image
 
     from vf_mm.models import load_processor
 
@@ -456,7 +458,8 @@ def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, 
         images = port_images(len(options))
         rng = np.random.default_rng(7)
         rgba = rng.integers(0, 256, (37, 45, 4), dtype=np.uint8)
-        calls = [images[:4], images[4:], [rgba], [rgba[..., :1]], [rgba[..., :3]]]
+        twins = [Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)) for _ in "ab"]
+        calls = [images[:4], images[4:], twins, [rgba], [rgba[..., :1]], [rgba[..., :3]]]
     for images in calls:
         layout = {} if hasattr(images[0], "mode") else {"input_data_format": "channels_last"}
         want = real(images, return_tensors="np", **options, **layout)

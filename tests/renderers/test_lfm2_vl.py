@@ -249,8 +249,8 @@ PORT_SIZES = ((1, 1), (3, 500), (500, 3), (64, 64), (97, 501), (1000, 120), (640
 
 
 def port_calls(seed: int) -> list[list[object]]:
-    """Every stress size in a mode of each (PIL), three images a call, and arrays of 1,
-    3 and 4 channels."""
+    """Every stress size in a mode of each (PIL), three images a call, two of one size
+    (which transformers batches when grouping), and arrays of 1, 3 and 4 channels."""
     rng = np.random.default_rng(seed)
     images: list[object] = []
     for i, (w, h) in enumerate(PORT_SIZES):
@@ -260,8 +260,9 @@ def port_calls(seed: int) -> list[list[object]]:
             picture.convert(mode) if mode != "P" else picture.quantize(16, method=FAST_OCTREE)
         )
     rgba = rng.integers(0, 256, (37, 45, 4), dtype=np.uint8)
+    twins = [Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)) for _ in "ab"]
     calls = [images[i : i + 3] for i in range(0, len(images), 3)]
-    return [*calls, [rgba], [rgba[..., :1]], [rgba[..., :3]]]
+    return [*calls, twins, [rgba], [rgba[..., :1]], [rgba[..., :3]]]
 
 
 def assert_same_outputs(real, port, calls, options) -> None:
@@ -281,9 +282,9 @@ def assert_same_outputs(real, port, calls, options) -> None:
     [{"return_row_col_info": True}, {"do_image_splitting": False}, {"use_thumbnail": False},
      {"min_tiles": 1, "max_tiles": 4}, {"resample": 3}, {"resample": 0}, {"resample": 1},
      {"do_normalize": False}, {"do_rescale": False},
-     {"do_pad": False, "do_image_splitting": False}],
+     {"do_pad": False, "do_image_splitting": False}, {"disable_grouping": False}],
     ids=["checkpoint", "no_splitting", "no_thumbnail", "one_to_four_tiles", "bicubic",
-         "nearest", "lanczos", "no_normalize", "no_rescale", "no_pad"],
+         "nearest", "lanczos", "no_normalize", "no_rescale", "no_pad", "grouped"],
 )  # fmt: skip
 def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(lfm2, options):
     """``Lfm2VlImages`` (torch alone) gives ``Lfm2VlImageProcessor``'s ``pixel_values``,

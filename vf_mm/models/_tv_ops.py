@@ -79,8 +79,9 @@ def native_uint8(mode: str) -> bool:
 
 
 def resize(image: torch.Tensor, height: int, width: int, *, mode: str) -> torch.Tensor:
-    """``image`` (``(..., C, H, W)``) resized to ``height`` x ``width``, as torchvision's
-    ``resize(image, [height, width], interpolation, antialias=True)`` on the CPU.
+    """``image`` (``(..., C, H, W)``) resized to ``height`` x ``width``, as transformers
+    calls torchvision's ``resize(image, [height, width], interpolation, antialias=True)``
+    (off the CPU: uint8 through float32 always, lanczos as bicubic).
 
     Args:
         image: A channels-first image or batch of them.
@@ -101,7 +102,12 @@ def resize(image: torch.Tensor, height: int, width: int, *, mode: str) -> torch.
         and image.numel() != strides[0]
     ):  # torchvision restrides a lone channels-last image so the output keeps its layout
         batch = batch.as_strided((1, channels, old_h, old_w), (image.numel(), *strides[1:]))
-    keep = dtype in (torch.float32, torch.float64) or (dtype == torch.uint8 and native_uint8(mode))
+    on_cpu = image.device.type == "cpu"
+    if mode == "lanczos" and not on_cpu:  # transformers' fallback off the CPU
+        mode = "bicubic"
+    keep = dtype in (torch.float32, torch.float64) or (
+        dtype == torch.uint8 and (mode == "nearest-exact" or (on_cpu and native_uint8(mode)))
+    )
     if not keep:
         batch = batch.to(torch.float32)
     smooth = mode in _SMOOTH
