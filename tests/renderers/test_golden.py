@@ -145,9 +145,6 @@ def test_each_stored_template_is_the_recorded_text(name):
 # (vf_mm's Qwen3-style rendition with reasoning; its "instruct" variant is the published
 # Qwen3-VL-Instruct template).
 UNCHECKED = {("qwen3_vl", "reasoning"), ("qwen3_vl_moe", "reasoning")}
-# Templates checked against an oracle instead of a real template: Kimi-K2.5 has no public
-# one, and test_kimi_k25.py holds its tiny template to the renderers package's token ids.
-ORACLE_CHECKED = {("kimi_k25", None)}
 
 
 def test_every_tiny_template_is_checked_against_a_real_one():
@@ -155,8 +152,7 @@ def test_every_tiny_template_is_checked_against_a_real_one():
     of a family that has several) renders the golden conversations of a real template:
     its own golden key, or another key whose vf_mm template is the same text (Gemma 4's
     26B-A4B is the 31B's, the MoE families' are their dense siblings'). Only the
-    templates in ``UNCHECKED`` are not, and those in ``ORACLE_CHECKED`` are held to an
-    oracle's ids elsewhere."""
+    templates in ``UNCHECKED`` are not."""
     checked = {chat_template(*family_of(key)) for key in RENDERINGS}
     for key in RENDERINGS:
         assert key in SOURCES
@@ -164,8 +160,7 @@ def test_every_tiny_template_is_checked_against_a_real_one():
     for family in CHAT_TEMPLATES:
         variants = TEMPLATE_VARIANTS.get(family, {None: CHAT_TEMPLATES[family]})
         for variant, text in variants.items():
-            known = UNCHECKED | ORACLE_CHECKED
-            assert text in checked or (family, variant) in known, (family, variant)
+            assert text in checked or (family, variant) in UNCHECKED, (family, variant)
 
 
 @pytest.mark.parametrize(("family", "case"), CASES)

@@ -815,6 +815,30 @@ GEMMA4_CASES = [
     ),
 ]
 
+
+def kimi_k25_cases() -> list[dict[str, Any]]:
+    """Kimi-K2.5's conversations are the oracle's (``kimi_k25_oracle.json``: text,
+    reasoning kept and dropped, calls, tool results, names, the thinking switch, tools,
+    images in user, system and tool messages), so the real template's rendering and the
+    ``renderers`` package's ids are checked on the same ones. Kimi's tokenizer hands the
+    template the tools' TypeScript declaration (``tools_ts_str``) beside them: vf_mm's
+    ``typescript_tools`` writes it (the oracle's tool cases check that it is the same)."""
+    from vf_mm.renderers._kimi import typescript_tools
+
+    oracle = json.loads((HERE / "kimi_k25_oracle.json").read_text())["cases"]
+    out = []
+    for entry in oracle:
+        kwargs: dict[str, Any] = {"thinking": False} if entry.get("thinking") is False else {}
+        options: dict[str, Any] = {"add_generation_prompt": entry["add_generation_prompt"]}
+        if entry.get("tools"):
+            kwargs["tools_ts_str"] = typescript_tools(entry["tools"])
+            options["tools"] = entry["tools"]
+        if kwargs:
+            options["template_kwargs"] = kwargs
+        out.append(case(entry["name"], entry["messages"], **options))
+    return out
+
+
 CASES: dict[str, list[dict[str, Any]]] = {
     "qwen2_vl": qwen2_cases(upstream=False),
     "qwen2_5_vl": qwen2_cases(upstream=True),
@@ -830,6 +854,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
        for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
        for variant in ("4742fe8", "b446025", "6b7e72c", "905e84b", "8995379", "31b")},
+    "kimi_k25": kimi_k25_cases(),
 }  # fmt: skip
 
 # The vocabulary each family's ids are recorded with: the real Qwen2 vocabulary where
@@ -844,6 +869,7 @@ VOCAB = {
     "llava_next": "tiny",
     "internvl": "tiny",
     "lfm2_vl": "tiny",
+    "kimi_k25": "tiny",
     **{key: "tiny" for key in CASES if "@" in key},
 }
 
