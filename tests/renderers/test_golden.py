@@ -482,6 +482,26 @@ def test_a_parsed_qwen3_5_turn_re_renders_as_sampled_with_the_real_template(real
     assert renderer.tokenizer.decode(history) == prompt + sampled + "<|im_end|>\n"
 
 
+def test_a_parsed_thinking_turn_re_renders_as_sampled_with_the_real_template(real_checkpoints):
+    """Qwen3-VL-Thinking's generation prompt opens the thought, so the model's turn starts
+    inside it: parsed by the renderer (reasoning, text, a JSON tool call) and put back as
+    the last turn, it renders as the model wrote it under the real template."""
+    renderer = load_renderer(real_checkpoints["qwen3_vl@reasoning"])
+    user = {"role": "user", "content": "Crop it."}
+    prompt = renderer.tokenizer.decode(renderer.render([user]).token_ids)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    sampled = (
+        'need a crop\n</think>\n\nCropping.\n<tool_call>\n{"name": "zoom", "arguments": '
+        '{"x": 1}}\n</tool_call>'
+    )
+    ids = renderer.tokenizer(sampled + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    message = renderer.parse_response(ids).message
+    assert message["reasoning_content"] == "need a crop"
+    assert message["content"] == "Cropping."
+    history = renderer.render([user, message], add_generation_prompt=False).token_ids
+    assert renderer.tokenizer.decode(history) == prompt + sampled + "<|im_end|>\n"
+
+
 # -- Gemma 4: the rendition against every real revision, on generated conversations ------
 
 SCHEMAS = [
