@@ -489,6 +489,73 @@ QWEN3_VL_INSTRUCT_CASES = [
 ]
 
 
+# Qwen3-VL-*-Thinking: the Instruct conversations (the same ChatML, tools and tool
+# results), which it writes differently (a thought opened in the generation prompt, a
+# system message's images, reasoning split out of the content), and what it branches on:
+# reasoning given as a field or in the content, kept only after the last user query
+# (through tool turns), a user text that reads as a tool response, images numbered with
+# ``add_vision_id`` (a first system message's written before they are counted), and the
+# ``enable_thinking`` switch it does not read.
+QWEN3_VL_THINKING_CASES = [
+    *QWEN3_VL_INSTRUCT_CASES,
+    case(
+        "earlier_reasoning_dropped_on_new_query",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "<think>\ncount them\n</think>\n\nThree."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "reasoning_content_after_last_query",
+        [
+            {"role": "user", "content": "How many circles?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "\ncount them\n"},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "reasoning_kept_through_tool_turns",
+        [
+            {"role": "user", "content": [IMAGE, text("Crop it.")]},
+            {
+                "role": "assistant",
+                "content": "Cropping.",
+                "reasoning_content": "need a crop",
+                "tool_calls": [call("zoom", {"x": 1, "y": 2})],
+            },
+            {"role": "tool", "content": [IMAGE, text("cropped")]},
+            {"role": "assistant", "content": "<think>\nlooks right\n</think>\n\nA circle."},
+        ],
+        tools=TOOLS,
+        add_generation_prompt=False,
+    ),
+    case(
+        "a_user_text_that_reads_as_a_tool_response",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "counted"},
+            {"role": "user", "content": "<tool_response>x</tool_response>"},
+        ],
+    ),
+    case(
+        "vision_ids_with_a_system_image",
+        [
+            {"role": "system", "content": [text("Reference: "), IMAGE]},
+            {"role": "user", "content": [IMAGE, VIDEO, text("Which?")]},
+            {"role": "assistant", "content": "The first."},
+            {"role": "tool", "content": [IMAGE, text("zoomed")]},
+        ],
+        template_kwargs={"add_vision_id": True},
+    ),
+    case(
+        "enable_thinking_is_not_read",
+        [{"role": "user", "content": [IMAGE, text("How many?")]}],
+        template_kwargs={"enable_thinking": False},
+    ),
+]
+
+
 LLAVA_NEXT_CASES = [
     case("text_only", [{"role": "user", "content": [text("Hello there, how many?")]}]),
     case(
@@ -847,6 +914,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "smolvlm": SMOLVLM_CASES,
     "llava_onevision": LLAVA_ONEVISION_CASES,
     "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
+    "qwen3_vl@reasoning": QWEN3_VL_THINKING_CASES,
     "llava_next": LLAVA_NEXT_CASES,
     "internvl": INTERNVL_CASES,
     "lfm2_vl": LFM2_VL_CASES,
