@@ -66,7 +66,11 @@ def tolerance(family: str) -> float:
 # every family: LFM2-VL's and Kimi-K2.5's image processors (torchvision's alone in
 # transformers) through vf_mm's torch-only ports, the trl tier's venv having no torchvision
 FAMILIES = (*VISION_FAMILIES, "text")
-QWEN = ("qwen2_5_vl", "qwen3_vl")
+# TRL takes one sequence per completion, so a multi-turn rollout trains only under a
+# template that renders earlier turns as it prompted them: Qwen3-VL's Instruct template
+# (Qwen3-VL's default, the Thinking checkpoints', drops a turn's thought once a new user
+# turn comes, and its rollouts are refused by name: the test after the next)
+QWEN = (("qwen2_5_vl", None), ("qwen3_vl", "instruct"))
 
 
 def token_mean(state) -> float:
@@ -257,11 +261,15 @@ def test_the_first_step_trains_on_the_samplers_tokens_logprobs_and_images(
 # -- images in later turns, weights every step -----------------------------------------
 
 
-@pytest.mark.parametrize("family", QWEN)
+@pytest.mark.parametrize(("family", "variant"), QWEN)
 def test_images_of_later_turns_train_and_the_sampler_gets_each_steps_weights(
-    trl, checkpoints, tmp_path, family
+    trl, checkpoints, tmp_path, family, variant
 ):
-    run = train(trl, family, checkpoints(family), gridnav_env(), tmp_path, max_steps=2)
+    from vf_mm.testing import build_tiny_vlm
+
+    path = checkpoints(family) if variant is None else build_tiny_vlm(tmp_path / "m", family,
+                                                                      variant=variant)  # fmt: skip
+    run = train(trl, family, path, gridnav_env(), tmp_path, max_steps=2)
     _, records = run.generations[0]
     assert any(len(r.images) > 1 for r in records), "no rollout had an image after its prompt"
     check_agreement(run, family, step=0)
@@ -272,6 +280,16 @@ def test_images_of_later_turns_train_and_the_sampler_gets_each_steps_weights(
     assert run.rollouts.synced_step == 1
     assert run.rollouts._client is None  # closed
     assert all(log[f"rewards/{run.rollouts.env.env_id}/mean"] > 0 for log in run.logs)
+
+
+def test_a_multi_turn_rollout_under_the_thinking_template_is_refused_naming_why(
+    trl, checkpoints, tmp_path
+):
+    """Qwen3-VL's Thinking template opens a thought in each prompt and drops it from the
+    history on the next user turn: turn 2's prompt is not turn 1's tokens, which one
+    sequence per completion cannot train; every rollout fails saying so, none is cut."""
+    with pytest.raises(TrajectoryError, match="renders earlier turns as it prompted them"):
+        train(trl, "qwen3_vl", checkpoints("qwen3_vl"), gridnav_env(), tmp_path, max_steps=1)
 
 
 def test_old_policy_and_reference_forwards_get_the_images_too(trl, checkpoints, tmp_path):

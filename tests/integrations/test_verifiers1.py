@@ -474,18 +474,20 @@ QWEN35_NOTHINK_DEPARTS = {"two turns, two images"}
 @pytest.mark.parametrize(
     ("family", "variant", "config"),
     [
-        ("qwen3_vl", None, {}),
+        ("qwen3_vl", "instruct", {}),
         ("qwen3_5", "nothink", {"enable_thinking": False}),
         ("qwen3_5", "think", {"enable_thinking": True}),
     ],
-    ids=["qwen3_vl", "qwen3_5-nothink", "qwen3_5-think"],
+    ids=["qwen3_vl-instruct", "qwen3_5-nothink", "qwen3_5-think"],
 )
 def test_the_adapter_renders_what_renderers_own_renderer_renders(
     vf1, tmp_path_factory, checkpoints, family, variant, config
 ):
     """Token for token, images and their placeholders included, processed and collapsed
     (``process_multimodal=False``, what verifiers sends), with and without the generation
-    prompt; the one departure is renderers' own, stated and checked."""
+    prompt; the one departure is renderers' own, stated and checked. (renderers' Qwen3-VL
+    renderer writes the Instruct checkpoints' format, so the tiny Qwen3-VL is built with
+    that template; its default is the Thinking checkpoints'.)"""
     from vf_mm.testing import build_tiny_vlm
 
     _, integration = vf1
@@ -525,7 +527,9 @@ def test_the_adapter_renders_what_renderers_own_renderer_renders(
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
-def test_the_adapter_bridges_what_renderers_own_renderer_bridges(vf1, checkpoints, family):
+def test_the_adapter_bridges_what_renderers_own_renderer_bridges(
+    vf1, checkpoints, variant_checkpoint, family
+):
     """A sampled turn (a reply, or a tool call), then the environment's answer with a new
     image: both renderers bridge onto the same previous tokens (collapsed, as verifiers
     hands them) to the same next prompt. Except where renderers' Qwen3.5 departs from the
@@ -534,7 +538,8 @@ def test_the_adapter_bridges_what_renderers_own_renderer_bridges(vf1, checkpoint
     declines the bridge (verifiers renders the conversation again: a new branch, as vf_mm's
     own client makes a new sample) where renderers extends its own rendering."""
     _, integration = vf1
-    checkpoint = checkpoints(family)
+    # renderers' Qwen3-VL renderer writes the Instruct checkpoints' format
+    checkpoint = variant_checkpoint(family, "instruct" if family == "qwen3_vl" else None)
     config = {} if family == "qwen3_vl" else {"enable_thinking": False}
     theirs = _theirs(family, checkpoint, **config)
     ours = integration.VfMMRenderer(None, integration.VfMMRendererConfig(model=str(checkpoint)))

@@ -19,10 +19,11 @@ at run time. The invariants:
   the transformers processor carrying the same template, images expanded, for images
   that force a resize.
 
-Qwen3-VL's published template is Qwen3-VL-Instruct's (``qwen3_vl@instruct``); the tiny
-Qwen3-VL's default template (a Qwen3-style rendition with reasoning) has none. A family whose checkpoints ship several templates has one golden entry per variant,
+A family whose checkpoints ship several templates has one golden entry per variant,
 keyed ``family@variant`` (Gemma 4's five Hub revisions of E2B-it, and its 26B/31B
-template), each against the tiny checkpoint of that variant.
+template; Qwen3-VL's Thinking checkpoints' template, ``qwen3_vl@reasoning``, the tiny
+Qwen3-VL's default, and its Instruct checkpoints', ``qwen3_vl@instruct``), each against
+the tiny checkpoint of that variant.
 """
 
 from __future__ import annotations
@@ -142,22 +143,12 @@ def test_each_stored_template_is_the_recorded_text(name):
     assert entry["source"], f"{name}: no source recorded"
 
 
-# Templates of the tiny checkpoints that no published file checks: Qwen3-VL's default
-# (vf_mm's Qwen3-style rendition with reasoning; its "instruct" variant is the published
-# Qwen3-VL-Instruct template).
-UNCHECKED = {("qwen3_vl", "reasoning"), ("qwen3_vl_moe", "reasoning")}
-# Templates checked against an oracle instead of a real template: Kimi-K2.5 has no public
-# one, and test_kimi_k25.py holds its tiny template to the renderers package's token ids.
-ORACLE_CHECKED = {("kimi_k25", None)}
-
-
 def test_every_tiny_template_is_checked_against_a_real_one():
     """Each template a tiny checkpoint can be built with (every family's, every variant
     of a family that has several) renders the golden conversations of a real template:
     its own golden key, or another key whose vf_mm template is the same text (Gemma 4's
-    26B-A4B is the 31B's, the MoE families' are their dense siblings'). Only the
-    templates in ``UNCHECKED`` are not, and those in ``ORACLE_CHECKED`` are held to an
-    oracle's ids elsewhere."""
+    26B-A4B is the 31B's, the MoE families' are their dense siblings'). None is left
+    unchecked."""
     checked = {chat_template(*family_of(key)) for key in RENDERINGS}
     for key in RENDERINGS:
         assert key in SOURCES
@@ -165,8 +156,7 @@ def test_every_tiny_template_is_checked_against_a_real_one():
     for family in CHAT_TEMPLATES:
         variants = TEMPLATE_VARIANTS.get(family, {None: CHAT_TEMPLATES[family]})
         for variant, text in variants.items():
-            known = UNCHECKED | ORACLE_CHECKED
-            assert text in checked or (family, variant) in known, (family, variant)
+            assert text in checked, (family, variant)
 
 
 @pytest.mark.parametrize(("family", "case"), CASES)
@@ -486,6 +476,26 @@ def test_a_parsed_qwen3_5_turn_re_renders_as_sampled_with_the_real_template(real
     assert renderer.tokenizer.decode(history) == prompt + sampled + "<|im_end|>\n"
 
 
+def test_a_parsed_thinking_turn_re_renders_as_sampled_with_the_real_template(real_checkpoints):
+    """Qwen3-VL-Thinking's generation prompt opens the thought, so the model's turn starts
+    inside it: parsed by the renderer (reasoning, text, a JSON tool call) and put back as
+    the last turn, it renders as the model wrote it under the real template."""
+    renderer = load_renderer(real_checkpoints["qwen3_vl@reasoning"])
+    user = {"role": "user", "content": "Crop it."}
+    prompt = renderer.tokenizer.decode(renderer.render([user]).token_ids)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    sampled = (
+        'need a crop\n</think>\n\nCropping.\n<tool_call>\n{"name": "zoom", "arguments": '
+        '{"x": 1}}\n</tool_call>'
+    )
+    ids = renderer.tokenizer(sampled + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    message = renderer.parse_response(ids).message
+    assert message["reasoning_content"] == "need a crop"
+    assert message["content"] == "Cropping."
+    history = renderer.render([user, message], add_generation_prompt=False).token_ids
+    assert renderer.tokenizer.decode(history) == prompt + sampled + "<|im_end|>\n"
+
+
 # -- Gemma 4: the rendition against every real revision, on generated conversations ------
 
 SCHEMAS = [
@@ -636,16 +646,67 @@ def qwen3_5_conversation(rng: random.Random) -> dict[str, Any]:
             "template_kwargs": options, "add_generation_prompt": rng.random() < 0.8}  # fmt: skip
 
 
+def qwen3_vl_conversation(rng: random.Random) -> dict[str, Any]:
+    """A conversation of the shapes Qwen3-VL's templates (Instruct and Thinking) branch
+    on: a system message first or later, of text or parts with images; images and video
+    in user, assistant and tool messages; reasoning as a field (empty or not) or in the
+    content; tool calls with arguments as a mapping or a JSON string; runs of tool
+    results; user texts that read as tool responses (with or without an image); other
+    roles; and ``add_vision_id`` (the image numbering), ``enable_thinking`` (not read)."""
+
+    def content(media: tuple[dict[str, Any], ...] = (IMAGE, {"type": "video"})) -> Any:
+        if rng.random() < 0.3:
+            return rng.choice(["  Hello  ", "How many?\n", "<tool_response>x</tool_response>", ""])
+        choices = [
+            *media,
+            text(" count "),
+            text("them\n"),
+            text("<tool_response>y</tool_response>"),
+        ]
+        return [rng.choice(choices) for _ in range(rng.randint(1, 3))]
+
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": rng.choice(["  You count. ", content()])})
+    for _ in range(rng.randint(1, 3)):
+        messages.append({"role": rng.choice(["user"] * 5 + ["system", "developer"]),
+                         "content": content()})  # fmt: skip
+        answer: dict[str, Any] = {"role": "assistant", "content": rng.choice(
+            ["Three.", "  x ", "", "<think>\nr0\n</think>\n\nAns", "<think>r</think>B",
+             [text("A"), IMAGE], [text("<think>p</think>"), text("q")]])}  # fmt: skip
+        if rng.random() < 0.4:
+            answer["reasoning_content"] = rng.choice(["think", "  r  ", "", "\nr\n"])
+        messages.append(answer)
+        if rng.random() < 0.4:
+            answer["tool_calls"] = [
+                {"type": "function", "function": {"name": "zoom", "arguments": rng.choice(
+                    [{k: rng.choice(VALUES) for k in rng.sample(["x", "y", "z"], 2)}, {}, '{"x": 1}'])}}
+                for _ in range(rng.randint(1, 2))
+            ]  # fmt: skip
+            for _ in answer["tool_calls"]:
+                messages.append({"role": "tool", "content": rng.choice(["done", content()])})
+    if rng.random() < 0.6:
+        messages.append({"role": "user", "content": content()})
+    options: dict[str, Any] = {}
+    for name, values, chance in (("add_vision_id", [True, False], 0.3),
+                                 ("enable_thinking", [True, False], 0.2)):  # fmt: skip
+        if rng.random() < chance:
+            options[name] = rng.choice(values)
+    return {"messages": messages, "tools": TOOLS if rng.random() < 0.4 else None,
+            "template_kwargs": options, "add_generation_prompt": rng.random() < 0.8}  # fmt: skip
+
+
 TOOLS = [{"type": "function", "function": {"name": "zoom", "description": "Zoom in.",
           "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]  # fmt: skip
 GENERATORS = {"gemma4": gemma4_conversation, "qwen3_5": qwen3_5_conversation,
-              "qwen3_vl": qwen3_5_conversation}  # fmt: skip
+              "qwen3_vl": qwen3_vl_conversation}  # fmt: skip
 
 
 @pytest.mark.parametrize("key", [k for k in RENDERINGS if "@" in k])
 def test_each_variant_equals_its_real_template_on_generated_conversations(tokenizers, key):
     """Beyond the golden cases: on 60 generated conversations per template variant
-    (Gemma 4's revisions, Qwen3.5's and Qwen3.6/3.8's), vf_mm's template writes what the
+    (Gemma 4's revisions, Qwen3.5's and Qwen3.6/3.8's, Qwen3-VL's Instruct and
+    Thinking templates), vf_mm's template writes what the
     real one writes, or both refuse the conversation (a template error: a tool name that
     is missing, string arguments at Gemma 4's 8995379, an image in a Qwen system
     message, an unknown reasoning effort, ...)."""

@@ -1,15 +1,18 @@
-"""Kimi-K2.5 (``kimi_k25``): its text format exact against the ``renderers`` package.
+"""Kimi-K2.5 (``kimi_k25``): its text format exact against its real template and an oracle.
 
-No verbatim Kimi-K2.5 chat template is public. The oracle is ``renderers`` 0.1.12, which
-renders Kimi-K2.5 in code against pinned Hub revisions: its token ids for each golden
-conversation, with the tiny checkpoint's tokenizer, are recorded in
-``golden/kimi_k25_oracle.json`` (``golden/kimi_k25_oracle.py`` writes them in a venv
-that has the package). Both the tiny checkpoint's template (vf_mm's own) and the one
-circulating copy of Kimi-K2.5's template (radixark/miles' ``kimi_k25_fixed.jinja``, with
-a ``preserve_thinking`` gate added; off, as here, it renders the oracle's ids) must give
-those ids. Images are compared there in their message-level form (one ``<|media_pad|>``
-per image); the text tests' renderer is the tiny checkpoint's tokenizer with the
-family's stop tokens and call format.
+Two references, each from a different hand. The real template: Kimi-K2.5's
+``chat_template.jinja`` as lightseekorg/smg vendors it for its tests
+(``golden/kimi_k25.jinja``, source and sha256 in ``golden/templates.json``); the golden
+tests hold the tiny checkpoint's template to it on every conversation of
+``golden/renderings.json`` as for the other families. The oracle: the ``renderers``
+package (0.1.12), which renders Kimi-K2.5 in code against pinned Hub revisions; its token
+ids for the same conversations, with the tiny checkpoint's tokenizer, are recorded in
+``golden/kimi_k25_oracle.json`` (``golden/kimi_k25_oracle.py`` writes them in a venv that
+has the package). The tiny template, the real one, and radixark/miles' copy (the real
+one plus a ``preserve_thinking`` gate; off, as here) must all give those ids. Images are
+compared there in their message-level form (one ``<|media_pad|>`` per image); the text
+tests' renderer is the tiny checkpoint's tokenizer with the family's stop tokens and call
+format.
 
 Pixels: transformers 5.23 has only a torchvision image processor for Kimi-K2.5, and the
 default tier has no torchvision, so there ``load_renderer`` uses vf_mm's torch-only port
@@ -45,6 +48,7 @@ from vf_mm.testing import build_tiny_vlm
 
 GOLDEN = Path(__file__).parent / "golden"
 ORACLE = json.loads((GOLDEN / "kimi_k25_oracle.json").read_text())["cases"]
+REAL = (GOLDEN / "kimi_k25.jinja").read_text()
 MILES = (GOLDEN / "kimi_k25_miles_MODIFIED.jinja").read_text()
 
 
@@ -77,11 +81,13 @@ def template_ids(renderer: ChatTemplateRenderer, case: dict[str, Any], template:
 
 
 @pytest.mark.parametrize("case", ORACLE, ids=[c["name"] for c in ORACLE])
-def test_the_tiny_template_and_the_circulating_one_render_the_oracles_ids(renderer, case):
+def test_the_tiny_template_the_real_one_and_the_miles_copy_render_the_oracles_ids(renderer, case):
     """Text, reasoning kept after the last answer and dropped up to it, calls, tool
-    results, names, the thinking switch and each image's markup: the tiny template, and
-    the miles copy with its gate off, give the oracle's ids token for token."""
+    results, names, the thinking switch and each image's markup: the tiny template, the
+    real one, and the miles copy with its gate off, give the oracle's ids token for token
+    (so the real template is the Hub revision the oracle was written against, on these)."""
     assert template_ids(renderer, case, None) == case["ids"]
+    assert template_ids(renderer, case, REAL) == case["ids"]
     assert template_ids(renderer, case, MILES) == case["ids"]
 
 

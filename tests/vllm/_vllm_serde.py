@@ -6,7 +6,9 @@ b64 raw], "image_grid_thw": [...]}}. Writes JSON to stdout:
   (shape, dtype, sha256 of the raw bytes, field class and attributes) and whether vLLM's
   encoder re-encodes the decoded item to the very same bytes ("reencoded_equal").
 - "encoded": vLLM's encoding of each image item that MultiModalKwargsItems.from_hf_inputs
-  builds from the given batch with Qwen2-VL's field config (as the render route does).
+  builds from the given batch with Qwen2-VL's field config (as the render route does);
+  with "family": "kimi_k25" (the batch's grid named ``grid_thws``), each ``vision_chunk``
+  item by Kimi-K2.5's field config.
 """
 
 from __future__ import annotations
@@ -71,8 +73,17 @@ def main() -> None:
                 torch.frombuffer(buf, dtype=torch.uint8).view(getattr(torch, dtype)).view(shape)
             )
         batch = BatchFeature(tensors)
-        items = MultiModalKwargsItems.from_hf_inputs(batch, _create_qwen2vl_field_factory(2)(batch))
-        result["encoded"] = [encode_mm_kwargs_item(item) for item in items["image"]]
+        if req.get("family") == "kimi_k25":
+            from vllm.model_executor.models.kimi_k25 import KimiK25MultiModalProcessor
+
+            # the field config reads only the batch (no processor state)
+            fields = KimiK25MultiModalProcessor._get_mm_fields_config(None, batch, {})
+            modality = "vision_chunk"
+        else:
+            fields = _create_qwen2vl_field_factory(2)(batch)
+            modality = "image"
+        items = MultiModalKwargsItems.from_hf_inputs(batch, fields)
+        result["encoded"] = [encode_mm_kwargs_item(item) for item in items[modality]]
     json.dump(result, sys.stdout)
 
 

@@ -14,7 +14,7 @@ vLLM uses):
 - features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
   takes our ``kwargs_data`` and samples what its own processing of the image gives, for
   the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision, LLaVA-NeXT,
-  the MoEs). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
+  the MoEs, Kimi-K2.5). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
   ``is_embed``, which vLLM 0.32's features protocol cannot take;
 - the sampler/trainer mismatch: features-mode rollouts for the plain-run families, and
   Gemma 4's (E2B architecture) in content_parts mode, where vLLM processes the images.
@@ -27,11 +27,14 @@ Placeholders: equal to vLLM's, except Gemma 3's, where vLLM's range also covers 
 tokens its processor writes around the image markers (``"\\n\\n"`` merged with the text
 beside them); ours is the markers and the image tokens, which vLLM's contains.
 
-Kimi-K2.5 (content_parts only): vLLM takes its images as the modality ``vision_chunk``
-(the grid as ``grid_thws``) and resizes them with PIL where transformers uses
-torchvision, so its pixels are compared within ``KIMI_RESIZE_TOLERANCE``, and within one
-float32 ulp for an image nothing resizes; features mode and the mismatch are skipped,
-naming why (``KIMI_FEATURES``, docs/models.md).
+Kimi-K2.5: vLLM takes its images as the modality ``vision_chunk`` (the grid as
+``grid_thws``), which ``VLLMBackend`` sends and reads back in both modes, and resizes
+them with PIL where transformers uses torchvision, so its pixels are compared within
+``KIMI_RESIZE_TOLERANCE``, and within one float32 ulp for an image nothing resizes. Its
+features (the renderer's pixels, the trainer's) sample what vLLM's own processing samples
+within the two resizers' difference, and exactly where nothing is resized
+(``test_kimi_k25_through_the_backend_in_both_modes``), and its mismatch is float32's.
+Its server runs without vLLM's CPU rotary kernel (``KIMI_ROPE``).
 
 Gemma 4's patch positions are ``image_position_ids`` in transformers (and vf_mm), and
 ``pixel_position_ids`` in vLLM's ``kwargs_data``: the same tensor under vLLM's name.
@@ -60,11 +63,9 @@ from vf_mm.inference import (
     GenerateRequest,
     SamplingParams,
     VLLMBackend,
+    encode_features,
 )
-from vf_mm.inference._internal import (
-    decode_kwargs_item,
-    encode_kwargs_item,
-)
+from vf_mm.inference._internal import decode_kwargs_item
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
@@ -75,7 +76,7 @@ FAMILIES = (
     "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25",
 )  # fmt: skip
 #: placeholders without is_embed: features mode takes them
-PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe")
+PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe", "kimi_k25")
 SIZES = [(640, 480), (97, 501), (1000, 120)]
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 #: vLLM's names for a model input that transformers (and vf_mm) name otherwise
@@ -88,13 +89,13 @@ VLLM_MODALITY = {"kimi_k25": "vision_chunk"}
 #: normalisation to [-1, 1]), and normalises through a lookup table (1 float32 ulp apart
 #: where nothing is resized). A wrong layout or normalisation is ~1 apart
 KIMI_RESIZE_TOLERANCE = 0.05
-#: why Kimi-K2.5 has no features-mode sampling here (docs/models.md)
-KIMI_FEATURES = (
-    "Kimi-K2.5 on vLLM 0.32 is content_parts only: its features take the modality "
-    "'vision_chunk' and the key 'grid_thws' (vf_mm sends 'image' and 'image_grid_thw', "
-    "which kill vLLM's engine), and the sampler/trainer mismatch needs the renderer's "
-    "pixels equal to vLLM's, which its resizer is not (KIMI_RESIZE_TOLERANCE)"
-)
+#: Kimi-K2.5's server leaves out vLLM 0.32's CPU rotary kernel (docs/models.md): MLA hands
+#: it the query's rope part as (tokens, heads, 64), which it rotates wrongly for more than
+#: one head (a flat (tokens, heads * 64) query, every other family's, it rotates right), so
+#: the attention scores, and the logprobs, drift from transformers' from the second token
+#: on, images or not (mismatch_kl 2.3e-6, max_abs_diff 5e-3 with it; 3.6e-14 and 4.8e-7
+#: with vLLM's PyTorch rotary instead)
+KIMI_ROPE = ["--compilation-config", '{"custom_ops": ["all", "-rotary_embedding"]}']
 #: vLLM's own bookkeeping in an image's kwargs_data, no model input of the processor's: how
 #: many tiles an image has (SmolVLM, InternVL) and InternVL's image token id
 VLLM_ONLY = ("num_patches", "image_num_patches", "image_token_id")
@@ -123,6 +124,8 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLM
         args += ["--no-mm-device-do-normalize"]
         if family in ("qwen3_5", "qwen3_5_moe"):
             args += ["--dtype", "bfloat16"]  # vLLM's CPU Gated DeltaNet runs only in bf16
+        if family == "kimi_k25":
+            args += KIMI_ROPE
         server = VLLMServer(family, path, free_port(), root / f"{family}.log", args)
         out[family] = (server, path)
     try:
@@ -215,6 +218,39 @@ def test_kimi_k25s_pixels_differ_by_rounding_only_where_nothing_is_resized(famil
     np.testing.assert_allclose(mine, value, rtol=0, atol=1.2e-7)
 
 
+@pytest.mark.parametrize("family", ["kimi_k25"], indirect=True)
+def test_kimi_k25_through_the_backend_in_both_modes(family):
+    """``VLLMBackend`` serves Kimi-K2.5 in both modes: content_parts comes back expanded to
+    the renderer's ids with its placeholder under ``image`` (the server answers
+    ``vision_chunk``), and features (sent as ``vision_chunk`` with ``grid_thws``) sample
+    the same greedy tokens and logprobs, for an image nothing resizes, where the two
+    processors' pixels are one float32 ulp apart (measured: 4.8e-7)."""
+    _name, server, _path, renderer = family
+    url, messages = case((56, 56), seed=3)
+    ours = renderer.render(messages)
+    sampling = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True)
+
+    async def both():
+        async with VLLMBackend(server.base_url, mode="content_parts") as backend:
+            parts = await backend.generate(GenerateRequest(
+                prompt_ids=template_prompt(renderer, messages), sampling=sampling,
+                content_parts=[{"type": "image_url", "image_url": {"url": url}}],
+            ))  # fmt: skip
+        async with VLLMBackend(server.base_url, mode="features") as backend:
+            features = await backend.generate(GenerateRequest(
+                prompt_ids=list(ours.token_ids), sampling=sampling,
+                multi_modal_data=ours.multi_modal_data,
+            ))  # fmt: skip
+        return parts, features
+
+    parts, features = asyncio.run(both())
+    assert parts.prompt_ids == list(ours.token_ids)
+    assert parts.multi_modal_data is not None
+    assert parts.multi_modal_data.mm_placeholders == ours.multi_modal_data.mm_placeholders
+    assert features.completion_ids == parts.completion_ids
+    np.testing.assert_allclose(features.logprobs, parts.logprobs, rtol=0, atol=1e-5)
+
+
 def template_prompt(renderer, messages):
     """The prompt as the chat template writes it: one placeholder per image."""
     shown = [{**m, "content": [{"type": "image"} if p["type"] == "image_url" else p
@@ -239,11 +275,11 @@ def test_content_parts_expand_to_the_renderers_ids(family):
 def test_features_sample_what_the_servers_own_processing_samples(family):
     """vLLM's decoder takes our kwargs_data: the same greedy tokens and logprobs as the
     server's own processing of the raw image. Placeholders with is_embed (Gemma 3,
-    SmolVLM) are refused by the backend, naming content_parts, before a request is sent."""
+    SmolVLM) are refused by the backend, naming content_parts, before a request is sent.
+    Kimi-K2.5's resized pixels are the two resizers' apart (``KIMI_RESIZE_TOLERANCE``):
+    its logprobs were measured 3.5e-5 apart here, within the bound."""
     name, server, _path, renderer = family
     url, messages = case((640, 480), seed=2)
-    if name == "kimi_k25":
-        pytest.skip(KIMI_FEATURES)
     if name not in PLAIN_RUNS:  # is_embed: refused by VLLMBackend before anything is sent
         ours = renderer.render(messages)
         backend = VLLMBackend(server.base_url, mode="features")
@@ -254,15 +290,9 @@ def test_features_sample_what_the_servers_own_processing_samples(family):
             asyncio.run(backend.generate(request))
         return
     ours = renderer.render(messages)
-    mm = ours.multi_modal_data
     sampling = {"max_tokens": 6, "temperature": 0.0, "logprobs": 0}
-    features = {
-        "mm_hashes": {m: list(h) for m, h in mm.mm_hashes.items()},
-        "mm_placeholders": {m: [{"offset": p.offset, "length": p.length} for p in ps]
-                            for m, ps in mm.mm_placeholders.items()},
-        "kwargs_data": {m: [encode_kwargs_item(it, modality=m) for it in its]
-                        for m, its in mm.mm_items.items()},
-    }  # fmt: skip
+    # vf_mm's features field, as VLLMBackend sends it (Kimi-K2.5's as vision_chunk)
+    features = encode_features(ours.multi_modal_data, num_tokens=len(ours.token_ids))
     with_features = post(server, {"token_ids": list(ours.token_ids),
                                   "sampling_params": sampling, "features": features})  # fmt: skip
     own = post(server, {"token_ids": template_prompt(renderer, messages),
@@ -283,8 +313,6 @@ def test_the_trainer_scores_vllms_multi_turn_image_samples_as_vllm_did(family):
     prime-rl's. Gemma 3, Gemma 4, SmolVLM, InternVL3 and LFM2.5-VL cannot be sampled by
     vf_mm's client on vLLM 0.32 (``is_embed``): refused by name."""
     name, server, path, _renderer = family
-    if name == "kimi_k25":
-        pytest.skip(KIMI_FEATURES)
     if name not in PLAIN_RUNS:
         assert_refused(name, server.base_url, path)
         return

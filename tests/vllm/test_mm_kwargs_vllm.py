@@ -132,3 +132,28 @@ def test_we_decode_vllm_entries(vllm_py: str) -> None:
 
 def _unpack(entry: str) -> dict:
     return msgpack.unpackb(base64.b64decode(entry), ext_hook=lambda code, data: (code, data))
+
+
+def test_kimi_k25s_items_are_vllms_own_vision_chunk_entries(vllm_py: str) -> None:
+    """Kimi-K2.5's items as vf_mm sends them (``modality="vision_chunk"``, transformers'
+    ``image_grid_thw`` as vLLM's ``grid_thws``) are the entries vLLM writes itself from
+    the same batch by its Kimi-K2.5 field config, byte for byte apart from the flat
+    field's batch-wide slices (informational on the generate side)."""
+    rng = np.random.default_rng(3)
+    pv = rng.standard_normal((8 + 4, 3, 14, 14)).astype(np.float32)
+    grid = np.array([[1, 2, 4], [1, 2, 2]], dtype=np.int64)
+
+    def wire(a: np.ndarray) -> list:
+        return [str(a.dtype), list(a.shape), base64.b64encode(a.tobytes()).decode()]
+
+    result = _run_vllm(vllm_py, {"family": "kimi_k25",
+                                 "encode_hf": {"pixel_values": wire(pv), "grid_thws": wire(grid)}})  # fmt: skip
+    ours = [
+        encode_kwargs_item({"pixel_values": pv[:8], "image_grid_thw": grid[:1]}, modality="vision_chunk"),
+        encode_kwargs_item({"pixel_values": pv[8:], "image_grid_thw": grid[1:]}, modality="vision_chunk"),
+    ]  # fmt: skip
+    for theirs, mine in zip(result["encoded"], ours, strict=True):
+        a, b = _unpack(theirs), _unpack(mine)
+        a["pixel_values"]["field"][1].pop("slices")
+        b["pixel_values"]["field"][1].pop("slices")
+        assert a == b

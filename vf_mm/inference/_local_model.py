@@ -305,7 +305,7 @@ class LocalModel:
             return (positions.expand(3, -1) if self.mrope else positions), 0, None
         if start == 0:
             positions, delta = self._rope_index(prompt, media)
-            return positions, delta, np.maximum.accumulate(positions.max(dim=0).values.numpy())
+            return positions, delta, _peaks(positions)
         offset = int(reach[start - 1]) + 1 if reach is not None else start
         tail = [(span, m, inputs) for span, m, inputs in media if span.offset >= start]
         if tail:
@@ -315,8 +315,7 @@ class LocalModel:
             relative, tail_delta = torch.arange(n - start).expand(3, -1), 0
         positions = relative + offset
         ahead = reach[:start] if reach is not None else np.arange(start)
-        peaks = np.maximum.accumulate(positions.max(dim=0).values.numpy())
-        return positions, tail_delta + offset - start, np.concatenate([ahead, peaks])
+        return positions, tail_delta + offset - start, np.concatenate([ahead, _peaks(positions)])
 
     def _rope_index(self, prompt: list[int], media: list[Media]) -> tuple[torch.Tensor, int]:
         """``get_rope_index`` over ``prompt`` with ``media`` (its images and clips, in
@@ -340,6 +339,13 @@ class LocalModel:
                 kwargs[name] = kwargs[name].long()
         positions, deltas = self.model.model.get_rope_index(ids, mm_token_type_ids=types, **kwargs)
         return positions[:, 0], int(deltas.reshape(-1)[0])
+
+
+def _peaks(positions: torch.Tensor) -> np.ndarray:
+    """The highest of the three M-RoPE positions among the first t + 1 tokens, for every t.
+    ``amax``, not ``max(dim=0)``: torch's max with indices over the first dimension of an
+    int64 CPU tensor costs milliseconds for a few hundred tokens (every admitted row)."""
+    return np.maximum.accumulate(positions.amax(dim=0).numpy())
 
 
 def request_media(request: GenerateRequest) -> list[Media]:

@@ -29,6 +29,9 @@ The format, as vllm(-cpu) 0.32.0 writes and reads it (one msgpack map per item):
   a slice written as ``[start, stop, step]``) and ``image_grid_thw`` as ``batched`` with
   ``keep_on_cpu``. A batched element is one row of the batch: ``image_grid_thw`` is
   shape ``(3,)`` on the wire, ``(1, 3)`` in vf_mm's ``MultiModalData``.
+- Kimi-K2.5 (``modality="vision_chunk"``, vLLM's one modality for its images and video
+  chunks): ``pixel_values`` ``(patches, 3, 14, 14)`` flat, and the grid batched with
+  ``keep_on_cpu`` under vLLM's name ``grid_thws`` (transformers' ``image_grid_thw``).
 - vLLM's own render route writes one item of a multi-image prompt with the *batch's*
   slices (all images); the slices are informational on the generate side (the engine
   concatenates per-item tensors), so we write the single item's own ``[0, n)``.
@@ -55,6 +58,8 @@ from vf_mm.wire import dtypes as _dtypes
 __all__ = [
     "FIELD_SPECS",
     "LLAVA_FIELD_SPECS",
+    "VISION_CHUNK_FIELD_SPECS",
+    "VLLM_KEYS",
     "decode_kwargs_item",
     "encode_kwargs_item",
     "item_fingerprint",
@@ -92,6 +97,16 @@ LLAVA_FIELD_SPECS: dict[str, tuple[str, Literal["flat", "batched"], bool]] = {
     "pixel_values_videos": ("video", "batched", False),
 }
 
+# How Kimi-K2.5 declares them (vllm/model_executor/models/kimi_k25.py: its images and
+# video chunks are one modality, "vision_chunk"; ``pixel_values`` ``(patches, 3, 14, 14)``
+# flat over the grid's patches, the grid batched under vLLM's name ``grid_thws``).
+VISION_CHUNK_FIELD_SPECS: dict[str, tuple[str, Literal["flat", "batched"], bool]] = {
+    "pixel_values": ("vision_chunk", "flat", False),
+    "grid_thws": ("vision_chunk", "batched", True),
+}
+#: per vLLM modality, transformers' (and vf_mm's) name of a model input -> vLLM's
+VLLM_KEYS: dict[str, dict[str, str]] = {"vision_chunk": {"image_grid_thw": "grid_thws"}}
+
 # transformers' inputs that vLLM computes for itself (LLaVA-OneVision's per-sample image
 # count): not sent
 LOCAL_ONLY = frozenset({"batch_num_images"})
@@ -122,8 +137,13 @@ def _b64decode(data: str | bytes) -> bytes:
 _PACKER = msgpack.Packer(use_bin_type=True, autoreset=True)
 
 
-def _specs_for(item: Mapping[str, Any]) -> dict[str, tuple[str, Literal["flat", "batched"], bool]]:
-    """The family layout an item's keys name: ``image_sizes`` is LLaVA-OneVision's."""
+def _specs_for(
+    item: Mapping[str, Any], modality: str
+) -> dict[str, tuple[str, Literal["flat", "batched"], bool]]:
+    """The family layout an item's keys (or vLLM's modality) name: ``image_sizes`` is
+    LLaVA-OneVision's, ``"vision_chunk"`` Kimi-K2.5's."""
+    if modality == "vision_chunk":
+        return VISION_CHUNK_FIELD_SPECS
     return LLAVA_FIELD_SPECS if "image_sizes" in item else FIELD_SPECS
 
 
@@ -135,13 +155,17 @@ def encode_kwargs_item(item: Mapping[str, Any], *, modality: str = "image") -> s
     ``(n_patches, dim)`` of any float dtype (bfloat16 included) and ``image_grid_thw``
     ``(1, 3)`` (or ``(3,)``) (``FIELD_SPECS``), or LLaVA-OneVision's ``pixel_values``
     ``(1, tiles, 3, S, S)`` and ``image_sizes`` ``(1, 2)`` (``LLAVA_FIELD_SPECS``; its
-    ``batch_num_images`` is transformers-only and not sent). The bytes are written
-    exactly as vLLM's ``MsgpackEncoder`` writes them (all inline).
+    ``batch_num_images`` is transformers-only and not sent), or under ``modality=
+    "vision_chunk"`` Kimi-K2.5's ``pixel_values`` ``(patches, 3, 14, 14)`` and
+    ``image_grid_thw`` ``(1, 3)``, sent under vLLM's name ``grid_thws``
+    (``VISION_CHUNK_FIELD_SPECS``, ``VLLM_KEYS``). The bytes are written exactly as
+    vLLM's ``MsgpackEncoder`` writes them (all inline).
     """
-    item = {k: v for k, v in item.items() if k not in LOCAL_ONLY}
+    names = VLLM_KEYS.get(modality, {})
+    item = {names.get(k, k): v for k, v in item.items() if k not in LOCAL_ONLY}
     if not item:
         raise EncodeError("a kwargs item needs at least one tensor (got an empty mapping)")
-    specs = _specs_for(item)
+    specs = _specs_for(item, modality)
     out = bytearray(_PACKER.pack_map_header(len(item)))
     for key, value in item.items():
         spec = specs.get(key)
@@ -157,7 +181,7 @@ def encode_kwargs_item(item: Mapping[str, Any], *, modality: str = "image") -> s
             # one element of a batched field is one row: drop the item's batch axis of 1
             if shape and shape[0] == 1:
                 shape = shape[1:]
-            elif not (key.endswith("_grid_thw") and shape == (3,)):
+            elif not (key.endswith(("_grid_thw", "grid_thws")) and shape == (3,)):
                 raise EncodeError(
                     f"{key} of one item must have a leading axis of 1, got shape {shape}"
                 )

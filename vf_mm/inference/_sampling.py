@@ -171,7 +171,7 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
     probs = torch.softmax(x, dim=-1)
     if any(p.min_p > 0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
-        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     if any(p.top_p < 1 for p in params):
         top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)

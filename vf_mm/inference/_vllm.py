@@ -36,11 +36,14 @@ Features mode and pixel normalisation
 -------------------------------------
 In ``features`` mode we send ``pixel_values`` exactly as the transformers processor makes
 them: already rescaled and normalised. vLLM 0.32 enables ``--mm-device-do-normalize`` by
-default for Qwen2-VL / 2.5-VL / 3-VL: its own processor then ships raw uint8 patches and
-the vision tower normalises whatever arrives, so our pixels would be normalised twice and
-the model would see the wrong image **with no error**. Start servers that receive
+default for Qwen2-VL / 2.5-VL / 3-VL and Kimi-K2.5: its own processor then ships raw
+uint8 patches and the vision tower normalises whatever arrives, so our pixels would be
+normalised twice and the model would see the wrong image **with no error**. Start servers that receive
 features with ``--no-mm-device-do-normalize`` (the vllm test tier does, and checks the
 outputs against the server's own processing), or use ``mode="content_parts"``.
+
+Kimi-K2.5's images go as vLLM's ``vision_chunk`` modality with the grid as ``grid_thws``,
+what vLLM's Kimi-K2.5 model takes, in both modes (``vf_mm.inference._vllm_protocol``).
 
 The request and response bodies, and how images are loaded and sent in
 ``content_parts`` mode, are the wire format's: ``vf_mm.inference._vllm_protocol``. In

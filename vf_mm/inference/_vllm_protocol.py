@@ -42,6 +42,10 @@ the OpenAI API's ban value, is within every range vLLM clamps biases to.
 ``features``: per image (and per clip, under ``"video"``) its hash, its placeholder range in ``token_ids`` and its model
 inputs (``kwargs_data``: base64 of vLLM's msgpack ``MultiModalKwargsItem``, made by
 ``vf_mm.inference._mm_kwargs``; ``image_grid_thw`` travels as shape ``(3,)`` per item).
+Kimi-K2.5's images go under vLLM's modality ``"vision_chunk"`` (hashes, placeholders and
+items alike), the grid under vLLM's name ``grid_thws`` (``vllm_modality``); in
+content_parts mode its server answers their placeholders under ``"vision_chunk"`` too,
+read back as the images sent (``UNIFIED_MODALITIES``).
 A ``null`` entry, or ``kwargs_data: null``, tells the server to look the item up by hash
 in its cache. ``VLLMBackend`` sends an entry ``null`` only to a server that advertises
 its item cache (``vf-mm serve``) for an item it sent that server before, with the
@@ -281,6 +285,29 @@ def check_features(mmd: MultiModalData, num_tokens: int, *, send_kwargs_data: bo
         )
 
 
+#: vLLM's modalities that take several of vf_mm's: Kimi-K2.5's model takes its images and
+#: video chunks as one, ``"vision_chunk"`` (vllm/model_executor/models/kimi_k25.py)
+UNIFIED_MODALITIES: dict[str, tuple[str, ...]] = {"vision_chunk": ("image", "video")}
+
+
+def _is_vision_chunk(item: Mapping[str, Any]) -> bool:
+    """Kimi-K2.5's image inputs: MoonViT's patches ``pixel_values`` ``(patches, 3, P, P)``
+    beside ``image_grid_thw`` (Qwen-VL's, the other grid layout, are ``(patches, dim)``)."""
+    if not isinstance(item, Mapping) or "image_grid_thw" not in item:
+        return False
+    return getattr(item.get("pixel_values"), "ndim", None) == 4
+
+
+def vllm_modality(modality: str, items: Sequence[Mapping[str, Any]]) -> str:
+    """The modality vLLM's model takes ``items`` (vf_mm's ``modality``) under: Kimi-K2.5's
+    images go as its one ``"vision_chunk"`` modality (sent as ``"image"`` they reach its
+    model without the grid it needs, which fails vLLM 0.32's engine, not the request);
+    every other family's as they are."""
+    if modality == "image" and any(_is_vision_chunk(item) for item in items):
+        return "vision_chunk"
+    return modality
+
+
 def _features(
     mmd: MultiModalData,
     num_tokens: int,
@@ -293,6 +320,7 @@ def _features(
     ``null`` because the server ``held`` it (None for the others); counts in ``out``."""
     modalities = list(mmd.mm_placeholders)
     check_features(mmd, num_tokens, send_kwargs_data=send_kwargs_data)
+    wire = {m: vllm_modality(m, mmd.mm_items.get(m, ())) for m in modalities}
     kwargs_data: dict[str, list[str | None]] | None = None
     skipped: dict[str, list[str | None]] = {}  # the digest of each null sent for a held item
     if send_kwargs_data:
@@ -302,6 +330,7 @@ def _features(
         # an item with no inputs ({} or None) is one the server holds in its cache
         kwargs_data = {}
         for m in modalities:
+            w = wire[m]
             entries: list[str | None] = []
             digests: list[str | None] = []
             for i, item in enumerate(mmd.mm_items[m]):
@@ -309,14 +338,14 @@ def _features(
                 if not item:
                     entries.append(None)
                 elif strings is None:
-                    entries.append(encode_kwargs_item(item, modality=m))
+                    entries.append(encode_kwargs_item(item, modality=w))
                     out.sent += 1
                 elif held is None:
-                    entries.append(strings.string(item, m, i))
+                    entries.append(strings.string(item, w, i))
                     out.sent += 1
                 else:
-                    key = (m, mmd.mm_hashes[m][i])
-                    fingerprint = strings.fingerprint(item, m, i)
+                    key = (w, mmd.mm_hashes[m][i])
+                    fingerprint = strings.fingerprint(item, w, i)
                     found = held.get(key)
                     if found is not None and found[0] == fingerprint:
                         digest = found[1]
@@ -324,16 +353,16 @@ def _features(
                         out.skipped += 1
                         out.held[key] = (fingerprint, digest)
                     else:
-                        entries.append(strings.string(item, m, i))
+                        entries.append(strings.string(item, w, i))
                         out.sent += 1
-                        out.held[key] = (fingerprint, strings.digest(item, m, i))
+                        out.held[key] = (fingerprint, strings.digest(item, w, i))
                 digests.append(digest)
-            kwargs_data[m] = entries
-            skipped[m] = digests
+            kwargs_data[w] = entries
+            skipped[w] = digests
     features: dict[str, Any] = {
-        "mm_hashes": {m: list(mmd.mm_hashes[m]) for m in modalities},
+        "mm_hashes": {wire[m]: list(mmd.mm_hashes[m]) for m in modalities},
         "mm_placeholders": {
-            m: [{"offset": r.offset, "length": r.length} for r in mmd.mm_placeholders[m]]
+            wire[m]: [{"offset": r.offset, "length": r.length} for r in mmd.mm_placeholders[m]]
             for m in modalities
         },
         "kwargs_data": kwargs_data,
@@ -547,7 +576,19 @@ def _expanded_prompt(
     if parsed.prompt_token_ids is None:
         raise ResponseSchemaError("prompt_token_ids missing although return_token_ids was sent")
     prompt_ids = list(parsed.prompt_token_ids)
-    placeholders = parsed.mm_placeholders or {}
+    placeholders = dict(parsed.mm_placeholders or {})
+    for unified, kinds in UNIFIED_MODALITIES.items():
+        sent_kinds = [m for m in kinds if m in hashes]
+        if unified in placeholders and unified not in hashes and sent_kinds:
+            if len(sent_kinds) > 1 or sent_kinds[0] in placeholders:
+                raise ResponseSchemaError(
+                    f"{unified!r} placeholders came back for a request with "
+                    f"{' and '.join(sent_kinds)} parts: this server takes them as one "
+                    "modality and does not say which range is which; send them in separate "
+                    "requests"
+                )
+            # the server's one modality for what we sent as one of ours (Kimi-K2.5)
+            placeholders[sent_kinds[0]] = placeholders.pop(unified)
     extra = sorted(set(placeholders) - set(hashes))
     if extra:
         raise ResponseSchemaError(f"mm_placeholders for modalities {extra} we never sent")

@@ -154,20 +154,27 @@ QWEN2_VL_TEMPLATE = r"""
 {%- endif -%}
 """
 
+# Qwen3-VL-*-Thinking's template: reasoning split out of an assistant's content and
+# written back only after the last user query, images wherever they sit (a system
+# message's too), and a generation prompt that always opens a thought (no
+# ``enable_thinking`` switch); golden-checked against the published text.
 QWEN3_VL_TEMPLATE = r"""
 {%- set seen = namespace(images=0, videos=0) -%}
-{%- macro show(content) -%}
+{#- a message's parts as the model reads them; ``count`` numbers its images and videos
+    (``add_vision_id``). The first system message is written before the others without
+    counting and counted with them, and the scan for the last query counts nothing, as
+    Qwen3-VL-*-Thinking's own template does. -#}
+{%- macro show(content, count) -%}
     {%- if content is string -%}
         {{- content -}}
-    {%- elif content is none -%}
-    {%- else -%}
+    {%- elif content is not none -%}
         {%- for part in content -%}
-            {%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}
-                {%- set seen.images = seen.images + 1 -%}
+            {%- if 'image' in part or 'image_url' in part or part['type'] == 'image' -%}
+                {%- if count -%}{%- set seen.images = seen.images + 1 -%}{%- endif -%}
                 {%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}
                 {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
-            {%- elif part['type'] == 'video' or 'video' in part -%}
-                {%- set seen.videos = seen.videos + 1 -%}
+            {%- elif 'video' in part or part['type'] == 'video' -%}
+                {%- if count -%}{%- set seen.videos = seen.videos + 1 -%}{%- endif -%}
                 {%- if add_vision_id -%}{{- 'Video ' ~ seen.videos ~ ': ' -}}{%- endif -%}
                 {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
             {%- elif 'text' in part -%}
@@ -176,17 +183,10 @@ QWEN3_VL_TEMPLATE = r"""
         {%- endfor -%}
     {%- endif -%}
 {%- endmacro -%}
-{%- macro text_only(content) -%}
-    {%- if content is string -%}
-        {{- content -}}
-    {%- elif content is not none -%}
-        {%- for part in content -%}{%- if 'text' in part -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
 {%- if tools -%}
     {{- '<|im_start|>system\n' -}}
     {%- if messages[0]['role'] == 'system' -%}
-        {{- show(messages[0]['content']) + '\n\n' -}}
+        {{- show(messages[0]['content'], false) + '\n\n' -}}
     {%- endif -%}
     {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
     {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
@@ -197,24 +197,24 @@ QWEN3_VL_TEMPLATE = r"""
         'within <tool_call></tool_call> XML tags:\n<tool_call>\n'
         '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
 {%- elif messages[0]['role'] == 'system' -%}
-    {{- '<|im_start|>system\n' + show(messages[0]['content']) + '<|im_end|>\n' -}}
+    {{- '<|im_start|>system\n' + show(messages[0]['content'], false) + '<|im_end|>\n' -}}
 {%- endif -%}
 {%- set state = namespace(searching=true, last_query=messages|length - 1) -%}
 {%- for message in messages[::-1] -%}
     {%- set index = (messages|length - 1) - loop.index0 -%}
     {%- if state.searching and message['role'] == 'user' -%}
-        {%- set plain = text_only(message['content']) -%}
-        {%- if not (plain.startswith('<tool_response>') and plain.endswith('</tool_response>')) -%}
+        {%- set shown = show(message['content'], false) -%}
+        {%- if not (shown.startswith('<tool_response>') and shown.endswith('</tool_response>')) -%}
             {%- set state.searching = false -%}
             {%- set state.last_query = index -%}
         {%- endif -%}
     {%- endif -%}
 {%- endfor -%}
 {%- for message in messages -%}
+    {%- set body = show(message['content'], true) -%}
     {%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) -%}
-        {{- '<|im_start|>' + message['role'] + '\n' + show(message['content']) + '<|im_end|>\n' -}}
+        {{- '<|im_start|>' + message['role'] + '\n' + body + '<|im_end|>\n' -}}
     {%- elif message['role'] == 'assistant' -%}
-        {%- set body = text_only(message['content']) -%}
         {%- set thought = '' -%}
         {%- if message.get('reasoning_content') is string -%}
             {%- set thought = message['reasoning_content'] -%}
@@ -239,17 +239,15 @@ QWEN3_VL_TEMPLATE = r"""
         {%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}
             {{- '<|im_start|>user' -}}
         {%- endif -%}
-        {{- '\n<tool_response>\n' + show(message['content']) + '\n</tool_response>' -}}
+        {{- '\n<tool_response>\n' + body + '\n</tool_response>' -}}
         {%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}
             {{- '<|im_end|>\n' -}}
         {%- endif -%}
     {%- endif -%}
 {%- endfor -%}
+{#- the Thinking checkpoints always open a thought: there is no switch to turn it off -#}
 {%- if add_generation_prompt -%}
-    {{- '<|im_start|>assistant\n' -}}
-    {%- if enable_thinking is defined and enable_thinking is false -%}
-        {{- '<think>\n\n</think>\n\n' -}}
-    {%- endif -%}
+    {{- '<|im_start|>assistant\n<think>\n' -}}
 {%- endif -%}
 """
 
@@ -1216,9 +1214,9 @@ def _gemma4_template(variant: str) -> str:
 
 #: Each family's template variants, the default first (``build_tiny_vlm(..., variant=)``).
 TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
-    # Qwen3-VL: "reasoning" (vf_mm's Qwen3-style rendition, earlier reasoning dropped on a
-    # new query; checked against no published file) stays the default; "instruct" is
-    # Qwen3-VL-*-Instruct's template, golden-checked (Qwen3-VL-MoE's default)
+    # Qwen3-VL: "reasoning" is Qwen3-VL-*-Thinking's template (a thought opened in the
+    # generation prompt, earlier reasoning dropped on a new query), the default; "instruct"
+    # Qwen3-VL-*-Instruct's (Qwen3-VL-MoE's default); both golden-checked
     "qwen3_vl": {"reasoning": QWEN3_VL_TEMPLATE, "instruct": QWEN3_VL_INSTRUCT_TEMPLATE},
     "qwen3_vl_moe": {"instruct": QWEN3_VL_INSTRUCT_TEMPLATE, "reasoning": QWEN3_VL_TEMPLATE},
     "qwen3_5": {name: _qwen3_5_template(name) for name in _QWEN3_5_VARIANTS},

@@ -1,8 +1,9 @@
 """Write ``kimi_k25_oracle.json``: Kimi-K2.5 conversations rendered by the ``renderers``
 package (PyPI 0.1.12, ``renderers/kimi_k25.py``), the oracle for Kimi-K2.5's text format.
 
-No verbatim Kimi-K2.5 chat template is public; ``renderers`` implements its rendering in
-code against pinned Hub revisions (moonshotai/Kimi-K2.5 @ 4d01dfe0). It is not a vf_mm
+``renderers`` implements Kimi-K2.5's rendering in code against pinned Hub revisions
+(moonshotai/Kimi-K2.5 @ 4d01dfe0); the stored template (``kimi_k25.jinja``, a vendored
+copy that names no revision) is checked against these ids. It is not a vf_mm
 dependency, so this script runs in a venv of its own that has it (the default venv's
 packages plus ``renderers==0.1.12``):
 

@@ -489,6 +489,73 @@ QWEN3_VL_INSTRUCT_CASES = [
 ]
 
 
+# Qwen3-VL-*-Thinking: the Instruct conversations (the same ChatML, tools and tool
+# results), which it writes differently (a thought opened in the generation prompt, a
+# system message's images, reasoning split out of the content), and what it branches on:
+# reasoning given as a field or in the content, kept only after the last user query
+# (through tool turns), a user text that reads as a tool response, images numbered with
+# ``add_vision_id`` (a first system message's written before they are counted), and the
+# ``enable_thinking`` switch it does not read.
+QWEN3_VL_THINKING_CASES = [
+    *QWEN3_VL_INSTRUCT_CASES,
+    case(
+        "earlier_reasoning_dropped_on_new_query",
+        [
+            {"role": "user", "content": [IMAGE, text("How many circles?")]},
+            {"role": "assistant", "content": "<think>\ncount them\n</think>\n\nThree."},
+            {"role": "user", "content": [text("And now?"), IMAGE]},
+        ],
+    ),
+    case(
+        "reasoning_content_after_last_query",
+        [
+            {"role": "user", "content": "How many circles?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "\ncount them\n"},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "reasoning_kept_through_tool_turns",
+        [
+            {"role": "user", "content": [IMAGE, text("Crop it.")]},
+            {
+                "role": "assistant",
+                "content": "Cropping.",
+                "reasoning_content": "need a crop",
+                "tool_calls": [call("zoom", {"x": 1, "y": 2})],
+            },
+            {"role": "tool", "content": [IMAGE, text("cropped")]},
+            {"role": "assistant", "content": "<think>\nlooks right\n</think>\n\nA circle."},
+        ],
+        tools=TOOLS,
+        add_generation_prompt=False,
+    ),
+    case(
+        "a_user_text_that_reads_as_a_tool_response",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "counted"},
+            {"role": "user", "content": "<tool_response>x</tool_response>"},
+        ],
+    ),
+    case(
+        "vision_ids_with_a_system_image",
+        [
+            {"role": "system", "content": [text("Reference: "), IMAGE]},
+            {"role": "user", "content": [IMAGE, VIDEO, text("Which?")]},
+            {"role": "assistant", "content": "The first."},
+            {"role": "tool", "content": [IMAGE, text("zoomed")]},
+        ],
+        template_kwargs={"add_vision_id": True},
+    ),
+    case(
+        "enable_thinking_is_not_read",
+        [{"role": "user", "content": [IMAGE, text("How many?")]}],
+        template_kwargs={"enable_thinking": False},
+    ),
+]
+
+
 LLAVA_NEXT_CASES = [
     case("text_only", [{"role": "user", "content": [text("Hello there, how many?")]}]),
     case(
@@ -815,6 +882,30 @@ GEMMA4_CASES = [
     ),
 ]
 
+
+def kimi_k25_cases() -> list[dict[str, Any]]:
+    """Kimi-K2.5's conversations are the oracle's (``kimi_k25_oracle.json``: text,
+    reasoning kept and dropped, calls, tool results, names, the thinking switch, tools,
+    images in user, system and tool messages), so the real template's rendering and the
+    ``renderers`` package's ids are checked on the same ones. Kimi's tokenizer hands the
+    template the tools' TypeScript declaration (``tools_ts_str``) beside them: vf_mm's
+    ``typescript_tools`` writes it (the oracle's tool cases check that it is the same)."""
+    from vf_mm.renderers._kimi import typescript_tools
+
+    oracle = json.loads((HERE / "kimi_k25_oracle.json").read_text())["cases"]
+    out = []
+    for entry in oracle:
+        kwargs: dict[str, Any] = {"thinking": False} if entry.get("thinking") is False else {}
+        options: dict[str, Any] = {"add_generation_prompt": entry["add_generation_prompt"]}
+        if entry.get("tools"):
+            kwargs["tools_ts_str"] = typescript_tools(entry["tools"])
+            options["tools"] = entry["tools"]
+        if kwargs:
+            options["template_kwargs"] = kwargs
+        out.append(case(entry["name"], entry["messages"], **options))
+    return out
+
+
 CASES: dict[str, list[dict[str, Any]]] = {
     "qwen2_vl": qwen2_cases(upstream=False),
     "qwen2_5_vl": qwen2_cases(upstream=True),
@@ -823,6 +914,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "smolvlm": SMOLVLM_CASES,
     "llava_onevision": LLAVA_ONEVISION_CASES,
     "qwen3_vl@instruct": QWEN3_VL_INSTRUCT_CASES,
+    "qwen3_vl@reasoning": QWEN3_VL_THINKING_CASES,
     "llava_next": LLAVA_NEXT_CASES,
     "internvl": INTERNVL_CASES,
     "lfm2_vl": LFM2_VL_CASES,
@@ -830,6 +922,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
        for variant in ("nothink", "think", "qwen3.6", "qwen3.8")},
     **{f"gemma4@{variant}": GEMMA4_CASES
        for variant in ("4742fe8", "b446025", "6b7e72c", "905e84b", "8995379", "31b")},
+    "kimi_k25": kimi_k25_cases(),
 }  # fmt: skip
 
 # The vocabulary each family's ids are recorded with: the real Qwen2 vocabulary where
@@ -844,6 +937,7 @@ VOCAB = {
     "llava_next": "tiny",
     "internvl": "tiny",
     "lfm2_vl": "tiny",
+    "kimi_k25": "tiny",
     **{key: "tiny" for key in CASES if "@" in key},
 }
 
