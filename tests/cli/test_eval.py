@@ -231,3 +231,27 @@ def test_ctrl_c_saves_what_is_done_says_so_in_one_line_and_resume_is_exact(tmp_p
     assert main([*args, "-o", str(tmp_path / "whole")]) == 0  # never interrupted
     said = {(r["example_id"]): r["completion"] for r in read_results(out)}
     assert said == {(r["example_id"]): r["completion"] for r in read_results(tmp_path / "whole")}
+
+
+@pytest.mark.parametrize("family", ["lfm2_vl", "kimi_k25"])
+@pytest.mark.parametrize("choice", ["auto", "torch"])
+def test_a_family_with_only_torchvision_numbers_records_them_on_every_machine(
+    tmp_path, family, choice
+):
+    """LFM2.5-VL's and Kimi-K2.5's images get torchvision's numbers with torchvision or
+    through vf_mm's port without it: the run records "torchvision" either way, so a run
+    made without torchvision resumes where it imports (its pixels are equal)."""
+    from vf_mm.cli._common import image_backend_record
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family}))
+    assert image_backend_record(choice, tmp_path) == "torchvision"
+
+
+def test_a_family_with_a_pil_backend_records_this_machines_backend(tmp_path):
+    from vf_mm.cli._common import image_backend_record
+    from vf_mm.models import resolve_image_backend
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    assert image_backend_record("auto", tmp_path) == resolve_image_backend("auto")
+    # a model that is no local checkpoint (an OpenAI-style name) is taken as such a family
+    assert image_backend_record("auto", "gpt-4o") == resolve_image_backend("auto")

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
@@ -454,6 +455,22 @@ def local_backend_options(args: argparse.Namespace) -> dict[str, Any]:
         if not on_cpu:
             options["kv_pool_bytes"] = kv_mb << 20
     return options
+
+
+def image_backend_record(choice: str, model: str | Path | None) -> str:
+    """Whose numbers ``model``'s images get under ``--image-backend choice``, as a run's
+    configuration records it (pixels differ by backend: a resume must not mix them).
+    A checkpoint whose type cannot be read is taken as a family with a PIL backend."""
+    from vf_mm.errors import UnsupportedModelError
+    from vf_mm.models import model_type, resolve_image_backend
+
+    family = None
+    if model is not None:
+        try:
+            family = model_type(model)
+        except UnsupportedModelError:
+            family = None
+    return resolve_image_backend(choice, family=family)
 
 
 def add_image_backend_argument(p: argparse.ArgumentParser) -> None:

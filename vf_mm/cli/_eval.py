@@ -36,6 +36,7 @@ from vf_mm.cli._common import (
     RunCount,
     add_run_arguments,
     check_run_arguments,
+    image_backend_record,
     load_environment,
     make_client,
     progress_bar,
@@ -114,7 +115,6 @@ def _interrupted(count: RunCount) -> str:
 
 
 async def _eval(args: argparse.Namespace, count: RunCount) -> int:
-    from vf_mm.models import resolve_image_backend
     from vf_mm.results import EvalProgress, evaluate_to_dir
 
     console = cli_console()
@@ -138,7 +138,9 @@ async def _eval(args: argparse.Namespace, count: RunCount) -> int:
             "seed": args.seed,
             # the renderer's pixels differ by backend: a resume must not mix them
             "image_backend": (
-                resolve_image_backend(args.image_backend) if args.backend != "openai" else None
+                image_backend_record(args.image_backend, model)
+                if args.backend != "openai"
+                else None
             ),
             # so do the local model's logprobs and samples by weight dtype
             "dtype": (args.dtype or "float32") if args.backend == "local" else None,

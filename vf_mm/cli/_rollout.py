@@ -48,6 +48,7 @@ from vf_mm.cli._common import (
     RunCount,
     add_run_arguments,
     check_run_arguments,
+    image_backend_record,
     load_environment,
     make_client,
     progress_bar,
@@ -338,8 +339,6 @@ def _image_modes(args: argparse.Namespace, model: str, console: Console) -> dict
 def _run_id(args: argparse.Namespace, env: Any, model: str) -> str:
     """The run's id from this command's whole configuration (what decides its groups),
     so the same command run again, on any machine, names its groups the same."""
-    from vf_mm.models import resolve_image_backend
-
     config = {
         "env": args.env,
         "env_args": args.env_args,
@@ -348,7 +347,7 @@ def _run_id(args: argparse.Namespace, env: Any, model: str) -> str:
         "rollouts_per_example": args.rollouts_per_example,
         "sampling_args": {**env.sampling_args, **args.sampling_args},
         "seed": args.seed,
-        "image_backend": resolve_image_backend(args.image_backend),
+        "image_backend": image_backend_record(args.image_backend, model),
         "dtype": args.dtype if args.backend == "local" else None,
     }
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()

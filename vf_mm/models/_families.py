@@ -278,27 +278,39 @@ def torchvision_available() -> bool:
     return True
 
 
-def resolve_image_backend(backend: str = "auto") -> str:
-    """``"pil"``, ``"torchvision"`` or ``"torch"``.
+def resolve_image_backend(backend: str = "auto", *, family: str | None = None) -> str:
+    """``"pil"``, ``"torchvision"`` or ``"torch"``: the backend ``backend`` names on this
+    machine, or, given ``family``, whose numbers its images get (``image_backend_of``'s
+    answer, without loading the processor).
+
+    A family with no PIL image processor (LFM2.5-VL, Kimi-K2.5) computes torchvision's
+    numbers on every machine, through transformers' class or vf_mm's port, so for it
+    ``"auto"`` and ``"torch"`` give ``"torchvision"``: a run recorded without torchvision
+    resumes where it imports, its pixels being equal.
 
     Args:
         backend: ``"auto"`` is what ``AutoProcessor`` picks on this machine (torchvision
             where it imports, else PIL; a family with no PIL backend then gets vf_mm's
             torch-only port, ``image_processor_class``); ``"torch"`` is that port asked
             for by name.
+        family: The checkpoint's ``model_type`` (None: not known; a family vf_mm does not
+            render is taken as one with a PIL backend).
 
     Raises:
         MissingDependencyError: Asking for torchvision where it does not import.
     """
     if backend not in IMAGE_BACKENDS:
         raise ValueError(f"image_backend must be one of {list(IMAGE_BACKENDS)}, not {backend!r}")
-    if backend == "auto":
-        return "torchvision" if torchvision_available() else "pil"
     if backend == "torchvision" and not torchvision_available():
         raise MissingDependencyError(
             "image_backend='torchvision' needs torchvision, which does not import here "
             "(install the build that matches your torch, or use image_backend='auto')"
         )
+    info = _FAMILIES.get(family) if family is not None else None
+    if info is not None and not info.pil_backend and backend in ("auto", "torch"):
+        return "torchvision"
+    if backend == "auto":
+        return "torchvision" if torchvision_available() else "pil"
     return backend
 
 
