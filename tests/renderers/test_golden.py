@@ -68,16 +68,8 @@ def has_video(case: dict[str, Any]) -> bool:
     )
 
 
-def _tier(key: str) -> tuple[Any, ...]:
-    """Every family is checked in the default tier: one whose image processor
-    transformers has only for torchvision (LFM2-VL) through vf_mm's torch-only port
-    there (the port is held to the torchvision class in ``test_lfm2_vl.py``)."""
-    info = family_info(key.partition("@")[0])
-    return () if info.pil_backend or info.torch_port else (pytest.mark.vllm,)
-
-
 IMAGE_CASES = [
-    pytest.param(family, case, id=f"{family}-{case['name']}", marks=_tier(family))
+    pytest.param(family, case, id=f"{family}-{case['name']}")
     for family, entry in RENDERINGS.items()
     for case in entry["cases"]
     if not has_video(case)
