@@ -67,3 +67,30 @@ def require_the_ports_transformers(path: Path) -> None:
         with pytest.raises(MissingDependencyError, match=r"follow transformers 5\.23"):
             load_processor(path, image_backend="torch")
         pytest.skip(f"the ports follow transformers 5.23's processors; this is {version}")
+
+
+def assert_the_port_renders_as_torchvision(path: Path) -> None:
+    """The renderer with the port (``image_backend="torch"``) renders what the one with
+    transformers' torchvision class renders (ids, placeholders, every input's bytes and
+    dtype), and a trainer processing with the port agrees with a sampler that had
+    torchvision: the same recorded processing (``ImageProcessing``: classes, config,
+    backend ``"torchvision"``). Needs torchvision and the ports' transformers."""
+    from vf_mm.renderers import load_renderer
+    from vf_mm.training import ImageProcessing
+
+    pytest.importorskip("torchvision")
+    require_the_ports_transformers(path)
+    real = load_renderer(path, image_backend="torchvision")
+    port = load_renderer(path, image_backend="torch")
+    assert real.image_backend == port.image_backend == "torchvision"
+    for seed in range(6):
+        a, b = real.render(conversation(seed)), port.render(conversation(seed))
+        assert a.token_ids == b.token_ids
+        assert a.multi_modal_data.mm_placeholders == b.multi_modal_data.mm_placeholders
+        pairs = zip(a.multi_modal_data.mm_items["image"], b.multi_modal_data.mm_items["image"],
+                    strict=True)  # fmt: skip
+        for x, y in pairs:
+            assert all(np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype for k in x)
+    sampler = ImageProcessing.from_checkpoint(path, image_backend="torchvision")
+    trainer = ImageProcessing.from_checkpoint(path, image_backend="torch")
+    assert trainer.differences(sampler.description) == {}

@@ -37,6 +37,7 @@ from tests.renderers._sampling import (
 )
 from tests.renderers._tv_golden import (
     assert_renders_the_golden,
+    assert_the_port_renders_as_torchvision,
     golden_cases,
     require_the_ports_transformers,
 )
@@ -481,28 +482,4 @@ def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, 
 
 @pytest.mark.vllm
 def test_the_ports_render_and_description_are_the_torchvision_ones(kimi):
-    """The renderer with the port (``image_backend="torch"``) renders what the one with
-    transformers' torchvision class renders, and a trainer processing with the port
-    agrees with a sampler that had torchvision: the same recorded processing
-    (``ImageProcessing``: classes, config, backend ``"torchvision"``)."""
-    pytest.importorskip("torchvision")
-    require_the_ports_transformers(kimi)
-    import numpy as np
-
-    from tests.renderers.golden.tv_ports import conversation
-    from vf_mm.training import ImageProcessing
-
-    real = load_renderer(kimi, image_backend="torchvision")
-    port = load_renderer(kimi, image_backend="torch")
-    assert real.image_backend == port.image_backend == "torchvision"
-    for seed in range(6):
-        a, b = real.render(conversation(seed)), port.render(conversation(seed))
-        assert a.token_ids == b.token_ids
-        assert a.multi_modal_data.mm_placeholders == b.multi_modal_data.mm_placeholders
-        for x, y in zip(
-            a.multi_modal_data.mm_items["image"], b.multi_modal_data.mm_items["image"], strict=True
-        ):
-            assert all(np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype for k in x)
-    sampler = ImageProcessing.from_checkpoint(kimi, image_backend="torchvision")
-    trainer = ImageProcessing.from_checkpoint(kimi, image_backend="torch")
-    assert trainer.differences(sampler.description) == {}
+    assert_the_port_renders_as_torchvision(kimi)

@@ -29,6 +29,7 @@ from tests.renderers._sampling import (
 )
 from tests.renderers._tv_golden import (
     assert_renders_the_golden,
+    assert_the_port_renders_as_torchvision,
     golden_cases,
     require_the_ports_transformers,
 )
@@ -325,26 +326,4 @@ def test_without_avx2_the_port_takes_torchvisions_float_path_too(lfm2, monkeypat
 
 @pytest.mark.vllm
 def test_the_ports_render_and_description_are_the_torchvision_ones(lfm2):
-    """The renderer with the port (``image_backend="torch"``) renders what the one with
-    transformers' torchvision class renders, and a trainer processing with the port
-    agrees with a sampler that had torchvision: the same recorded processing
-    (``ImageProcessing``: classes, config, backend ``"torchvision"``)."""
-    pytest.importorskip("torchvision")
-    require_the_ports_transformers(lfm2)
-    from tests.renderers.golden.tv_ports import conversation
-    from vf_mm.training import ImageProcessing
-
-    real = load_renderer(lfm2, image_backend="torchvision")
-    port = load_renderer(lfm2, image_backend="torch")
-    assert real.image_backend == port.image_backend == "torchvision"
-    for seed in range(6):
-        a, b = real.render(conversation(seed)), port.render(conversation(seed))
-        assert a.token_ids == b.token_ids
-        assert a.multi_modal_data.mm_placeholders == b.multi_modal_data.mm_placeholders
-        pairs = zip(a.multi_modal_data.mm_items["image"], b.multi_modal_data.mm_items["image"],
-                    strict=True)  # fmt: skip
-        for x, y in pairs:
-            assert all(np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype for k in x)
-    sampler = ImageProcessing.from_checkpoint(lfm2, image_backend="torchvision")
-    trainer = ImageProcessing.from_checkpoint(lfm2, image_backend="torch")
-    assert trainer.differences(sampler.description) == {}
+    assert_the_port_renders_as_torchvision(lfm2)
