@@ -106,10 +106,39 @@ def _needs_torchvision():
     pytest.importorskip("torchvision")
 
 
+#: servers running at once: the one in use and the next ones starting (all of them at
+#: once, eleven on 2 cores and 23 GB, ran out of memory and time before any was healthy)
+AHEAD = 3
+
+
+class Fleet:
+    """One server per chosen family, in the order their tests run (pytest groups a
+    module's tests by the module-scoped ``family`` parameter, in ``FAMILIES`` order): at
+    most ``AHEAD`` run at once, the next ones starting while the current one serves."""
+
+    def __init__(
+        self, order: list[str], servers: dict[str, tuple[VLLMServer, object]], python: str
+    ):
+        self.order, self.servers, self.python = order, servers, python
+
+    def use(self, name: str) -> tuple[VLLMServer, object]:
+        at = self.order.index(name)
+        for done in self.order[:at]:
+            self.servers[done][0].stop()
+        for coming in self.order[at : at + AHEAD]:
+            server = self.servers[coming][0]
+            if server.proc is None:
+                server.start(self.python)
+        return self.servers[name]
+
+    def stop(self) -> None:
+        for server, _ in self.servers.values():
+            server.stop()
+
+
 @pytest.fixture(scope="module")
-def servers(request, vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLMServer, object]]]:
-    """One server per family the selected tests use (``-k gemma4`` starts one), launched
-    together and waited for on first use."""
+def servers(request, vllm_py, tmp_path_factory) -> Iterator[Fleet]:
+    """A ``Fleet`` of the families the selected tests use (``-k gemma4`` starts one)."""
     root = tmp_path_factory.mktemp("families-vllm")
     chosen = {
         item.callspec.params.get("family")
@@ -128,13 +157,11 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLM
             args += KIMI_ROPE
         server = VLLMServer(family, path, free_port(), root / f"{family}.log", args)
         out[family] = (server, path)
+    fleet = Fleet(list(out), out, vllm_py)
     try:
-        for server, _ in out.values():
-            server.start(vllm_py)
-        yield out
+        yield fleet
     finally:
-        for server, _ in out.values():
-            server.stop()
+        fleet.stop()
         if os.environ.get("VF_MM_KEEP_VLLM_LOGS"):
             for family in out:
                 shutil.copy(root / f"{family}.log", os.environ["VF_MM_KEEP_VLLM_LOGS"])
@@ -142,7 +169,7 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLM
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, servers):
-    server, path = servers[request.param]
+    server, path = servers.use(request.param)
     server.wait_healthy()
     return request.param, server, path, load_renderer(path)
 
