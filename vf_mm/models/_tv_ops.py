@@ -13,7 +13,8 @@ bit for bit, calling the very torch ops torchvision's v2 functional calls (torch
 - ``resize``: ``torch.nn.functional.interpolate`` (``align_corners=False``, antialias for
   bilinear and bicubic) on the uint8 tensor itself where torchvision lets torch's native
   uint8 kernels run on the CPU (bicubic always; bilinear on AVX2, AVX-512 and ARM CPUs),
-  otherwise on a float32 copy that is clamped (bicubic) and rounded back to uint8;
+  otherwise on a float32 copy that is clamped (bicubic, uint8) and cast back, rounded
+  first for uint8 and the signed integers only (uint16 and wider truncate, as in torchvision);
 - ``pad``: ``torch.nn.functional.pad`` with a constant, on the bottom and right;
 - ``rescale_and_normalize``: one float32 subtraction and division by the mean and std
   scaled by ``1 / rescale_factor`` (transformers' fused rescale and normalise).
@@ -48,6 +49,9 @@ from transformers.image_utils import (
 _MODES = {0: "nearest-exact", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 #: the modes torchvision runs with ``align_corners=False`` and antialiasing
 _SMOOTH = ("bilinear", "bicubic", "lanczos")
+#: the integer dtypes torchvision rounds back to after a float resize; the others
+#: (uint16, uint32, uint64) it truncates, the cast's own rule
+_ROUNDED = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def interpolation_mode(resample: Any) -> str:
@@ -121,7 +125,7 @@ def resize(image: torch.Tensor, height: int, width: int, *, mode: str) -> torch.
     if not keep:
         if mode in ("bicubic", "lanczos") and dtype == torch.uint8:
             out = out.clamp_(min=0, max=255)
-        if not dtype.is_floating_point:
+        if dtype in _ROUNDED:
             out = out.round_()
         out = out.to(dtype)
     return out.reshape(*lead, channels, height, width)

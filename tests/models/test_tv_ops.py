@@ -1,0 +1,29 @@
+"""The torch-only ports' resize casts a float resize back as torchvision does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vf_mm.models._tv_ops import resize
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rounded"),
+    [(torch.uint16, False), (torch.uint32, False), (torch.int16, True), (torch.int32, True)],
+)
+def test_a_wide_integer_image_is_cast_back_as_torchvision_casts_it(dtype, rounded):
+    """torchvision rounds a float resize back to uint8 and the signed integers only; a
+    uint16 or uint32 image (a 16-bit PNG as an array) is truncated by the cast, and the
+    port must give the same numbers (rounding them moved pixels by one level)."""
+    image = (torch.arange(3 * 9 * 11, dtype=torch.float32).reshape(3, 9, 11) * 97 % 30011).to(dtype)
+    out = resize(image, 5, 7, mode="bilinear")
+    floats = torch.nn.functional.interpolate(
+        image[None].float(), size=[5, 7], mode="bilinear", align_corners=False, antialias=True
+    )[0]
+    assert torch.equal(out, (floats.round() if rounded else floats).to(dtype))
+    try:
+        import torchvision.transforms.v2.functional as tvf
+    except ImportError:
+        return
+    assert torch.equal(out, tvf.resize(image, [5, 7], antialias=True))
