@@ -27,3 +27,18 @@ def test_a_wide_integer_image_is_cast_back_as_torchvision_casts_it(dtype, rounde
     except ImportError:
         return
     assert torch.equal(out, tvf.resize(image, [5, 7], antialias=True))
+
+
+@pytest.mark.parametrize("given", ["bilinear", "bicubic", "nearest", "nearest-exact", "lanczos"])
+def test_torchvisions_interpolation_names_are_taken_as_transformers_takes_them(given):
+    """transformers' torchvision processors take ``resample`` as torchvision's
+    ``InterpolationMode`` (a str enum) as well as a PIL code; the port must too, not fail
+    on ``int("bilinear")``."""
+    from enum import Enum
+
+    from vf_mm.models._tv_ops import interpolation_mode
+
+    mode = Enum("InterpolationMode", {"X": given})  # torchvision's enum, without torchvision
+    assert interpolation_mode(given) == interpolation_mode(mode.X) == given
+    with pytest.raises(ValueError, match="box and hamming"):
+        interpolation_mode("box")

@@ -55,18 +55,27 @@ _ROUNDED = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def interpolation_mode(resample: Any) -> str:
-    """``interpolate``'s mode for a processor's ``resample`` (a PIL code, or None: bilinear).
+    """``interpolate``'s mode for a processor's ``resample``: a PIL code (as transformers
+    maps it), torchvision's ``InterpolationMode`` or its value (taken as named: transformers
+    passes one to torchvision as is), or None (bilinear).
 
     Raises:
         ValueError: A resampling torch's ``interpolate`` does not have.
     """
     if resample is None:
         return "bilinear"
-    code = int(resample.value if hasattr(resample, "value") else resample)
+    value = resample.value if hasattr(resample, "value") else resample
+    if isinstance(value, str):  # torchvision's InterpolationMode (or its value), as given
+        if value in ("nearest", *_MODES.values()):
+            return value
+        code = -1
+    else:
+        code = int(value)
     if code not in _MODES:
         raise ValueError(
             f"resample={resample!r}: vf_mm's torch-only image processing has nearest, "
-            "bilinear, bicubic and lanczos (box and hamming need torchvision)"
+            "bilinear, bicubic and lanczos (box and hamming: torch has no such kernel, and "
+            "transformers' torchvision processors fail on them too when they resize)"
         )
     return _MODES[code]
 
