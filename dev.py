@@ -181,7 +181,7 @@ VLLM_TESTS = (
 )
 #: the vllm tier's tests that need torchvision and neither vLLM nor its server, which
 #: ``dev.py torchvision`` runs under the default lock's transformers
-TORCHVISION_TESTS = VLLM_TESTS[1:]
+TORCHVISION_TESTS = (*VLLM_TESTS[1:], "tests/vllm/test_image_rebuild_torchvision.py")
 
 JOBS = {
     "demo": [
