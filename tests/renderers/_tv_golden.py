@@ -94,3 +94,19 @@ def assert_the_port_renders_as_torchvision(path: Path) -> None:
     sampler = ImageProcessing.from_checkpoint(path, image_backend="torchvision")
     trainer = ImageProcessing.from_checkpoint(path, image_backend="torch")
     assert trainer.differences(sampler.description) == {}
+
+
+def assert_same_outputs(
+    real: Any, port: Any, calls: list[list[Any]], options: dict[str, Any]
+) -> None:
+    """``port`` gives what ``real`` gives on every call of ``calls`` with ``options``:
+    the same keys, and each output's dtype, shape and values (channels-last arrays
+    told so, as transformers cannot always guess)."""
+    for images in calls:
+        layout = {} if hasattr(images[0], "mode") else {"input_data_format": "channels_last"}
+        want = real(images, return_tensors="np", **options, **layout)
+        got = port(images, return_tensors="np", **options, **layout)
+        assert set(got) == set(want)
+        for key in want:
+            a, b = np.asarray(want[key]), np.asarray(got[key])
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key

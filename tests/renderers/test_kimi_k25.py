@@ -37,6 +37,7 @@ from tests.renderers._sampling import (
 )
 from tests.renderers._tv_golden import (
     assert_renders_the_golden,
+    assert_same_outputs,
     assert_the_port_renders_as_torchvision,
     golden_cases,
     require_the_ports_transformers,
@@ -467,13 +468,7 @@ def test_the_port_computes_the_torchvision_processors_numbers_bit_for_bit(kimi, 
         rgba = rng.integers(0, 256, (37, 45, 4), dtype=np.uint8)
         twins = [Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)) for _ in "ab"]
         calls = [images[:4], images[4:], twins, [rgba], [rgba[..., :1]], [rgba[..., :3]]]
-    for images in calls:
-        layout = {} if hasattr(images[0], "mode") else {"input_data_format": "channels_last"}
-        want = real(images, return_tensors="np", **options, **layout)
-        got = port(images, return_tensors="np", **options, **layout)
-        assert set(got) == set(want)
-        for key in want:
-            assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+    assert_same_outputs(real, port, calls, options)
     for h, w in PORT_SIZES:
         assert port.get_number_of_image_patches(h, w, options) == real.get_number_of_image_patches(
             h, w, options

@@ -29,6 +29,7 @@ from tests.renderers._sampling import (
 )
 from tests.renderers._tv_golden import (
     assert_renders_the_golden,
+    assert_same_outputs,
     assert_the_port_renders_as_torchvision,
     golden_cases,
     require_the_ports_transformers,
@@ -264,17 +265,6 @@ def port_calls(seed: int) -> list[list[object]]:
     twins = [Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)) for _ in "ab"]
     calls = [images[i : i + 3] for i in range(0, len(images), 3)]
     return [*calls, twins, [rgba], [rgba[..., :1]], [rgba[..., :3]]]
-
-
-def assert_same_outputs(real, port, calls, options) -> None:
-    for images in calls:
-        layout = {} if hasattr(images[0], "mode") else {"input_data_format": "channels_last"}
-        want = real(images, return_tensors="np", **options, **layout)
-        got = port(images, return_tensors="np", **options, **layout)
-        assert set(got) == set(want)
-        for key in want:
-            a, b = np.asarray(want[key]), np.asarray(got[key])
-            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
 
 
 @pytest.mark.vllm
