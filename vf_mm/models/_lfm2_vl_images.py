@@ -94,6 +94,13 @@ def grid_ratios(min_tiles: int, max_tiles: int) -> list[tuple[int, int]]:
     return sorted(grids, key=lambda g: g[0] * g[1])
 
 
+def max_patches(*, tile: int, patch: int, max_tokens: int, downsample: int, splitting: bool) -> int:
+    """The patches every crop is padded to: a single pass's most (``max_tokens`` before
+    the ``downsample`` merge), or a whole tile's where images are split into tiles."""
+    tiles = (tile // patch) ** 2 if splitting else 0
+    return max(max_tokens * downsample**2, tiles)
+
+
 def tile_grid(
     height: int, width: int, *, min_tiles: int, max_tiles: int, tile: int
 ) -> tuple[int, int]:
@@ -149,8 +156,11 @@ class Lfm2VlImages(TorchvisionPort):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        tiles = (self.tile_size // self.encoder_patch_size) ** 2 if self.do_image_splitting else 0
-        self.max_num_patches = max(self.max_image_tokens * self.downsample_factor**2, tiles)
+        self.max_num_patches = max_patches(
+            tile=self.tile_size, patch=self.encoder_patch_size,
+            max_tokens=self.max_image_tokens, downsample=self.downsample_factor,
+            splitting=self.do_image_splitting,
+        )  # fmt: skip
 
     def _crops(
         self, image: torch.Tensor, o: dict[str, Any]
@@ -200,8 +210,10 @@ class Lfm2VlImages(TorchvisionPort):
             raise ValueError("min_tiles must be less than or equal to max_tiles")
         o = {**kwargs, "min_tiles": min_tiles, "max_tiles": max_tiles}
         patch = o["encoder_patch_size"]
-        tiles = (o["tile_size"] // patch) ** 2 if do_image_splitting else 0
-        max_patches = max(o["max_image_tokens"] * o["downsample_factor"] ** 2, tiles)
+        padded = max_patches(
+            tile=o["tile_size"], patch=patch, max_tokens=o["max_image_tokens"],
+            downsample=o["downsample_factor"], splitting=do_image_splitting,
+        )  # fmt: skip
         values, masks, shapes = [], [], []
         rows, columns, sizes = [], [], []
         for image in images:
@@ -221,8 +233,8 @@ class Lfm2VlImages(TorchvisionPort):
                 x = x.reshape(ph * pw, patch * patch * channels)
                 crop_shapes.append([ph, pw])
                 if do_pad:
-                    mask = torch.ones((max_patches,), dtype=torch.int32)
-                    missing = max_patches - x.shape[0]
+                    mask = torch.ones((padded,), dtype=torch.int32)
+                    missing = padded - x.shape[0]
                     if missing > 0:
                         x = torch.nn.functional.pad(x, [0, 0, 0, missing], value=0)
                         mask[-missing:] = 0
