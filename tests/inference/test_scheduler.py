@@ -62,7 +62,8 @@ class StepEngine:
     prefill's cost is mostly its launches) and whose decode step costs ``step_s``, on
     ``clock``. ``arrivals[k]`` are submitted when decode step ``k`` ends; ``room`` is the
     most rows it holds (the pool engine's KV arena: ``admit`` hands back the rest). It
-    records each admission as (the requests' names, decode steps run before it)."""
+    records each admission, and each ``prepare``, as (the requests' names, decode steps
+    run before it)."""
 
     def __init__(
         self,
@@ -80,6 +81,11 @@ class StepEngine:
         self._new: list[Row] = []
         self.steps = 0
         self.admissions: list[tuple[list[str], int]] = []
+        self.prepared: list[tuple[list[str], int]] = []
+
+    def prepare(self, pendings: list[Pending]) -> None:
+        assert self.rows, "prepared while a step runs"
+        self.prepared.append(([p.request.request_id for p in pendings], self.steps))
 
     def admit(self, pendings: list[Pending]) -> list[Pending]:
         self.admissions.append(([p.request.request_id for p in pendings], self.steps))
@@ -126,10 +132,12 @@ def run(
     room: int = 1000,
     cancelled: tuple[str, ...] = (),
     hold_steps: int = HOLD_STEPS,
+    prepared: list[tuple[list[str], int]] | None = None,
 ) -> list[tuple[list[str], int]]:
     """Run ``(name, arriving at decode step, steps to decode)`` requests (step 0: before
-    any) to their answers; the engine's admissions. A prefill costs 30 decode steps unless
-    told otherwise; those ``cancelled`` have left before they arrive."""
+    any) to their answers; the engine's admissions (its ``prepare`` calls go into
+    ``prepared``). A prefill costs 30 decode steps unless told otherwise; those
+    ``cancelled`` have left before they arrive."""
 
     async def go() -> list[tuple[list[str], int]]:
         loop = asyncio.get_running_loop()
@@ -156,6 +164,8 @@ def run(
         answered = await asyncio.wait_for(asyncio.gather(*waited), 30)
         assert answered == [n for n, _, _ in requests if n not in cancelled]
         assert await asyncio.to_thread(scheduler.stop, 5)
+        if prepared is not None:
+            prepared.extend(engine.prepared)
         return engine.admissions
 
     return asyncio.run(go())
@@ -171,6 +181,21 @@ def test_requests_arriving_while_rows_decode_share_one_prefill_within_its_cost(c
         max_batch=8,
     )
     assert [names for names, _ in admissions] == [["a"], ["b", "c"]]
+
+
+def test_held_requests_are_prepared_as_they_arrive_while_a_step_runs(clock):
+    """B and C are held while A decodes: each is prepared in the step it arrives (the
+    device computes the next step meanwhile), before the admission that takes both. A,
+    arriving with nothing running, is admitted at once and never prepared."""
+    prepared: list[tuple[list[str], int]] = []
+    admissions = run(
+        clock,
+        [("a", 0, 60), ("b", 3, 10), ("c", 7, 10)],
+        max_batch=8,
+        prepared=prepared,
+    )
+    assert prepared == [(["b"], 3), (["c"], 7)]
+    assert admissions[1] == (["b", "c"], 11)
 
 
 def test_held_two_steps_where_a_prefill_costs_by_its_tokens(clock):

@@ -47,6 +47,10 @@ class BatchEngine:
 
     # -- RowEngine ------------------------------------------------------------------------
 
+    def prepare(self, pendings: list[Pending]) -> None:
+        for pending in pendings:
+            self._parts.builder.prepare(pending)
+
     def admit(self, pendings: list[Pending]) -> list[Pending]:
         self._new = [r for r in map(self._parts.builder.row, pendings) if r is not None]
         return []  # the tensors grow: every request fits

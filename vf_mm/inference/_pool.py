@@ -132,6 +132,10 @@ class PoolEngine:
 
     # -- RowEngine ------------------------------------------------------------------------
 
+    def prepare(self, pendings: list[Pending]) -> None:
+        for pending in pendings:
+            self._parts.builder.prepare(pending)
+
     def admit(self, pendings: list[Pending]) -> list[Pending]:
         self._new, waiting = self._admit(pendings, running=bool(self.rows))
         return waiting

@@ -6,6 +6,13 @@ the ``PrefixCache`` holds for it (counted into ``prefix_cache_queries`` /
 and stop ids. A request that cannot run is answered there, alone, and never reaches a
 forward. The pool engine may put a row back to wait for room (``uncount``: its lookup
 did not happen) or run it without its cached prefix (``unmatch``).
+
+``prepare`` does that CPU work ahead, for a request held while rows decode: the worker
+runs it while the device computes a step, so admission only repeats the lookup (cheap)
+and places the row. The positions (M-RoPE's ``get_rope_index``, ~1 ms a row) are reused
+only when the lookup at admission gives the same entry and length, since a row admitted
+in between may have replaced or evicted the entry: a row is the same whether it was
+prepared or not, and the counts are taken at admission, once.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 from vf_mm.inference._local_model import LocalModel, request_media
 from vf_mm.inference._local_stats import LocalStats
 from vf_mm.inference._prefix_cache import Match, PrefixCache
-from vf_mm.inference._rows import Pending, Row, answer
+from vf_mm.inference._rows import Pending, Prepared, Row, answer
 from vf_mm.inference._sampling import Seeds
 
 
@@ -39,16 +46,37 @@ class RowBuilder:
         self._lookup = prefix_cache
         self._generators = generators
 
+    def prepare(self, pending: Pending) -> None:
+        """Do ``row``'s CPU work for ``pending`` ahead (kept on it as ``prepared``),
+        counting nothing. A request that cannot run is left as it is: ``row`` meets the
+        same error at admission and answers it there."""
+        if pending.future.done():
+            return
+        request = pending.request
+        try:
+            media = request_media(request)
+            prompt = list(request.prompt_ids)
+            match = Match(None, 0)
+            if self._lookup:
+                spans = tuple(span for span, _, _ in media)
+                match = self._prefix.lookup(prompt, spans, limit=len(prompt) - 1)
+            reach = match.entry.reach if match.entry is not None else None
+            positions, delta, reach = self._model.positions(prompt, media, match.length, reach)
+        except Exception:  # answered by ``row``, with the error it raises there
+            return
+        pending.prepared = Prepared(media, match, positions, delta, reach)
+
     def row(self, pending: Pending) -> Row | None:
-        """A request made ready to run: its images, its cached prefix, its positions. A
-        request that cannot run is answered here, alone (None then, as for one
-        cancelled)."""
+        """A request made ready to run: its images, its cached prefix, its positions
+        (``prepared``'s where its match still holds). A request that cannot run is
+        answered here, alone (None then, as for one cancelled)."""
         if pending.future.cancelled():
             return None
         request = pending.request
         model = self._model
+        prepared = pending.prepared
         try:
-            media = request_media(request)
+            media = prepared.media if prepared is not None else request_media(request)
             spans = tuple(span for span, _, _ in media)
             prompt = list(request.prompt_ids)
             match = Match(None, 0)
@@ -56,8 +84,15 @@ class RowBuilder:
                 match = self._prefix.lookup(prompt, spans, limit=len(prompt) - 1)
                 self._stats.prefix_cache_queries += len(prompt)
                 self._stats.prefix_cache_hits += match.length
-            reach = match.entry.reach if match.entry is not None else None
-            positions, delta, reach = model.positions(prompt, media, match.length, reach)
+            if (
+                prepared is not None
+                and prepared.match.entry is match.entry
+                and prepared.match.length == match.length
+            ):
+                positions, delta, reach = prepared.positions, prepared.delta, prepared.reach
+            else:
+                reach = match.entry.reach if match.entry is not None else None
+                positions, delta, reach = model.positions(prompt, media, match.length, reach)
             params = request.sampling
             seed = self._seeds.seed(params)
             return Row(

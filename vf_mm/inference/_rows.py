@@ -1,8 +1,8 @@
 """A request while the local backend runs it, and how it is answered.
 
-``Pending`` is a request waiting in the queue with the future its caller awaits; ``Row``
-is that request admitted: its prompt, images, cached prefix, positions, sampling rules
-and what it has sampled so far. Both engines of ``LocalBackend`` (the padded batch and
+``Pending`` is a request waiting in the queue with the future its caller awaits (and,
+once held, its ``Prepared`` CPU work); ``Row`` is that request admitted: its prompt,
+images, cached prefix, positions, sampling rules and what it has sampled so far. Both engines of ``LocalBackend`` (the padded batch and
 the KV pool) run rows (``RowBuilder`` makes them); ``take`` keeps a row's sampled token
 and ends it at a stop id or its length; ``answer`` resolves a caller's future from the
 worker thread.
@@ -25,9 +25,26 @@ from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingPara
 
 @dataclass(slots=True)
 class Pending:
+    """A queued request, the future its caller awaits and that caller's loop.
+    ``prepared``: its row's CPU work done ahead, while it was held (``RowBuilder.prepare``)."""
+
     request: GenerateRequest
     future: asyncio.Future[GenerateResult]
     loop: asyncio.AbstractEventLoop
+    prepared: Prepared | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What a row needs that depends only on its request and the prefix match found when
+    it was made: its images, and its new tokens' positions for ``match``. Valid at
+    admission only while a lookup still gives the same entry and length."""
+
+    media: list[tuple[MediaSpan, str, Mapping[str, Any]]]
+    match: Match
+    positions: torch.Tensor
+    delta: int
+    reach: np.ndarray | None
 
 
 @dataclass(slots=True, eq=False)

@@ -16,8 +16,10 @@ When idle, the worker takes the first waiting request and whatever else arrives 
   CPU a prefill's cost grows with its tokens, so sharing one saves little: the batch
   engine passes ``hold_steps=2`` and holds two decode steps. A request the engine has
   no room for (the pool engine's KV arena) is offered again as soon as a row leaves.
-  One admission loop (``_episode``) serves both engines; each engine says how it
-  places, prefills, decodes and retires rows.
+  While held, a request's row is prepared (its images, prefix match and positions) as
+  the device runs a decode step, so that admission mostly places rows and the device
+  waits less for it. One admission loop (``_episode``) serves both engines; each engine
+  says how it prepares, places, prefills, decodes and retires rows.
 - ``GenerateEngine`` (Hugging Face ``generate``) runs each batch whole.
 
 ``between_batches`` holds the worker for a weight swap or a cache clear: it takes in no
@@ -65,6 +67,11 @@ class RowEngine(Protocol):
     worker thread; ``fail`` is called when any other call raised."""
 
     rows: list[Row]  # the running batch (a done row may stay until ``retire``)
+
+    def prepare(self, pendings: list[Pending]) -> None:
+        """Do the CPU work of ``pendings``' rows ahead (``RowBuilder.prepare``): the loop
+        calls it for requests held while a decode step runs on the device."""
+        ...
 
     def admit(self, pendings: list[Pending]) -> list[Pending]:
         """Make rows for ``pendings`` (a request that cannot run is answered alone);
@@ -252,6 +259,8 @@ class Scheduler:
                 if more and not held:
                     held_since = time.monotonic()
                 held += more
+                if more and engine.rows:  # the device runs a step: make their rows now
+                    engine.prepare(more)
             if not engine.rows and not held:
                 engine.drain()
                 return closing
