@@ -163,7 +163,8 @@ class LocalModel:
             return None
         if kv_pool is None and not flash_available(self.device, self.dtype):
             return None
-        packed = PackedModel(self.model)
+        # the vision tower's windows in one varlen call where FlashAttention serves
+        packed = PackedModel(self.model, varlen_vision=flash_available(self.device, self.dtype))
         if self.resumable and not self.linear and packed.supported:
             return packed
         if kv_pool:

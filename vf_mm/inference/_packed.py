@@ -23,6 +23,8 @@ copies instead of a few thousand kernel launches from Python.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -160,14 +162,71 @@ def _attention_per_sequence(
 
 AttentionInterface.register(NAME, packed_attention)
 
+#: the vision towers' varlen attention; "flash" in the name makes transformers' Qwen-VL
+#: vision attention take its varlen branch (``cu_seq_lens_q``), one call over every
+#: image and window, instead of a ``scaled_dot_product_attention`` call per window
+VISION_NAME = "vf_mm_flash_vision"
+
+
+def varlen_vision_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Bidirectional attention within each segment (an image, or a window of one) of
+    ``cu_seq_lens_q``: ``query`` / ``key`` / ``value`` ``(1, heads, T, dim)``, returns
+    ``(1, T, heads, dim)``. On CUDA in half precision one varlen FlashAttention call;
+    elsewhere ``scaled_dot_product_attention`` per segment, as transformers' own path."""
+    cu = kwargs.get("cu_seq_lens_q")
+    longest = kwargs.get("max_length_q")
+    if cu is None or longest is None or attention_mask is not None:
+        raise RuntimeError(
+            "the varlen vision attention ran without its segments (cu_seq_lens_q): it "
+            "serves only vision towers that pass them (the Qwen-VL families')"
+        )
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    if flash_available(q.device, q.dtype):
+        cu = cu.to(torch.int32)
+        out = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, int(longest), int(longest), 0.0, False, False, scale=scaling
+        )[0]
+        return out.unsqueeze(0), None
+    bounds = cu.tolist()
+    out = torch.empty_like(q)
+    for a, b in itertools.pairwise(bounds):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], scale=scaling
+        )
+        out[a:b] = o[0].transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(VISION_NAME, varlen_vision_attention)
+
 
 class PackedModel:
     """A model's text layers switched to packed attention for the length of a forward
-    (``forward``): other callers of the model (Hugging Face ``generate``, a trainer's
+    (``packed``), and its vision tower's attention to one varlen call over all images
+    (``varlen_vision``: a vision tower whose attention takes segments, the Qwen-VL
+    families'): other callers of the model (Hugging Face ``generate``, a trainer's
     reference forward) see its own attention."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, *, varlen_vision: bool = False) -> None:
         self.model = model
+        # the vision attention modules' configs (a tower may hold its own copy)
+        self.vision_configs = list(
+            {
+                id(m.config): m.config
+                for m in model.modules()
+                if type(m).__name__.endswith("VisionAttention")
+                and "cu_seqlens" in inspect.signature(type(m).forward).parameters
+            }.values()
+        ) if varlen_vision else []  # fmt: skip
         config = model.config.get_text_config(decoder=True)
         layers = [
             m
@@ -184,12 +243,18 @@ class PackedModel:
 
     @contextlib.contextmanager
     def packed(self) -> Iterator[None]:
-        old = self.config._attn_implementation_internal
-        self.config._attn_implementation_internal = NAME
+        """The text layers' attention is ``packed_attention``, and the vision tower's
+        ``varlen_vision_attention`` where it takes segments, for this block."""
+        configs = [self.config, *self.vision_configs]
+        names = [NAME] + [VISION_NAME] * len(self.vision_configs)
+        old = [c._attn_implementation_internal for c in configs]
+        for config, name in zip(configs, names, strict=True):
+            config._attn_implementation_internal = name
         try:
             yield
         finally:
-            self.config._attn_implementation_internal = old
+            for config, value in zip(configs, old, strict=True):
+                config._attn_implementation_internal = value
 
     def forward(
         self,
