@@ -122,22 +122,28 @@ async def check(backend: LocalBackend, path: Path) -> None:
         prompt_ids=list(rendered.token_ids), multi_modal_data=rendered.multi_modal_data,
         sampling=SamplingParams(max_tokens=8, temperature=0),
     )  # fmt: skip
-    result = await backend.generate(request)
-    ids = torch.tensor([list(rendered.token_ids) + list(result.completion_ids)])
-    inputs = model_inputs(
-        "qwen2_5_vl", ids, items, image_token_ids=[model.config.image_token_id],
-        dtype=model.dtype,
-    )  # fmt: skip
-    inputs = {k: v.to(device) for k, v in {"input_ids": ids, **inputs}.items()}
-    with torch.inference_mode():
-        logits = model(**inputs).logits[0].float()
-    n = len(rendered.token_ids)
-    full = torch.log_softmax(logits[n - 1 : -1], dim=-1)
-    chosen = full.gather(1, ids[0, n:, None].to(device))[:, 0].tolist()
-    greedy = full.argmax(-1).tolist() == list(result.completion_ids)
-    diff = max(abs(a - b) for a, b in zip(chosen, result.logprobs or [], strict=True))
-    print(f"8 greedy tokens against one full forward (own attention): same ids {greedy}, "
-          f"largest logprob difference {diff:.2e}", flush=True)  # fmt: skip
+    varlen_configs = engine.packed.vision_configs
+    for label, configs in (("own attention", []), ("varlen", varlen_configs)):
+        engine.packed.vision_configs = configs
+        backend.clear_cache()  # the tower runs again
+        result = await backend.generate(request)
+        ids = torch.tensor([list(rendered.token_ids) + list(result.completion_ids)])
+        inputs = model_inputs(
+            "qwen2_5_vl", ids, items, image_token_ids=[model.config.image_token_id],
+            dtype=model.dtype,
+        )  # fmt: skip
+        inputs = {k: v.to(device) for k, v in {"input_ids": ids, **inputs}.items()}
+        with torch.inference_mode():
+            logits = model(**inputs).logits[0].float()
+        n = len(rendered.token_ids)
+        full = torch.log_softmax(logits[n - 1 : -1], dim=-1)
+        chosen = full.gather(1, ids[0, n:, None].to(device))[:, 0].tolist()
+        greedy = full.argmax(-1).tolist() == list(result.completion_ids)
+        diff = max(abs(a - b) for a, b in zip(chosen, result.logprobs or [], strict=True))
+        print(f"the backend's tower with {label}: 8 greedy tokens against one full forward "
+              f"(own attention): same ids {greedy}, largest logprob difference {diff:.2e}",
+              flush=True)  # fmt: skip
+    engine.packed.vision_configs = varlen_configs
 
 
 async def sweep(
