@@ -219,7 +219,7 @@ class PackedModel:
     def __init__(self, model: PreTrainedModel, *, varlen_vision: bool = False) -> None:
         self.model = model
         # the vision attention modules' configs (a tower may hold its own copy)
-        self.vision_configs = list(
+        self.vision_configs: list[Any] = list(
             {
                 id(m.config): m.config
                 for m in model.modules()
@@ -245,7 +245,7 @@ class PackedModel:
     def packed(self) -> Iterator[None]:
         """The text layers' attention is ``packed_attention``, and the vision tower's
         ``varlen_vision_attention`` where it takes segments, for this block."""
-        configs = [self.config, *self.vision_configs]
+        configs: list[Any] = [self.config, *self.vision_configs]
         names = [NAME] + [VISION_NAME] * len(self.vision_configs)
         old = [c._attn_implementation_internal for c in configs]
         for config, name in zip(configs, names, strict=True):
