@@ -4,7 +4,9 @@ transformers' own processor, and its mistakes refused by name.
 The default tier has no torchvision, which ``Gemma4VideoProcessor`` needs: vf_mm's
 torch-only port (``vf_mm/models/_gemma4_video.py``) is held to goldens the real processor
 wrote (``golden/gemma4_video.json``, by ``golden/gemma4_video.py``: token ids and every
-model input's bytes, over five template revisions and the 31B one). Where torchvision
+model input's bytes, over five template revisions and the 31B one). The forward taking
+the clips, and the trainer's logprobs equal to the sampler's, are held in
+``tests/training/test_video_training.py`` with the other video families. Where torchvision
 imports (``dev.py torchvision``), the ``vllm``-marked tests compare the port with the
 real class directly, bit for bit, on more clips and options.
 """
@@ -30,27 +32,14 @@ from tests.renderers.golden.gemma4_video import (
 from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.models import expand_video, load_video_settings, model_inputs
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import build_tiny_vlm, chat_template
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "gemma4_video.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def variant_paths(tmp_path_factory):
-    """A tiny Gemma 4 checkpoint per template revision (one build, the template swapped;
-    the E2B weights serve every revision here, the forward test builds the 31B's)."""
-    root = tmp_path_factory.mktemp("gemma4-video")
-    base = build_tiny_vlm(root / "base", "gemma4")
-    paths: dict[str, Path] = {}
-
-    def get(variant: str) -> Path:
-        if variant not in paths:
-            path = Path(shutil.copytree(base, root / variant))
-            (path / "chat_template.jinja").write_text(chat_template("gemma4", variant))
-            paths[variant] = path
-        return paths[variant]
-
-    return get
+def variant_paths(gemma4_variants):
+    """A tiny Gemma 4 checkpoint per template revision (the session's, conftest.py)."""
+    return gemma4_variants
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +121,8 @@ def test_a_later_turns_clip_bridges_equal_to_a_full_render(renderer_of):
     assert bridged.token_ids == full.token_ids
     assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
     for a, b in zip(
-        bridged.multi_modal_data.mm_items["video"], full.multi_modal_data.mm_items["video"],
+        bridged.multi_modal_data.mm_items["video"],
+        full.multi_modal_data.mm_items["video"],
         strict=True,
     ):
         assert all(np.array_equal(a[k], b[k]) for k in b)
