@@ -172,3 +172,62 @@ def test_the_budget_and_sampling_are_read_from_the_checkpoint(variant_paths, tmp
     assert out.sampled.indices == (0, 2, 4)
     assert out.item["pixel_values_videos"].shape == (3, 1260, 768)
     assert out.replacement.startswith("00:00 <|image>" + "<|video|>" * 121 + "<image|> 00:00 ")
+
+
+# -- where torchvision imports: the port against transformers' own class, bit for bit ------
+
+# (frames, height, width, frame rate, options): odd counts, 1x1 to 640x480 and extreme
+# aspects, sampling off, by count and by the checkpoint's default, resize off
+PORT_CLIPS = [
+    (1, 1, 1, None, {"do_sample_frames": False}),
+    (3, 97, 201, 10.0, {"do_sample_frames": False}),
+    (7, 64, 48, None, {"num_frames": 7}),
+    (9, 333, 120, 30.0, {"num_frames": 4}),
+    (33, 20, 30, 24.0, {}),
+    (5, 36, 1000, 8.0, {"num_frames": 2}),
+    (4, 1000, 36, None, {"num_frames": 3}),
+    (2, 480, 640, 25.0, {"do_sample_frames": False}),
+    (3, 48, 96, 2.0, {"do_sample_frames": False, "do_resize": False}),
+    (6, 40, 40, 8.0, {"num_frames": 8}),  # more than the clip: refused by both
+]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("clip_spec", PORT_CLIPS, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[4]}")
+def test_the_port_computes_the_video_processors_numbers_bit_for_bit(variant_paths, clip_spec):
+    """The same ids (timestamps, markers, soft tokens) and every tensor's bytes as
+    ``processor(text="<|video|>", videos=[frames], video_metadata=...)``; where the
+    processor refuses the clip, vf_mm refuses it by name."""
+    import dataclasses
+
+    pytest.importorskip("torchvision")
+    from transformers import AutoProcessor
+
+    frames_count, height, width, rate, options = clip_spec
+    path = variant_paths("8995379")
+    processor = AutoProcessor.from_pretrained(path)
+    assert type(processor.video_processor).__name__ == "Gemma4VideoProcessor"
+    frames = clip(frames_count * 1000 + height, t=frames_count, h=height, w=width)
+    metadata = {"total_num_frames": frames_count, "fps": rate,
+                "frames_indices": list(range(frames_count))}  # fmt: skip
+    settings = load_video_settings(path, "gemma4")
+    part_options = {k: v for k, v in options.items() if k != "do_resize"}
+    settings = dataclasses.replace(
+        settings.with_options(part_options), do_resize=options.get("do_resize", True)
+    )
+    tokens = {"video_token": processor.video_token, "boi_token": processor.boi_token,
+              "eoi_token": processor.eoi_token}  # fmt: skip
+    try:
+        want = processor(text=["<|video|>"], videos=[frames], video_metadata=[metadata],
+                         input_data_format="channels_last", return_tensors="np", **options)  # fmt: skip
+    except ValueError as exc:
+        with pytest.raises(RenderError):
+            expand_video(settings, frames, fps=rate, tokens=tokens)
+        assert str(exc)
+        return
+    got = expand_video(settings, frames, fps=rate, tokens=tokens)
+    ids = processor.tokenizer(got.replacement, add_special_tokens=False)["input_ids"]
+    assert ids == want["input_ids"][0].tolist()
+    for key in ("pixel_values_videos", "video_position_ids", "num_frames_per_video"):
+        a, b = np.asarray(want[key]), got.item[key]
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
