@@ -10,9 +10,9 @@ torchvision`` makes it):
 
 Each case is a conversation at one template revision of the tiny Gemma 4 checkpoint
 (``build_tiny_vlm(..., variant=...)``), with clips of seeded noise that force resizes
-(1x1, 3x500 and 500x3 frames, odd sizes), odd frame counts (1, 7, 9, 13, 33), sampling off,
-by ``num_frames`` and by the checkpoint's default (32 frames), two clips in a turn, clips
-beside images, a clip in a tool result (905e84b). (Sampling by ``fps`` is not reachable
+(1x1, 3x500 and 500x3 frames, odd sizes), odd frame counts (1, 7, 13, 33), timestamps
+past a minute and at an unknown frame rate (24 fps), sampling off, by ``num_frames`` and
+by the checkpoint's default (32 frames), two clips in a turn, clips beside images, a clip in a tool result (905e84b). (Sampling by ``fps`` is not reachable
 in transformers 5.23 while the checkpoint sets ``num_frames``, as the released one does:
 vf_mm refuses it by name.) The reference is the template's text (each clip and image one
 placeholder part) given to the processor with the clips, their metadata
@@ -45,10 +45,11 @@ INPUTS = ("pixel_values_videos", "video_position_ids", "num_frames_per_video",
 Case = tuple[str, list[tuple[int, int, int, float | None]], dict[str, Any], str]
 CASES: dict[str, Case] = {
     "unsampled": ("8995379", [(5, 40, 56, 4.0)], {"do_sample_frames": False}, "user"),
-    "wide-num-frames": ("8995379", [(9, 3, 500, None)], {"num_frames": 3}, "user"),
+    # no frame rate: the processor's 24 fps puts frame 24 at 00:01
+    "wide-num-frames": ("8995379", [(48, 3, 500, None)], {"num_frames": 2}, "user"),
     "two-clips-and-an-image": (
         "4742fe8",
-        [(7, 33, 21, 8.0), (4, 97, 61, 2.0)],
+        [(7, 33, 21, 8.0), (130, 97, 61, 1.0)],  # the second's frames at 00:00 to 01:37
         {"num_frames": 4},
         "user+image",
     ),
