@@ -58,10 +58,17 @@ class Watch(vf.MultiTurnEnv):
         return [{"role": "user", "content": [part, {"type": "text", "text": "and now?"}]}]
 
 
-@pytest.fixture(scope="module", params=VIDEO_FAMILIES)
+# Gemma 4's 31B architecture (bidirectional attention over each frame's soft tokens) in
+# the slow tier: its marks and clips are the E2B one's
+@pytest.fixture(
+    scope="module",
+    params=[*VIDEO_FAMILIES, pytest.param("gemma4/31b", marks=pytest.mark.slow)],
+)
 def trained(request, tmp_path_factory):
-    family = request.param
-    path = build_tiny_vlm(tmp_path_factory.mktemp("video") / family, family)
+    family, _, variant = request.param.partition("/")
+    path = build_tiny_vlm(
+        tmp_path_factory.mktemp("video") / family, family, variant=variant or None
+    )
     renderer = load_renderer(path, image_backend="pil")
     backend = LocalBackend(path)
     picture = Image.fromarray(clip(99, frames=1, size=(90, 60))[0])
