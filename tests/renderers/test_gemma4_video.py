@@ -104,6 +104,15 @@ def test_a_clip_in_a_tool_result_is_refused_where_the_template_drops_it(renderer
             renderer_of(variant).render(messages)
 
 
+@pytest.mark.parametrize("variant", ["4742fe8", "905e84b", "8995379", "31b"])
+def test_a_clip_in_the_system_message_is_refused_as_every_template_drops_it(renderer_of, variant):
+    video = {"type": "video", "video": clip(6), "do_sample_frames": False}
+    messages = [{"role": "system", "content": ["Watch.", video]}, *ask("Go.")]
+    # (at 4742fe8 and b446025 a system message of parts is refused before its clip is seen)
+    with pytest.raises(RenderError, match=r"message 0 \(system\) (holds|is a list of parts)"):
+        renderer_of(variant).render(messages)
+
+
 def test_a_later_turns_clip_bridges_equal_to_a_full_render(renderer_of):
     renderer = renderer_of("8995379")
     first = ask({"type": "video", "video": clip(1), "frame_rate": 2.0, "num_frames": 2})
