@@ -143,7 +143,7 @@ def test_a_later_turns_clip_bridges_equal_to_a_full_render(renderer_of):
         # the checkpoint samples 32 frames: a shorter clip needs num_frames or no sampling
         ({"video": clip(3)}, r"cannot sample 32 frames from a 4-frame clip"),
         ({"video": clip(3), "num_frames": 9}, r"cannot sample 9 frames"),
-        ({"video": clip(3), "fps": 2.0, "frame_rate": 4.0}, r"does not sample by fps.*num_frames"),
+        ({"video": clip(3), "fps": 2.0, "frame_rate": 4.0}, r"fps or by num_frames, not both.*fps=2.0 and num_frames=32"),
         ({"video": clip(3), "min_pixels": 1000}, r"soft-token budget.*min_pixels"),
         ({"video": clip(3), "max_soft_tokens": 280}, r"unknown key 'max_soft_tokens'"),
         ({"video": clip(3)[:0]}, r"(?i)no frames|at least one frame|empty"),
@@ -183,6 +183,26 @@ def test_the_budget_and_sampling_are_read_from_the_checkpoint(variant_paths, tmp
     assert out.replacement.startswith("00:00 <|image>" + "<|video|>" * 121 + "<image|> 00:00 ")
 
 
+def test_a_checkpoint_without_a_frame_count_samples_by_rate(variant_paths, tmp_path):
+    """With ``num_frames`` null and ``fps`` set in its video config, the checkpoint
+    samples by rate (``int(T / clip rate * fps)`` frames), a part's ``fps`` replaces it,
+    and a part's ``num_frames`` beside the checkpoint's rate is refused as the pair."""
+    path = Path(shutil.copytree(variant_paths("8995379"), tmp_path / "m"))
+    config = json.loads((path / "processor_config.json").read_text())
+    config["video_processor"].update(num_frames=None, fps=1.0)
+    (path / "processor_config.json").write_text(json.dumps(config))
+    settings = load_video_settings(path, "gemma4")
+    tokens = {"video_token": "<|video|>", "boi_token": "<|image>", "eoi_token": "<image|>"}
+    frames = clip(8, t=12, h=16, w=16)
+    assert expand_video(settings, frames, fps=4.0, tokens=tokens).sampled.indices == (0, 4, 8)
+    faster = settings.with_options({"fps": 2.0})
+    assert expand_video(faster, frames, fps=4.0, tokens=tokens).sampled.indices == tuple(
+        range(0, 12, 2)
+    )
+    with pytest.raises(RenderError, match=r"not both.*fps=1.0 and num_frames=3"):
+        expand_video(settings.with_options({"num_frames": 3}), frames, fps=4.0, tokens=tokens)
+
+
 # -- where torchvision imports: the port against transformers' own class, bit for bit ------
 
 # (frames, height, width, frame rate, options): odd counts, 1x1 to 640x480 and extreme
@@ -198,6 +218,7 @@ PORT_CLIPS = [
     (2, 480, 640, 25.0, {"do_sample_frames": False}),
     (3, 48, 96, 2.0, {"do_sample_frames": False, "do_resize": False}),
     (6, 40, 40, 8.0, {"num_frames": 8}),  # more than the clip: refused by both
+    (8, 40, 40, 8.0, {"fps": 2.0}),  # a rate beside the checkpoint's count: refused by both
 ]
 
 

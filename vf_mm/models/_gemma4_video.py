@@ -5,8 +5,9 @@ beside a CPU-only torch. This module computes the same model inputs and the same
 text as that class and ``Gemma4Processor`` do, step for step, for one clip:
 
 1. frame sampling (``do_sample_frames``, on by default): the base video processor's
-   uniform sampler (``num_frames``, 32 by default, or ``fps`` frames a second), with its
-   refusal of more frames than the clip has (``_video.sample_frames``);
+   uniform sampler (``num_frames``, 32 by default, or ``fps`` frames a second where the
+   checkpoint sets no count), with its refusals of more frames than the clip has and of
+   a rate and a count at once (``_video.sample_frames``, ``check_sampling``);
 2. the resize: each frame to the largest size that keeps its aspect ratio, has sides that
    are multiples of ``patch_size * pooling_kernel_size`` and holds at most
    ``max_soft_tokens * pooling_kernel_size**2`` patches (transformers' own
@@ -48,6 +49,20 @@ def check_settings(path: Path, max_soft_tokens: Any) -> None:
         raise UnsupportedModelError(
             f"{path}: the video processor's max_soft_tokens is {max_soft_tokens!r}; Gemma 4's "
             f"video processor takes one of {SOFT_TOKEN_BUDGETS}"
+        )
+
+
+def check_sampling(settings: VideoSettings) -> None:
+    """Refuse sampling by ``fps`` and ``num_frames`` at once, as transformers 5.23's
+    sampler does: a part cannot unset the checkpoint's own count (a ``None`` option falls
+    back to it), so on the released checkpoints (32 frames) no call samples by rate."""
+    if settings.fps is not None and settings.num_frames is not None:
+        raise RenderError(
+            f"Gemma 4's video processor samples by fps or by num_frames, not both: here "
+            f"fps={settings.fps} and num_frames={settings.num_frames} (the part's and the "
+            "checkpoint's; transformers refuses the pair, and a part cannot unset the "
+            "checkpoint's): give num_frames instead, or do_sample_frames=False to keep "
+            "every frame"
         )
 
 

@@ -149,17 +149,12 @@ class VideoSettings:
                 f"max_soft_tokens, {self.max_soft_tokens}): min_pixels and max_pixels do not "
                 "apply; use num_frames to choose the frames"
             )
-        if self.style == "gemma4" and "fps" in changes and self.num_frames is not None:
-            # transformers 5.23 takes fps and num_frames as exclusive, and where num_frames
-            # is None it falls back to the checkpoint's: no call samples by rate
-            raise RenderError(
-                f"Gemma 4's video processor does not sample by fps while the checkpoint sets "
-                f"num_frames ({self.num_frames}): give num_frames, or do_sample_frames=False "
-                "to keep every frame"
-            )
+
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
-        if self.style != "smol":  # SmolVLM samples with both: at most num_frames, at fps
+        # SmolVLM samples with both (at most num_frames, at fps); Gemma 4's processor takes
+        # a part's one beside the checkpoint's other, which its sampler refuses as a pair
+        if self.style not in ("smol", "gemma4"):
             if "fps" in changes:
                 changes["num_frames"] = None
             elif "num_frames" in changes:
@@ -335,6 +330,10 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         return SampledVideo(tuple(range(total)), fps)
     if settings.style == "qwen2":
         return SampledVideo(_sample_qwen2(settings, total, fps), fps)
+    if settings.style == "gemma4":
+        from vf_mm.models._gemma4_video import check_sampling
+
+        check_sampling(settings)
     if settings.style in ("llava", "gemma4"):
         return SampledVideo(_sample_uniform(settings, total, fps), fps)
     if settings.style == "smol":
