@@ -27,6 +27,8 @@ from tests.renderers.golden.gemma4_video import (
     clip_digest,
     conversation,
     parts_of,
+    real_processor,
+    reference,
     tensor_record,
 )
 from vf_mm.errors import RenderError, UnsupportedModelError
@@ -261,3 +263,15 @@ def test_the_port_computes_the_video_processors_numbers_bit_for_bit(variant_path
     for key in ("pixel_values_videos", "video_position_ids", "num_frames_per_video"):
         a, b = np.asarray(want[key]), got.item[key]
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_goldens_are_what_the_real_processor_writes_here(variant_paths, case):
+    """The goldens the default tier holds the port to still are transformers' output
+    (token ids and every input's bytes) under this environment's transformers."""
+    pytest.importorskip("torchvision")
+    golden = GOLDEN["cases"][case]
+    ref = reference(real_processor(variant_paths(CASES[case][0])), case)
+    assert ref["input_ids"][0].tolist() == golden["input_ids"]
+    assert {k: tensor_record(ref[k]) for k in INPUTS if k in ref} == golden["inputs"]
