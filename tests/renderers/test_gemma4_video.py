@@ -31,6 +31,7 @@ from tests.renderers.golden.gemma4_video import (
     reference,
     tensor_record,
 )
+from tests.renderers.test_gemma4 import TOOLS, sampled
 from vf_mm.errors import RenderError, UnsupportedModelError
 from vf_mm.models import expand_video, load_video_settings, model_inputs
 from vf_mm.renderers import load_renderer
@@ -136,6 +137,27 @@ def test_a_later_turns_clip_bridges_equal_to_a_full_render(renderer_of):
         full.multi_modal_data.mm_items["video"],
         strict=True,
     ):
+        assert all(np.array_equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.parametrize("variant", ["905e84b", "8995379"])
+def test_a_clip_in_a_tool_result_bridges_to_a_full_render(renderer_of, variant):
+    """A call stopped at <|tool_response>, then a result holding a clip: the bridge
+    equals a full render, the clip's inputs included."""
+    renderer = renderer_of(variant)
+    messages = ask({"type": "video", "video": clip(7), "num_frames": 2})
+    text = renderer.format_tool_calls([("zoom", {"x": 2})])
+    result = {"role": "tool", "tool_call_id": "call_0", "name": "zoom",
+              "content": [{"type": "video", "video": clip(8, t=3), "frame_rate": 1.0,
+                           "do_sample_frames": False}, "zoomed"]}  # fmt: skip
+    bridged, full, _ = sampled(renderer, messages, text, "<|tool_response>", [result],
+                               tools=TOOLS)  # fmt: skip
+    assert bridged is not None, dict(renderer.bridge_refusals)
+    assert bridged.token_ids == full.token_ids
+    assert bridged.multi_modal_data.mm_placeholders == full.multi_modal_data.mm_placeholders
+    assert full.multi_modal_data.num_items("video") == 2
+    for a, b in zip(bridged.multi_modal_data.mm_items["video"],
+                    full.multi_modal_data.mm_items["video"], strict=True):  # fmt: skip
         assert all(np.array_equal(a[k], b[k]) for k in b)
 
 
