@@ -178,6 +178,7 @@ VLLM_TESTS = (
     "tests/vllm",
     "tests/renderers/test_lfm2_vl.py",
     "tests/renderers/test_kimi_k25.py",
+    "tests/renderers/test_gemma4_video.py",
 )
 #: the vllm tier's tests that need torchvision and neither vLLM nor its server, which
 #: ``dev.py torchvision`` runs under the default lock's transformers

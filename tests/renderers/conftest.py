@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,13 +13,31 @@ from PIL import Image
 
 from vf_mm.models import load_processor
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import FAMILIES, build_tiny_vlm
+from vf_mm.testing import FAMILIES, build_tiny_vlm, chat_template
 
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("tiny")
     return {family: build_tiny_vlm(root / family, family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def gemma4_variants(tmp_path_factory):
+    """A tiny Gemma 4 checkpoint per template variant, by name (one build, the template
+    swapped: the tests that take it use the tokenizer and processors, not the weights)."""
+    root = tmp_path_factory.mktemp("gemma4")
+    base = build_tiny_vlm(root / "base", "gemma4")
+    paths: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in paths:
+            path = Path(shutil.copytree(base, root / variant))
+            (path / "chat_template.jinja").write_text(chat_template("gemma4", variant))
+            paths[variant] = path
+        return paths[variant]
+
+    return get
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

@@ -15,11 +15,15 @@ from vf_mm.models import VIDEO_FAMILIES, family_info, load_processor
 from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
+# Gemma 4's clips are tested in test_gemma4_video.py (against its real processor's goldens,
+# at each template revision): its checkpoint samples 32 frames, more than these clips hold
+FAMILIES = tuple(f for f in VIDEO_FAMILIES if f != "gemma4")
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("video-render")
-    return {f: build_tiny_vlm(root / f, f) for f in (*VIDEO_FAMILIES, "gemma3")}
+    return {f: build_tiny_vlm(root / f, f) for f in (*FAMILIES, "gemma3")}
 
 
 def clip(seed: int, t: int = 6, h: int = 42, w: int = 56) -> np.ndarray:
@@ -40,7 +44,7 @@ def conversation() -> list[dict]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_videos_and_images_get_their_placeholders_in_order(tiny, family):
     renderer = load_renderer(tiny[family])
     out = renderer.render(conversation())

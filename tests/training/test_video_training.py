@@ -13,6 +13,7 @@ in token order, and ``video_token_id`` is its ``<image>`` id
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -37,24 +38,43 @@ def clip(seed: int, frames: int = 6, size: tuple[int, int] = (56, 42)) -> np.nda
     return rng.integers(0, 256, (frames, size[1], size[0], 3), dtype=np.uint8)
 
 
+# Gemma 4's checkpoint samples 32 frames, more than these clips hold: 4 of their 5
+CLIP_OPTIONS = {"gemma4": {"num_frames": 4}}
+
+
 class Watch(vf.MultiTurnEnv):
     """Every turn shows the model one more clip (as a user message)."""
 
+    clip_options: ClassVar[dict] = {}
+
     async def env_response(self, messages, state):
         # one frame count for every clip: LLaVA-OneVision's forward stacks them
-        part = {"type": "video", "video": clip(state["turn"], frames=5), "frame_rate": 4.0}
+        part = {
+            "type": "video",
+            "video": clip(state["turn"], frames=5),
+            "frame_rate": 4.0,
+            **self.clip_options,
+        }
         return [{"role": "user", "content": [part, {"type": "text", "text": "and now?"}]}]
 
 
-@pytest.fixture(scope="module", params=VIDEO_FAMILIES)
+# Gemma 4's 31B architecture (bidirectional attention over each frame's soft tokens) in
+# the slow tier: its marks and clips are the E2B one's
+@pytest.fixture(
+    scope="module",
+    params=[*VIDEO_FAMILIES, pytest.param("gemma4/31b", marks=pytest.mark.slow)],
+)
 def trained(request, tmp_path_factory):
-    family = request.param
-    path = build_tiny_vlm(tmp_path_factory.mktemp("video") / family, family)
+    family, _, variant = request.param.partition("/")
+    path = build_tiny_vlm(
+        tmp_path_factory.mktemp("video") / family, family, variant=variant or None
+    )
     renderer = load_renderer(path, image_backend="pil")
     backend = LocalBackend(path)
     picture = Image.fromarray(clip(99, frames=1, size=(90, 60))[0])
     env = Watch(dataset=[{"question": "what moved?", "image": picture}], max_turns=3,
                 sampling_args={"max_tokens": 5, "temperature": 1.0})  # fmt: skip
+    env.clip_options = CLIP_OPTIONS.get(family, {})
     client = vf.RendererClient(backend, renderer)
     state = asyncio.run(env.rollout(client, env.get_dataset()[0]))
     assert state.get("error") is None, state.get("error")

@@ -253,10 +253,11 @@ def _media_refused(
     if image_parts(prompt) and vision is None:
         return f"{model} is a text model, but {env.env_id}'s prompts hold images"
     if video_parts(prompt) and getattr(vision, "video", None) is None:
+        from vf_mm.models import VIDEO_FAMILIES
+
         return (
             f"{model} renders no video, but {env.env_id}'s prompts hold clips (video is "
-            "rendered for Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and LLaVA-OneVision "
-            "checkpoints)"
+            f"rendered for {', '.join(VIDEO_FAMILIES)} checkpoints)"
         )
     return None
 

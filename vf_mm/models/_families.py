@@ -193,6 +193,8 @@ _FAMILIES = {
                      "Gemma4ForConditionalGeneration", "mm_token_type_ids",
                      "google/gemma-4-E2B-it", ("<turn|>", "<|tool_response>", "<eos>"),
                      tool_format="gemma4", image_inputs=("pixel_values", "image_position_ids"),
+                     video_inputs=("pixel_values_videos", "video_position_ids",
+                                   "num_frames_per_video"),
                      feature_extractor="Gemma4AudioFeatureExtractor",
                      marker_tokens=("<|image>", "<image|>", "<|video|>", "<|audio>", "<audio|>",
                                     "<|audio|>"),

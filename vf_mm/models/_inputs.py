@@ -20,7 +20,9 @@ in the order their tokens appear (row by row). Per family:
 Videos (the Qwen-VL families) go beside the images: ``pixel_values_videos`` rows and
 ``video_grid_thw`` rows concatenated (and Qwen2.5-VL's ``second_per_grid_ts``), with 2 in
 ``mm_token_type_ids`` on video tokens. LLaVA-OneVision's clips are ``pixel_values_videos``
-``(clips, T, 3, H, W)``. SmolVLM takes a clip's frames as images: its ``(1, T, 3, S, S)``
+``(clips, T, 3, H, W)``. Gemma 4's clips concatenate along the frame axis:
+``pixel_values_videos`` and ``video_position_ids`` ``(frames, patches, ...)`` and
+``num_frames_per_video`` ``(clips,)``, which splits them back. SmolVLM takes a clip's frames as images: its ``(1, T, 3, S, S)``
 frames join the images' tiles along axis 1, in the order the items' tokens appear
 (``order``), since the model fills its image tokens from one sequence.
 

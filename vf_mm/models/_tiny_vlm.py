@@ -536,9 +536,10 @@ def _qwen_config(family: str, tokenizer: Any) -> Any:
 _GEMMA4 = dict(patch_size=16, pooling=3, soft_tokens=70)
 # The released checkpoints' processor_config.json also carries a video_processor
 # section (Gemma4VideoProcessor: 32 frames sampled, 70 soft tokens a frame, the
-# image's patch size and pooling). The tiny one carries the same section: a transformers
-# that has torchvision (vLLM's environment) loads the video processor with the
-# processor, and refuses to load a Gemma 4 checkpoint whose config lacks it.
+# image's patch size and pooling). The tiny one carries the same section: vf_mm renders
+# Gemma 4's clips with its settings, and a transformers that has torchvision (vLLM's
+# environment) loads the video processor with the processor, and refuses to load a
+# Gemma 4 checkpoint whose config lacks it.
 _GEMMA4_VIDEO = {
     "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
     "do_sample_frames": True, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],

@@ -35,6 +35,12 @@ base processor's uniform sampler when asked, each resized to one size, normalise
 kept as ``(1, T, 3, H, W)``; its text is ``<video>`` once per pooled token of every frame
 plus one (the newline the model appends).
 
+Gemma 4 (``Gemma4VideoProcessor``) is ported in ``_gemma4_video``: frames sampled by the
+base processor's uniform sampler (32 by default), each resized to keep its aspect within a
+soft-token budget, cut into patches padded to the budget, with each patch's position; its
+text is, per frame, the frame's ``mm:ss`` then ``<|image>`` + ``<|video|>`` * N +
+``<image|>``.
+
 SmolVLM2 (``SmolVLMVideoProcessor``) takes a clip as a run of images: frames sampled
 between one second after the start and one before the end (when the clip is long
 enough), each resized with Lanczos twice (longest edge to the video size, then to the
@@ -111,6 +117,9 @@ class VideoSettings:
     # conversation holding a clip with this chat template
     frames_as_images: bool = False
     chat_template: str | None = None
+    # Gemma 4: the most soft tokens a frame may take, and the k x k patches pooled into one
+    max_soft_tokens: int = 0
+    pooling_kernel_size: int = 0
 
     def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
         """These settings with call options applied (``fps``, ``num_frames``,
@@ -134,9 +143,18 @@ class VideoSettings:
                 f"{name} resizes every frame to its processor's size: min_pixels and "
                 "max_pixels do not apply"
             )
+        if self.style == "gemma4" and ({"min_pixels", "max_pixels"} & set(changes)):
+            raise RenderError(
+                "Gemma 4 sizes every frame by its soft-token budget (the checkpoint's "
+                f"max_soft_tokens, {self.max_soft_tokens}): min_pixels and max_pixels do not "
+                "apply; use num_frames to choose the frames"
+            )
+
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
-        if self.style != "smol":  # SmolVLM samples with both: at most num_frames, at fps
+        # SmolVLM samples with both (at most num_frames, at fps); Gemma 4's processor takes
+        # a part's one beside the checkpoint's other, which its sampler refuses as a pair
+        if self.style not in ("smol", "gemma4"):
             if "fps" in changes:
                 changes["num_frames"] = None
             elif "num_frames" in changes:
@@ -156,10 +174,14 @@ _DEFAULTS = {
     # SmolVLMVideoProcessor's (IMAGENET_STANDARD mean and std are 0.5)
     "smol": VideoSettings("smol", 1, 1, 1, 0, 0, _HALF, _HALF, resample=_LANCZOS,
                           size=(364, 364), longest_edge=4 * 364, frames_as_images=True),
+    # Gemma4VideoProcessor's (mean 0 and std 1: pixels scaled to [0, 1])
+    "gemma4": VideoSettings("gemma4", 16, 1, 1, 0, 0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+                            do_sample_frames=True, num_frames=32, max_soft_tokens=70,
+                            pooling_kernel_size=3),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
           "llava_onevision": "llava", "smolvlm": "smol", "qwen3_vl_moe": "qwen3",
-          "qwen3_5_moe": "qwen3"}  # fmt: skip
+          "qwen3_5_moe": "qwen3", "gemma4": "gemma4"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -174,6 +196,9 @@ _CLASS_STYLE = {
     "SmolVLMVideoProcessor": "smol",
     "SmolVLMImageProcessor": "smol",
     "SmolVLMImageProcessorPil": "smol",
+    "Gemma4VideoProcessor": "gemma4",
+    "Gemma4ImageProcessor": "gemma4",
+    "Gemma4ImageProcessorPil": "gemma4",
 }
 
 
@@ -234,6 +259,11 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
             changes[name] = tuple(value) if isinstance(value, list) else value
     if style == "smol":
         changes.update(_smol_settings(path, saved, changes))
+    if style == "gemma4":
+        from vf_mm.models._gemma4_video import check_settings
+
+        changes.update(min_pixels=0, max_pixels=0)  # Gemma 4 takes no size
+        check_settings(path, changes.get("max_soft_tokens", settings.max_soft_tokens))
     return dataclasses.replace(settings, **changes)
 
 
@@ -300,7 +330,11 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         return SampledVideo(tuple(range(total)), fps)
     if settings.style == "qwen2":
         return SampledVideo(_sample_qwen2(settings, total, fps), fps)
-    if settings.style == "llava":
+    if settings.style == "gemma4":
+        from vf_mm.models._gemma4_video import check_sampling
+
+        check_sampling(settings)
+    if settings.style in ("llava", "gemma4"):
         return SampledVideo(_sample_uniform(settings, total, fps), fps)
     if settings.style == "smol":
         return SampledVideo(_sample_smol(settings, total, fps), fps)
@@ -515,6 +549,10 @@ def expand_video(
         return _expand_llava(settings, video, sampled, tokens)
     if settings.style == "smol":
         return _expand_smol(settings, video, sampled, int(frames.shape[0]), tokens)
+    if settings.style == "gemma4":
+        from vf_mm.models._gemma4_video import expand_gemma4
+
+        return expand_gemma4(settings, video, sampled, tokens)
     if settings.do_resize:
         height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
         video = resize_frames(video, height, width, settings.resample)

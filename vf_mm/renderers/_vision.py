@@ -173,6 +173,9 @@ class VisionSpec:
             "image_token": self.image_token,
             "fake_image_token": getattr(processor, "fake_image_token", ""),
             "global_image_token": getattr(processor, "global_image_token", ""),
+            # Gemma 4 writes each frame between the image markers
+            "boi_token": getattr(processor, "boi_token", ""),
+            "eoi_token": getattr(processor, "eoi_token", ""),
         }
         added = self.tokenizer.get_added_vocab()
         self._added = sorted({str(t) for t in added}, key=len, reverse=True)
