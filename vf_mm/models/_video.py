@@ -46,6 +46,10 @@ frame's image tokens (``<fake_token_around_image><global-img>`` + ``<image>`` * 
 ``<fake_token_around_image>``). Its processor renders any conversation that holds a clip
 with another chat template (``chat_template`` in the settings), and samples whenever the
 checkpoint sets a rate or a frame count, as its ``apply_chat_template`` does.
+
+InternVL (``InternVLVideoProcessor``) has a module of its own, ``_internvl_video``: its
+frames are resized to the vision tower's tile and taken by the model as image tiles, one
+``Frame{i}: <img>...</img>`` line each.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class VideoSettings:
     # conversation holding a clip with this chat template
     frames_as_images: bool = False
     chat_template: str | None = None
+    # InternVL: where sampling starts (True: half a step in, the middle of each stretch)
+    initial_shift: bool | float = True
 
     def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
         """These settings with call options applied (``fps``, ``num_frames``,
@@ -128,8 +134,8 @@ class VideoSettings:
             changes: dict[str, Any] = video_options(options)
         except ValueError as exc:
             raise RenderError(str(exc)) from None
-        if self.style in ("llava", "smol") and ({"min_pixels", "max_pixels"} & set(changes)):
-            name = "LLaVA-OneVision" if self.style == "llava" else "SmolVLM"
+        if self.style in _FIXED_SIZE and ({"min_pixels", "max_pixels"} & set(changes)):
+            name = _FIXED_SIZE[self.style]
             raise RenderError(
                 f"{name} resizes every frame to its processor's size: min_pixels and "
                 "max_pixels do not apply"
@@ -144,6 +150,9 @@ class VideoSettings:
         return dataclasses.replace(self, **changes)
 
 
+#: the styles that resize every frame to one size, by family name for errors
+_FIXED_SIZE = {"llava": "LLaVA-OneVision", "smol": "SmolVLM", "internvl": "InternVL"}
+
 _DEFAULTS = {
     # Qwen2VLVideoProcessor's class defaults
     "qwen2": VideoSettings("qwen2", 14, 2, 2, 128 * 28 * 28, 28 * 28 * 768, _CLIP_MEAN,
@@ -156,10 +165,13 @@ _DEFAULTS = {
     # SmolVLMVideoProcessor's (IMAGENET_STANDARD mean and std are 0.5)
     "smol": VideoSettings("smol", 1, 1, 1, 0, 0, _HALF, _HALF, resample=_LANCZOS,
                           size=(364, 364), longest_edge=4 * 364, frames_as_images=True),
+    # InternVLVideoProcessor's (OPENAI_CLIP mean and std, 384x384, bicubic, no sampling)
+    "internvl": VideoSettings("internvl", 1, 1, 1, 0, 0, _CLIP_MEAN, _CLIP_STD,
+                              size=(384, 384), frames_as_images=True),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
           "llava_onevision": "llava", "smolvlm": "smol", "qwen3_vl_moe": "qwen3",
-          "qwen3_5_moe": "qwen3"}  # fmt: skip
+          "qwen3_5_moe": "qwen3", "internvl": "internvl"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -174,6 +186,7 @@ _CLASS_STYLE = {
     "SmolVLMVideoProcessor": "smol",
     "SmolVLMImageProcessor": "smol",
     "SmolVLMImageProcessorPil": "smol",
+    "InternVLVideoProcessor": "internvl",
 }
 
 
@@ -217,6 +230,12 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
             )
         changes["tokens_per_frame"] = math.ceil(int(math.sqrt(tokens)) / 2) ** 2
         size = None
+    if style == "internvl":
+        from vf_mm.models._internvl_video import internvl_settings
+
+        options = _read_json(path / "processor_config.json")
+        changes.update(internvl_settings(path, saved, options))
+        size = None
     if isinstance(size, dict):
         changes["min_pixels"] = int(size.get("shortest_edge", settings.min_pixels))
         changes["max_pixels"] = int(size.get("longest_edge", settings.max_pixels))
@@ -227,7 +246,7 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
         name = field.name
         if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps",
                     "size", "tokens_per_frame", "longest_edge", "frames_as_images",
-                    "chat_template"):  # fmt: skip
+                    "chat_template", "initial_shift"):  # fmt: skip
             continue
         if name in saved:
             value = saved[name]
@@ -304,6 +323,10 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         return SampledVideo(_sample_uniform(settings, total, fps), fps)
     if settings.style == "smol":
         return SampledVideo(_sample_smol(settings, total, fps), fps)
+    if settings.style == "internvl":
+        from vf_mm.models._internvl_video import sample_internvl
+
+        return SampledVideo(sample_internvl(settings, total, fps), fps)
     return _sample_qwen3(settings, total, fps)
 
 
@@ -497,7 +520,7 @@ def expand_video(
         frames: ``(T, H, W, 3)`` uint8 RGB.
         fps: The clip's frame rate, when known.
         tokens: The processor's ``video_token``, ``vision_start_token`` and
-            ``vision_end_token``.
+            ``vision_end_token`` (SmolVLM's and InternVL's image markup: see theirs).
     """
     import torch
 
@@ -515,6 +538,10 @@ def expand_video(
         return _expand_llava(settings, video, sampled, tokens)
     if settings.style == "smol":
         return _expand_smol(settings, video, sampled, int(frames.shape[0]), tokens)
+    if settings.style == "internvl":
+        from vf_mm.models._internvl_video import expand_internvl
+
+        return expand_internvl(settings, video, sampled, tokens)
     if settings.do_resize:
         height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
         video = resize_frames(video, height, width, settings.resample)
