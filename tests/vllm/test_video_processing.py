@@ -54,7 +54,11 @@ def _needs_torchvision():  # checked when the tests run, not when they are colle
     pytest.importorskip("torchvision")
 
 
-@pytest.fixture(scope="module", params=[f for f in VIDEO_FAMILIES if f != "smolvlm"])
+# SmolVLM's and InternVL's clips are frames as images, checked in their own tests
+# (below; tests/renderers/test_internvl_video.py)
+@pytest.fixture(
+    scope="module", params=[f for f in VIDEO_FAMILIES if f not in ("smolvlm", "internvl")]
+)
 def family_checkpoint(request, tmp_path_factory):
     path = build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
     return request.param, path
@@ -143,7 +147,7 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
 
 
 @pytest.mark.parametrize(
-    "family", [f for f in VIDEO_FAMILIES if f not in ("llava_onevision", "smolvlm")]
+    "family", [f for f in VIDEO_FAMILIES if f not in ("llava_onevision", "smolvlm", "internvl")]
 )
 def test_the_renderer_matches_the_processor_on_a_conversation(family, tmp_path):
     """Video and images in one message, a second clip in a later turn: token ids and every
