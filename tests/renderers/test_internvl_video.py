@@ -146,6 +146,11 @@ def test_sampling_follows_its_sampler(internvl):
     assert kept(no_shift, 10) == (0, 2, 5, 7)
     assert kept(base.with_options({"fps": 2.0}), 9, 6.0) == (1, 4, 7)
     assert kept(base, 4) == (0, 1, 2, 3)
+    # a checkpoint's num_frames comes first in its sampler: a rate asked for would not apply
+    counted = dataclasses.replace(base, num_frames=3)
+    with pytest.raises(RenderError, match="give num_frames instead of fps"):
+        counted.with_options({"fps": 2.0})
+    assert kept(counted.with_options({"num_frames": 2}), 8) == (2, 6)
 
 
 @pytest.mark.parametrize(

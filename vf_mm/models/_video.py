@@ -140,6 +140,16 @@ class VideoSettings:
                 f"{name} resizes every frame to its processor's size: min_pixels and "
                 "max_pixels do not apply"
             )
+        if (
+            self.style == "internvl"
+            and self.num_frames is not None
+            and "fps" in changes
+            and ("num_frames" not in changes)
+        ):  # its sampler reads num_frames first: the rate asked for would change nothing
+            raise RenderError(
+                f"InternVL's video processor samples the checkpoint's num_frames "
+                f"({self.num_frames}) whatever fps says: give num_frames instead of fps"
+            )
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
         if self.style != "smol":  # SmolVLM samples with both: at most num_frames, at fps
