@@ -50,9 +50,8 @@ def internvl_settings(path: Path, saved: dict[str, Any], options: dict[str, Any]
     out: dict[str, Any] = {"min_pixels": 0, "max_pixels": 0, "frames_as_images": True}
     size = saved.get("size")
     if size is not None:
-        if not (isinstance(size, dict) and size.get("height") and size.get("width")) or set(
-            k for k, v in size.items() if v
-        ) - {"height", "width"}:
+        given = {k for k, v in size.items() if v} if isinstance(size, dict) else set()
+        if given != {"height", "width"}:
             raise UnsupportedModelError(
                 f"{path}: the InternVL video size {size!r} is not a height and a width; vf_mm "
                 "resizes InternVL frames to a fixed height and width only (what the released "
