@@ -58,8 +58,8 @@ def test_videos_and_images_get_their_placeholders_in_order(tiny, family):
     (video_token,) = renderer.vision.embed_ids("video")
     for r in data.mm_placeholders["video"]:
         assert np.all(ids[r.embed_positions()] == video_token)
-    # SmolVLM takes a clip's frames as images: they share the image token
-    sharing = ("video", "image") if family == "smolvlm" else ("video",)
+    # SmolVLM and InternVL take a clip's frames as images: they share the image token
+    sharing = ("video", "image") if family in ("smolvlm", "internvl") else ("video",)
     assert int((ids == video_token).sum()) == sum(
         r.num_embeds for m in sharing for r in data.mm_placeholders[m]
     )
@@ -71,7 +71,7 @@ def test_videos_and_images_get_their_placeholders_in_order(tiny, family):
 # Qwen3.5's and Qwen3-VL's (Thinking) templates are not prefix-stable across a new user
 # turn (the generation prompt opens a think block that the history drops), with or
 # without video: tests/renderers/test_bridge.py holds that they refuse it by name
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "smolvlm"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "smolvlm", "internvl"])
 def test_bridging_a_new_clip_equals_a_full_render(tiny, family):
     renderer = load_renderer(tiny[family])
     messages = conversation()

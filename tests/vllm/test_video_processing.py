@@ -54,10 +54,12 @@ def _needs_torchvision():  # checked when the tests run, not when they are colle
     pytest.importorskip("torchvision")
 
 
-# SmolVLM's and Gemma 4's clips are compared with their processors below and in
-# tests/renderers/test_gemma4_video.py: their text and inputs take other tokens and options
+# SmolVLM's, Gemma 4's and InternVL's clips are compared with their processors below and
+# in tests/renderers/test_gemma4_video.py and test_internvl_video.py: their text and
+# inputs take other tokens and options (frames as images, for SmolVLM and InternVL)
 @pytest.fixture(
-    scope="module", params=[f for f in VIDEO_FAMILIES if f not in ("smolvlm", "gemma4")]
+    scope="module",
+    params=[f for f in VIDEO_FAMILIES if f not in ("smolvlm", "gemma4", "internvl")],
 )
 def family_checkpoint(request, tmp_path_factory):
     path = build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
@@ -147,7 +149,8 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
 
 
 @pytest.mark.parametrize(
-    "family", [f for f in VIDEO_FAMILIES if f not in ("llava_onevision", "smolvlm", "gemma4")]
+    "family",
+    [f for f in VIDEO_FAMILIES if f not in ("llava_onevision", "smolvlm", "gemma4", "internvl")],
 )
 def test_the_renderer_matches_the_processor_on_a_conversation(family, tmp_path):
     """Video and images in one message, a second clip in a later turn: token ids and every

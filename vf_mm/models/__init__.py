@@ -10,7 +10,7 @@ each renderer and each worker process);
 family's processor computes them, and ``image_token_ids(processor)`` the ids that take
 image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
 forward takes for a batch.
-Video (``VIDEO_FAMILIES``: the Qwen-VL ones, LLaVA-OneVision, SmolVLM2):
+Video (``VIDEO_FAMILIES``: the Qwen-VL ones, LLaVA-OneVision, SmolVLM2, InternVL3):
 ``load_video_settings(path, family)`` reads a
 checkpoint's video processing, ``expand_video(settings, frames, ...)``
 is one clip's model inputs and prompt text, as transformers' video processor computes

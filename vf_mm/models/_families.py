@@ -80,8 +80,8 @@ class VisionFamily:
         image_inputs: One image's model inputs.
         video_inputs: One video's model inputs (empty: no video support).
         frames_as_images: The forward takes a clip's frames as images, in the images'
-            inputs (SmolVLM): images and clips then go in one sequence, in the order their
-            tokens appear.
+            inputs (SmolVLM, InternVL): images and clips then go in one sequence, in the
+            order their tokens appear.
         feature_extractor: The processor's audio feature extractor class (Gemma 4's
             processor needs one even for images), loaded from the checkpoint beside the
             image processor.
@@ -116,8 +116,8 @@ class VisionFamily:
     content_as_parts: bool = False  # the template renders only list content (drops strings)
     image_inputs: tuple[str, ...] = ("pixel_values", "image_grid_thw")  # one image's inputs
     video_inputs: tuple[str, ...] = ()  # one video's inputs (empty: no video support)
-    # the forward takes a clip's frames as images, in the images' inputs (SmolVLM): images
-    # and clips then go in one sequence, in the order their tokens appear
+    # the forward takes a clip's frames as images, in the images' inputs (SmolVLM,
+    # InternVL): images and clips then go in one sequence, in the order their tokens appear
     frames_as_images: bool = False
     # the processor's audio feature extractor class (Gemma 4's processor needs one even
     # for images), loaded from the checkpoint beside the image processor
@@ -214,7 +214,8 @@ _FAMILIES = {
                      item_layout="anyres"),
         VisionFamily("internvl", "InternVL", "InternVLProcessor", "GotOcr2ImageProcessor",
                      "InternVLForConditionalGeneration", None, "OpenGVLab/InternVL3-1B-hf",
-                     image_inputs=("pixel_values",), marker_tokens=("<img>", "</img>"),
+                     image_inputs=("pixel_values",), video_inputs=("pixel_values",),
+                     frames_as_images=True, marker_tokens=("<img>", "</img>"),
                      item_layout="crops"),
         VisionFamily("lfm2_vl", "LFM2-VL", "Lfm2VlProcessor", "Lfm2VlImageProcessor",
                      "Lfm2VlForConditionalGeneration", None, "LiquidAI/LFM2.5-VL-3B",

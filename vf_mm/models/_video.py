@@ -52,6 +52,10 @@ frame's image tokens (``<fake_token_around_image><global-img>`` + ``<image>`` * 
 ``<fake_token_around_image>``). Its processor renders any conversation that holds a clip
 with another chat template (``chat_template`` in the settings), and samples whenever the
 checkpoint sets a rate or a frame count, as its ``apply_chat_template`` does.
+
+InternVL (``InternVLVideoProcessor``) has a module of its own, ``_internvl_video``: its
+frames are resized to the vision tower's tile and taken by the model as image tiles, one
+``Frame{i}: <img>...</img>`` line each.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ class VideoSettings:
     # Gemma 4: the most soft tokens a frame may take, and the k x k patches pooled into one
     max_soft_tokens: int = 0
     pooling_kernel_size: int = 0
+    # InternVL: where sampling starts (True: half a step in, the middle of each stretch)
+    initial_shift: bool | float = True
 
     def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
         """These settings with call options applied (``fps``, ``num_frames``,
@@ -137,8 +143,8 @@ class VideoSettings:
             changes: dict[str, Any] = video_options(options)
         except ValueError as exc:
             raise RenderError(str(exc)) from None
-        if self.style in ("llava", "smol") and ({"min_pixels", "max_pixels"} & set(changes)):
-            name = "LLaVA-OneVision" if self.style == "llava" else "SmolVLM"
+        if self.style in _FIXED_SIZE and ({"min_pixels", "max_pixels"} & set(changes)):
+            name = _FIXED_SIZE[self.style]
             raise RenderError(
                 f"{name} resizes every frame to its processor's size: min_pixels and "
                 "max_pixels do not apply"
@@ -148,6 +154,16 @@ class VideoSettings:
                 "Gemma 4 sizes every frame by its soft-token budget (the checkpoint's "
                 f"max_soft_tokens, {self.max_soft_tokens}): min_pixels and max_pixels do not "
                 "apply; use num_frames to choose the frames"
+            )
+        if (
+            self.style == "internvl"
+            and self.num_frames is not None
+            and "fps" in changes
+            and ("num_frames" not in changes)
+        ):  # its sampler reads num_frames first: the rate asked for would change nothing
+            raise RenderError(
+                f"InternVL's video processor samples the checkpoint's num_frames "
+                f"({self.num_frames}) whatever fps says: give num_frames instead of fps"
             )
 
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
@@ -161,6 +177,9 @@ class VideoSettings:
                 changes["fps"] = None
         return dataclasses.replace(self, **changes)
 
+
+#: the styles that resize every frame to one size, by family name for errors
+_FIXED_SIZE = {"llava": "LLaVA-OneVision", "smol": "SmolVLM", "internvl": "InternVL"}
 
 _DEFAULTS = {
     # Qwen2VLVideoProcessor's class defaults
@@ -178,10 +197,13 @@ _DEFAULTS = {
     "gemma4": VideoSettings("gemma4", 16, 1, 1, 0, 0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
                             do_sample_frames=True, num_frames=32, max_soft_tokens=70,
                             pooling_kernel_size=3),
+    # InternVLVideoProcessor's (OPENAI_CLIP mean and std, 384x384, bicubic, no sampling)
+    "internvl": VideoSettings("internvl", 1, 1, 1, 0, 0, _CLIP_MEAN, _CLIP_STD,
+                              size=(384, 384), frames_as_images=True),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
           "llava_onevision": "llava", "smolvlm": "smol", "qwen3_vl_moe": "qwen3",
-          "qwen3_5_moe": "qwen3", "gemma4": "gemma4"}  # fmt: skip
+          "qwen3_5_moe": "qwen3", "gemma4": "gemma4", "internvl": "internvl"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -199,6 +221,7 @@ _CLASS_STYLE = {
     "Gemma4VideoProcessor": "gemma4",
     "Gemma4ImageProcessor": "gemma4",
     "Gemma4ImageProcessorPil": "gemma4",
+    "InternVLVideoProcessor": "internvl",
 }
 
 
@@ -242,6 +265,12 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
             )
         changes["tokens_per_frame"] = math.ceil(int(math.sqrt(tokens)) / 2) ** 2
         size = None
+    if style == "internvl":
+        from vf_mm.models._internvl_video import internvl_settings
+
+        options = _read_json(path / "processor_config.json")
+        changes.update(internvl_settings(path, saved, options))
+        size = None
     if isinstance(size, dict):
         changes["min_pixels"] = int(size.get("shortest_edge", settings.min_pixels))
         changes["max_pixels"] = int(size.get("longest_edge", settings.max_pixels))
@@ -252,7 +281,7 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
         name = field.name
         if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps",
                     "size", "tokens_per_frame", "longest_edge", "frames_as_images",
-                    "chat_template"):  # fmt: skip
+                    "chat_template", "initial_shift"):  # fmt: skip
             continue
         if name in saved:
             value = saved[name]
@@ -338,6 +367,10 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         return SampledVideo(_sample_uniform(settings, total, fps), fps)
     if settings.style == "smol":
         return SampledVideo(_sample_smol(settings, total, fps), fps)
+    if settings.style == "internvl":
+        from vf_mm.models._internvl_video import sample_internvl
+
+        return SampledVideo(sample_internvl(settings, total, fps), fps)
     return _sample_qwen3(settings, total, fps)
 
 
@@ -531,7 +564,7 @@ def expand_video(
         frames: ``(T, H, W, 3)`` uint8 RGB.
         fps: The clip's frame rate, when known.
         tokens: The processor's ``video_token``, ``vision_start_token`` and
-            ``vision_end_token``.
+            ``vision_end_token`` (SmolVLM's and InternVL's image markup: see theirs).
     """
     import torch
 
@@ -553,6 +586,10 @@ def expand_video(
         from vf_mm.models._gemma4_video import expand_gemma4
 
         return expand_gemma4(settings, video, sampled, tokens)
+    if settings.style == "internvl":
+        from vf_mm.models._internvl_video import expand_internvl
+
+        return expand_internvl(settings, video, sampled, tokens)
     if settings.do_resize:
         height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
         video = resize_frames(video, height, width, settings.resample)

@@ -169,13 +169,15 @@ class VisionSpec:
             "video_token": self.video_token or "",
             "vision_start_token": getattr(processor, "vision_start_token", "<|vision_start|>"),
             "vision_end_token": getattr(processor, "vision_end_token", "<|vision_end|>"),
-            # SmolVLM writes each frame as an image
+            # SmolVLM and InternVL write each frame as an image
             "image_token": self.image_token,
             "fake_image_token": getattr(processor, "fake_image_token", ""),
             "global_image_token": getattr(processor, "global_image_token", ""),
-            # Gemma 4 writes each frame between the image markers
+            # Gemma 4 and InternVL write each frame between the image markers
             "boi_token": getattr(processor, "boi_token", ""),
             "eoi_token": getattr(processor, "eoi_token", ""),
+            "start_image_token": getattr(processor, "start_image_token", ""),
+            "end_image_token": getattr(processor, "end_image_token", ""),
         }
         added = self.tokenizer.get_added_vocab()
         self._added = sorted({str(t) for t in added}, key=len, reverse=True)
@@ -205,7 +207,7 @@ class VisionSpec:
 
     @property
     def frames_as_images(self) -> bool:
-        """Whether a clip's frames take the image token's embeddings (SmolVLM)."""
+        """Whether a clip's frames take the image token's embeddings (SmolVLM, InternVL)."""
         return self.video is not None and self.video.frames_as_images
 
     @functools.cached_property
