@@ -27,14 +27,14 @@ so a failure says whether the inputs or the processing moved.
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from tests.renderers.golden._records import tensor_record, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "gemma4_video.json"
@@ -126,12 +126,6 @@ def reference(processor: Any, case: str) -> Any:
     )  # fmt: skip
 
 
-def tensor_record(value: Any) -> dict[str, Any]:
-    array = np.ascontiguousarray(np.asarray(value))
-    return {"shape": list(array.shape), "dtype": array.dtype.str,
-            "sha256": hashlib.sha256(array.tobytes()).hexdigest()}  # fmt: skip
-
-
 def real_processor(path: Path) -> Any:
     """The checkpoint's ``Gemma4Processor`` with transformers' video processor and the PIL
     image processor (the one the default tier renders images with)."""
@@ -172,12 +166,7 @@ def main() -> None:
                 "input_ids": ref["input_ids"][0].tolist(),
                 "inputs": {k: tensor_record(ref[k]) for k in INPUTS if k in ref},
             }
-    text = json.dumps(out, indent=1)  # lists of numbers on one line each:
-    text = re.sub(
-        r"\[[-\d,\s]*\]", lambda m: re.sub(r"\s+", "", m.group()).replace(",", ", "), text
-    )
-    OUT.write_text(text + "\n")
-    print(f"wrote {OUT}")
+    write_golden(OUT, out)
 
 
 if __name__ == "__main__":

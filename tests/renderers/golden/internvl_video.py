@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from tests.renderers.golden._records import tensor_record, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "internvl_video.json"
@@ -89,12 +90,6 @@ def conversation(case: int) -> list[dict[str, Any]]:
 def digest(array: np.ndarray) -> str:
     array = np.ascontiguousarray(array)
     return hashlib.sha256(repr(array.shape).encode() + array.tobytes()).hexdigest()
-
-
-def tensor_record(value: Any) -> dict[str, Any]:
-    array = np.ascontiguousarray(np.asarray(value))
-    return {"shape": list(array.shape), "dtype": array.dtype.str,
-            "sha256": hashlib.sha256(array.tobytes()).hexdigest()}  # fmt: skip
 
 
 def real_template() -> str:
@@ -169,12 +164,7 @@ def main() -> None:
                 "input_ids": ref["input_ids"][0].tolist(),
                 "inputs": {"pixel_values": tensor_record(ref["pixel_values"].numpy())},
             })  # fmt: skip
-    text = json.dumps(out, indent=1)  # lists of numbers on one line each:
-    text = re.sub(
-        r"\[[-\d,\s]*\]", lambda m: re.sub(r"\s+", "", m.group()).replace(",", ", "), text
-    )
-    OUT.write_text(text + "\n")
-    print(f"wrote {OUT}")
+    write_golden(OUT, out)
 
 
 if __name__ == "__main__":

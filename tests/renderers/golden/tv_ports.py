@@ -22,14 +22,14 @@ of torch, torchvision, transformers, numpy and Pillow it was written with.
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from tests.renderers.golden._records import tensor_record, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "tv_ports.json"
@@ -65,12 +65,6 @@ def conversation(seed: int) -> list[dict[str, Any]]:
 def image_digest(picture: Image.Image) -> str:
     return hashlib.sha256(picture.mode.encode() + repr(picture.size).encode() +
                           picture.tobytes()).hexdigest()  # fmt: skip
-
-
-def tensor_record(value: Any) -> dict[str, Any]:
-    array = np.ascontiguousarray(np.asarray(value))
-    return {"shape": list(array.shape), "dtype": array.dtype.str,
-            "sha256": hashlib.sha256(array.tobytes()).hexdigest()}  # fmt: skip
 
 
 def images_of(messages: list[dict[str, Any]]) -> list[Image.Image]:
@@ -125,12 +119,7 @@ def main() -> None:
                 f"{source.__module__}.{source.__name__}",
                 "cases": cases,
             }
-    text = json.dumps(out, indent=1)  # lists of numbers on one line each:
-    text = re.sub(
-        r"\[[-\d,\s]*\]", lambda m: re.sub(r"\s+", "", m.group()).replace(",", ", "), text
-    )
-    OUT.write_text(text + "\n")
-    print(f"wrote {OUT}")
+    write_golden(OUT, out)
 
 
 if __name__ == "__main__":
