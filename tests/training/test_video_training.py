@@ -69,7 +69,8 @@ def trained(request, tmp_path_factory):
     path = build_tiny_vlm(
         tmp_path_factory.mktemp("video") / family, family, variant=variant or None
     )
-    renderer = load_renderer(path, image_backend="pil")
+    # Kimi-K2.5 has no PIL image processor: its images take vf_mm's torch-only port
+    renderer = load_renderer(path, image_backend=None if family == "kimi_k25" else "pil")
     backend = LocalBackend(path)
     picture = Image.fromarray(clip(99, frames=1, size=(90, 60))[0])
     env = Watch(dataset=[{"question": "what moved?", "image": picture}], max_turns=3,
