@@ -33,19 +33,27 @@ from tests.renderers.golden.kimi_k25_video import (
 from vf_mm.errors import RenderError, UnsupportedModelError, VideoError
 from vf_mm.models import load_video_settings, model_inputs
 from vf_mm.renderers import load_renderer
-from vf_mm.testing import build_tiny_vlm
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "kimi_k25_video.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def kimi(tmp_path_factory) -> Path:
-    return build_tiny_vlm(tmp_path_factory.mktemp("kimi_k25_video") / "m", "kimi_k25")
+def kimi(kimi_k25_checkpoint) -> Path:
+    return kimi_k25_checkpoint
 
 
 @pytest.fixture(scope="module")
 def renderer(kimi) -> Any:
     return load_renderer(kimi)
+
+
+@pytest.fixture
+def every_chunk(monkeypatch) -> None:
+    """Lift the refusal of chunks of several frames (which transformers 5.23's forward
+    cannot take), to hold the port's numbers for them to the real processor's."""
+    from vf_mm.models import _kimi_k25_video
+
+    monkeypatch.setattr(_kimi_k25_video, "FORWARD_TAKES_MULTI_FRAME_CHUNKS", True)
 
 
 def clip(seed: int, t: int = 4, h: int = 30, w: int = 40) -> np.ndarray:
@@ -57,7 +65,7 @@ def ask(*parts: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_clips_render_as_the_real_processor_wrote_them(renderer, case):
+def test_clips_render_as_the_real_processor_wrote_them(renderer, every_chunk, case):
     """Token ids, and every model input's shape, dtype and bytes, equal what
     transformers' ``Kimi_K25Processor`` with its video processor made of the same
     conversation through the real template; each clip's placeholders cover exactly its
@@ -88,7 +96,7 @@ def test_clips_render_as_the_real_processor_wrote_them(renderer, case):
     assert len(data.mm_placeholders["video"]) == len(golden["clips"])
 
 
-def test_a_clip_in_a_tool_result_bridges_equal_to_a_full_render(renderer):
+def test_a_clip_in_a_tool_result_bridges_equal_to_a_full_render(renderer, every_chunk):
     """A clip a tool returns, after a turn of calls that holds a clip's prompt: the bridged
     prompt equals a full render of the whole conversation, ids, placeholders and every
     clip's inputs. (A turn after an answer is rendered in full, not bridged: the template
@@ -139,6 +147,39 @@ def test_the_mistakes_users_make_are_refused_by_name(renderer, part, error):
     the clip itself is bad) that names the part and the fix."""
     with pytest.raises((RenderError, VideoError), match=error):
         renderer.render(ask({"type": "video", **part}))
+
+
+def test_a_clip_that_keeps_several_frames_is_refused_naming_the_forward(renderer):
+    """Kept frames go to the model in chunks of 4, and transformers 5.23's forward fails
+    on a chunk of more than one frame: such a clip is refused by name, while one that
+    keeps a single frame renders (its one chunk one frame)."""
+    with pytest.raises(RenderError, match=r"message 0, part 0.*cannot take a chunk of more"):
+        renderer.render(ask({"type": "video", "video": clip(6, t=5), "frame_rate": 4.0}))
+    rendered = renderer.render(ask({"type": "video", "video": clip(6, t=5), "frame_rate": 4.0,
+                                    "fps": 0.5}))  # fmt: skip
+    (item,) = rendered.multi_modal_data.mm_items["video"]
+    assert item["video_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_the_forward_still_fails_on_a_chunk_of_several_frames(kimi, renderer, every_chunk):
+    """The reason for the refusal above: transformers' own Kimi-K2.5 forward fails on a
+    two-frame chunk. When a transformers release fixes it, this fails: turn
+    ``FORWARD_TAKES_MULTI_FRAME_CHUNKS`` on where it is fixed."""
+    import torch
+
+    from vf_mm.models import model_class
+
+    rendered = renderer.render(ask({"type": "video", "video": clip(7, t=2), "frame_rate": 2.0,
+                                    "do_sample_frames": False}))  # fmt: skip
+    data = rendered.multi_modal_data
+    inputs = model_inputs(
+        "kimi_k25", torch.tensor([rendered.token_ids]), [], image_token_ids=(),
+        videos=data.mm_items["video"], video_token_ids=renderer.vision.embed_ids("video"),
+    )  # fmt: skip
+    assert inputs["video_grid_thw"].tolist() == [[2, 4, 4]]
+    model = model_class("kimi_k25").from_pretrained(kimi).eval()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="split_with_sizes"):
+        model(input_ids=torch.tensor([rendered.token_ids]), **inputs)
 
 
 def test_a_checkpoint_with_a_size_the_processor_refuses_is_refused(kimi, tmp_path):
