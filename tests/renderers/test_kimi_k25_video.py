@@ -13,6 +13,7 @@ other video families.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,11 @@ def renderer(kimi) -> Any:
 
 
 @pytest.fixture
-def every_chunk(monkeypatch) -> None:
+def every_chunk(renderer, monkeypatch) -> None:
     """Lift the refusal of chunks of several frames (which transformers 5.23's forward
     cannot take), to hold the port's numbers for them to the real processor's."""
-    from vf_mm.models import _kimi_k25_video
-
-    monkeypatch.setattr(_kimi_k25_video, "FORWARD_TAKES_MULTI_FRAME_CHUNKS", True)
+    settings = dataclasses.replace(renderer.vision.video, multi_frame_chunks=True)
+    monkeypatch.setattr(renderer.vision, "video", settings)
 
 
 def clip(seed: int, t: int = 4, h: int = 30, w: int = 40) -> np.ndarray:
@@ -163,8 +163,8 @@ def test_a_clip_that_keeps_several_frames_is_refused_naming_the_forward(renderer
 
 def test_the_forward_still_fails_on_a_chunk_of_several_frames(kimi, renderer, every_chunk):
     """The reason for the refusal above: transformers' own Kimi-K2.5 forward fails on a
-    two-frame chunk. When a transformers release fixes it, this fails: turn
-    ``FORWARD_TAKES_MULTI_FRAME_CHUNKS`` on where it is fixed."""
+    two-frame chunk. When a transformers release fixes it, this fails: drop the refusal
+    (``VideoSettings.multi_frame_chunks``) where it is fixed."""
     import torch
 
     from vf_mm.models import model_class

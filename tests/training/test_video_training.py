@@ -40,7 +40,7 @@ def clip(seed: int, frames: int = 6, size: tuple[int, int] = (56, 42)) -> np.nda
 
 # Gemma 4's checkpoint samples 32 frames, more than these clips hold: 4 of their 5
 # Kimi-K2.5's forward (transformers 5.23) takes only one-frame chunks: one frame of 5 at
-# 4 fps (``_kimi_k25_video.FORWARD_TAKES_MULTI_FRAME_CHUNKS``)
+# 4 fps (``VideoSettings.multi_frame_chunks``)
 CLIP_OPTIONS = {"gemma4": {"num_frames": 4}, "kimi_k25": {"fps": 0.5}}
 
 

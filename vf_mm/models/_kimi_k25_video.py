@@ -23,9 +23,14 @@ the clip's frame rate, 24 fps where the rate is unknown, as the processor assume
 ``<|media_begin|>video<|media_content|>`` + the video token once per merged patch of one
 frame + ``<|media_end|>``; it replaces the one placeholder the chat template writes.
 
-transformers 5.23's Kimi-K2.5 forward cannot take a chunk of more than one frame
-(``FORWARD_TAKES_MULTI_FRAME_CHUNKS``): such clips are refused by name, after the numbers
-are computed, so only clips that keep one frame reach a model.
+transformers 5.23's Kimi-K2.5 forward cannot take a chunk of more than one frame: MoonViT
+pools each chunk's frames into one frame's tokens, but ``Kimi_K25Model.get_image_features``
+splits that output by ``frames * rows * columns / merge**2`` tokens a chunk, which fails
+(``split_with_sizes``) for any chunk of 2 to 4 frames. Such a clip is refused by name
+after its numbers are computed (unless ``VideoSettings.multi_frame_chunks``, off on every
+checkpoint: the tests turn it on to hold those numbers to the real processor's), so only
+clips that keep one frame reach a model. ``tests/renderers/test_kimi_k25_video.py`` checks
+that the forward still fails, so a transformers that fixes it shows the refusal must go.
 """
 
 from __future__ import annotations
@@ -42,15 +47,12 @@ from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings
 #: the unknown frame rate the processor's text assumes
 _UNKNOWN_FPS = 24
 
-#: Whether transformers' Kimi-K2.5 forward takes a chunk of more than one frame. In 5.23
-#: it does not: MoonViT pools each chunk's frames into one frame's tokens, but
-#: ``Kimi_K25Model.get_image_features`` splits that output by ``frames * rows * columns /
-#: merge**2`` tokens a chunk, which fails (``split_with_sizes``) for any chunk of 2 to 4
-#: frames. Such a clip renders exactly as the processor writes it, but no trainer or local
-#: forward could take it, so it is refused by name; clips whose chunks are one frame each
-#: (one kept frame) render. ``tests/renderers/test_kimi_k25_video.py`` checks the forward
-#: still fails, so a transformers that fixes it shows this must turn on.
-FORWARD_TAKES_MULTI_FRAME_CHUNKS = False
+#: why a clip whose chunks hold several frames is refused (``VideoSettings.multi_frame_chunks``)
+_FORWARD_FAULT = (
+    "transformers' Kimi-K2.5 forward cannot take a chunk of more than one frame (its "
+    "get_image_features splits MoonViT's temporally pooled output by frames * patches, not "
+    "patches)"
+)
 
 
 def kimi_size(path: Path, size: Any, default: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -129,13 +131,11 @@ def expand_kimi_k25(
     pixels = squares.reshape(count * rows * cols, channels, p, p)
     starts = range(0, count, tps)
     grid = [[min(tps, count - s), rows, cols] for s in starts]
-    if not FORWARD_TAKES_MULTI_FRAME_CHUNKS and count > 1 and tps > 1:
+    if not settings.multi_frame_chunks and count > 1 and tps > 1:
         raise RenderError(
-            f"Kimi-K2.5 takes a clip in chunks of {tps} frames, and transformers' Kimi-K2.5 "
-            "forward cannot take a chunk of more than one frame (its get_image_features "
-            "splits MoonViT's temporally pooled output by frames * patches, not patches): "
-            f"this clip keeps {count} frames; sample one frame (a lower fps) or send its "
-            "frames as images"
+            f"Kimi-K2.5 takes a clip in chunks of {tps} frames, and {_FORWARD_FAULT}: this "
+            f"clip keeps {count} frames; sample one frame (a lower fps) or send its frames "
+            "as images"
         )
     fps = sampled.fps if sampled.fps is not None else _UNKNOWN_FPS
     per_chunk = tokens["video_token"] * (rows * cols // (m * m))
