@@ -203,3 +203,46 @@ def test_the_goldens_are_what_the_real_processor_writes_here(kimi, case):
     for name in INPUTS:
         if name in golden["inputs"]:
             assert tensor_record(ref[name]) == golden["inputs"][name], name
+
+
+#: (the real class's call options, the same as VideoSettings changes, the clip)
+PORT_CASES = [
+    ({}, {}, (9, 37, 61, 3.0)),
+    ({"do_sample_frames": False}, {"do_sample_frames": False}, (6, 500, 3, None)),
+    ({"fps": 1}, {"fps": 1}, (23, 120, 90, 4.0)),
+    ({"max_patches": 16, "size": {"max_height": 8, "max_width": 8}},
+     {"max_patches": 16, "size": (8, 8)}, (5, 300, 200, 2.0)),
+    ({"do_resize": False, "do_sample_frames": False}, {"do_resize": False,
+     "do_sample_frames": False}, (3, 56, 28, 1.0)),
+    ({"resample": 2}, {"resample": 2}, (8, 45, 45, 2.0)),
+    ({"do_normalize": False}, {"do_normalize": False}, (4, 1, 1, 2.0)),
+]  # fmt: skip
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(("options", "changes", "spec"), PORT_CASES)
+def test_the_port_computes_the_video_processors_numbers_bit_for_bit(kimi, options, changes, spec):
+    """Where torchvision imports: for each option set, the port's ``pixel_values_videos``
+    and ``video_grid_thw`` equal ``Kimi_K25VideoProcessor``'s bit for bit, and its text
+    equals ``Kimi_K25Processor.replace_video_token``'s (chunks of several frames
+    included: the refusal lifted)."""
+    from transformers import AutoProcessor
+
+    from vf_mm.models import expand_video
+
+    t, h, w, rate = spec
+    frames = clip(sum(spec[:3]), t=t, h=h, w=w)
+    processor = AutoProcessor.from_pretrained(kimi)
+    meta = {"total_num_frames": t, "fps": rate, "frames_indices": list(range(t))}
+    real = processor.video_processor(
+        videos=[frames], video_metadata=[meta], input_data_format="channels_last",
+        return_metadata=True, return_tensors="np", **options,
+    )  # fmt: skip
+    settings = load_video_settings(kimi, "kimi_k25")
+    assert settings is not None
+    settings = dataclasses.replace(settings, multi_frame_chunks=True, **changes)
+    ours = expand_video(settings, frames, fps=rate,
+                        tokens={"video_token": processor.video_token})  # fmt: skip
+    for name in ("pixel_values_videos", "video_grid_thw"):
+        assert tensor_record(ours.item[name]) == tensor_record(real[name]), name
+    assert ours.replacement == processor.replace_video_token(real, 0)
