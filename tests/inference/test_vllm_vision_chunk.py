@@ -13,6 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from vf_mm.errors import MultiModalDataError
 from vf_mm.inference import GenerateRequest, SamplingParams, encode_features
 from vf_mm.inference._internal import decode_kwargs_item
 from vf_mm.inference._vllm_protocol import RequestBody, ResponseSchemaError, decode_response
@@ -57,6 +58,19 @@ def test_kimi_k25s_images_go_as_vllms_vision_chunks_with_its_grid_name():
         ]  # fmt: skip
         assert raw["grid_thws"]["field"] == ["batched", {"keep_on_cpu": True}]
         assert raw["grid_thws"]["data"][:2] == ["int64", [3]]
+
+
+def test_kimi_k25s_clips_are_refused_as_features_by_name():
+    """vLLM 0.32 takes Kimi-K2.5's clips as one vision_chunk item per chunk, with
+    ``<|media_pad|>`` positions, not as transformers' processor writes a clip: unchecked
+    against a server, they are refused by name rather than sent under ``"video"``, which
+    its model does not take."""
+    clip = {"pixel_values_videos": kimi_item(4, 4)["pixel_values"],
+            "video_grid_thw": np.array([[1, 4, 4]])}  # fmt: skip
+    mmd = MultiModalData({"video": ["v0"]}, {"video": [PlaceholderRange(1, 4)]},
+                         {"video": [clip]})  # fmt: skip
+    with pytest.raises(MultiModalDataError, match="clips cannot go to vLLM"):
+        encode_features(mmd, num_tokens=8)
 
 
 def test_a_qwen_grid_item_still_goes_as_an_image():

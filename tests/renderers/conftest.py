@@ -23,6 +23,13 @@ def checkpoints(tmp_path_factory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def kimi_k25_checkpoint(tmp_path_factory) -> Path:
+    """The tiny Kimi-K2.5 checkpoint, built once for its image and video tests (they read
+    it, never write it)."""
+    return build_tiny_vlm(tmp_path_factory.mktemp("kimi_k25") / "m", "kimi_k25")
+
+
+@pytest.fixture(scope="session")
 def gemma4_variants(tmp_path_factory):
     """A tiny Gemma 4 checkpoint per template variant, by name (one build, the template
     swapped: the tests that take it use the tokenizer and processors, not the weights)."""

@@ -46,7 +46,6 @@ from vf_mm.errors import MissingDependencyError, RenderError
 from vf_mm.models import family_info, torchvision_available
 from vf_mm.renderers import ChatTemplateRenderer, load_renderer
 from vf_mm.renderers._kimi import typescript_tools
-from vf_mm.testing import build_tiny_vlm
 
 GOLDEN = Path(__file__).parent / "golden"
 ORACLE = json.loads((GOLDEN / "kimi_k25_oracle.json").read_text())["cases"]
@@ -55,8 +54,8 @@ MILES = (GOLDEN / "kimi_k25_miles_MODIFIED.jinja").read_text()
 
 
 @pytest.fixture(scope="module")
-def kimi(tmp_path_factory) -> Path:
-    return build_tiny_vlm(tmp_path_factory.mktemp("kimi_k25") / "m", "kimi_k25")
+def kimi(kimi_k25_checkpoint) -> Path:
+    return kimi_k25_checkpoint
 
 
 @pytest.fixture(scope="module")

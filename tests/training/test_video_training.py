@@ -39,7 +39,9 @@ def clip(seed: int, frames: int = 6, size: tuple[int, int] = (56, 42)) -> np.nda
 
 
 # Gemma 4's checkpoint samples 32 frames, more than these clips hold: 4 of their 5
-CLIP_OPTIONS = {"gemma4": {"num_frames": 4}}
+# Kimi-K2.5's forward (transformers 5.23) takes only one-frame chunks: one frame of 5 at
+# 4 fps (``VideoSettings.multi_frame_chunks``)
+CLIP_OPTIONS = {"gemma4": {"num_frames": 4}, "kimi_k25": {"fps": 0.5}}
 
 
 class Watch(vf.MultiTurnEnv):
@@ -69,7 +71,8 @@ def trained(request, tmp_path_factory):
     path = build_tiny_vlm(
         tmp_path_factory.mktemp("video") / family, family, variant=variant or None
     )
-    renderer = load_renderer(path, image_backend="pil")
+    # Kimi-K2.5 has no PIL image processor: its images take vf_mm's torch-only port
+    renderer = load_renderer(path, image_backend="auto" if family == "kimi_k25" else "pil")
     backend = LocalBackend(path)
     picture = Image.fromarray(clip(99, frames=1, size=(90, 60))[0])
     env = Watch(dataset=[{"question": "what moved?", "image": picture}], max_turns=3,

@@ -277,6 +277,14 @@ def check_features(mmd: MultiModalData, num_tokens: int, *, send_kwargs_data: bo
         else {m: [{}] * len(mmd.mm_placeholders[m]) for m in modalities}
     )
     MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
+    if any(_is_video_chunk(item) for item in mmd.mm_items.get("video", ())):
+        raise MultiModalDataError(
+            "Kimi-K2.5's clips cannot go to vLLM as features: vLLM 0.32 takes them under its "
+            "one vision_chunk modality, one item per chunk of frames whose positions are "
+            "<|media_pad|> tokens, not as transformers' processor writes a clip (one item, "
+            "its video tokens), and vf_mm has not checked that path against a server: sample "
+            "Kimi-K2.5's clips with the LocalBackend"
+        )
     sparse = [m for m in modalities if any(r.is_embed is not None for r in mmd.mm_placeholders[m])]
     if sparse:  # vLLM 0.32's PlaceholderRangeInfo is offset + length only (is_embed is a TODO)
         raise MultiModalDataError(
@@ -297,6 +305,14 @@ def _is_vision_chunk(item: Mapping[str, Any]) -> bool:
     if not isinstance(item, Mapping) or "image_grid_thw" not in item:
         return False
     return getattr(item.get("pixel_values"), "ndim", None) == 4
+
+
+def _is_video_chunk(item: Mapping[str, Any]) -> bool:
+    """Kimi-K2.5's clip inputs: MoonViT's patches ``pixel_values_videos`` ``(patches, 3, P,
+    P)`` beside ``video_grid_thw`` (Qwen-VL's clips are ``(patches, dim)``)."""
+    if not isinstance(item, Mapping) or "video_grid_thw" not in item:
+        return False
+    return getattr(item.get("pixel_values_videos"), "ndim", None) == 4
 
 
 def vllm_modality(modality: str, items: Sequence[Mapping[str, Any]]) -> str:

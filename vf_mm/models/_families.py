@@ -226,8 +226,8 @@ _FAMILIES = {
         VisionFamily("kimi_k25", "Kimi-K2.5", "Kimi_K25Processor", "Kimi_K25ImageProcessor",
                      "Kimi_K25ForConditionalGeneration", None, "moonshotai/Kimi-K2.5",
                      ("<|im_end|>", "[EOS]"), tool_format="kimi",
-                     marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>",
-                                    "<|kimi_k25_video_placeholder|>"),
+                     video_inputs=("pixel_values_videos", "video_grid_thw"),
+                     marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>"),
                      pil_backend=False, torch_port="_kimi_k25_images:KimiK25Images",
                      item_layout=None),
     )

@@ -17,9 +17,10 @@ in the order their tokens appear (row by row). Per family:
   ``image_sizes``), ``image_sizes`` ``(images, 2)``, and ``batch_num_images`` all 1:
   every image in single-image (anyres) mode, as vLLM computes them.
 
-Videos (the Qwen-VL families) go beside the images: ``pixel_values_videos`` rows and
-``video_grid_thw`` rows concatenated (and Qwen2.5-VL's ``second_per_grid_ts``), with 2 in
-``mm_token_type_ids`` on video tokens. LLaVA-OneVision's clips are ``pixel_values_videos``
+Videos (the Qwen-VL families, Kimi-K2.5) go beside the images: ``pixel_values_videos`` rows
+and ``video_grid_thw`` rows concatenated (and Qwen2.5-VL's ``second_per_grid_ts``), with 2
+in ``mm_token_type_ids`` on video tokens (Qwen-VL; Kimi-K2.5 has no token types, and its
+rows are MoonViT's ``(3, 14, 14)`` patches, one grid row per chunk of frames). LLaVA-OneVision's clips are ``pixel_values_videos``
 ``(clips, T, 3, H, W)``. Gemma 4's clips concatenate along the frame axis:
 ``pixel_values_videos`` and ``video_position_ids`` ``(frames, patches, ...)`` and
 ``num_frames_per_video`` ``(clips,)``, which splits them back. SmolVLM takes a clip's frames as images: its ``(1, T, 3, S, S)``

@@ -53,6 +53,12 @@ frame's image tokens (``<fake_token_around_image><global-img>`` + ``<image>`` * 
 with another chat template (``chat_template`` in the settings), and samples whenever the
 checkpoint sets a rate or a frame count, as its ``apply_chat_template`` does.
 
+Kimi-K2.5 (``Kimi_K25VideoProcessor``) is ported in ``_kimi_k25_video``: frames sampled by
+the base processor's uniform sampler (2 fps by default), cut into chunks of 4 frames, each
+frame resized and padded as the family's images are, cut into MoonViT's patches; its text
+is, per chunk, the chunk's ``HH:MM:SS.mmm`` then ``<|media_begin|>video<|media_content|>``
++ one frame's video tokens + ``<|media_end|>``.
+
 InternVL (``InternVLVideoProcessor``) has a module of its own, ``_internvl_video``: its
 frames are resized to the vision tower's tile and taken by the model as image tiles, one
 ``Frame{i}: <img>...</img>`` line each.
@@ -124,6 +130,11 @@ class VideoSettings:
     # Gemma 4: the most soft tokens a frame may take, and the k x k patches pooled into one
     max_soft_tokens: int = 0
     pooling_kernel_size: int = 0
+    # Kimi-K2.5: the patch budget of a frame (its side's budget is ``size[0]`` patches), and
+    # whether a clip may keep several frames (chunks of them, which transformers 5.23's
+    # forward cannot take: ``_kimi_k25_video``; no checkpoint turns it on)
+    max_patches: int = 0
+    multi_frame_chunks: bool = False
     # InternVL: where sampling starts (True: half a step in, the middle of each stretch)
     initial_shift: bool | float = True
 
@@ -155,6 +166,12 @@ class VideoSettings:
                 f"max_soft_tokens, {self.max_soft_tokens}): min_pixels and max_pixels do not "
                 "apply; use num_frames to choose the frames"
             )
+        if self.style == "kimi" and ({"min_pixels", "max_pixels"} & set(changes)):
+            raise RenderError(
+                "Kimi-K2.5 sizes every frame by its patch budget (the checkpoint's max_patches, "
+                f"{self.max_patches}, and {self.size[0] if self.size else 0} patches a side): "
+                "min_pixels and max_pixels do not apply"
+            )
         if (
             self.style == "internvl"
             and self.num_frames is not None
@@ -170,7 +187,8 @@ class VideoSettings:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
         # SmolVLM samples with both (at most num_frames, at fps); Gemma 4's processor takes
         # a part's one beside the checkpoint's other, which its sampler refuses as a pair
-        if self.style not in ("smol", "gemma4"):
+        # (so does Kimi-K2.5's, whose class default is a rate)
+        if self.style not in ("smol", "gemma4", "kimi"):
             if "fps" in changes:
                 changes["num_frames"] = None
             elif "num_frames" in changes:
@@ -197,13 +215,17 @@ _DEFAULTS = {
     "gemma4": VideoSettings("gemma4", 16, 1, 1, 0, 0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
                             do_sample_frames=True, num_frames=32, max_soft_tokens=70,
                             pooling_kernel_size=3),
+    # Kimi_K25VideoProcessor's (IMAGENET_STANDARD mean and std, 2 fps, chunks of 4 frames)
+    "kimi": VideoSettings("kimi", 14, 4, 2, 0, 0, _HALF, _HALF, do_sample_frames=True, fps=2,
+                          size=(512, 512), max_patches=4096),
     # InternVLVideoProcessor's (OPENAI_CLIP mean and std, 384x384, bicubic, no sampling)
     "internvl": VideoSettings("internvl", 1, 1, 1, 0, 0, _CLIP_MEAN, _CLIP_STD,
                               size=(384, 384), frames_as_images=True),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
           "llava_onevision": "llava", "smolvlm": "smol", "qwen3_vl_moe": "qwen3",
-          "qwen3_5_moe": "qwen3", "gemma4": "gemma4", "internvl": "internvl"}  # fmt: skip
+          "qwen3_5_moe": "qwen3", "gemma4": "gemma4", "internvl": "internvl",
+          "kimi_k25": "kimi"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -222,6 +244,8 @@ _CLASS_STYLE = {
     "Gemma4ImageProcessor": "gemma4",
     "Gemma4ImageProcessorPil": "gemma4",
     "InternVLVideoProcessor": "internvl",
+    "Kimi_K25VideoProcessor": "kimi",
+    "Kimi_K25ImageProcessor": "kimi",
 }
 
 
@@ -271,6 +295,11 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
         options = _read_json(path / "processor_config.json")
         changes.update(internvl_settings(path, saved, options))
         size = None
+    if style == "kimi":
+        from vf_mm.models._kimi_k25_video import kimi_size
+
+        changes["size"] = kimi_size(path, size, settings.size)
+        size = None
     if isinstance(size, dict):
         changes["min_pixels"] = int(size.get("shortest_edge", settings.min_pixels))
         changes["max_pixels"] = int(size.get("longest_edge", settings.max_pixels))
@@ -281,7 +310,7 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
         name = field.name
         if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps",
                     "size", "tokens_per_frame", "longest_edge", "frames_as_images",
-                    "chat_template", "initial_shift"):  # fmt: skip
+                    "chat_template", "initial_shift", "multi_frame_chunks"):  # fmt: skip
             continue
         if name in saved:
             value = saved[name]
@@ -363,7 +392,11 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         from vf_mm.models._gemma4_video import check_sampling
 
         check_sampling(settings)
-    if settings.style in ("llava", "gemma4"):
+    if settings.style == "kimi":
+        from vf_mm.models._kimi_k25_video import check_sampling as check_kimi
+
+        check_kimi(settings)
+    if settings.style in ("llava", "gemma4", "kimi"):
         return SampledVideo(_sample_uniform(settings, total, fps), fps)
     if settings.style == "smol":
         return SampledVideo(_sample_smol(settings, total, fps), fps)
@@ -586,6 +619,10 @@ def expand_video(
         from vf_mm.models._gemma4_video import expand_gemma4
 
         return expand_gemma4(settings, video, sampled, tokens)
+    if settings.style == "kimi":
+        from vf_mm.models._kimi_k25_video import expand_kimi_k25
+
+        return expand_kimi_k25(settings, video, sampled, tokens)
     if settings.style == "internvl":
         from vf_mm.models._internvl_video import expand_internvl
 
