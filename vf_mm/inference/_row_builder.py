@@ -50,7 +50,8 @@ class RowBuilder:
 
     def prepare(self, pending: Pending) -> None:
         """Do ``row``'s CPU work for ``pending`` ahead (kept on it as ``prepared``),
-        counting nothing. A request that cannot run is left as it is: ``row`` meets the
+        counting nothing (its lookup only marks the entry recently used, as the one at
+        admission will). A request that cannot run is left as it is: ``row`` meets the
         same error at admission and answers it there."""
         if pending.future.done():
             return
