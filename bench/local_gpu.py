@@ -31,7 +31,7 @@ measures.
     python bench/local_gpu.py [--device cuda] [--dtype bfloat16] [--examples 8]
                               [--rollouts-per-example 4] [--max-tokens 32]
                               [--shape 3b|tiny] [--out FILE.json] [--trace]
-                              [--no-baselines] [--checkpoint DIR]
+                              [--no-baselines] [--checkpoint DIR] [--no-varlen-vision]
 
 ``--trace`` adds the time and peak GPU memory of each phase of the backend's work.
 Needs vf_mm's pinned dependencies (transformers 5.23, datasets, msgspec, and
@@ -173,6 +173,7 @@ async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
         dtype=getattr(torch, args.dtype),
         prefix_cache=cache,
         max_batch=max(64, n),
+        varlen_vision=args.varlen_vision,
     )
     if args.tracer:
         args.tracer.attach(backend)
@@ -377,6 +378,10 @@ def main() -> None:
     parser.add_argument(
         "--no-baselines", dest="baselines", action="store_false",
         help="skip plain generate (eager, compiled) and the bandwidth bound",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-varlen-vision", dest="varlen_vision", action="store_false",
+        help="LocalBackend(varlen_vision=False): the vision tower's own per-window attention",
     )  # fmt: skip
     parser.add_argument(
         "--checkpoint", type=Path, default=None,

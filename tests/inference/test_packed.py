@@ -10,6 +10,8 @@ switched; the model's attention is back after the block."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -79,3 +81,17 @@ def test_the_varlen_vision_attention_refuses_what_it_would_compute_otherwise(ask
     varlen_vision_attention(torch.nn.Module(), q, q, q, None, **segments)  # what it serves
     with pytest.raises(RuntimeError, match="varlen_vision=False"):
         varlen_vision_attention(torch.nn.Module(), q, q, q, None, **{**segments, **asked})
+
+
+def test_a_backend_asked_for_the_towers_own_attention_keeps_it(checkpoints, monkeypatch):
+    """``LocalBackend(varlen_vision=False)`` (the bench's ``--no-varlen-vision``) keeps the
+    tower's own attention where FlashAttention would serve the varlen call."""
+    from vf_mm.inference import LocalBackend, _local_model
+
+    monkeypatch.setattr(_local_model, "flash_available", lambda device, dtype: True)
+    for varlen, switched in ((True, True), (False, False)):
+        backend = LocalBackend(checkpoints("qwen2_5_vl"), kv_pool=True, varlen_vision=varlen)
+        try:
+            assert bool(backend._scheduler._engine.packed.vision_configs) is switched
+        finally:
+            asyncio.run(backend.aclose())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import sys
 import time
 import types
@@ -534,6 +535,27 @@ def test_content_parts_answer_without_expanded_prompt_is_a_protocol_error(
     )
     with pytest.raises(BackendProtocolError, match="prompt_token_ids"):
         run(lambda: generate_once(backend(server.url, mode="content_parts"), request))
+
+
+def test_content_parts_range_without_the_renderers_embedding_ids_names_what_it_holds() -> None:
+    """vLLM 0.32's InternVL writes a clip's frames with ``<video>`` (here 5) where the
+    renderer's embeddings go (``<IMG_CONTEXT>``, here 9): refused, naming the id the server
+    wrote and that its prompt ids are not the renderer's, never returned as the prompt."""
+    from vf_mm.inference._vllm_protocol import RequestBody, ResponseSchemaError, decode_response
+
+    body = json.dumps({
+        "choices": [{"index": 0, "token_ids": [7], "finish_reason": "length"}],
+        "prompt_token_ids": [1, 8, 5, 5, 2],
+        "mm_placeholders": {"video": [{"offset": 1, "length": 3}]},
+    }).encode()  # fmt: skip
+    sent = RequestBody(
+        b"", media_hashes={"video": ["v0"]}, embed_token_ids={"video": frozenset({9})}
+    )
+    request = GenerateRequest([1, 3, 2], SamplingParams(max_tokens=1, logprobs=False))
+    with pytest.raises(
+        ResponseSchemaError, match=r"most frequent token: \[5\].*not the renderer's"
+    ):
+        decode_response(body, request, sent)
 
 
 def test_content_parts_placeholder_count_mismatch_is_a_protocol_error(

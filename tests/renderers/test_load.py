@@ -76,8 +76,9 @@ def test_a_vision_model_of_another_family_is_refused_not_rendered_as_text(checkp
 def test_the_families_left_out_are_refused_by_name_with_the_current_list(
     checkpoints, tmp_path, family
 ):
-    """GLM-4.6V (no pinned template; docs/models.md says why) is refused by name, and the
-    list of what is rendered includes the families added since."""
+    """GLM-4.6V (its real templates are pinned, the family is not written; docs/models.md
+    says what is missing) is refused by name, and the list of what is rendered includes
+    the families added since."""
     import shutil
 
     other = tmp_path / family

@@ -1,5 +1,7 @@
-"""Video against a real vLLM 0.32 server (Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision, one tiny
-checkpoint and one server each, ``--limit-mm-per-prompt '{"image":4,"video":2}'``).
+"""Video against a real vLLM 0.32 server (Qwen2.5-VL, Qwen3-VL, LLaVA-OneVision, InternVL3
+and Gemma 4, one tiny checkpoint and one server each, ``--limit-mm-per-prompt
+'{"image":4,"video":2}'``; Gemma 4's with ``"audio":0`` and a 4096-token context, as its
+clips run over 2048 tokens). A run starts only the selected families' servers.
 
 - The render route (``/v1/chat/completions/render``) on a raw clip (a lossless MP4 data URL,
   so vLLM's OpenCV decoding and vf_mm's PyAV decoding see the same pixels): vLLM's token
@@ -9,12 +11,20 @@ checkpoint and one server each, ``--limit-mm-per-prompt '{"image":4,"video":2}'`
   kept, as transformers keeps them); Qwen2.5-VL at 2 fps, because vLLM's
   own loader samples a Qwen2.5-VL clip to 2 fps where transformers keeps every frame
   (measured here too: a 4 fps clip comes back with half the frames).
+- InternVL3 and Gemma 4 differ from transformers where stated (``test_vllm_*``): vLLM's
+  loader keeps at most 32 frames of a clip (``linspace``), where transformers' InternVL
+  keeps every frame and Gemma 4's samples 32 with ``arange``; vLLM's InternVL writes a
+  clip's frames with ``<video>`` where transformers writes ``<IMG_CONTEXT>`` (the same
+  pixels, the same positions); vLLM's Gemma 4 runs the frames through the image processor,
+  whose rescale differs from the video processor's by at most one float32 ulp. A Gemma 4
+  clip of at most 32 frames is the renderer's clip with ``num_frames`` set to its length.
 - content_parts: the template's prompt (one ``<|video_pad|>``) and the raw clip expand
   to the renderer's ids, posted raw and through ``VLLMBackend`` (raw frames sent
   losslessly encoded; the returned placeholders count the renderer's embeddings).
 - features (Qwen2.5-VL, LLaVA-OneVision): vLLM's decoder takes our ``kwargs_data`` for a clip and samples
-  what its own processing of the raw clip gives, tokens and logprobs. Qwen3-VL's
-  placeholders carry ``is_embed`` (the timestamps): refused before anything is sent.
+  what its own processing of the raw clip gives, tokens and logprobs. Qwen3-VL's, InternVL3's
+  and Gemma 4's placeholders carry ``is_embed`` (timestamps, frame labels): refused before
+  anything is sent.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import pytest
 
 from tests.vllm._mismatch import assert_agrees, measure
 from tests.vllm.conftest import VLLMServer, free_port
-from vf_mm.errors import MultiModalDataError
+from vf_mm.errors import BackendProtocolError, MultiModalDataError
 from vf_mm.inference import (
     GenerateRequest,
     SamplingParams,
@@ -44,8 +54,38 @@ from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_onevision")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma4")
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
+#: servers started together (the rest start when a test first asks for them)
+AHEAD = 3
+#: per family, transformers' (and vf_mm's) name of a clip's model input -> vLLM's
+VLLM_NAMES = {
+    "internvl": {"pixel_values": "pixel_values_videos"},
+    "gemma4": {"video_position_ids": "pixel_position_ids_videos",
+               "num_frames_per_video": "video_frame_counts"},
+}  # fmt: skip
+#: per family, vLLM's own bookkeeping in a clip's kwargs_data (no model input of transformers')
+VLLM_ONLY = {
+    "qwen3_vl": {"timestamps"},
+    "internvl": {"video_num_patches", "video_token_id"},
+    "gemma4": {"video_num_soft_tokens", "video_timestamps"},
+}
+#: vLLM 0.32's video loader keeps at most this many frames of a clip (``linspace``)
+VLLM_MAX_FRAMES = 32
+
+
+class Servers(dict):
+    """The selected families' servers by name; one not yet started starts when asked for."""
+
+    def __init__(self, servers: dict[str, tuple[VLLMServer, object]], python: str):
+        super().__init__(servers)
+        self.python = python
+
+    def __getitem__(self, name: str) -> tuple[VLLMServer, object]:
+        server, path = super().__getitem__(name)
+        if server.proc is None:
+            server.start(self.python)
+        return server, path
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -54,22 +94,36 @@ def _needs_torchvision():
 
 
 @pytest.fixture(scope="module")
-def servers(vllm_py, tmp_path_factory) -> Iterator[dict[str, tuple[VLLMServer, object]]]:
+def servers(request, vllm_py, tmp_path_factory) -> Iterator[Servers]:
+    """The servers of the families the selected tests use (``-k gemma4`` starts one)."""
     root = tmp_path_factory.mktemp("video-vllm")
+    chosen = {
+        value
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+        for key in ("family", "name")
+        if (value := item.callspec.params.get(key)) is not None
+    }
     out: dict[str, tuple[VLLMServer, object]] = {}
-    for family in FAMILIES:
+    for family in [f for f in FAMILIES if f in chosen]:
         path = build_tiny_vlm(root / family, family)
-        args = ["--limit-mm-per-prompt", '{"image":4,"video":2}', "--no-mm-device-do-normalize"]
+        limits = (
+            '{"image":4,"video":2,"audio":0}' if family == "gemma4" else '{"image":4,"video":2}'
+        )
+        args = ["--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize"]
+        if family == "gemma4":  # 32 frames of ~65 tokens each
+            args += ["--max-model-len", "4096"]
         out[family] = (VLLMServer(family, path, free_port(), root / f"{family}.log", args), path)
+    fleet = Servers(out, vllm_py)
     try:
-        for server, _ in out.values():
-            server.start(vllm_py)
-        yield out
+        for family in list(out)[:AHEAD]:
+            fleet[family]  # starts it
+        yield fleet
     finally:
         for server, _ in out.values():
             server.stop()
         if os.environ.get("VF_MM_KEEP_VLLM_LOGS"):
-            for family in FAMILIES:
+            for family in out:
                 shutil.copy(root / f"{family}.log", os.environ["VF_MM_KEEP_VLLM_LOGS"])
 
 
@@ -98,13 +152,51 @@ def lossless_mp4(frames: np.ndarray, rate: int) -> str:
 
 
 def case(name, seed=0, frames=8):
+    """A clip's URL, the messages sent to vLLM, and the messages the renderer takes: for
+    Gemma 4 the clip's part with ``num_frames`` set to its length (its processor samples 32
+    frames and refuses a shorter clip; vLLM keeps every frame of one)."""
     rate = 2 if name == "qwen2_5_vl" else 4
     rng = np.random.default_rng(seed)
     clip = rng.integers(0, 256, (frames, 64, 80, 3), dtype=np.uint8)
     url = lossless_mp4(clip, rate)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
                                              {"type": "text", "text": "What moved?"}]}]  # fmt: skip
-    return url, messages
+    return url, messages, renderer_messages(name, messages, frames)
+
+
+def renderer_messages(name, messages, frames):
+    if name != "gemma4":
+        return messages
+    clips = ("video", "video_url")
+    return [{**m, "content": [{**p, "num_frames": frames} if p["type"] in clips else p
+                              for p in m["content"]]} for m in messages]  # fmt: skip
+
+
+def as_vllm_writes(name, renderer, ids):
+    """``ids`` as vLLM 0.32 writes them: its InternVL puts ``<video>`` at a clip's embedding
+    positions, where transformers' processor (and the renderer) puts ``<IMG_CONTEXT>``."""
+    if name != "internvl":
+        return list(ids)
+    (context,) = renderer.vision.embed_ids("video")
+    video = renderer.tokenizer.convert_tokens_to_ids("<video>")
+    return [video if t == context else t for t in ids]
+
+
+def assert_same_inputs(name, mine, decoded):
+    """The renderer's inputs for a clip against vLLM's ``kwargs_data``: bit for bit, but for
+    Gemma 4's pixels (vLLM rescales the frames as images, ``x * (1/255)``; transformers' video
+    processor fuses rescale and normalise, ``x / 255``: one ulp apart where they differ)."""
+    names = VLLM_NAMES.get(name, {})
+    assert set(decoded) - VLLM_ONLY.get(name, set()) == {names.get(k, k) for k in mine}
+    for key, value in mine.items():
+        theirs = decoded[names.get(key, key)]
+        ours = np.asarray(value).reshape(theirs.shape)
+        assert ours.dtype == theirs.dtype, key
+        if name == "gemma4" and key == "pixel_values_videos":
+            np.testing.assert_array_max_ulp(ours, theirs, maxulp=1)
+            assert not np.array_equal(ours, theirs), "now bit for bit: update the docs"
+        else:
+            assert np.array_equal(ours, theirs), key  # bit-exact
 
 
 def post(server, body, path="/inference/v1/generate"):
@@ -115,28 +207,74 @@ def post(server, body, path="/inference/v1/generate"):
 
 def test_the_render_route_equals_the_renderer_on_a_clip(family):
     name, server, path, renderer = family
-    _url, messages = case(name)
-    ours = renderer.render(messages)
+    _url, messages, ours_messages = case(name)
+    ours = renderer.render(ours_messages)
     theirs = post(server, {"model": str(path), "messages": messages},
                   path="/v1/chat/completions/render")  # fmt: skip
-    assert theirs["token_ids"] == list(ours.token_ids)
+    assert theirs["token_ids"] == as_vllm_writes(name, renderer, ours.token_ids)
     item = ours.multi_modal_data.mm_items["video"][0]
     decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
-    assert set(decoded) - {"timestamps"} == set(item)  # timestamps: vLLM's bookkeeping
-    for key, value in item.items():
-        mine = np.asarray(value).reshape(decoded[key].shape)
-        assert mine.dtype == decoded[key].dtype, key
-        assert np.array_equal(mine, decoded[key]), key  # bit-exact
+    assert_same_inputs(name, item, decoded)
     (range_,) = theirs["features"]["mm_placeholders"]["video"]
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]
     # Qwen3-VL: vLLM's range starts at the template's <|vision_start|> (ours at the first
-    # group's, after the first timestamp); both end at the last <|vision_end|>
+    # group's, after the first timestamp); InternVL3 and Gemma 4 at the first frame's label
+    # or timestamp (ours at its <img> / <|image>); all end at the last frame's end
     assert range_["offset"] + range_["length"] == mine.end
     assert range_["offset"] <= mine.offset
 
 
-def test_vllm_samples_a_qwen2_5_clip_to_2_fps_where_transformers_keeps_every_frame(servers):
-    server, path = servers["qwen2_5_vl"]
+@pytest.mark.parametrize("name", ["internvl"])
+def test_vllm_keeps_32_frames_of_a_longer_internvl_clip_where_transformers_keeps_every_one(
+    servers, name
+):
+    server, path = servers[name]
+    server.wait_healthy()
+    renderer = load_renderer(path)
+    clip = np.random.default_rng(6).integers(0, 256, (33, 64, 80, 3), dtype=np.uint8)
+    url = lossless_mp4(clip, 4)
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
+    theirs = post(server, {"model": str(path), "messages": messages},
+                  path="/v1/chat/completions/render")  # fmt: skip
+    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    assert decoded["video_num_patches"].tolist() == [VLLM_MAX_FRAMES]
+    kept = np.linspace(0, 32, VLLM_MAX_FRAMES, dtype=int)  # every frame but the 32nd
+    sampled = [{"type": "video", "video": clip[kept], "frame_rate": 4.0}]
+    ours = renderer.render([{"role": "user", "content": sampled}])
+    assert theirs["token_ids"] == as_vllm_writes("internvl", renderer, ours.token_ids)
+    assert_same_inputs("internvl", ours.multi_modal_data.mm_items["video"][0], decoded)
+    whole = renderer.render(messages).multi_modal_data.mm_items["video"][0]
+    assert np.asarray(whole["pixel_values"]).shape[0] == 33
+
+
+@pytest.mark.parametrize("name", ["gemma4"])
+def test_vllm_samples_a_longer_gemma4_clip_by_linspace_where_transformers_uses_arange(
+    servers, name
+):
+    server, path = servers[name]
+    server.wait_healthy()
+    renderer = load_renderer(path)
+    clip = np.random.default_rng(7).integers(0, 256, (33, 64, 80, 3), dtype=np.uint8)
+    url = lossless_mp4(clip, 4)
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
+    theirs = post(server, {"model": str(path), "messages": messages},
+                  path="/v1/chat/completions/render")  # fmt: skip
+    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    kept = np.linspace(0, 32, VLLM_MAX_FRAMES, dtype=int)  # vLLM: frames 0-30 and 32
+    np.testing.assert_array_equal(decoded["video_timestamps"], [kept / 4])
+    ours = renderer.render(messages)  # transformers: 32 frames by arange, 0-31
+    mine = ours.multi_modal_data.mm_items["video"][0]
+    assert np.asarray(mine["num_frames_per_video"]).tolist() == [32]
+    assert theirs["token_ids"] != list(ours.token_ids)  # the last timestamp: 00:08, ours 00:07
+    # the frames vLLM kept are the renderer's frames of those indices
+    sampled = [{"type": "video", "video": clip[kept], "frame_rate": 4.0, "num_frames": 32}]
+    frames = renderer.render([{"role": "user", "content": sampled}])
+    assert_same_inputs("gemma4", frames.multi_modal_data.mm_items["video"][0], decoded)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl"])
+def test_vllm_samples_a_qwen2_5_clip_to_2_fps_where_transformers_keeps_every_frame(servers, name):
+    server, path = servers[name]
     server.wait_healthy()
     renderer = load_renderer(path)
     clip = np.random.default_rng(5).integers(0, 256, (8, 64, 80, 3), dtype=np.uint8)
@@ -160,26 +298,26 @@ def template_prompt(renderer, messages):
 
 def test_content_parts_expand_a_clip_to_the_renderers_ids(family):
     name, server, _path, renderer = family
-    url, messages = case(name, seed=1)
-    ours = renderer.render(messages)
+    url, messages, ours_messages = case(name, seed=1)
+    ours = renderer.render(ours_messages)
     out = post(server, {
         "token_ids": template_prompt(renderer, messages),
         "sampling_params": {"max_tokens": 2, "temperature": 0.0},
         "content_parts": [{"type": "video_url", "url": url}],
         "return_token_ids": True,
     })  # fmt: skip
-    assert out["prompt_token_ids"] == list(ours.token_ids)
+    assert out["prompt_token_ids"] == as_vllm_writes(name, renderer, ours.token_ids)
 
 
 def test_features_sample_what_the_servers_own_processing_of_the_clip_samples(family):
     name, server, _path, renderer = family
-    url, messages = case(name, seed=2)
-    ours = renderer.render(messages)
+    url, messages, ours_messages = case(name, seed=2)
+    ours = renderer.render(ours_messages)
     backend = VLLMBackend(server.base_url, mode="features")
     request = GenerateRequest(prompt_ids=list(ours.token_ids),
                               multi_modal_data=ours.multi_modal_data,
                               sampling=SamplingParams(max_tokens=6, temperature=0.0, logprobs=True))  # fmt: skip
-    if name == "qwen3_vl":  # timestamps inside the range: is_embed
+    if name in ("qwen3_vl", "internvl", "gemma4"):  # text inside the range: is_embed
         with pytest.raises(MultiModalDataError, match="content_parts"):
             asyncio.run(backend.generate(request))
         return
@@ -196,23 +334,31 @@ def test_features_sample_what_the_servers_own_processing_of_the_clip_samples(fam
 def test_the_backend_sends_raw_frames_as_content_parts(family):
     """VLLMBackend in content_parts mode: raw frames go out losslessly encoded with their
     rate, vLLM expands them to the renderer's ids, and with the embedding ids the returned
-    placeholders count the renderer's embeddings (Qwen3-VL's timestamps are not)."""
+    placeholders count the renderer's embeddings (Qwen3-VL's timestamps are not). InternVL3:
+    vLLM's prompt holds ``<video>`` where the renderer's embeddings go (``<IMG_CONTEXT>``),
+    so the answer is refused as not the renderer's prompt, never returned as one."""
     name, server, _path, renderer = family
     rate = 2.0 if name == "qwen2_5_vl" else 4.0
     frames = np.random.default_rng(4).integers(0, 256, (8, 64, 80, 3), dtype=np.uint8)
     part = {"type": "video", "video": frames, "frame_rate": rate}
     messages = [{"role": "user", "content": [part, {"type": "text", "text": "What moved?"}]}]
-    ours = renderer.render(messages)
+    ours = renderer.render(renderer_messages(name, messages, 8))
     backend = VLLMBackend(server.base_url, mode="content_parts",
                           embed_token_ids={"video": renderer.vision.embed_ids("video")})  # fmt: skip
     request = GenerateRequest(template_prompt(renderer, messages), SamplingParams(max_tokens=1),
                               content_parts=[part])  # fmt: skip
+    if name == "internvl":
+        video = renderer.tokenizer.convert_tokens_to_ids("<video>")
+        with pytest.raises(BackendProtocolError, match=rf"most frequent token: \[{video}\]"):
+            asyncio.run(backend.generate(request))
+        return
     result = asyncio.run(backend.generate(request))
     assert result.prompt_ids == list(ours.token_ids)
     (theirs,) = result.multi_modal_data.mm_placeholders["video"]
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]
     assert theirs.num_embeds == mine.num_embeds and theirs.end == mine.end
-    assert result.multi_modal_data.mm_hashes == ours.multi_modal_data.mm_hashes
+    if name != "gemma4":  # the renderer's clip has num_frames set: another hash
+        assert result.multi_modal_data.mm_hashes == ours.multi_modal_data.mm_hashes
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])

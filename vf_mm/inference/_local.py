@@ -122,6 +122,10 @@ class LocalBackend:
             60% of the GPU memory free after loading; 256 MiB elsewhere): a request waits for
             room, and one that cannot fit at all fails alone (``BackendOutOfMemoryError``).
         cuda_graphs: Capture decode steps as CUDA graphs (the pool engine on CUDA).
+        varlen_vision: Run a Qwen-VL vision tower's attention as one varlen FlashAttention
+            call over every image and window (the pool engine on CUDA in half precision);
+            False keeps transformers' own per-window attention, whose features a trainer's
+            forward computes (they differ by bfloat16 rounding).
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class LocalBackend:
         kv_pool: bool | None = None,
         kv_pool_bytes: int | None = None,
         cuda_graphs: bool = True,
+        varlen_vision: bool = True,
     ) -> None:
         loaded = LocalModel.from_pretrained(
             model, device=device, dtype=dtype, max_model_len=max_model_len
@@ -164,7 +169,7 @@ class LocalBackend:
         self.max_batch = max_batch
 
         self._stats = LocalStats()
-        packed = loaded.pool_model(kv_pool)
+        packed = loaded.pool_model(kv_pool, varlen_vision=varlen_vision)
         arena = None
         if packed is not None:
             if kv_pool_bytes is None:

@@ -154,17 +154,19 @@ class LocalModel:
         assert self.image_token_id is not None, "a vision model has an image token"
         return self.image_token_id
 
-    def pool_model(self, kv_pool: bool | None) -> PackedModel | None:
+    def pool_model(self, kv_pool: bool | None, *, varlen_vision: bool = True) -> PackedModel | None:
         """The model set up for the pool engine, when it runs this model: ``kv_pool``
         True, or None on a CUDA device with a half-precision model (FlashAttention's
         varlen kernel). Families it cannot run (recurrent or sliding-window layers,
-        non-causal image attention) keep their engine; asking for it then is an error."""
+        non-causal image attention) keep their engine; asking for it then is an error.
+        ``varlen_vision``: the vision tower's attention in one varlen call, where
+        FlashAttention serves it."""
         if kv_pool is False:
             return None
         if kv_pool is None and not flash_available(self.device, self.dtype):
             return None
-        # the vision tower's windows in one varlen call where FlashAttention serves
-        packed = PackedModel(self.model, varlen_vision=flash_available(self.device, self.dtype))
+        flash = flash_available(self.device, self.dtype)
+        packed = PackedModel(self.model, varlen_vision=varlen_vision and flash)
         if self.resumable and not self.linear and packed.supported:
             return packed
         if kv_pool:

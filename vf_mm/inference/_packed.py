@@ -196,7 +196,7 @@ def varlen_vision_attention(
         raise RuntimeError(
             "the varlen vision attention computes bidirectional self-attention within "
             "segments, without dropout: this tower asked for causal attention, dropout or "
-            "other key segments; build its PackedModel with varlen_vision=False"
+            "other key segments; run it with LocalBackend(varlen_vision=False)"
         )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     if flash_available(q.device, q.dtype):

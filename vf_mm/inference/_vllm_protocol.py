@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -602,9 +603,15 @@ def _expanded_prompt(
                 span = prompt_ids[p.offset : p.offset + p.length]
                 flags = tuple(t in ids for t in span)
                 if not any(flags):
+                    common = [t for t, _ in Counter(span).most_common(1)]
                     raise ResponseSchemaError(
                         f"a {modality} placeholder ({p.offset}, {p.length}) holds none of the "
-                        f"{modality}'s embedding tokens {sorted(ids)}"
+                        f"{modality}'s embedding tokens {sorted(ids)} (its most frequent "
+                        f"token: {common}): the server expanded the {modality} with other "
+                        "ids than the renderer, so its prompt ids are not the renderer's "
+                        "(vLLM 0.32 writes an InternVL clip's frames with <video> where "
+                        "transformers writes <IMG_CONTEXT>); render such clips locally or "
+                        "serve them with vf-mm serve"
                     )
                 mask = None if all(flags) else flags
             ranges.append(PlaceholderRange(p.offset, p.length, mask))
