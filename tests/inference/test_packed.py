@@ -44,9 +44,7 @@ def test_the_varlen_vision_attention_is_the_towers_own(checkpoints, family):
     rendered = renderer.render([{"role": "user", "content": content}])
     items = rendered.multi_modal_data.mm_items["image"]
     pixel_values = torch.cat([torch.tensor(np.asarray(i["pixel_values"])) for i in items])
-    grid = torch.cat(
-        [torch.as_tensor(np.asarray(i["image_grid_thw"])).reshape(-1, 3) for i in items]
-    )
+    grid = torch.cat([torch.tensor(np.asarray(i["image_grid_thw"])).reshape(-1, 3) for i in items])
     packed = PackedModel(model, varlen_vision=True)
     assert packed.vision_configs  # the tower's attention takes segments
     own = [c._attn_implementation_internal for c in packed.vision_configs]
@@ -68,6 +66,21 @@ def test_the_varlen_vision_attention_refuses_a_call_without_segments():
     q = torch.zeros(1, 2, 4, 8)
     with pytest.raises(RuntimeError, match="cu_seq_lens_q"):
         varlen_vision_attention(torch.nn.Module(), q, q, q, None)
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [{"is_causal": True}, {"dropout": 0.1}, {"cu_seq_lens_k": torch.tensor([0, 1, 4])}],
+    ids=["causal", "dropout", "other-key-segments"],
+)
+def test_the_varlen_vision_attention_refuses_what_it_would_compute_otherwise(asked):
+    """A tower asking for attention other than bidirectional within the query segments
+    fails, rather than getting that attention silently."""
+    q = torch.zeros(1, 2, 4, 8)
+    segments = {"cu_seq_lens_q": torch.tensor([0, 2, 4]), "max_length_q": 2}
+    varlen_vision_attention(torch.nn.Module(), q, q, q, None, **segments)  # what it serves
+    with pytest.raises(RuntimeError, match="varlen_vision=False"):
+        varlen_vision_attention(torch.nn.Module(), q, q, q, None, **{**segments, **asked})
 
 
 def test_a_backend_asked_for_the_towers_own_attention_keeps_it(checkpoints, monkeypatch):

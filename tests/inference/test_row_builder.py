@@ -9,6 +9,8 @@ entry, and then they are computed again."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -63,7 +65,9 @@ class Built:
     """A builder over a prefix cache holding turn 1's prompt, with its counters and a
     count of the positions computed."""
 
-    def __init__(self, model: LocalModel, first: GenerateRequest, monkeypatch) -> None:
+    def __init__(
+        self, model: LocalModel, first: GenerateRequest, monkeypatch, *, state: object = None
+    ) -> None:
         self.stats = LocalStats()
         self.cache = PrefixCache(1 << 20)
         self.builder = RowBuilder(
@@ -73,7 +77,7 @@ class Built:
         prompt = list(first.prompt_ids)
         media = request_media(first)
         _, _, reach = model.positions(prompt, media, 0)
-        self.cache.insert(prompt, [span for span, _, _ in media], None, 1, reach=reach)
+        self.cache.insert(prompt, [span for span, _, _ in media], state, 1, reach=reach)
         self.positions_computed = 0
         computed = model.positions
 
@@ -146,6 +150,30 @@ def test_a_prepared_row_whose_entry_was_dropped_meanwhile_is_computed_again(
     fresh = empty.row(pending(second, loop))
     assert fresh is not None
     same(row, fresh)
+
+
+def test_a_running_row_keeps_no_entry_the_cache_dropped_while_it_was_held(
+    model, turns, loop, monkeypatch
+):
+    """The prepared match is used once: a row admitted after its entry left the cache
+    does not keep that entry's state (the batch engine's KV tensors) alive."""
+
+    class State:  # stands for an entry's KV tensors
+        pass
+
+    first, second = turns
+    state = State()
+    gone = weakref.ref(state)
+    built = Built(model, first, monkeypatch, state=state)
+    del state
+    held = pending(second, loop)
+    built.builder.prepare(held)
+    assert held.prepared is not None and held.prepared.match.entry is not None
+    built.cache.drop(held.prepared.match.entry)
+    row = built.builder.row(held)
+    assert row is not None and row.match.entry is None and row.pending is held
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_request_that_cannot_run_is_answered_once_at_admission_not_while_prepared(

@@ -165,7 +165,10 @@ def test_a_clip_in_a_tool_result_bridges_to_a_full_render(renderer_of, variant):
     ("part", "error"),
     [
         # the checkpoint samples 32 frames: a shorter clip needs num_frames or no sampling
-        ({"video": clip(3)}, r"cannot sample 32 frames from a 4-frame clip"),
+        # the message says the 32 is the checkpoint's, and how to ask for fewer or none
+        ({"video": clip(3)}, r"cannot sample 32 frames from a 4-frame clip \(num_frames is 32 "
+         r"\(the part's, else the checkpoint's default\)\): give the video part num_frames of "
+         r"at most 4, or do_sample_frames=False"),
         ({"video": clip(3), "num_frames": 9}, r"cannot sample 9 frames"),
         ({"video": clip(3), "fps": 2.0, "frame_rate": 4.0}, r"fps or by num_frames, not both.*fps=2.0 and num_frames=32"),
         ({"video": clip(3), "min_pixels": 1000}, r"soft-token budget.*min_pixels"),

@@ -160,7 +160,11 @@ def test_sampling_follows_its_sampler(internvl):
          "same size"),
         (video(min_pixels=100), RenderError, "InternVL resizes every frame"),
         (video(do_sample_frames=True), RenderError, "samples by fps or num_frames"),
-        (video(num_frames=9), RenderError, "cannot sample 9 frames from a 5-frame clip"),
+        (video(num_frames=9), RenderError,
+         r"cannot sample 9 frames from a 5-frame clip .*num_frames of at most 5"),
+        # a rate over the clip's: the message names the rate, not a count never given
+        (video(fps=8.0, frame_rate=4.0), RenderError,
+         r"cannot sample 10 frames .*fps 8.0 on a clip at 4.0 fps.*an fps of at most 4.0"),
         (video(fps=2.0), RenderError, "needs the clip's frame rate"),
         (video(fps=0.1, frame_rate=4.0), RenderError, "keeps no frame"),
         (video(initial_shift=0), RenderError, "unknown key"),

@@ -181,13 +181,22 @@ def varlen_vision_attention(
     """Bidirectional attention within each segment (an image, or a window of one) of
     ``cu_seq_lens_q``: ``query`` / ``key`` / ``value`` ``(1, heads, T, dim)``, returns
     ``(1, T, heads, dim)``. On CUDA in half precision one varlen FlashAttention call;
-    elsewhere ``scaled_dot_product_attention`` per segment, as transformers' own path."""
+    elsewhere ``scaled_dot_product_attention`` per segment, as transformers' own path.
+    A call it would compute otherwise than asked (causal, with dropout, or keys segmented
+    apart from the queries) is refused, never approximated."""
     cu = kwargs.get("cu_seq_lens_q")
     longest = kwargs.get("max_length_q")
     if cu is None or longest is None or attention_mask is not None:
         raise RuntimeError(
             "the varlen vision attention ran without its segments (cu_seq_lens_q): it "
             "serves only vision towers that pass them (the Qwen-VL families')"
+        )
+    keys = kwargs.get("cu_seq_lens_k", cu)
+    if kwargs.get("is_causal") or dropout or (keys is not cu and not torch.equal(keys, cu)):
+        raise RuntimeError(
+            "the varlen vision attention computes bidirectional self-attention within "
+            "segments, without dropout: this tower asked for causal attention, dropout or "
+            "other key segments; run it with LocalBackend(varlen_vision=False)"
         )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     if flash_available(q.device, q.dtype):

@@ -12,7 +12,9 @@ runs it while the device computes a step, so admission only repeats the lookup (
 and places the row. The positions (M-RoPE's ``get_rope_index``, ~1 ms a row) are reused
 only when the lookup at admission gives the same entry and length, since a row admitted
 in between may have replaced or evicted the entry: a row is the same whether it was
-prepared or not, and the counts are taken at admission, once.
+prepared or not, and the counts are taken at admission, once. The prepared work is taken
+by the first admission (a row that waits for room is built afresh next time): its match
+holds its entry, whose state must not stay alive beside the row after the cache let it go.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class RowBuilder:
 
     def prepare(self, pending: Pending) -> None:
         """Do ``row``'s CPU work for ``pending`` ahead (kept on it as ``prepared``),
-        counting nothing. A request that cannot run is left as it is: ``row`` meets the
+        counting nothing (its lookup only marks the entry recently used, as the one at
+        admission will). A request that cannot run is left as it is: ``row`` meets the
         same error at admission and answers it there."""
         if pending.future.done():
             return
@@ -74,7 +77,9 @@ class RowBuilder:
             return None
         request = pending.request
         model = self._model
-        prepared = pending.prepared
+        # used once: a prepared match holds its entry, whose state (the batch engine's KV
+        # tensors) must not outlive the cache's own hold on it for as long as the row runs
+        prepared, pending.prepared = pending.prepared, None
         try:
             media = prepared.media if prepared is not None else request_media(request)
             spans = tuple(span for span, _, _ in media)

@@ -26,7 +26,8 @@ from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingPara
 @dataclass(slots=True)
 class Pending:
     """A queued request, the future its caller awaits and that caller's loop.
-    ``prepared``: its row's CPU work done ahead, while it was held (``RowBuilder.prepare``)."""
+    ``prepared``: its row's CPU work done ahead, while it was held (``RowBuilder.prepare``);
+    taken by the first ``RowBuilder.row`` for it, so that no dropped entry outlives it."""
 
     request: GenerateRequest
     future: asyncio.Future[GenerateResult]

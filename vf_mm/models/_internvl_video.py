@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from vf_mm.errors import RenderError, UnsupportedModelError
-from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings, resize_frames
+from vf_mm.models._video import (
+    ExpandedVideo,
+    SampledVideo,
+    VideoSettings,
+    resize_frames,
+    too_many_frames,
+)
 
 __all__ = ["expand_internvl", "internvl_settings", "sample_internvl"]
 
@@ -103,9 +109,7 @@ def sample_internvl(settings: VideoSettings, total: int, fps: float | None) -> t
             f"lasts {total / fps if fps else 0:.3g} s): ask for a higher fps or for num_frames"
         )
     if num > total:
-        raise RenderError(
-            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
-        )
+        raise too_many_frames(settings, num, total, fps)
     shift: Any = settings.initial_shift
     if shift is True:
         shift = total / num / 2

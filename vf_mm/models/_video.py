@@ -445,10 +445,29 @@ def _sample_uniform(settings: VideoSettings, total: int, fps: float | None) -> t
     if num is None:
         return tuple(range(total))
     if num > total:
-        raise RenderError(
-            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
-        )
+        raise too_many_frames(settings, num, total, fps)
     return tuple(int(i) for i in np.arange(num, dtype=int) * total // num)
+
+
+def too_many_frames(
+    settings: VideoSettings, num: int, total: int, fps: float | None
+) -> RenderError:
+    """The refusal of sampling ``num`` frames from a ``total``-frame clip (at ``fps``), as
+    the samplers refuse it, naming where the count came from and the options that fix it:
+    the count may be the checkpoint's default (Gemma 4 samples 32), which the user never
+    wrote."""
+    if settings.num_frames is not None:
+        why = f"num_frames is {settings.num_frames} (the part's, else the checkpoint's default)"
+        if num != settings.num_frames:  # Qwen2-VL's, rounded to whole temporal patches
+            why += f", {num} in whole temporal patches"
+        fix = f"give the video part num_frames of at most {total}"
+    else:
+        why = f"fps {settings.fps} on a clip at {fps} fps keeps {num}"
+        fix = f"give the video part an fps of at most {fps}, or num_frames of at most {total}"
+    return RenderError(
+        f"cannot sample {num} frames from a {total}-frame clip ({why}): {fix}, or "
+        "do_sample_frames=False to keep every frame"
+    )
 
 
 def _sample_qwen2(settings: VideoSettings, total: int, fps: float | None) -> tuple[int, ...]:
@@ -478,9 +497,7 @@ def _sample_qwen2(settings: VideoSettings, total: int, fps: float | None) -> tup
             f"multiples of {tps}): ask for more frames"
         )
     if num > total:
-        raise RenderError(
-            f"cannot sample {num} frames from a {total}-frame clip: ask for fewer frames"
-        )
+        raise too_many_frames(settings, int(num), total, fps)
     return tuple(torch.arange(0, total, total / num).int().tolist())
 
 
