@@ -107,7 +107,7 @@ async def check(backend: LocalBackend, path: Path) -> None:
         own = model.model.get_image_features(
             pixel_values=pixels.to(model.dtype), image_grid_thw=grid
         )
-        with engine.packed.packed():
+        with engine.packed.vision():
             varlen = model.model.get_image_features(
                 pixel_values=pixels.to(model.dtype), image_grid_thw=grid
             )

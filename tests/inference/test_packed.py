@@ -50,7 +50,7 @@ def test_the_varlen_vision_attention_is_the_towers_own(checkpoints, family):
     own = [c._attn_implementation_internal for c in packed.vision_configs]
     with torch.no_grad():
         expected = tower_output(model, pixel_values, grid)
-        with packed.packed():
+        with packed.vision():  # as the pool engine's prefill runs the tower
             assert all(c._attn_implementation == VISION_NAME for c in packed.vision_configs)
             got = tower_output(model, pixel_values, grid)
     assert [c._attn_implementation_internal for c in packed.vision_configs] == own

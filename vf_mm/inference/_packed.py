@@ -254,16 +254,13 @@ class PackedModel:
     def packed(self) -> Iterator[None]:
         """The text layers' attention is ``packed_attention``, and the vision tower's
         ``varlen_vision_attention`` where it takes segments, for this block."""
-        configs: list[Any] = [self.config, *self.vision_configs]
-        names = [NAME] + [VISION_NAME] * len(self.vision_configs)
-        old = [c._attn_implementation_internal for c in configs]
-        for config, name in zip(configs, names, strict=True):
-            config._attn_implementation_internal = name
-        try:
+        with _switched([self.config], NAME), self.vision():
             yield
-        finally:
-            for config, value in zip(configs, old, strict=True):
-                config._attn_implementation_internal = value
+
+    def vision(self) -> contextlib.AbstractContextManager[None]:
+        """The vision tower's attention is ``varlen_vision_attention`` for this block,
+        where it takes segments (else nothing changes)."""
+        return _switched(self.vision_configs, VISION_NAME)
 
     def forward(
         self,
@@ -286,6 +283,20 @@ class PackedModel:
                 **(inputs or {}),
             )
         return out.logits[0]
+
+
+@contextlib.contextmanager
+def _switched(configs: list[Any], name: str) -> Iterator[None]:
+    """``configs``' attention implementation is ``name`` for the block, restored after
+    (an exception included)."""
+    old = [c._attn_implementation_internal for c in configs]
+    for config in configs:
+        config._attn_implementation_internal = name
+    try:
+        yield
+    finally:
+        for config, value in zip(configs, old, strict=True):
+            config._attn_implementation_internal = value
 
 
 @dataclass(slots=True)

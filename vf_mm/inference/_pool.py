@@ -271,7 +271,7 @@ class PoolEngine:
             reference=not self.flash,
         )
         self._parts.stats.prefills_run += 1
-        with self.packed.packed():  # the vision tower's attention: one varlen call
+        with self.packed.vision():  # the vision tower's attention: one varlen call
             inputs = self._parts.vision.inputs(rows, ids) if model.is_multimodal else {}
         keep = (step.cu_q[1:] - 1).long()
         logits = self.packed.forward(
