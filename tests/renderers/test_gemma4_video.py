@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.renderers._video_golden import assert_renders_the_clip_golden
 from tests.renderers.golden.gemma4_video import (
     CASES,
     INPUTS,
@@ -33,7 +34,7 @@ from tests.renderers.golden.gemma4_video import (
 )
 from tests.renderers.test_gemma4 import TOOLS, sampled
 from vf_mm.errors import RenderError, UnsupportedModelError
-from vf_mm.models import expand_video, load_video_settings, model_inputs
+from vf_mm.models import expand_video, load_video_settings
 from vf_mm.renderers import load_renderer
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "gemma4_video.json").read_text())
@@ -71,31 +72,11 @@ def test_clips_render_as_the_real_processor_wrote_them(renderer_of, case):
     too), equal what transformers' ``Gemma4Processor`` with its video processor made of
     the same conversation; each clip's placeholder covers exactly its ``<|video|>``
     tokens (the timestamps and markers between its frames are text)."""
-    import torch
-
     golden = GOLDEN["cases"][case]
     messages = conversation(case)
     assert [clip_digest(v["video"]) for v in parts_of(messages, "video")] == golden["clips"]
     renderer = renderer_of(CASES[case][0])
-    rendered = renderer.render(messages)
-    assert rendered.token_ids == golden["input_ids"]
-    data = rendered.multi_modal_data
-    data.validate(len(rendered.token_ids))
-    inputs = model_inputs(
-        "gemma4", torch.tensor([rendered.token_ids]), data.mm_items.get("image", []),
-        image_token_ids=renderer.vision.embed_ids("image"), videos=data.mm_items["video"],
-        video_token_ids=renderer.vision.embed_ids("video"),
-    )  # fmt: skip
-    assert sorted(inputs) == sorted(golden["inputs"])
-    for name in INPUTS:
-        if name in golden["inputs"]:
-            assert tensor_record(inputs[name].numpy()) == golden["inputs"][name], name
-    (video_id,) = renderer.vision.embed_ids("video")
-    covered = np.zeros(len(rendered.token_ids), dtype=bool)
-    for placeholder in data.mm_placeholders["video"]:
-        covered[placeholder.embed_positions()] = True
-    assert np.array_equal(covered, np.asarray(rendered.token_ids) == video_id)
-    assert len(data.mm_placeholders["video"]) == len(golden["clips"])
+    assert_renders_the_clip_golden(renderer, "gemma4", messages, golden, inputs=INPUTS)
 
 
 def test_a_clip_in_a_tool_result_is_refused_where_the_template_drops_it(renderer_of):

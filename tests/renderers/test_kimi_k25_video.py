@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.renderers._video_golden import assert_renders_the_clip_golden
 from tests.renderers.golden.kimi_k25_video import (
     CASES,
     INPUTS,
@@ -70,30 +71,10 @@ def test_clips_render_as_the_real_processor_wrote_them(renderer, every_chunk, ca
     transformers' ``Kimi_K25Processor`` with its video processor made of the same
     conversation through the real template; each clip's placeholders cover exactly its
     video tokens (the timestamps and media markers between its chunks are text)."""
-    import torch
-
     golden = GOLDEN["cases"][case]
     messages = conversation(case)
     assert [clip_digest(v["video"]) for v in parts_of(messages, "video")] == golden["clips"]
-    rendered = renderer.render(messages)
-    assert rendered.token_ids == golden["input_ids"]
-    data = rendered.multi_modal_data
-    data.validate(len(rendered.token_ids))
-    inputs = model_inputs(
-        "kimi_k25", torch.tensor([rendered.token_ids]), data.mm_items.get("image", []),
-        image_token_ids=renderer.vision.embed_ids("image"), videos=data.mm_items["video"],
-        video_token_ids=renderer.vision.embed_ids("video"),
-    )  # fmt: skip
-    assert sorted(inputs) == sorted(golden["inputs"])
-    for name in INPUTS:
-        if name in golden["inputs"]:
-            assert tensor_record(inputs[name].numpy()) == golden["inputs"][name], name
-    (video_id,) = renderer.vision.embed_ids("video")
-    covered = np.zeros(len(rendered.token_ids), dtype=bool)
-    for placeholder in data.mm_placeholders["video"]:
-        covered[placeholder.embed_positions()] = True
-    assert np.array_equal(covered, np.asarray(rendered.token_ids) == video_id)
-    assert len(data.mm_placeholders["video"]) == len(golden["clips"])
+    assert_renders_the_clip_golden(renderer, "kimi_k25", messages, golden, inputs=INPUTS)
 
 
 def test_a_clip_in_a_tool_result_bridges_equal_to_a_full_render(renderer, every_chunk):
