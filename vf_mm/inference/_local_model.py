@@ -183,9 +183,7 @@ class LocalModel:
         """Refuse a request this model cannot run (too long, unprocessed or miscounted
         images, banned ids outside the vocabulary): it fails alone, before it joins a
         batch."""
-        check_prompt_length(
-            len(request.prompt_ids), request.sampling, self.max_model_len, backend=self.name
-        )
+        check_prompt_length(request, self.max_model_len, backend=self.name)
         if request.content_parts:
             raise BackendError(
                 "the local backend takes processed images (features), not content_parts",

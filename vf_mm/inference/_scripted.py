@@ -55,9 +55,7 @@ class ScriptedBackend:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.record:
             self.requests.append(request)
-        check_prompt_length(
-            len(request.prompt_ids), request.sampling, self.max_model_len, backend=self.name
-        )
+        check_prompt_length(request, self.max_model_len, backend=self.name)
         text = self._replies(request) if callable(self._replies) else next(self._replies)
         ids = list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
         if not ids or ids[-1] not in self._stops:  # a reply may end with its own stop token

@@ -255,16 +255,29 @@ class ChatBackend(Protocol):
 
 
 def check_prompt_length(
-    prompt_len: int, sampling: SamplingParams, max_model_len: int | None, *, backend: str
+    request: GenerateRequest, max_model_len: int | None, *, backend: str
 ) -> None:
-    """Refuse, before sending, a prompt that cannot fit with its ``max_tokens``."""
+    """Refuse, before sending, a prompt that cannot fit with its ``max_tokens``; the
+    error says how many of its tokens its images and clips take, since a clip's frames
+    are what users most often shrink (``num_frames`` / ``fps`` on the video part)."""
     from vf_mm.errors import PromptTooLongError
 
-    if max_model_len is not None and prompt_len + sampling.max_tokens > max_model_len:
-        raise PromptTooLongError(
-            f"prompt of {prompt_len} tokens + max_tokens {sampling.max_tokens} = "
-            f"{prompt_len + sampling.max_tokens} exceeds the model's {max_model_len}",
-            backend=backend,
-            prompt_tokens=prompt_len,
-            limit=max_model_len,
-        )
+    prompt_len, sampling = len(request.prompt_ids), request.sampling
+    if max_model_len is None or prompt_len + sampling.max_tokens <= max_model_len:
+        return
+    taken = []
+    data = request.multi_modal_data
+    for modality, fix in (("image", "send smaller images or fewer"),
+                          ("video", "sample fewer frames: num_frames or fps on the video part")):  # fmt: skip
+        ranges = data.mm_placeholders.get(modality, []) if data is not None else []
+        if ranges:
+            tokens = sum(r.length for r in ranges)
+            taken.append(f"its {len(ranges)} {modality}(s) take {tokens} of them ({fix})")
+    raise PromptTooLongError(
+        f"prompt of {prompt_len} tokens + max_tokens {sampling.max_tokens} = "
+        f"{prompt_len + sampling.max_tokens} exceeds the model's {max_model_len}"
+        + ("; " + "; ".join(taken) if taken else ""),
+        backend=backend,
+        prompt_tokens=prompt_len,
+        limit=max_model_len,
+    )

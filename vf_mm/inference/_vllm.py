@@ -309,9 +309,7 @@ class VLLMBackend:
             raise ValueError("prompt_ids must not be empty (vLLM needs at least one token)")
         if not self._discovered:
             await self._discover_max_model_len()
-        check_prompt_length(
-            len(request.prompt_ids), request.sampling, self.max_model_len, backend=self.name
-        )
+        check_prompt_length(request, self.max_model_len, backend=self.name)
         prepared = await self._prepare(request)
         return await self._send(request, prepared)
 
