@@ -176,6 +176,22 @@ def test_a_checkpoint_with_a_budget_the_processor_refuses_is_refused(variant_pat
         load_video_settings(path, "gemma4")
 
 
+def test_a_checkpoint_that_samples_by_rate_and_count_is_refused_when_it_loads(
+    variant_paths, tmp_path
+):
+    """Its sampler refuses the pair on every clip, and a part cannot unset the
+    checkpoint's: refused once, at load, naming the section to fix."""
+    path = Path(shutil.copytree(variant_paths("8995379"), tmp_path / "m"))
+    config = json.loads((path / "processor_config.json").read_text())
+    config["video_processor"].update(fps=2.0, num_frames=8, do_sample_frames=True)
+    (path / "processor_config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=r"fps=2.0 and num_frames=8.*remove one"):
+        load_video_settings(path, "gemma4")
+    config["video_processor"]["do_sample_frames"] = False  # nothing is sampled: loads
+    (path / "processor_config.json").write_text(json.dumps(config))
+    assert load_video_settings(path, "gemma4").num_frames == 8
+
+
 def test_the_budget_and_sampling_are_read_from_the_checkpoint(variant_paths, tmp_path):
     """The ``video_processor`` section's settings are the ones applied: a budget of 140
     soft tokens gives frames of up to 140 tokens and 1260 patches; 3 frames by default."""

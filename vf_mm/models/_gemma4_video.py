@@ -43,12 +43,21 @@ from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings, resi
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 
 
-def check_settings(path: Path, max_soft_tokens: Any) -> None:
-    """Refuse a checkpoint whose video budget ``Gemma4VideoProcessor`` would refuse."""
-    if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
+def check_settings(path: Path, settings: VideoSettings) -> None:
+    """Refuse a checkpoint whose video settings ``Gemma4VideoProcessor`` would refuse: a
+    budget it does not take, or sampling by both a rate and a count (its sampler refuses
+    the pair on every clip, and a part cannot unset the checkpoint's)."""
+    if settings.max_soft_tokens not in SOFT_TOKEN_BUDGETS:
         raise UnsupportedModelError(
-            f"{path}: the video processor's max_soft_tokens is {max_soft_tokens!r}; Gemma 4's "
-            f"video processor takes one of {SOFT_TOKEN_BUDGETS}"
+            f"{path}: the video processor's max_soft_tokens is {settings.max_soft_tokens!r}; "
+            f"Gemma 4's video processor takes one of {SOFT_TOKEN_BUDGETS}"
+        )
+    if settings.do_sample_frames and settings.fps is not None and settings.num_frames is not None:
+        raise UnsupportedModelError(
+            f"{path}: the video processor sets fps={settings.fps} and "
+            f"num_frames={settings.num_frames}; Gemma 4's sampler takes one or the other, so "
+            "every clip would be refused: remove one from the checkpoint's video_processor "
+            "section"
         )
 
 

@@ -318,11 +318,13 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
     if style == "smol":
         changes.update(_smol_settings(path, saved, changes))
     if style == "gemma4":
+        changes.update(min_pixels=0, max_pixels=0)  # Gemma 4 takes no size
+    loaded = dataclasses.replace(settings, **changes)
+    if style == "gemma4":
         from vf_mm.models._gemma4_video import check_settings
 
-        changes.update(min_pixels=0, max_pixels=0)  # Gemma 4 takes no size
-        check_settings(path, changes.get("max_soft_tokens", settings.max_soft_tokens))
-    return dataclasses.replace(settings, **changes)
+        check_settings(path, loaded)
+    return loaded
 
 
 def _smol_settings(path: Path, saved: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
