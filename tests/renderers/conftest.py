@@ -30,6 +30,12 @@ def kimi_k25_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def glm46v_checkpoint(tmp_path_factory) -> Path:
+    """The tiny GLM-4.6V checkpoint, built once for its tests (they read it, never write it)."""
+    return build_tiny_vlm(tmp_path_factory.mktemp("glm46v") / "m", "glm46v")
+
+
+@pytest.fixture(scope="session")
 def gemma4_variants(tmp_path_factory):
     """A tiny Gemma 4 checkpoint per template variant, by name (one build, the template
     swapped: the tests that take it use the tokenizer and processors, not the weights)."""

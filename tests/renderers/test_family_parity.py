@@ -36,7 +36,8 @@ from vf_mm.renderers import load_renderer
 from vf_mm.testing import build_tiny_vlm
 
 FAMILIES = (
-    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl"
+    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl",
+    "glm46v",
 )  # fmt: skip
 MODES = ("RGB", "L", "RGBA", "P", "LA")
 # a P image's 16-colour palette by fast octree: the default (median cut) takes ~1 CPU-s
@@ -74,8 +75,10 @@ def conversation(family: str, seed: int) -> list[dict[str, Any]]:
     it: the model turn stays open for the model to go on)."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = []
-    system_images = family in ("smolvlm", "llava_onevision", "internvl")
-    tool_turns = family in ("smolvlm", "llava_onevision", "qwen3_5", "gemma4", "internvl")
+    system_images = family in ("smolvlm", "llava_onevision", "internvl", "glm46v")
+    tool_turns = family in (
+        "smolvlm", "llava_onevision", "qwen3_5", "gemma4", "internvl", "glm46v"
+    )  # fmt: skip
     if rng.random() < 0.5:
         system = user_content(rng, 0) if system_images else "You count shapes.  "
         messages.append({"role": "system", "content": system})
@@ -363,7 +366,7 @@ def test_bridging_equals_a_full_render_and_mutates_nothing(tiny, family, seed):
 # SmolVLM's generation prompt is "Assistant:" and its history "Assistant: " + content,
 # LLaVA-NeXT's " [/INST]" and " " + content: the model writes the space, and a
 # completion that does not is not bridged.
-SAMPLED_LEAD = {"smolvlm": " ", "llava_next": " "}
+SAMPLED_LEAD = {"smolvlm": " ", "llava_next": " ", "glm46v": "<think></think>\n"}
 
 # Templates that rewrite earlier turns once a new user query comes: LLaVA-OneVision's
 # generation prompt is "<|im_start|>assistant\n", its history "<|im_start|>assistant \n"
@@ -372,6 +375,8 @@ SAMPLED_LEAD = {"smolvlm": " ", "llava_next": " "}
 NOT_PREFIX_STABLE = {
     "llava_onevision": "the template renders earlier turns differently once later turns exist",
     "qwen3_5": "the template drops the reasoning of earlier turns",
+    # GLM-4.6V rewrites every answer's reasoning before the last user query to <think></think>
+    "glm46v": "the template drops the reasoning of earlier turns",
 }
 
 

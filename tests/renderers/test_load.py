@@ -72,13 +72,13 @@ def test_a_vision_model_of_another_family_is_refused_not_rendered_as_text(checkp
     assert "gemma4" in message  # the list is the registry's, the families added since included
 
 
-@pytest.mark.parametrize("family", ["glm46v"])
+@pytest.mark.parametrize("family", ["glm4v"])
 def test_the_families_left_out_are_refused_by_name_with_the_current_list(
     checkpoints, tmp_path, family
 ):
-    """GLM-4.6V (its real templates are pinned, the family is not written; docs/models.md
-    says what is missing) is refused by name, and the list of what is rendered includes
-    the families added since."""
+    """GLM-4.1V / GLM-4.5V (``glm4v``: another template and processor than GLM-4.6V's) is
+    refused by name, and the list of what is rendered includes the families added since
+    (GLM-4.6V last)."""
     import shutil
 
     other = tmp_path / family
@@ -87,7 +87,7 @@ def test_the_families_left_out_are_refused_by_name_with_the_current_list(
     (other / "config.json").write_text(json.dumps({**config, "model_type": family}))
     with pytest.raises(UnsupportedModelError, match=f"model type '{family}' is a vision") as info:
         load_renderer(other)
-    assert "llava_next, internvl, lfm2_vl, kimi_k25" in str(info.value)
+    assert "llava_next, internvl, lfm2_vl, kimi_k25, glm46v" in str(info.value)
 
 
 def test_a_checkpoint_whose_files_do_not_make_its_familys_processor(checkpoints, tmp_path):

@@ -25,7 +25,8 @@ from vf_mm.testing import build_tiny_vlm
 from vf_mm.training import build_samples, grpo_loss, make_batches, token_logprobs
 
 FAMILIES = (
-    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl"
+    "qwen3_5", "gemma3", "smolvlm", "llava_onevision", "gemma4", "llava_next", "internvl",
+    "glm46v",
 )  # fmt: skip
 
 
@@ -92,7 +93,7 @@ def test_leaving_out_the_family_is_refused_for_images_that_are_not_qwens(trained
     batch of non-Qwen images needs the family named."""
     family, _path, renderer, state = trained
     samples = build_samples(state, advantage=1.0, image_token_id=renderer.vision.image_token_id)
-    if family == "qwen3_5":  # Qwen-VL's layout (image_grid_thw): the default is right
+    if family in ("qwen3_5", "glm46v"):  # Qwen-VL's layout (image_grid_thw): the default is right
         assert make_batches(samples, token_budget=10_000, pad_token_id=0,
                             image_token_id=renderer.vision.image_token_id)  # fmt: skip
         return

@@ -74,7 +74,8 @@ class VisionFamily:
         image_axis: The axis along which a forward takes several images' inputs.
         pad_axis: An axis padded with zeros to the batch's largest image.
         tool_format: Tool calls: ``"json"`` (``<tool_call>{...}``), ``"xml"``
-            (``<function=...>``), ``"gemma4"``, ``"pythonic"`` (LFM2) or ``"kimi"``.
+            (``<function=...>``), ``"gemma4"``, ``"pythonic"`` (LFM2), ``"kimi"`` or
+            ``"glm"`` (``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs).
         tool_role: The template renders a ``"tool"`` message (Gemma 3's refuses one).
         content_as_parts: The template renders only list content (drops strings).
         image_inputs: One image's model inputs.
@@ -230,6 +231,14 @@ _FAMILIES = {
                      marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>"),
                      pil_backend=False, torch_port="_kimi_k25_images:KimiK25Images",
                      item_layout=None),
+        # GLM-4.6V: a Qwen-VL-like grid of merged patches (image_grid_thw) and M-RoPE
+        # (mm_token_type_ids); <|image|> is both the placeholder and the pad; a turn ends
+        # when the model writes the next turn's header (<|user|>, <|observation|>)
+        VisionFamily("glm46v", "GLM-4.6V", "Glm46VProcessor", "Glm46VImageProcessor",
+                     "Glm46VForConditionalGeneration", "mm_token_type_ids", "zai-org/GLM-4.6V",
+                     ("<|endoftext|>", "<|user|>", "<|observation|>"), tool_format="glm",
+                     marker_tokens=("<|begin_of_image|>", "<|end_of_image|>",
+                                    "<|begin_of_video|>", "<|end_of_video|>", "<|video|>")),
     )
 }  # fmt: skip
 

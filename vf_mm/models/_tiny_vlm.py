@@ -26,6 +26,7 @@ from vf_mm.models._templates import CHAT_TEMPLATES, TEMPLATE_VARIANTS, chat_temp
 from vf_mm.models._vocab import (
     gemma4_tokenizer,
     gemma_tokenizer,
+    glm46v_tokenizer,
     internvl_tokenizer,
     kimi_k25_tokenizer,
     lfm2_vl_tokenizer,
@@ -52,6 +53,7 @@ Family = Literal[
     "internvl",
     "lfm2_vl",
     "kimi_k25",
+    "glm46v",
 ]
 
 # Image sizes: real Qwen processors allow up to ~12.8 M pixels; the tiny one caps images
@@ -132,6 +134,8 @@ def build_tiny_vlm(
         return _build_lfm2_vl(path, seed)
     if family == "kimi_k25":
         return _build_kimi_k25(path, seed)
+    if family == "glm46v":
+        return _build_glm46v(path, seed)
     return _build_qwen(path, family, vocab, seed, template)
 
 
@@ -815,4 +819,51 @@ def _build_kimi_k25(path: Path, seed: int) -> Path:
     )
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
     _save_model(path, config, "kimi_k25", seed, eos, tokenizer.pad_token_id)
+    return path
+
+
+# GLM-4.6V (zai-org/GLM-4.6V): the real processor resizes each image to a multiple of 28
+# pixels (patch 14, 2x2 merge, two temporal copies) between 112x112 and 28x28x15000 pixels
+# and normalises with CLIP's mean and std; the tiny one keeps all of that and caps an image
+# at 4 to 256 merged tokens, as the tiny Qwen2-VL does. The text stack is GLM-4's (M-RoPE
+# over the (temporal, height, width) sections of the rotary half of each head), the
+# tower GLM-4V's (patch 14, a 2x2 merge, learned position embeddings of a 336-pixel grid
+# interpolated to each image).
+_GLM46V = dict(patch_size=14, min_tokens=4, max_tokens=256)
+
+
+def _build_glm46v(path: Path, seed: int) -> Path:
+    from transformers import Glm46VConfig
+
+    tokenizer = glm46v_tokenizer()
+    _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["glm46v"])
+    unit = (_GLM46V["patch_size"] * 2) ** 2  # pixels per merged token
+    image_processor_class("glm46v")(
+        patch_size=_GLM46V["patch_size"], merge_size=2, temporal_patch_size=2,
+        size={"shortest_edge": _GLM46V["min_tokens"] * unit,
+              "longest_edge": _GLM46V["max_tokens"] * unit},
+    ).save_pretrained(path)  # fmt: skip
+    _write_processor_config(path, "glm46v")
+    # rotary on half of each head, as released (its 128-dim heads: sections 8, 12, 12 of
+    # 32 frequencies); the tiny 32-dim heads have 8 frequencies: 2, 3, 3
+    text = _text_config(
+        tokenizer, model_type="glm4v_text",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5},
+    )  # fmt: skip
+    vision = dict(
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+        spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
+        image_size=112,
+    )  # fmt: skip
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
+        ("image_token_id", "<|image|>"), ("video_token_id", "<|video|>"),
+        ("image_start_token_id", "<|begin_of_image|>"), ("image_end_token_id", "<|end_of_image|>"),
+        ("video_start_token_id", "<|begin_of_video|>"),
+        ("video_end_token_id", "<|end_of_video|>"))}  # fmt: skip
+    config = Glm46VConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+    stops = [
+        tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")
+    ]
+    _save_model(path, config, "glm46v", seed, stops, tokenizer.pad_token_id)
     return path

@@ -266,6 +266,35 @@ def kimi_k25_tokenizer(vocab_size: int = 2000) -> Any:
     )  # fmt: skip
 
 
+# GLM-4.6V's specials in its order (the real ids: <|endoftext|> 151329, [gMASK] 151331,
+# <sop> 151333, <|system|> 151335, <|user|> 151336, <|assistant|> 151337, <|observation|>
+# 151338, <|begin_of_image|> 151339, <|end_of_image|> 151340, <|begin_of_video|> 151341,
+# <|end_of_video|> 151342, <|image|> 151343, <|video|> 151344); the tiny vocabulary has its
+# own ids. The tool-call and reasoning markers the template writes (<think>, <tool_call>,
+# <arg_key>, ...) are added as text pieces: the model samples them and they decode.
+GLM46V_SPECIAL_TOKENS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+    "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+    "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
+)  # fmt: skip
+GLM46V_TEXT_TOKENS = (
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink",
+)  # fmt: skip
+GLM46V_NAMED_TOKENS = {"image_token": "<|image|>", "video_token": "<|video|>"}
+
+
+def glm46v_tokenizer(vocab_size: int = 2000) -> Any:
+    """A small GLM-4.6V-style tokenizer: the byte-level BPE of ``tiny_tokenizer`` with
+    GLM's turn and media specials and the named tokens ``Glm46VProcessor`` reads; no bos
+    (the template writes ``[gMASK]<sop>``), ``<|endoftext|>`` its eos and pad."""
+    return _bpe_tokenizer(
+        vocab_size, named=GLM46V_NAMED_TOKENS,
+        added=((GLM46V_SPECIAL_TOKENS, True), (GLM46V_TEXT_TOKENS, False)),
+        eos="<|endoftext|>", pad="<|endoftext|>",
+    )  # fmt: skip
+
+
 # Qwen3.5's pre-tokenizer split: as Qwen2's, but combining marks join letters (\p{M}).
 QWEN3_5_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""

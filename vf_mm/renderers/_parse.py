@@ -12,6 +12,8 @@ Qwen models write reasoning inside ``<think>...</think>`` and tool calls inside
 - ``"pythonic"`` (LFM2.5-VL): reasoning in ``<think>...</think>``, calls as one Python
   list per turn between ``<|tool_call_start|>`` and ``<|tool_call_end|>``
   (``vf_mm.renderers._pythonic``);
+- ``"glm"`` (GLM-4.6V): reasoning in ``<think>...</think>``, each call
+  ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs (``vf_mm.renderers._glm``);
 - ``"xml"`` (Qwen3.5): ``<function=NAME>`` then one ``<parameter=P>\\nVALUE\\n</parameter>``
   per argument, then ``</function>``. The template writes string values raw, objects and
   lists as JSON and other scalars as Python's ``str`` (``True``, ``None``, ``5``), so a
@@ -34,21 +36,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vf_mm.errors import RenderError
-from vf_mm.renderers import _gemma4, _kimi, _pythonic
+from vf_mm.renderers import _gemma4, _glm, _kimi, _pythonic
 from vf_mm.types import AssistantMessage, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>\n?(.*?)</function>\s*\Z", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n?", re.DOTALL)
 _PYTHON_SCALARS = {"True": True, "False": False, "None": None}
-TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic", "kimi")
+TOOL_FORMATS = ("json", "xml", "gemma4", "pythonic", "kimi", "glm")
 #: the formats whose templates write a call's OpenAI-style JSON arguments string verbatim
 #: (the others are handed the arguments as a mapping: ``arguments_as_mapping``)
 ARGUMENTS_AS_TEXT = ("json", "kimi")
 #: the token that ends a format's reasoning
 REASONING_END = {
     "json": "</think>", "xml": "</think>", "gemma4": _gemma4.CHANNEL_END, "pythonic": "</think>",
-    "kimi": "</think>",
+    "kimi": "</think>", "glm": "</think>",
 }  # fmt: skip
 
 
@@ -123,6 +125,13 @@ def parse_text(
             reasoning = head.split("<think>", 1)[-1]
         content, raws = _pythonic.split_calls(body)
         parsed_calls = [(raw, *call) for raw in raws for call in _pythonic.parse_block(raw)]
+    elif tool_format == "glm":  # GLM-4.6V: "<think>R</think>\nCONTENT\n<tool_call>..."
+        if "</think>" in body:
+            head, _, body = body.partition("</think>")
+            reasoning = head.split("<think>", 1)[-1]
+            body = body.lstrip("\n")
+        content, raws = _glm.split_calls(body)
+        parsed_calls = [(raw, *_glm.parse_call(raw)) for raw in raws]
     else:
         if "</think>" in body:
             head, _, body = body.partition("</think>")
@@ -190,6 +199,8 @@ def format_tool_calls(
         return _pythonic.format_calls(list(calls))
     if tool_format == "kimi":
         return _kimi.format_calls(list(calls))
+    if tool_format == "glm":
+        return _glm.format_calls(list(calls))
     if tool_format == "xml":
         return "\n".join(
             f"<tool_call>\n<function={name}>\n"
