@@ -1,10 +1,10 @@
-"""Facts about GLM-4.6V's real chat templates, pinned in ``golden/`` before the family is.
+"""Facts about GLM-4.6V's real chat templates, pinned in ``golden/``.
 
-vf_mm does not render GLM-4.6V yet (``load_renderer`` refuses ``glm46v`` by name; see
-docs/models.md). Its real templates are stored (``golden/glm46v.jinja`` for
-zai-org/GLM-4.6V, ``golden/glm46v_flash.jinja`` for zai-org/GLM-4.6V-Flash; source and
+vf_mm's tiny GLM-4.6V checkpoint carries zai-org/GLM-4.6V's template byte for byte
+(``test_glm46v.py``; the goldens in ``renderings.json``). The real templates are stored
+(``golden/glm46v.jinja`` for zai-org/GLM-4.6V, ``golden/glm46v_flash.jinja`` for zai-org/GLM-4.6V-Flash; source and
 sha256 in ``golden/templates.json``, checked by ``test_golden.py``). These tests hold
-what a GLM-4.6V renderer will have to match, read from those texts with the same Jinja
+what a GLM-4.6V renderer has to match, read from those texts with the same Jinja
 environment ``apply_chat_template`` uses (no tokenizer is needed to render text):
 
 - the two checkpoints' templates differ by one Jinja comment, so one vf_mm template can

@@ -883,6 +883,79 @@ GEMMA4_CASES = [
 ]
 
 
+# GLM-4.6V: images wherever they stand (system, user and tool messages, several a turn),
+# reasoning as a field and in the content, kept after the last user message and emptied
+# before it, calls with arguments of every type, runs of tool results (text, parts,
+# images), tools, the thinking switch, and no generation prompt.
+GLM46V_CASES = [
+    case("text_only", [{"role": "user", "content": "Hello there, how many circles?"}]),
+    case(
+        "system_parts_and_images",
+        [
+            {"role": "system", "content": [text("Reference: "), IMAGE]},
+            {"role": "user", "content": [IMAGE, text("How many circles?"), IMAGE]},
+        ],
+    ),
+    image_multi_turn(),
+    history_without_generation_prompt(),
+    case(
+        "reasoning_after_and_before_the_last_query",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "Three.", "reasoning_content": "count them"},
+            {"role": "user", "content": [IMAGE, text("And here?")]},
+            {"role": "assistant", "content": "Four.", "reasoning_content": "recount"},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "reasoning_in_the_content",
+        [
+            {"role": "user", "content": "How many?"},
+            {"role": "assistant", "content": "<think>\ncount them\n</think>\nThree."},
+        ],
+        add_generation_prompt=False,
+    ),
+    case(
+        "tools_calls_and_image_results",
+        [
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": [IMAGE, text("Crop it.")]},
+            {
+                "role": "assistant",
+                "content": "Cropping.",
+                "reasoning_content": "crop first",
+                "tool_calls": [
+                    called(
+                        "c1",
+                        "zoom",
+                        {
+                            "x": 1,
+                            "label": "it's a\nline",
+                            "box": {"a": True, "b": None},
+                            "ids": [1, 2.5],
+                            "on": False,
+                        },
+                    ),
+                    called("c2", "look", {}),
+                ],
+            },
+            tool_result("c1", "zoom", [IMAGE, text("the crop"), IMAGE]),
+            tool_result("c2", "look", "nothing"),
+        ],
+        tools=TOOLS,
+    ),
+    case(
+        "thinking_off",
+        [
+            {"role": "user", "content": [IMAGE, text("Quick: what is it?")]},
+        ],
+        template_kwargs={"enable_thinking": False},
+    ),
+    case("video", [{"role": "user", "content": [VIDEO, text("What moves?")]}]),
+]
+
+
 def kimi_k25_cases() -> list[dict[str, Any]]:
     """Kimi-K2.5's conversations are the oracle's (``kimi_k25_oracle.json``: text,
     reasoning kept and dropped, calls, tool results, names, the thinking switch, tools,
@@ -923,6 +996,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
     **{f"gemma4@{variant}": GEMMA4_CASES
        for variant in ("4742fe8", "b446025", "6b7e72c", "905e84b", "8995379", "31b")},
     "kimi_k25": kimi_k25_cases(),
+    "glm46v": GLM46V_CASES,
 }  # fmt: skip
 
 # The vocabulary each family's ids are recorded with: the real Qwen2 vocabulary where
@@ -938,6 +1012,7 @@ VOCAB = {
     "internvl": "tiny",
     "lfm2_vl": "tiny",
     "kimi_k25": "tiny",
+    "glm46v": "tiny",
     **{key: "tiny" for key in CASES if "@" in key},
 }
 
