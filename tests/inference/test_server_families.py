@@ -20,7 +20,9 @@ from vf_mm.inference._mm_kwargs import encode_kwargs_item
 from vf_mm.renderers import load_renderer
 
 # the newly served families (Qwen2-VL, Qwen2.5-VL and Qwen3-VL: tests/inference/test_server.py)
-FAMILIES = ("qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl")
+FAMILIES = (
+    "qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl", "glm46v"
+)  # fmt: skip
 
 
 class Served:
