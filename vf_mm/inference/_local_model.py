@@ -161,11 +161,9 @@ class LocalModel:
         non-causal image attention) keep their engine; asking for it then is an error.
         ``varlen_vision``: the vision tower's attention in one varlen call, where
         FlashAttention serves it."""
-        if kv_pool is False:
-            return None
-        if kv_pool is None and not flash_available(self.device, self.dtype):
-            return None
         flash = flash_available(self.device, self.dtype)
+        if kv_pool is False or (kv_pool is None and not flash):
+            return None
         packed = PackedModel(self.model, varlen_vision=varlen_vision and flash)
         if self.resumable and not self.linear and packed.supported:
             return packed

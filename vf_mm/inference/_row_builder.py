@@ -19,7 +19,10 @@ holds its entry, whose state must not stay alive beside the row after the cache 
 
 from __future__ import annotations
 
-from vf_mm.inference._local_model import LocalModel, request_media
+import numpy as np
+import torch
+
+from vf_mm.inference._local_model import LocalModel, Media, request_media
 from vf_mm.inference._local_stats import LocalStats
 from vf_mm.inference._prefix_cache import Match, PrefixCache
 from vf_mm.inference._rows import Pending, Prepared, Row, answer
@@ -63,8 +66,7 @@ class RowBuilder:
             if self._lookup:
                 spans = tuple(span for span, _, _ in media)
                 match = self._prefix.lookup(prompt, spans, limit=len(prompt) - 1)
-            reach = match.entry.reach if match.entry is not None else None
-            positions, delta, reach = self._model.positions(prompt, media, match.length, reach)
+            positions, delta, reach = self._positions(prompt, media, match)
         except Exception:  # answered by ``row``, with the error it raises there
             return
         pending.prepared = Prepared(media, match, positions, delta, reach)
@@ -96,8 +98,7 @@ class RowBuilder:
             ):
                 positions, delta, reach = prepared.positions, prepared.delta, prepared.reach
             else:
-                reach = match.entry.reach if match.entry is not None else None
-                positions, delta, reach = model.positions(prompt, media, match.length, reach)
+                positions, delta, reach = self._positions(prompt, media, match)
             params = request.sampling
             seed = self._seeds.seed(params)
             return Row(
@@ -119,6 +120,14 @@ class RowBuilder:
             answer(pending, model.failure(exc))
             return None
 
+    def _positions(
+        self, prompt: list[int], media: list[Media], match: Match
+    ) -> tuple[torch.Tensor, int, np.ndarray | None]:
+        """The positions of ``prompt``'s tokens after ``match`` (continuing its entry's
+        ``reach``), their text offset and the prompt's reach (``LocalModel.positions``)."""
+        reach = match.entry.reach if match.entry is not None else None
+        return self._model.positions(prompt, media, match.length, reach)
+
     def uncount(self, row: Row) -> None:
         """Undo ``row``'s prefix-cache counts: it goes back to wait, and is looked up
         again when it is admitted."""
@@ -131,4 +140,4 @@ class RowBuilder:
         uncounted, its whole prompt new, its positions from the start."""
         self._stats.prefix_cache_hits -= row.cached
         row.match = Match(None, 0)
-        row.positions, row.delta, row.reach = self._model.positions(row.prompt, row.media, 0)
+        row.positions, row.delta, row.reach = self._positions(row.prompt, row.media, row.match)

@@ -2,10 +2,10 @@
 
 ``Pending`` is a request waiting in the queue with the future its caller awaits (and,
 once held, its ``Prepared`` CPU work); ``Row`` is that request admitted: its prompt,
-images, cached prefix, positions, sampling rules and what it has sampled so far. Both engines of ``LocalBackend`` (the padded batch and
-the KV pool) run rows (``RowBuilder`` makes them); ``take`` keeps a row's sampled token
-and ends it at a stop id or its length; ``answer`` resolves a caller's future from the
-worker thread.
+images, cached prefix, positions, sampling rules and what it has sampled so far. Both
+engines of ``LocalBackend`` (the padded batch and the KV pool) run rows (``RowBuilder``
+makes them); ``take`` keeps a row's sampled token and ends it at a stop id or its
+length; ``answer`` resolves a caller's future from the worker thread.
 """
 
 from __future__ import annotations
