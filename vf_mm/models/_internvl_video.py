@@ -35,6 +35,7 @@ from vf_mm.models._video import (
     ExpandedVideo,
     SampledVideo,
     VideoSettings,
+    clip_rate,
     resize_frames,
     too_many_frames,
 )
@@ -92,12 +93,7 @@ def sample_internvl(settings: VideoSettings, total: int, fps: float | None) -> t
 
     num = settings.num_frames
     if num is None and settings.fps is not None:
-        if fps is None:
-            raise RenderError(
-                f"sampling at {settings.fps} fps needs the clip's frame rate: give the video "
-                "part a frame_rate, or sample by num_frames"
-            )
-        num = int(total / fps * settings.fps)
+        num = int(total / clip_rate(settings, fps) * settings.fps)
     if num is None:  # transformers fails here (a TypeError inside its sampler)
         raise RenderError(
             "InternVL's video processor samples by fps or num_frames only: give one, or "

@@ -438,17 +438,23 @@ def _sample_uniform(settings: VideoSettings, total: int, fps: float | None) -> t
     """transformers' ``default_sample_indices_fn`` (the base video processor's)."""
     num = settings.num_frames
     if num is None and settings.fps is not None:
-        if fps is None:
-            raise RenderError(
-                f"sampling at {settings.fps} fps needs the clip's frame rate: give the video "
-                "part a frame_rate, or sample by num_frames"
-            )
-        num = max(1, int(total / fps * settings.fps))
+        num = max(1, int(total / clip_rate(settings, fps) * settings.fps))
     if num is None:
         return tuple(range(total))
     if num > total:
         raise too_many_frames(settings, num, total, fps)
     return tuple(int(i) for i in np.arange(num, dtype=int) * total // num)
+
+
+def clip_rate(settings: VideoSettings, fps: float | None) -> float:
+    """The clip's frame rate, which sampling at ``settings.fps`` needs: refused by name
+    when the clip's is unknown."""
+    if fps is None:
+        raise RenderError(
+            f"sampling at {settings.fps} fps needs the clip's frame rate: give the video "
+            "part a frame_rate, or sample by num_frames"
+        )
+    return fps
 
 
 def too_many_frames(
@@ -480,11 +486,7 @@ def _sample_qwen2(settings: VideoSettings, total: int, fps: float | None) -> tup
     if settings.num_frames is not None:
         num = round(settings.num_frames / tps) * tps
     elif settings.fps is not None:
-        if fps is None:
-            raise RenderError(
-                f"sampling at {settings.fps} fps needs the clip's frame rate: give the video "
-                "part a frame_rate, or sample by num_frames"
-            )
+        fps = clip_rate(settings, fps)
         most = math.floor(min(settings.max_frames, total) / tps) * tps
         num = min(max(total / fps * settings.fps, settings.min_frames), most, total)
         num = math.floor(num / tps) * tps
