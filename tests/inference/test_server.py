@@ -1192,7 +1192,8 @@ def test_a_clip_serves_as_features_from_the_cache_and_as_content_parts(backend, 
 
     async def as_content_parts(part) -> Any:
         client = VLLMBackend("http://vf-mm.test", model=MODEL, mode="content_parts",
-                             transport=httpx.ASGITransport(app=app))  # fmt: skip
+                             transport=httpx.ASGITransport(app=app),
+                             embed_token_ids={"video": renderer.vision.embed_ids("video")})  # fmt: skip
         try:
             return await client.generate(GenerateRequest(collapsed, sampling, content_parts=[part]))
         finally:
@@ -1279,7 +1280,8 @@ def test_content_parts_send_the_rate_a_part_gives_a_file_that_states_none(backen
 
     async def send(part) -> Any:
         client = VLLMBackend("http://vf-mm.test", model=MODEL, mode="content_parts",
-                             transport=httpx.ASGITransport(app=app))  # fmt: skip
+                             transport=httpx.ASGITransport(app=app),
+                             embed_token_ids={"video": renderer.vision.embed_ids("video")})  # fmt: skip
         try:
             request = GenerateRequest(collapsed, SamplingParams(max_tokens=1), content_parts=[part])
             return await client.generate(request)
@@ -1340,8 +1342,8 @@ def test_content_parts_results_say_which_positions_are_embeddings(tmp_path):
         result = asyncio.run(send({"video": renderer.vision.embed_ids("video")}))
         assert result.prompt_ids == ids
         assert result.multi_modal_data.mm_placeholders["video"] == [mine]
-        plain = asyncio.run(send(None))  # without them: every position an embedding
-        assert plain.multi_modal_data.mm_placeholders["video"][0].is_embed is None
+        with pytest.raises(MultiModalDataError, match="no embed_token_ids for 'video'"):
+            asyncio.run(send(None))  # without them: refused before sending
     finally:
         asyncio.run(backend.aclose())
 

@@ -558,6 +558,71 @@ def test_content_parts_range_without_the_renderers_embedding_ids_names_what_it_h
         decode_response(body, request, sent)
 
 
+#: a recorded vLLM 0.32 answer's shape for an InternVL3 clip, in toy ids: <img> 8,
+#: </img> 6, "Frame2: " 30, <IMG_CONTEXT> 9 (the renderer's), <video> 5 (what vLLM writes)
+INTERNVL_CLIP = [1, 5, 8, 5, 5, 6, 30, 8, 5, 5, 6, 2]
+INTERNVL_RANGE = {"offset": 2, "length": 9}
+
+
+def internvl_clip_answer(prompt: list[int]) -> dict[str, Any]:
+    return fs.json_body({"choices": [_choice()], "prompt_token_ids": prompt,
+                         "mm_placeholders": {"video": [INTERNVL_RANGE]}})  # fmt: skip
+
+
+def clip_request() -> GenerateRequest:
+    frames = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    part = {"type": "video", "video": frames, "frame_rate": 4.0}
+    return GenerateRequest([1, 5, 2], SamplingParams(max_tokens=3), content_parts=[part])
+
+
+def test_content_parts_map_an_internvl_clips_video_ids_back_to_the_renderers(
+    server: fs.FaultyServer,
+) -> None:
+    """vLLM 0.32 writes an InternVL3 clip's embedding positions with ``<video>`` where the
+    renderer writes ``<IMG_CONTEXT>``: with the family's swap the returned prompt holds the
+    renderer's ids inside the clip's range (and only there), and ``is_embed`` marks them."""
+    server.default = internvl_clip_answer(INTERNVL_CLIP)
+    b = backend(server.url, mode="content_parts", embed_token_ids={"video": [9]},
+                embed_swaps={"video": {5: 9}})  # fmt: skip
+    result = run(lambda: generate_once(b, clip_request()))
+    # position 1 lies outside the range: never touched
+    assert result.prompt_ids == [1, 5, 8, 9, 9, 6, 30, 8, 9, 9, 6, 2]
+    (span,) = result.multi_modal_data.mm_placeholders["video"]
+    assert (span.offset, span.length, span.num_embeds) == (2, 9, 4)
+    assert span.is_embed == (False, True, True, False, False, False, True, True, False)
+
+
+def test_content_parts_refuse_an_internvl_clip_the_known_swap_does_not_explain(
+    server: fs.FaultyServer,
+) -> None:
+    """Only whole swaps are mapped: a range holding vLLM's <video> beside the renderer's
+    <IMG_CONTEXT>, or holding neither, is refused by name, never returned."""
+    kw = {"mode": "content_parts", "embed_token_ids": {"video": [9]},
+          "embed_swaps": {"video": {5: 9}}}  # fmt: skip
+    mixed = [*INTERNVL_CLIP[:3], 9, *INTERNVL_CLIP[4:]]
+    server.default = internvl_clip_answer(mixed)
+    with pytest.raises(BackendProtocolError, match=r"holds the server's \[5\] beside.*\[9\]"):
+        run(lambda: generate_once(backend(server.url, **kw), clip_request()))
+    other = [7 if t == 5 else t for t in INTERNVL_CLIP]  # an id no swap names
+    server.default = internvl_clip_answer(other)
+    with pytest.raises(BackendProtocolError, match=r"most frequent token: \[7\]"):
+        run(lambda: generate_once(backend(server.url, **kw), clip_request()))
+
+
+def test_content_parts_refuse_a_clip_without_the_renderers_embedding_ids(
+    server: fs.FaultyServer,
+) -> None:
+    """Without embed_token_ids the backend cannot tell vLLM's InternVL3 ids from the
+    renderer's: the clip is refused before anything is sent, naming the fix."""
+    server.default = internvl_clip_answer(INTERNVL_CLIP)
+    with pytest.raises(MultiModalDataError, match=r"content_parts\[0\] is a clip.*embed_swaps"):
+        run(lambda: generate_once(backend(server.url, mode="content_parts"), clip_request()))
+    with pytest.raises(MultiModalDataError, match="no embed_token_ids for 'video'"):
+        b = backend(server.url, mode="content_parts", embed_token_ids={"image": [9]})
+        run(lambda: generate_once(b, clip_request()))
+    assert server.generate_count == 0
+
+
 def test_content_parts_placeholder_count_mismatch_is_a_protocol_error(
     server: fs.FaultyServer,
 ) -> None:
@@ -1092,6 +1157,11 @@ def test_constructor_checks() -> None:
     with pytest.raises(ValueError, match="session_idle_s"):
         VLLMBackend("http://h", session_idle_s=0)
     assert VLLMBackend(["http://h:1/v1/", "http://g:2"]).base_urls == ["http://h:1", "http://g:2"]
+    # a swap maps a server's id to one of the renderer's embedding ids, never one away
+    with pytest.raises(ValueError, match=r"embed_swaps\['video'\] maps 5 to 9"):
+        VLLMBackend("http://h", embed_swaps={"video": {5: 9}})
+    with pytest.raises(ValueError, match=r"maps 9 to 5"):
+        VLLMBackend("http://h", embed_token_ids={"video": [9, 5]}, embed_swaps={"video": {9: 5}})
 
 
 def test_each_server_gets_its_own_api_key():

@@ -257,3 +257,17 @@ def test_the_port_computes_the_video_processors_numbers_bit_for_bit(internvl, op
         assert list(got.sampled.indices) == [int(i) for i in indices]
         text = processor.replace_video_token({"pixel_values_videos": [pixels]}, 0)
         assert got.replacement == text
+
+
+def test_vllm_embed_swaps_name_the_one_pair_vllm_writes_otherwise(renderer):
+    """vLLM 0.32 (interns1.py) writes a clip's embedding positions with <video> where the
+    renderer writes <IMG_CONTEXT>: the renderer names that pair for VLLMBackend, for clips
+    only, and no other family names one."""
+    from vf_mm.models import VISION_FAMILIES, family_info
+
+    vocab = renderer.tokenizer.get_vocab()
+    assert renderer.vision.vllm_embed_swaps("video") == {vocab["<video>"]: vocab["<IMG_CONTEXT>"]}
+    assert renderer.vision.embed_ids("video") == (vocab["<IMG_CONTEXT>"],)
+    assert renderer.vision.vllm_embed_swaps("image") == {}
+    named = {f for f in VISION_FAMILIES if family_info(f).vllm_video_embed_token is not None}
+    assert named == {"internvl"}

@@ -20,7 +20,8 @@ clips run over 2048 tokens). A run starts only the selected families' servers.
   clip of at most 32 frames is the renderer's clip with ``num_frames`` set to its length.
 - content_parts: the template's prompt (one ``<|video_pad|>``) and the raw clip expand
   to the renderer's ids, posted raw and through ``VLLMBackend`` (raw frames sent
-  losslessly encoded; the returned placeholders count the renderer's embeddings).
+  losslessly encoded; the returned placeholders count the renderer's embeddings; InternVL3's
+  ``<video>`` ids mapped back to the renderer's ``<IMG_CONTEXT>`` by ``embed_swaps``).
 - features (Qwen2.5-VL, LLaVA-OneVision): vLLM's decoder takes our ``kwargs_data`` for a clip and samples
   what its own processing of the raw clip gives, tokens and logprobs. Qwen3-VL's, InternVL3's
   and Gemma 4's placeholders carry ``is_embed`` (timestamps, frame labels): refused before
@@ -42,7 +43,7 @@ import pytest
 
 from tests.vllm._mismatch import assert_agrees, measure
 from tests.vllm.conftest import VLLMServer, free_port
-from vf_mm.errors import BackendProtocolError, MultiModalDataError
+from vf_mm.errors import MultiModalDataError
 from vf_mm.inference import (
     GenerateRequest,
     SamplingParams,
@@ -335,23 +336,22 @@ def test_the_backend_sends_raw_frames_as_content_parts(family):
     """VLLMBackend in content_parts mode: raw frames go out losslessly encoded with their
     rate, vLLM expands them to the renderer's ids, and with the embedding ids the returned
     placeholders count the renderer's embeddings (Qwen3-VL's timestamps are not). InternVL3:
-    vLLM's prompt holds ``<video>`` where the renderer's embeddings go (``<IMG_CONTEXT>``),
-    so the answer is refused as not the renderer's prompt, never returned as one."""
+    vLLM's prompt holds ``<video>`` where the renderer's embeddings go (``<IMG_CONTEXT>``);
+    with the family's swap (``vllm_embed_swaps``) the backend maps them back, so the
+    returned ids are the renderer's, as for every other family."""
     name, server, _path, renderer = family
     rate = 2.0 if name == "qwen2_5_vl" else 4.0
     frames = np.random.default_rng(4).integers(0, 256, (8, 64, 80, 3), dtype=np.uint8)
     part = {"type": "video", "video": frames, "frame_rate": rate}
     messages = [{"role": "user", "content": [part, {"type": "text", "text": "What moved?"}]}]
     ours = renderer.render(renderer_messages(name, messages, 8))
+    swaps = renderer.vision.vllm_embed_swaps("video")
+    assert bool(swaps) == (name == "internvl")
     backend = VLLMBackend(server.base_url, mode="content_parts",
-                          embed_token_ids={"video": renderer.vision.embed_ids("video")})  # fmt: skip
+                          embed_token_ids={"video": renderer.vision.embed_ids("video")},
+                          embed_swaps={"video": swaps})  # fmt: skip
     request = GenerateRequest(template_prompt(renderer, messages), SamplingParams(max_tokens=1),
                               content_parts=[part])  # fmt: skip
-    if name == "internvl":
-        video = renderer.tokenizer.convert_tokens_to_ids("<video>")
-        with pytest.raises(BackendProtocolError, match=rf"most frequent token: \[{video}\]"):
-            asyncio.run(backend.generate(request))
-        return
     result = asyncio.run(backend.generate(request))
     assert result.prompt_ids == list(ours.token_ids)
     (theirs,) = result.multi_modal_data.mm_placeholders["video"]

@@ -163,7 +163,15 @@ class VLLMBackend:
             range also holds text: Qwen3-VL's clips (timestamps), Gemma 3's images
             (markers). Without them every returned position counts as an embedding, which a
             later bridge or training batch then refuses for those families (never silently
-            wrong).
+            wrong). A content_parts clip needs them (``"video"``): without them a clip is
+            refused before sending, as the backend could not tell a server's expansion of
+            it from the renderer's.
+        embed_swaps: content_parts mode: per modality, ``{the server's id: the renderer's
+            id}`` at embedding positions, for a family whose vLLM processing writes another
+            id there (``renderer.vision.vllm_embed_swaps("video")``: InternVL3's clips come
+            back with ``<video>`` where the renderer writes ``<IMG_CONTEXT>``). Inside a
+            returned range of that modality only, those ids are mapped back, so the result
+            holds the renderer's ids; each mapped-to id must be one of ``embed_token_ids``.
         max_retries: Builds ``retry`` (not with it).
         backoff_s: Builds ``retry`` (not with it).
         max_backoff_s: Builds ``retry`` (not with it).
@@ -192,6 +200,7 @@ class VLLMBackend:
         send_kwargs_data: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         embed_token_ids: Mapping[str, Sequence[int]] | None = None,
+        embed_swaps: Mapping[str, Mapping[int, int]] | None = None,
         max_retries: int | Unset = UNSET,
         backoff_s: float | Unset = UNSET,
         max_backoff_s: float | Unset = UNSET,
@@ -226,6 +235,7 @@ class VLLMBackend:
             if embed_token_ids
             else None
         )
+        self.embed_swaps = _embed_swaps(embed_swaps, self.embed_token_ids)
         self.model = model
         self.mode = mode
         self.max_model_len = max_model_len
@@ -343,6 +353,19 @@ class VLLMBackend:
                 "this VLLMBackend is in 'features' mode: render the images on the client "
                 "(multi_modal_data), or create the backend with mode='content_parts'"
             )
+        if has_parts and not (self.embed_token_ids or {}).get("video"):
+            assert parts is not None
+            clips = [i for i, p in enumerate(parts) if _is_clip_part(p)]
+            if clips:
+                raise MultiModalDataError(
+                    f"content_parts[{clips[0]}] is a clip, and this VLLMBackend has no "
+                    "embed_token_ids for 'video': without the renderer's embedding ids it "
+                    "cannot check that the server expanded the clip to the renderer's ids "
+                    "(vLLM 0.32 writes an InternVL3 clip's frames with <video>, not the "
+                    "renderer's <IMG_CONTEXT>); create the backend with embed_token_ids="
+                    "{'video': renderer.vision.embed_ids('video')} and embed_swaps="
+                    "{'video': renderer.vision.vllm_embed_swaps('video')}"
+                )
         if has_features and self.send_kwargs_data:
             assert mmd is not None  # checked before a server is chosen; bodies made by _body
             check_features(mmd, len(request.prompt_ids), send_kwargs_data=True)
@@ -367,6 +390,7 @@ class VLLMBackend:
             held=held,
         )
         body.embed_token_ids = self.embed_token_ids
+        body.embed_swaps = self.embed_swaps
         return body
 
     async def _body(
@@ -499,3 +523,30 @@ def _normalise_base_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(f"a base URL must be http(s)://host[:port], got {url!r}")
     return text
+
+
+def _is_clip_part(part: object) -> bool:
+    """A content part that is a clip (``video`` or ``video_url``)."""
+    return isinstance(part, Mapping) and part.get("type") in ("video", "video_url")
+
+
+def _embed_swaps(
+    swaps: Mapping[str, Mapping[int, int]] | None,
+    embed_token_ids: Mapping[str, frozenset[int]] | None,
+) -> dict[str, dict[int, int]] | None:
+    """``embed_swaps`` checked: each maps a server's id to one of the modality's
+    ``embed_token_ids`` (so a mapped range is then checked as the renderer's), and never
+    an embedding id away (that would rewrite the renderer's own ids)."""
+    out = {m: {int(k): int(v) for k, v in pairs.items()} for m, pairs in (swaps or {}).items()}
+    out = {m: pairs for m, pairs in out.items() if pairs}
+    for modality, pairs in out.items():
+        ids = (embed_token_ids or {}).get(modality, frozenset())
+        for theirs, ours in pairs.items():
+            if ours not in ids or theirs in ids:
+                raise ValueError(
+                    f"embed_swaps[{modality!r}] maps {theirs} to {ours}: it must map an id "
+                    f"the server writes to one of embed_token_ids[{modality!r}] "
+                    f"({sorted(ids)}), never one of them away; pass both from the renderer "
+                    f"(renderer.vision.embed_ids / vllm_embed_swaps({modality!r}))"
+                )
+    return out or None

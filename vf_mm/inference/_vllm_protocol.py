@@ -90,6 +90,10 @@ and sent as a ``data:`` URL of its own file (an encoded source, read once) or of
 frames encoded losslessly (``vf_mm.videos.encode_lossless``), so the server decodes the
 frames vf_mm hashed (``video_hash``). A part with processing options (``fps``,
 ``num_frames``, ...) is refused: the server samples every clip by its own settings.
+vLLM 0.32 writes an InternVL3 clip's embedding positions with ``<video>`` where the
+renderer writes ``<IMG_CONTEXT>``: inside each returned clip range, the ids of the
+backend's ``embed_swaps`` (that one pair, from ``Vision.vllm_embed_swaps``) are mapped
+back to the renderer's (``swap_embed_ids``); any other difference is refused.
 """
 
 from __future__ import annotations
@@ -127,6 +131,9 @@ class RequestBody:
     media_hashes: dict[str, list[str]] | None = None
     # content_parts mode: per modality, the ids that take embeddings (sets is_embed)
     embed_token_ids: Mapping[str, frozenset[int]] | None = None
+    # content_parts mode: per modality, {server's id: renderer's id} mapped back inside
+    # returned ranges (``swap_embed_ids``)
+    embed_swaps: Mapping[str, Mapping[int, int]] | None = None
     # features with ItemStrings: what the server holds once it answers 200, per
     # (modality, mm_hash): (fingerprint, digest of the string sent); items sent / null
     held: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
@@ -539,7 +546,9 @@ def decode_response(content: bytes, request: GenerateRequest, sent: RequestBody)
     prompt_ids: list[int] | None = None
     mm: MultiModalData | None = None
     if sent.media_hashes is not None:
-        prompt_ids, mm = _expanded_prompt(parsed, sent.media_hashes, sent.embed_token_ids)
+        prompt_ids, mm = _expanded_prompt(
+            parsed, sent.media_hashes, sent.embed_token_ids, sent.embed_swaps
+        )
     if parsed.usage is not None:
         completion_tokens = parsed.usage.completion_tokens
         usage = Usage(
@@ -587,9 +596,11 @@ def _expanded_prompt(
     parsed: _GenerateResponse,
     hashes: dict[str, list[str]],
     embed_token_ids: Mapping[str, frozenset[int]] | None = None,
+    embed_swaps: Mapping[str, Mapping[int, int]] | None = None,
 ) -> tuple[list[int], MultiModalData]:
     """content_parts mode: the prompt as the server expanded it, with its placeholders
-    (``is_embed`` from ``embed_token_ids`` where given)."""
+    (``is_embed`` from ``embed_token_ids`` where given), each range's ids mapped back by
+    ``embed_swaps`` (``swap_embed_ids``)."""
     if parsed.prompt_token_ids is None:
         raise ResponseSchemaError("prompt_token_ids missing although return_token_ids was sent")
     prompt_ids = list(parsed.prompt_token_ids)
@@ -612,9 +623,12 @@ def _expanded_prompt(
     mm = MultiModalData()
     for modality, sent in hashes.items():
         ids = (embed_token_ids or {}).get(modality)
+        swaps = (embed_swaps or {}).get(modality)
         ranges = []
         for p in placeholders.get(modality, []):
             mask = None
+            if swaps:
+                swap_embed_ids(prompt_ids, p, swaps, ids or frozenset(), modality)
             if ids is not None:
                 span = prompt_ids[p.offset : p.offset + p.length]
                 flags = tuple(t in ids for t in span)
@@ -625,9 +639,9 @@ def _expanded_prompt(
                         f"{modality}'s embedding tokens {sorted(ids)} (its most frequent "
                         f"token: {common}): the server expanded the {modality} with other "
                         "ids than the renderer, so its prompt ids are not the renderer's "
-                        "(vLLM 0.32 writes an InternVL clip's frames with <video> where "
-                        "transformers writes <IMG_CONTEXT>); render such clips locally or "
-                        "serve them with vf-mm serve"
+                        "(vLLM 0.32 writes an InternVL3 clip's frames with <video> where "
+                        "transformers writes <IMG_CONTEXT>: pass the backend embed_swaps="
+                        "{'video': renderer.vision.vllm_embed_swaps('video')})"
                     )
                 mask = None if all(flags) else flags
             ranges.append(PlaceholderRange(p.offset, p.length, mask))
@@ -645,6 +659,41 @@ def _expanded_prompt(
     except MultiModalDataError as exc:
         raise ResponseSchemaError(str(exc)) from exc
     return prompt_ids, mm
+
+
+def swap_embed_ids(
+    prompt_ids: list[int],
+    span: _Placeholder,
+    swaps: Mapping[int, int],
+    embed_ids: frozenset[int],
+    modality: str,
+) -> None:
+    """Map the server's ids in one returned range of ``modality`` back to the renderer's,
+    in place: each position of ``span`` holding a key of ``swaps`` takes its value.
+
+    Why: a family's vLLM processing may write its embedding positions with another id
+    than transformers' processor while computing the same thing (InternVL3's clips:
+    ``<video>`` where the renderer writes ``<IMG_CONTEXT>``, ``VisionFamily.
+    vllm_video_embed_token``); the trainer must see the renderer's ids. Only whole swaps
+    are mapped: a range that holds a swapped id beside one of the renderer's own embedding
+    ids is a mix the known swap does not explain, and is refused (``ResponseSchemaError``),
+    as is any other difference (the caller's ``embed_token_ids`` check). Positions outside
+    the range are never touched."""
+    window = prompt_ids[span.offset : span.offset + span.length]
+    if not any(t in swaps for t in window):
+        return
+    mixed = sorted({t for t in window if t in embed_ids})
+    if mixed:
+        theirs = sorted({t for t in window if t in swaps})
+        raise ResponseSchemaError(
+            f"a {modality} placeholder ({span.offset}, {span.length}) holds the server's "
+            f"{theirs} beside the renderer's embedding ids {mixed}: not the known swap "
+            "(which writes every embedding position with the server's id), so its ids "
+            "cannot be mapped back to the renderer's"
+        )
+    for i, t in enumerate(window, start=span.offset):
+        if t in swaps:
+            prompt_ids[i] = swaps[t]
 
 
 def error_type(text: str) -> str | None:

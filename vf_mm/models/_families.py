@@ -100,6 +100,15 @@ class VisionFamily:
             (``_items``) checks a client's against: ``"grid"``, ``"crops"``, ``"tiles"``,
             ``"anyres"``, ``"soft_tokens"``; None: not checked (a server refuses to take
             the family's processed images).
+        vllm_video_embed_token: The token vLLM 0.32's processing writes at a clip's
+            embedding positions where transformers' processor (and the renderer) writes
+            the family's own embedding token; None where vLLM writes the renderer's.
+            InternVL3 (``"<video>"``): vLLM serves ``InternVLForConditionalGeneration``
+            with ``interns1.py``, which expands a clip by transformers' processor and then
+            rewrites the frames' ``<IMG_CONTEXT>`` ids to ``<video>``, and its model
+            scatters the frame embeddings at those ``<video>`` positions: the same
+            computation under another id. A vLLM answer's clip ranges are mapped back to
+            the renderer's ids by this pair only (``Vision.vllm_embed_swaps``).
     """
 
     model_type: str
@@ -136,6 +145,9 @@ class VisionFamily:
     # client's against: "grid", "crops", "tiles", "anyres", "soft_tokens"; None: not
     # checked (a server refuses to take the family's processed images)
     item_layout: str | None = "grid"
+    # the token vLLM 0.32 writes at a clip's embedding positions in place of the renderer's
+    # (InternVL3: "<video>" for "<IMG_CONTEXT>"; see the docstring); None: the renderer's
+    vllm_video_embed_token: str | None = None
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -217,7 +229,7 @@ _FAMILIES = {
                      "InternVLForConditionalGeneration", None, "OpenGVLab/InternVL3-1B-hf",
                      image_inputs=("pixel_values",), video_inputs=("pixel_values",),
                      frames_as_images=True, marker_tokens=("<img>", "</img>"),
-                     item_layout="crops"),
+                     item_layout="crops", vllm_video_embed_token="<video>"),
         VisionFamily("lfm2_vl", "LFM2-VL", "Lfm2VlProcessor", "Lfm2VlImageProcessor",
                      "Lfm2VlForConditionalGeneration", None, "LiquidAI/LFM2.5-VL-3B",
                      ("<|im_end|>",), tool_format="pythonic",

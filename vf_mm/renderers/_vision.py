@@ -205,6 +205,25 @@ class VisionSpec:
             return self.embed_token_ids
         return (self.video_token_id,) if self.video_token_id is not None else ()
 
+    def vllm_embed_swaps(self, modality: str) -> dict[int, int]:
+        """``{vLLM's id: the renderer's id}`` at ``modality``'s embedding positions, for a
+        family whose vLLM 0.32 processing writes another id there than transformers' (the
+        one known pair: InternVL3's clips, ``<video>`` for ``<IMG_CONTEXT>``, named by
+        ``VisionFamily.vllm_video_embed_token``); empty for every other family and
+        modality. ``VLLMBackend(embed_swaps=...)`` maps a content_parts answer's clip
+        ranges back to the renderer's ids with it.
+
+        Args:
+            modality: ``"image"`` or ``"video"``.
+        """
+        info = family_info(self.family) if self.family is not None else None
+        token = info.vllm_video_embed_token if info is not None else None
+        vocab = self.tokenizer.get_vocab()
+        if modality != "video" or self.video is None or token is None or token not in vocab:
+            return {}
+        (own,) = self.embed_ids("video")
+        return {vocab[token]: own}
+
     @property
     def frames_as_images(self) -> bool:
         """Whether a clip's frames take the image token's embeddings (SmolVLM, InternVL)."""
