@@ -372,6 +372,38 @@ def test_make_client_vllm_needs_a_server(model_dir):
         vf.make_client(model_dir, backend="vllm", renderers=1)
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "internvl"])
+def test_a_content_parts_vllm_client_checks_the_servers_ids_against_the_renderers(
+    family, family_renderers, tmp_path
+):
+    """A content_parts backend built by make_client takes the renderer's embedding ids
+    (without them it refuses every clip) and InternVL3's <video> -> <IMG_CONTEXT> swap;
+    options the caller gives win."""
+    import vf_mm as vf
+
+    vision = family_renderers[family].vision
+    model = build_tiny_vlm(tmp_path / family, family)
+    client = vf.make_client(model, backend="vllm", base_url="http://127.0.0.1:9", renderers=1,
+                            backend_options={"mode": "content_parts"})  # fmt: skip
+    backend = client.backend
+    assert backend.embed_token_ids == {
+        m: frozenset(vision.embed_ids(m)) for m in ("image", "video")
+    }
+    assert backend.embed_swaps == (
+        {"video": vision.vllm_embed_swaps("video")} if family == "internvl" else None
+    )
+    assert family != "internvl" or backend.embed_swaps["video"]  # the one known swap
+    asyncio.run(client.aclose())
+    mine = {"image": [1]}
+    own = vf.make_client(model, backend="vllm", base_url="http://127.0.0.1:9", renderers=1,
+                         backend_options={"mode": "content_parts", "embed_token_ids": mine})  # fmt: skip
+    assert own.backend.embed_token_ids == {"image": frozenset([1])}
+    asyncio.run(own.aclose())
+    plain = vf.make_client(model, backend="vllm", base_url="http://127.0.0.1:9", renderers=1)
+    assert plain.backend.embed_token_ids is None  # features mode renders on the client
+    asyncio.run(plain.aclose())
+
+
 def test_the_embedded_models_served_name_renders_from_its_checkpoint(tmp_path, monkeypatch):
     """`vf-mm serve --model embedded` serves the name "embedded": a vllm client named so
     renders from the embedded checkpoint (it was "not a checkpoint directory")."""

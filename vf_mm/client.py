@@ -438,6 +438,9 @@ def make_client(
         sampling: the client's default ``SamplingParams``.
         backend_options: keyword arguments for the backend's constructor (``device``,
             ``dtype`` for ``LocalBackend``; timeouts and routing for ``VLLMBackend``).
+            With ``{"mode": "content_parts"}`` and neither ``embed_token_ids`` nor
+            ``embed_swaps`` given, both come from the renderer, so the server's expansion
+            is checked against the renderer's ids (and InternVL3's clips map back).
         tokenizer: ``model``'s tokenizer, loaded already (``vf_mm.models.TokenizerSnapshot``,
             e.g. made by a parent process and sent to its workers): each renderer gets a
             copy instead of loading ``model``'s tokenizer again. None: it is loaded from
@@ -501,6 +504,10 @@ def make_client(
 
         assert base_url is not None
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if options.get("mode") == "content_parts" and not (
+            {"embed_token_ids", "embed_swaps"} & options.keys()
+        ):  # the pair is one choice: the caller's, or both from the renderer
+            options.update(_content_parts_ids(pool.renderers[0]))
         engine = VLLMBackend(urls, model=name, api_key=api_key, **options)
     elif backend == "local":
         from vf_mm.inference import LocalBackend
@@ -510,3 +517,19 @@ def make_client(
         assert not isinstance(backend, str)
         engine = backend  # type: ignore[assignment]
     return RendererClient(engine, pool, sampling=sampling)
+
+
+def _content_parts_ids(renderer: Renderer) -> dict[str, Any]:
+    """``VLLMBackend``'s ``embed_token_ids`` and ``embed_swaps`` from the renderer (the
+    options a content_parts backend needs to check a server's expansion against the
+    renderer's ids, and to map InternVL3's clip ids back); empty for a text renderer."""
+    vision = getattr(renderer, "vision", None)
+    if vision is None:
+        return {}
+    modalities = ("image", "video") if vision.video is not None else ("image",)
+    ids = {m: list(vision.embed_ids(m)) for m in modalities}
+    swaps = {m: vision.vllm_embed_swaps(m) for m in modalities}
+    return {
+        "embed_token_ids": {m: v for m, v in ids.items() if v},
+        "embed_swaps": {m: v for m, v in swaps.items() if v},
+    }
