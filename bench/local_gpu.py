@@ -32,6 +32,7 @@ measures.
                               [--rollouts-per-example 4] [--max-tokens 32]
                               [--shape 3b|tiny] [--out FILE.json] [--trace]
                               [--no-baselines] [--checkpoint DIR] [--no-varlen-vision]
+                              [--prefill-graph-tokens N]
 
 ``--trace`` adds the time and peak GPU memory of each phase of the backend's work.
 Needs vf_mm's pinned dependencies (transformers 5.23, datasets, msgspec, and
@@ -174,6 +175,7 @@ async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
         prefix_cache=cache,
         max_batch=max(64, n),
         varlen_vision=args.varlen_vision,
+        prefill_graph_tokens=args.prefill_graph_tokens,
     )
     if args.tracer:
         args.tracer.attach(backend)
@@ -382,6 +384,10 @@ def main() -> None:
     parser.add_argument(
         "--no-varlen-vision", dest="varlen_vision", action="store_false",
         help="LocalBackend(varlen_vision=False): the vision tower's own per-window attention",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefill-graph-tokens", type=int, default=None,
+        help="LocalBackend(prefill_graph_tokens=N): 0 runs every prefill's text stack eagerly",
     )  # fmt: skip
     parser.add_argument(
         "--checkpoint", type=Path, default=None,

@@ -9,15 +9,18 @@ N rows (the pool engine). Timed, best of ``--repeat``, with the device synchroni
   vision     inside it, the vision tower on the new images (``VisionCache.inputs``)
   text       the rest of it: the packed text forward and the first token's sampling
 
-A linear fit over N gives each part's fixed cost and cost per row. The sweep runs twice
-in one process: the vision tower with its own attention (transformers' per-window
+A linear fit over N gives each part's fixed cost and cost per row. The sweep runs three
+times in one process: the vision tower with its own attention (transformers' per-window
 ``scaled_dot_product_attention``, the baseline) and with the pool engine's varlen call
-(``varlen_vision_attention``, the default on CUDA).
+(``varlen_vision_attention``, the default on CUDA), both with the text stack eager; then
+varlen with the text stack replayed as a CUDA graph (``PrefillStep``, the default on
+CUDA).
 
 ``--check``: the varlen tower against its own attention on images of several sizes
 (largest absolute difference of the features, in units of their largest magnitude),
-and 8 greedy tokens of the backend against one full forward of the model with its own
-attention (largest logprob difference; bfloat16 keeps 8 bits of mantissa).
+and 8 greedy tokens of the backend (each of the three modes) against one full forward
+of the model with its own attention (largest logprob difference; bfloat16 keeps 8 bits
+of mantissa).
 
 Then one prefill of ``--profile-rows`` rows under ``torch.profiler``: how many kernel
 launches and host synchronisations it made.
@@ -123,8 +126,14 @@ async def check(backend: LocalBackend, path: Path) -> None:
         sampling=SamplingParams(max_tokens=8, temperature=0),
     )  # fmt: skip
     varlen_configs = engine.packed.vision_configs
-    for label, configs in (("own attention", []), ("varlen", varlen_configs)):
+    graphs = engine.prefiller
+    for label, configs, prefiller in (
+        ("own attention, eager text stack", [], None),
+        ("varlen, eager text stack", varlen_configs, None),
+        ("varlen, text stack as a CUDA graph", varlen_configs, graphs),
+    ):
         engine.packed.vision_configs = configs
+        engine.prefiller = prefiller
         backend.clear_cache()  # the tower runs again
         result = await backend.generate(request)
         ids = torch.tensor([list(rendered.token_ids) + list(result.completion_ids)])
@@ -144,6 +153,7 @@ async def check(backend: LocalBackend, path: Path) -> None:
               f"(own attention): same ids {greedy}, largest logprob difference {diff:.2e}",
               flush=True)  # fmt: skip
     engine.packed.vision_configs = varlen_configs
+    engine.prefiller = graphs
 
 
 async def sweep(
@@ -193,11 +203,20 @@ async def probe(path: Path, args: argparse.Namespace) -> None:
     try:
         if args.check:
             await check(backend, path)
-        for label, configs in (("own attention", []), ("varlen", varlen)):
+        graphs = engine.prefiller
+        for label, configs, prefiller in (
+            ("own attention; text stack eager", [], None),
+            ("varlen; text stack eager", varlen, None),
+            ("varlen; text stack as a CUDA graph (the default on CUDA)", varlen, graphs),
+        ):
             engine.packed.vision_configs = configs
+            engine.prefiller = prefiller
             print(f"\nthe vision tower's attention: {label}", flush=True)
             seed = await sweep(backend, path, args, prefill, vision, seed)
         engine.packed.vision_configs = varlen
+        engine.prefiller = graphs
+        if graphs is not None:
+            print(f"prefill graphs: {graphs.describe()}", flush=True)
         if args.profile_rows and torch.cuda.is_available():
             from torch.profiler import ProfilerActivity, profile
 

@@ -77,6 +77,7 @@ from vf_mm.inference._generate import GenerateEngine
 from vf_mm.inference._local_model import LocalModel
 from vf_mm.inference._local_stats import LocalStats
 from vf_mm.inference._pool import PoolEngine, entry_release, pool_arena
+from vf_mm.inference._prefill_step import TOKEN_BUCKETS
 from vf_mm.inference._prefix_cache import PrefixCache
 from vf_mm.inference._row_builder import RowBuilder
 from vf_mm.inference._rows import Pending
@@ -86,6 +87,8 @@ from vf_mm.inference._types import GenerateRequest, GenerateResult
 from vf_mm.inference._vision_cache import VisionCache
 
 _GIB = 1 << 30
+#: the default ``prefill_graph_tokens`` on CUDA: the largest token bucket
+PREFILL_GRAPH_TOKENS = TOKEN_BUCKETS[-1]
 
 
 class LocalBackend:
@@ -121,7 +124,14 @@ class LocalBackend:
         kv_pool_bytes: The arena's size, all the KV memory the engine ever holds (default
             60% of the GPU memory free after loading; 256 MiB elsewhere): a request waits for
             room, and one that cannot fit at all fails alone (``BackendOutOfMemoryError``).
-        cuda_graphs: Capture decode steps as CUDA graphs (the pool engine on CUDA).
+        cuda_graphs: Capture decode steps as CUDA graphs (the pool engine on CUDA), and
+            prefills of up to ``prefill_graph_tokens`` new tokens.
+        prefill_graph_tokens: The pool engine's prefills of at most this many new tokens
+            run their text stack as a CUDA graph per token-count bucket (256 to 4096),
+            padded up to it; a longer one, and one whose decoder takes inputs the graph
+            does not hold (Qwen3-VL's deepstack features), runs eagerly. Default 4096 on
+            CUDA with ``cuda_graphs``, 0 (none) elsewhere, where the padded path runs
+            eagerly and only costs.
         varlen_vision: Run a Qwen-VL vision tower's attention as one varlen FlashAttention
             call over every image and window (the pool engine on CUDA in half precision);
             False keeps transformers' own per-window attention, whose features a trainer's
@@ -144,6 +154,7 @@ class LocalBackend:
         kv_pool: bool | None = None,
         kv_pool_bytes: int | None = None,
         cuda_graphs: bool = True,
+        prefill_graph_tokens: int | None = None,
         varlen_vision: bool = True,
     ) -> None:
         loaded = LocalModel.from_pretrained(
@@ -201,9 +212,13 @@ class LocalBackend:
         self._pool: PoolEngine | None = None
         engine: PoolEngine | BatchEngine | GenerateEngine
         if packed is not None and arena is not None:
+            if prefill_graph_tokens is None:
+                on_cuda = cuda_graphs and loaded.device.type == "cuda"
+                prefill_graph_tokens = PREFILL_GRAPH_TOKENS if on_cuda else 0
             self._pool = engine = PoolEngine(
-                parts, packed, arena, max_batch=max_batch, graphs=cuda_graphs
-            )
+                parts, packed, arena, max_batch=max_batch, graphs=cuda_graphs,
+                prefill_tokens=prefill_graph_tokens,
+            )  # fmt: skip
             self.engine = "pool"
         elif loaded.resumable:
             engine = BatchEngine(parts)

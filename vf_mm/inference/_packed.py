@@ -141,12 +141,19 @@ def _attention_per_sequence(
     scaling: float | None,
 ) -> torch.Tensor:
     """The reference path: each sequence's queries over its range, causal with the new
-    tokens last, by ``scaled_dot_product_attention``."""
+    tokens last, by ``scaled_dot_product_attention``. A query that sees no key (a
+    sequence of more new tokens than its length: padding) gets zeros, as from
+    FlashAttention."""
     cu, starts, lengths = host
     out = torch.empty_like(q)
     for i, (start, length) in enumerate(zip(starts, lengths, strict=False)):
         a, b = cu[i], cu[i + 1]
+        if b - a > length:  # the first queries see nothing
+            out[a : b - length] = 0
+            a = b - length
         n = b - a
+        if n == 0:
+            continue
         keys = store[0, start : start + length].transpose(0, 1)[None]
         values = store[1, start : start + length].transpose(0, 1)[None]
         seen = torch.arange(length, device=q.device)[None] <= (
@@ -408,7 +415,7 @@ class DecodeStep:
         temp[:n] = temperatures
         self.meta[:, :bucket].copy_(self._meta_host[turn][:, :bucket], non_blocking=True)
         self.temperature[:bucket].copy_(self._temp_host[turn][:bucket], non_blocking=True)
-        max_k = _kv_bucket(max(lengths), self.arena.capacity + 1)
+        max_k = kv_bucket(max(lengths), self.arena.capacity + 1)
         if not self.graphs:
             sample, logits = self._step(bucket, max_k)
         else:
@@ -506,7 +513,7 @@ def _buckets(max_rows: int) -> list[int]:
     return sorted({min(s, max(8, -(-max_rows // 8) * 8)) for s in sizes})
 
 
-def _kv_bucket(longest: int, limit: int) -> int:
+def kv_bucket(longest: int, limit: int) -> int:
     """The KV length a step's attention is launched for: a power of two at least
     ``longest`` (few graphs, and a split-KV plan close to the real lengths)."""
     size = 1024

@@ -27,6 +27,7 @@ the batch engine; this engine is a ``RowEngine``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from vf_mm.inference._packed import (
     PackedStep,
     flash_available,
 )
+from vf_mm.inference._prefill_step import PrefillStep
 from vf_mm.inference._prefix_cache import Entry, Match
 from vf_mm.inference._rows import Pending, Row, answer, result, take
 from vf_mm.inference._sampling import sample_packed, uses_filters
@@ -100,7 +102,10 @@ class PoolEngine:
     (module docstring): a ``RowEngine``, driven by the ``Scheduler``'s admission loop.
     Finished rows' ranges become entries of ``parts.prefix``, whose ``on_drop`` must be
     ``entry_release(arena)``. ``max_batch``: the most rows a decode step holds;
-    ``graphs``: capture decode steps as CUDA graphs (CUDA only)."""
+    ``graphs``: capture decode steps as CUDA graphs (CUDA only); ``prefill_tokens``:
+    prefills of at most this many new tokens run their text stack from fixed buffers
+    (``PrefillStep``), replayed as CUDA graphs with ``graphs`` on CUDA (0: every prefill
+    eagerly)."""
 
     def __init__(
         self,
@@ -110,6 +115,7 @@ class PoolEngine:
         *,
         max_batch: int,
         graphs: bool,
+        prefill_tokens: int = 0,
     ) -> None:
         self._parts = parts
         self._model = model = parts.model
@@ -125,6 +131,20 @@ class PoolEngine:
             device=model.device,
             reference=not self.flash,
             graphs=graphs,
+        )
+        self.prefiller = (
+            PrefillStep(
+                packed,
+                arena,
+                max_rows=max_batch,
+                max_tokens=prefill_tokens,
+                mrope=model.mrope,
+                device=model.device,
+                graphs=graphs,
+                reference=not self.flash,
+            )
+            if prefill_tokens > 0
+            else None
         )
         self.rows: list[Row] = []
         self._new: list[Row] = []  # admitted and placed, not prefilled yet
@@ -262,21 +282,24 @@ class PoolEngine:
         ids = torch.tensor([[t for new in news for t in new]])
         positions = torch.cat([row.positions for row in rows], dim=-1)
         positions = positions[:, None] if model.mrope else positions[None]
+        starts = [row.start for row in rows]
+        cached = [row.cached for row in rows]
+        new = [len(n) for n in news]
         step = PackedStep.build(
-            self.arena,
-            starts=[row.start for row in rows],
-            cached=[row.cached for row in rows],
-            new=[len(new) for new in news],
-            device=device,
+            self.arena, starts=starts, cached=cached, new=new, device=device,
             reference=not self.flash,
-        )
+        )  # fmt: skip
         self._parts.stats.prefills_run += 1
         with self.packed.vision():  # the vision tower's attention: one varlen call
             inputs = self._parts.vision.inputs(rows, ids) if model.is_multimodal else {}
         keep = (step.cu_q[1:] - 1).long()
-        logits = self.packed.forward(
-            ids.to(device), positions.to(device), step, keep=keep, inputs=inputs
-        )
+        fixed: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self.prefiller is not None and self.prefiller.serves(sum(new), len(rows)):
+            fixed = self.prefiller.installed(starts=starts, cached=cached, new=new)
+        with fixed:  # the text stack from fixed buffers (a CUDA graph), where it serves
+            logits = self.packed.forward(
+                ids.to(device), positions.to(device), step, keep=keep, inputs=inputs
+            )
         self._sample(rows, logits, counters=[0] * len(rows))
 
     def _decode(self, rows: list[Row]) -> None:
@@ -381,6 +404,8 @@ class PoolEngine:
     def close(self) -> None:
         """Give back the arena's memory and the captured graphs (the backend is closed)."""
         self.decoder.clear()
+        if self.prefiller is not None:
+            self.prefiller.clear()
         self.arena.release()
 
     def describe(self) -> dict[str, Any]:
@@ -391,6 +416,7 @@ class PoolEngine:
             "kv_free_tokens": self.arena.free_tokens,
             "graphs_captured": self.decoder.captures,
             "capture_s": round(self.decoder.capture_s, 2),
+            **(self.prefiller.describe() if self.prefiller is not None else {}),
         }
 
 
