@@ -128,6 +128,7 @@ def full_forward_logprobs(backend: LocalBackend, prompt: Prompt, completion: lis
                 order=[m for m, _, _ in data.all_placeholders()],
             )
         )
+    inputs = {k: v.to(backend.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}  # fmt: skip
     with torch.no_grad():
         logits = backend.model(**inputs).logits[0].float()
     logp = torch.log_softmax(logits, -1)
