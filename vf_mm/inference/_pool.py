@@ -10,8 +10,10 @@ rows come and go, this engine does with fixed memory:
   does not fit waits until running rows finish; one that could never fit (more than the
   whole arena) fails alone with ``BackendOutOfMemoryError``.
 - **Prefill.** The new tokens of every admitted row go through the model as one packed
-  stream (``_packed``), no padding, with the vision tower's outputs for their new images;
-  each row samples its first token.
+  stream (``_packed``), with the vision tower's outputs for their new images; each row
+  samples its first token. On CUDA a stream of up to ``prefill_tokens`` runs its text
+  stack as a CUDA graph (``PrefillStep``), padded up to a token bucket by one more
+  sequence that only the scratch slot sees; a longer one runs eagerly, unpadded.
 - **Decode.** Every running row feeds its last token; ``DecodeStep`` replays a CUDA graph
   of the whole step, sampling included, for the batch's size bucket. The only host sync
   is reading the sampled tokens back (one small copy a step).
