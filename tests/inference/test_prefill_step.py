@@ -32,7 +32,7 @@ POOL = {"kv_pool": True, "kv_pool_bytes": 4 << 20}
         ("qwen2_5_vl", True),  # inputs_embeds, M-RoPE positions
         ("llava_onevision", True),  # passes its head's logits_to_keep on to the decoder
         ("text", True),  # a decoder that embeds its input_ids itself
-        ("qwen3_vl", False),  # deepstack features: a turn with images runs eagerly
+        ("qwen3_vl", True),  # deepstack features: added from dense buffers
     ],
 )
 def test_prefills_from_fixed_buffers_answer_as_a_full_re_encode(checkpoints, family, every_prefill):

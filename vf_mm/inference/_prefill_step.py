@@ -23,10 +23,15 @@ such a query zeros) and no real token sees a padding one. Every per-token operat
 outputs are the eager forward's up to the kernels the larger shape picks (bfloat16
 rounding on the GPU).
 
+Qwen3-VL's decoder also adds its tower's deepstack features to the hidden states of
+its first layers at the image positions, through a boolean index (a host sync, which a
+graph cannot hold). Here each layer's features are scattered eagerly into a dense
+buffer, zero elsewhere, and the graph adds that buffer whole: the same sums at the
+image positions, and ``x + 0 == x`` at every other one.
+
 A decoder call the graph would not compute as asked is run eagerly, unchanged: one with
-an input the buffers do not hold (Qwen3-VL's deepstack features, Gemma 4's per-layer
-inputs), a stream over the largest bucket, or a model whose capture failed (the reason
-is kept in ``PrefillStep.refused``).
+an input the buffers do not hold (Gemma 4's per-layer inputs), a stream over the largest
+bucket, or a model whose capture failed (the reason is kept in ``PrefillStep.refused``).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ TOKEN_BUCKETS = (256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 # the decoder call's arguments a graph answers (``logits_to_keep``, which LLaVA-OneVision
 # passes on, is its head's, not the decoder's): every other one must be None (or False)
 _FED = ("input_ids", "inputs_embeds", "position_ids", "vf_mm_step", "logits_to_keep")
+# Qwen3-VL's deepstack inputs, answered where the decoder adds them by ``_deepstack_process``
+_DEEPSTACK = ("visual_pos_masks", "deepstack_visual_embeds")
 _NONE_OR_FALSE = ("attention_mask", "past_key_values", "cache_position", "use_cache",
                   "output_attentions", "output_hidden_states")  # fmt: skip
 
@@ -96,6 +103,8 @@ class PrefillStep:
         top = self.buckets[-1] if self.buckets else 0
         dtype = packed.model.dtype
         self._embeds = torch.zeros((1, top, hidden), dtype=dtype, device=device)
+        # Qwen3-VL's deepstack features, one dense (1, top, hidden) per level (on first use)
+        self._deep: list[torch.Tensor] = []
         self._ids = torch.zeros((1, top), dtype=torch.long, device=device)
         self._positions = torch.zeros((3 if mrope else 1, 1, top), dtype=torch.long, device=device)  # fmt: skip
         # cu_q (rows + 1), starts (rows + 1), lengths (rows): int32, as FlashAttention
@@ -187,6 +196,10 @@ class PrefillStep:
         positions = kwargs.get("position_ids")
         if positions is not None and positions.dim() == 2:
             positions = positions[None]
+        deepstack = kwargs.get("deepstack_visual_embeds") is not None
+        if deepstack and set(extra) == set(_DEEPSTACK) and hasattr(self.decoder, "_deepstack_process"):  # fmt: skip
+            extra = []
+            kind += "+deepstack"
         if (
             extra
             or fed is None
@@ -196,10 +209,12 @@ class PrefillStep:
         ):
             return type(self.decoder).forward(self.decoder, **kwargs)
         tokens = fed.shape[1]
-        source = self._embeds if kind == "embeds" else self._ids
+        source = self._ids if kind == "ids" else self._embeds
         source[:, :tokens].copy_(fed)
         self._positions[:, :, :tokens].copy_(positions)
         self._positions[:, :, tokens:bucket].zero_()
+        if deepstack:
+            self._scatter_deepstack(kwargs["visual_pos_masks"], kwargs["deepstack_visual_embeds"], bucket)  # fmt: skip
         step.max_k = max_k
         key = (bucket, max_k, kind)
         if not self.graphs:
@@ -217,22 +232,41 @@ class PrefillStep:
         self.replays += 1
         return BaseModelOutputWithPast(last_hidden_state=hidden[:, :tokens])
 
+    def _scatter_deepstack(
+        self, masks: torch.Tensor, levels: Sequence[torch.Tensor], bucket: int
+    ) -> None:
+        """Each level's features at the image positions of its dense buffer, zeros at
+        every other position (eager: the boolean index syncs the host)."""
+        if len(self._deep) != len(levels):
+            top, hidden = self._embeds.shape[1:]
+            self._deep = [self._embeds.new_zeros((1, top, hidden)) for _ in levels]
+        where = masks.reshape(-1).to(self.device)
+        for dense, features in zip(self._deep, levels, strict=True):
+            dense[:, :bucket].zero_()
+            dense[0, : where.shape[0]][where] = features.to(self.device, dense.dtype)
+
     def _run(self, step: PackedStep, bucket: int, kind: str) -> torch.Tensor:
         """The decoder over the first ``bucket`` positions of the buffers."""
         positions = self._positions[:, :, :bucket]
         fed: dict[str, Any] = (
-            {"inputs_embeds": self._embeds[:, :bucket]}
-            if kind == "embeds"
-            else {"input_ids": self._ids[:, :bucket]}
+            {"input_ids": self._ids[:, :bucket]}
+            if kind == "ids"
+            else {"inputs_embeds": self._embeds[:, :bucket]}
         )
-        out = type(self.decoder).forward(
-            self.decoder,
-            position_ids=positions if self.mrope else positions[0],
-            attention_mask=None,
-            use_cache=False,
-            vf_mm_step=step,
-            **fed,
-        )
+        added: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if kind.endswith("+deepstack"):
+            fed["deepstack_visual_embeds"] = [dense[:, :bucket] for dense in self._deep]
+            fed["visual_pos_masks"] = None  # read only by the dense addition below
+            added = _dense_deepstack(self.decoder)
+        with added:
+            out = type(self.decoder).forward(
+                self.decoder,
+                position_ids=positions if self.mrope else positions[0],
+                attention_mask=None,
+                use_cache=False,
+                vf_mm_step=step,
+                **fed,
+            )
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
 
@@ -267,3 +301,19 @@ class PrefillStep:
         """Forget every captured graph (they hold the weights' addresses)."""
         self._graphs.clear()
         self._pool = None
+
+
+@contextlib.contextmanager
+def _dense_deepstack(decoder: torch.nn.Module) -> Iterator[None]:
+    """For the block, ``decoder._deepstack_process`` adds a dense level (zeros away from
+    the image positions) to the whole hidden state, where Qwen3-VL's own adds the image
+    positions' features through a boolean index: the same sums, with no host sync."""
+
+    def dense(hidden: torch.Tensor, masks: object, features: torch.Tensor) -> torch.Tensor:
+        return hidden + features
+
+    decoder._deepstack_process = dense  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        del decoder._deepstack_process
