@@ -24,8 +24,8 @@ import torch
 from tests.inference.test_local_history import full_forward_logprobs, run_conversations
 from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm", "llava_onevision", "internvl",
-            "glm46v", "text")  # fmt: skip
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "llava_onevision",
+            "llava_next", "internvl", "glm46v", "text")  # fmt: skip
 
 
 def measure(path: Path, args: argparse.Namespace, tokens: int | None) -> tuple[float, list, dict]:

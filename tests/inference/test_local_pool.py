@@ -165,7 +165,7 @@ def test_cache_entries_give_their_ranges_back(checkpoints):
     assert free == capacity
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen3_5"])
+@pytest.mark.parametrize("family", ["gemma3", "qwen3_5", "kimi_k25"])
 def test_families_the_pool_cannot_run_refuse_it(checkpoints, family):
     with pytest.raises(BackendError, match="kv_pool"):
         LocalBackend(checkpoints(family), kv_pool=True)

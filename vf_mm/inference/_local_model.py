@@ -170,7 +170,8 @@ class LocalModel:
         if kv_pool:
             raise BackendError(
                 f"kv_pool=True: {self.family} cannot run on the KV pool engine (it needs "
-                "every text layer to be full, causal attention); leave kv_pool unset",
+                "every text layer to be full, causal attention with keys and values of "
+                "one width); leave kv_pool unset",
                 backend=self.name,
             )
         return None

@@ -250,12 +250,20 @@ class PackedModel:
             if hasattr(m, "layer_idx") and "Attention" in type(m).__name__
         ]
         self.layers = int(config.num_hidden_layers)
-        self.supported = len(layers) == self.layers and all(m.config is config for m in layers)
         self.config = config
         first = layers[0] if layers else None
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.kv_heads = int(heads)
         self.head_dim = int(getattr(first, "head_dim", 0) or 0)
+        # keys and values of one width per head (the arena's layout); multi-head latent
+        # attention (Kimi-K2.5's DeepSeek-V3 layers: keys of 80, values of 32) has none
+        widths = {getattr(config, k, None) for k in ("qk_head_dim", "v_head_dim")} - {None}
+        self.supported = (
+            len(layers) == self.layers
+            and all(m.config is config for m in layers)
+            and self.head_dim > 0
+            and widths <= {self.head_dim}
+        )
 
     @contextlib.contextmanager
     def packed(self) -> Iterator[None]:
