@@ -102,10 +102,12 @@ def test_the_decoder_is_its_own_again_after_a_prefill_even_a_failed_one(checkpoi
         try:
             prefiller = backend._pool.prefiller
             decoder = prefiller.decoder
-            with pytest.raises(RuntimeError, match="boom"):
-                with prefiller.installed(starts=[0], cached=[0], new=[3]):
-                    assert "forward" in vars(decoder)
-                    raise RuntimeError("boom")
+            with (
+                pytest.raises(RuntimeError, match="boom"),
+                prefiller.installed(starts=[0], cached=[0], new=[3]),
+            ):
+                assert "forward" in vars(decoder)
+                raise RuntimeError("boom")
             await backend.generate(GenerateRequest([1, 2, 3], GREEDY))
             return decoder
         finally:
