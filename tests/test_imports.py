@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +23,8 @@ def _sources() -> list[tuple[str, str]]:
     ]
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
-            found.append((f"{page.relative_to(ROOT)} (snippet {i})", block))
+            # a snippet inside a list item is indented with it
+            found.append((f"{page.relative_to(ROOT)} (snippet {i})", textwrap.dedent(block)))
     return found
 
 
