@@ -32,7 +32,7 @@ measures.
                               [--rollouts-per-example 4] [--max-tokens 32]
                               [--shape 3b|tiny] [--out FILE.json] [--trace]
                               [--no-baselines] [--checkpoint DIR] [--no-varlen-vision]
-                              [--prefill-graph-tokens N] [--no-fused-norms]
+                              [--prefill-graph-tokens N]
 
 ``--trace`` adds the time and peak GPU memory of each phase of the backend's work.
 Needs vf_mm's pinned dependencies (transformers 5.23, datasets, msgspec, and
@@ -177,8 +177,6 @@ async def run(path: Path, cache: bool, args: Any) -> tuple[dict, dict]:
         varlen_vision=args.varlen_vision,
         prefill_graph_tokens=args.prefill_graph_tokens,
     )
-    if not args.fused_norms and backend._pool is not None:
-        backend._pool.packed.norms = {}  # the text layers' own RMSNorms (an A/B of the fusion)
     if args.tracer:
         args.tracer.attach(backend)
     pool = RendererPool(lambda: load_renderer(path), size=min(8, os.cpu_count() or 2))
@@ -386,10 +384,6 @@ def main() -> None:
     parser.add_argument(
         "--no-varlen-vision", dest="varlen_vision", action="store_false",
         help="LocalBackend(varlen_vision=False): the vision tower's own per-window attention",
-    )  # fmt: skip
-    parser.add_argument(
-        "--no-fused-norms", dest="fused_norms", action="store_false",
-        help="the text layers' own RMSNorms in packed forwards (not one fused kernel each)",
     )  # fmt: skip
     parser.add_argument(
         "--prefill-graph-tokens", type=int, default=None,

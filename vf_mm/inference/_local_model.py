@@ -164,7 +164,7 @@ class LocalModel:
         flash = flash_available(self.device, self.dtype)
         if kv_pool is False or (kv_pool is None and not flash):
             return None
-        packed = PackedModel(self.model, varlen_vision=varlen_vision and flash, fused_norms=flash)
+        packed = PackedModel(self.model, varlen_vision=varlen_vision and flash)
         if self.resumable and not self.linear and packed.supported:
             return packed
         if kv_pool:

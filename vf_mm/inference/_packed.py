@@ -35,7 +35,6 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from vf_mm.inference._arena import KVArena
-from vf_mm.inference._fused_norm import fusable_norms, fused
 from vf_mm.inference._sampling import sample_packed
 
 NAME = "vf_mm_packed"
@@ -228,18 +227,13 @@ AttentionInterface.register(VISION_NAME, varlen_vision_attention)
 
 class PackedModel:
     """A model's text layers switched to packed attention for the length of a forward
-    (``packed``), with their RMSNorms in one kernel each (``fused_norms``, where a probe
-    shows that computes the module's own output), and its vision tower's attention to
-    one varlen call over all images (``varlen_vision``: a vision tower whose attention
-    takes segments, the Qwen-VL families'): other callers of the model (Hugging Face
-    ``generate``, a trainer's reference forward) see its own layers."""
+    (``packed``), and its vision tower's attention to one varlen call over all images
+    (``varlen_vision``: a vision tower whose attention takes segments, the Qwen-VL
+    families'): other callers of the model (Hugging Face ``generate``, a trainer's
+    reference forward) see its own attention."""
 
-    def __init__(
-        self, model: PreTrainedModel, *, varlen_vision: bool = False, fused_norms: bool = False
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, *, varlen_vision: bool = False) -> None:
         self.model = model
-        # the text layers' RMSNorms that run fused in packed forwards (``_fused_norm``)
-        self.norms = fusable_norms(list(model.get_decoder().modules())) if fused_norms else {}
         # the vision attention modules' configs (a tower may hold its own copy)
         self.vision_configs: list[Any] = list(
             {
@@ -273,10 +267,9 @@ class PackedModel:
 
     @contextlib.contextmanager
     def packed(self) -> Iterator[None]:
-        """The text layers' attention is ``packed_attention``, their RMSNorms fused where
-        that computes the same (``fused_norms``), and the vision tower's attention
+        """The text layers' attention is ``packed_attention``, and the vision tower's
         ``varlen_vision_attention`` where it takes segments, for this block."""
-        with _switched([self.config], NAME), fused(self.norms), self.vision():
+        with _switched([self.config], NAME), self.vision():
             yield
 
     def vision(self) -> contextlib.AbstractContextManager[None]:
