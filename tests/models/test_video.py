@@ -65,7 +65,10 @@ def test_a_nested_video_processor_config_wins(tiny, tmp_path):
     [({"fsp": 2}, "unknown video option"), ({"fps": 2, "num_frames": 4}, "both given"), ({"fps": float("inf")}, "finite"),
      ({"min_pixels": float("nan")}, "finite"),
      ({"fps": -1}, "positive"), ({"num_frames": 2.5}, "whole number"),
-     ({"fps": True}, "positive"), ({"do_sample_frames": "yes"}, "bool")],
+     ({"fps": True}, "positive"), ({"do_sample_frames": "yes"}, "bool"),
+     # a count or rate that sampling turned off would ignore (transformers ignores it)
+     ({"num_frames": 4, "do_sample_frames": False}, "num_frames would change nothing"),
+     ({"fps": 2, "do_sample_frames": False}, "fps would change nothing")],
 )  # fmt: skip
 def test_bad_options_are_refused_by_name(tiny, options, message):
     settings = load_video_settings(tiny["qwen2_vl"], "qwen2_vl")
@@ -77,7 +80,7 @@ def test_asking_for_a_rate_or_a_count_turns_sampling_on(tiny):
     settings = load_video_settings(tiny["qwen2_vl"], "qwen2_vl")
     assert settings.with_options({"fps": 2}).do_sample_frames
     assert settings.with_options({"num_frames": 4}).do_sample_frames
-    assert not settings.with_options({"num_frames": 4, "do_sample_frames": False}).do_sample_frames
+    assert not settings.with_options({"do_sample_frames": False}).do_sample_frames
 
 
 def test_qwen2_sampling(tiny):
