@@ -833,7 +833,11 @@ _GLM46V = dict(patch_size=14, min_tokens=4, max_tokens=256)
 
 
 def _build_glm46v(path: Path, seed: int) -> Path:
-    from transformers import Glm46VConfig
+    # GLM-4.6V-Flash's own kind: config type "glm4v" (Glm4vForConditionalGeneration, the
+    # class GLM-4.1V has too) and a processor config naming Glm46VProcessor, which is what
+    # makes it GLM-4.6V (``model_type(path)``, vLLM's processing); transformers' "glm46v"
+    # config is no released checkpoint's
+    from transformers import Glm4vConfig
 
     tokenizer = glm46v_tokenizer()
     _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["glm46v"])
@@ -861,7 +865,7 @@ def _build_glm46v(path: Path, seed: int) -> Path:
         ("image_start_token_id", "<|begin_of_image|>"), ("image_end_token_id", "<|end_of_image|>"),
         ("video_start_token_id", "<|begin_of_video|>"),
         ("video_end_token_id", "<|end_of_video|>"))}  # fmt: skip
-    config = Glm46VConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+    config = Glm4vConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
     stops = [
         tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")
     ]
