@@ -73,10 +73,11 @@ pytestmark = pytest.mark.vllm
 
 FAMILIES = (
     "qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl",
-    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25",
+    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25", "glm46v",
 )  # fmt: skip
 #: placeholders without is_embed: features mode takes them
-PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe", "kimi_k25")
+PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe", "kimi_k25",
+              "glm46v")  # fmt: skip
 SIZES = [(640, 480), (97, 501), (1000, 120)]
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 #: vLLM's names for a model input that transformers (and vf_mm) name otherwise
