@@ -822,9 +822,9 @@ def _build_kimi_k25(path: Path, seed: int) -> Path:
     return path
 
 
-# GLM-4.6V (zai-org/GLM-4.6V): the real processor resizes each image to a multiple of 28
-# pixels (patch 14, 2x2 merge, two temporal copies) between 112x112 and 28x28x15000 pixels
-# and normalises with CLIP's mean and std; the tiny one keeps all of that and caps an image
+# GLM-4.6V (zai-org/GLM-4.6V-Flash's checkpoint kind, GLM-4.6V's template): the real
+# processor resizes each image to a multiple of 28 pixels (patch 14, 2x2 merge, two
+# temporal copies) between 112x112 and 28x28x15000 pixels and normalises with CLIP's mean and std; the tiny one keeps all of that and caps an image
 # at 4 to 256 merged tokens, as the tiny Qwen2-VL does. The text stack is GLM-4's (M-RoPE
 # over the (temporal, height, width) sections of the rotary half of each head), the
 # tower GLM-4V's (patch 14, a 2x2 merge, learned position embeddings of a 336-pixel grid
