@@ -225,3 +225,39 @@ def test_video_and_an_aspect_beyond_the_processors_are_refused_by_name(renderer)
     thin = [{"role": "user", "content": [{"type": "image", "image": noise(300, 1)}]}]
     with pytest.raises(RenderError, match=r"message 0, part 0: .*aspect ratio"):
         renderer.render(thin)
+
+
+@pytest.mark.slow
+def test_glm_4_6v_s_moe_kind_is_built_recognised_and_generates(tmp_path):
+    """``variant="moe"`` builds GLM-4.6V's own kind (``glm4v_moe``, routed experts beside a
+    shared one, the same template and processor): it is the glm46v family, and the local
+    backend loads it with ``Glm4vMoeForConditionalGeneration`` and samples from an image
+    prompt the renderer made."""
+    import asyncio
+
+    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
+    from vf_mm.testing import build_tiny_vlm
+
+    path = build_tiny_vlm(tmp_path / "moe", "glm46v", variant="moe")
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "glm4v_moe"
+    assert config["text_config"]["n_routed_experts"] > 1
+    assert (path / "chat_template.jinja").read_bytes() == (GOLDEN / "glm46v.jinja").read_bytes()
+    assert model_type(path) == "glm46v"
+    renderer = load_renderer(path, image_backend="pil")
+    content = [{"type": "image", "image": noise(100, 60)}, {"type": "text", "text": "Hi"}]
+    rendered = renderer.render([{"role": "user", "content": content}])
+    backend = LocalBackend(path, batch_window_ms=1)
+
+    async def sample():
+        try:
+            return await backend.generate(GenerateRequest(
+                rendered.token_ids, SamplingParams(max_tokens=4, temperature=0.0, logprobs=True),
+                multi_modal_data=rendered.multi_modal_data,
+            ))  # fmt: skip
+        finally:
+            await backend.aclose()
+
+    out = asyncio.run(sample())
+    assert type(backend.model).__name__ == "Glm4vMoeForConditionalGeneration"
+    assert len(out.completion_ids) == 4 and all(np.isfinite(out.logprobs))

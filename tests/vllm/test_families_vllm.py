@@ -73,8 +73,11 @@ pytestmark = pytest.mark.vllm
 
 FAMILIES = (
     "qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl",
-    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25", "glm46v",
+    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25", "glm46v", "glm46v_moe",
 )  # fmt: skip
+#: a server's name that is a family's variant: (family, variant) it is built as (GLM-4.6V's
+#: MoE, "glm4v_moe"; "glm46v" is GLM-4.6V-Flash's dense "glm4v")
+VARIANTS = {"glm46v_moe": ("glm46v", "moe")}
 #: placeholders without is_embed: features mode takes them
 PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe", "kimi_k25",
               "glm46v")  # fmt: skip
@@ -148,7 +151,8 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[Fleet]:
     }
     out: dict[str, tuple[VLLMServer, object]] = {}
     for family in [f for f in FAMILIES if f in chosen]:
-        path = build_tiny_vlm(root / family, family)
+        built, variant = VARIANTS.get(family, (family, None))
+        path = build_tiny_vlm(root / family, built, variant=variant)
         limits = {"gemma4": '{"image":2,"video":0,"audio":0}', "kimi_k25": '{"vision_chunk":2}'}
         args = ["--limit-mm-per-prompt", limits.get(family, '{"image":2,"video":0}')]
         args += ["--no-mm-device-do-normalize"]
@@ -172,7 +176,7 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[Fleet]:
 def family(request, servers):
     server, path = servers.use(request.param)
     server.wait_healthy()
-    return request.param, server, path, load_renderer(path)
+    return VARIANTS.get(request.param, (request.param,))[0], server, path, load_renderer(path)
 
 
 def case(size, seed=0):
