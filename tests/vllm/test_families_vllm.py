@@ -2,7 +2,8 @@
 equals the renderer's, token for token and bit for bit.
 
 For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL3,
-Qwen3-VL-MoE, Qwen3.5-MoE, LFM2.5-VL and Kimi-K2.5 (one tiny checkpoint and one server
+Qwen3-VL-MoE, Qwen3.5-MoE, LFM2.5-VL, Kimi-K2.5 and GLM-4.6V (GLM-4.6V-Flash's ``glm4v``
+kind and, as ``glm46v_moe``, GLM-4.6V's ``glm4v_moe``) (one tiny checkpoint and one server
 each, images of sizes that force a resize, the renderer on the torchvision backend, which
 vLLM uses):
 
@@ -14,7 +15,7 @@ vLLM uses):
 - features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
   takes our ``kwargs_data`` and samples what its own processing of the image gives, for
   the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision, LLaVA-NeXT,
-  the MoEs, Kimi-K2.5). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
+  the MoEs, Kimi-K2.5, GLM-4.6V). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
   ``is_embed``, which vLLM 0.32's features protocol cannot take;
 - the sampler/trainer mismatch: features-mode rollouts for the plain-run families, and
   Gemma 4's (E2B architecture) in content_parts mode, where vLLM processes the images.
