@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vf_mm.errors import RenderError
-from vf_mm.models import family_info, load_processor
+from vf_mm.errors import RenderError, UnsupportedModelError
+from vf_mm.models import family_info, load_processor, model_class, model_type
 from vf_mm.renderers import load_renderer
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -65,17 +65,71 @@ def test_the_tiny_checkpoint_carries_the_real_template_and_glms_specials(glm46v_
     assert rope["partial_rotary_factor"] == 0.5 and sum(rope["mrope_section"]) == 32 // 2 // 2
 
 
+def _with_config(source: Path, target: Path, config_type: str, processor: str | None) -> Path:
+    """``source``'s configs (no weights: the family is read from the files alone) with its
+    config type and the processor class its files name replaced; None names none."""
+    target.mkdir()
+    for name in ("config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        (target / name).write_bytes((source / name).read_bytes())
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "model_type": config_type}))
+    if processor is not None:
+        (target / "processor_config.json").write_text(json.dumps({"processor_class": processor}))
+    return target
+
+
+def test_the_tiny_checkpoint_is_flash_s_kind_and_its_kin_are_told_apart_by_processor(
+    glm46v_checkpoint, tmp_path
+):
+    """The released GLM-4.6V-Flash declares ``glm4v`` (Glm4vForConditionalGeneration) and
+    GLM-4.6V ``glm4v_moe``, the config types of GLM-4.1V and GLM-4.5V too: only the
+    processor their files name tells GLM-4.6V (Glm46VProcessor) apart. The tiny checkpoint
+    is Flash's kind; either type naming Glm46VProcessor (in processor_config.json, or in
+    preprocessor_config.json alone) is the glm46v family, loaded by its own type's class;
+    one naming Glm4vProcessor, or nothing, is GLM-4.1V/4.5V or unknown, refused by name."""
+    config = json.loads((glm46v_checkpoint / "config.json").read_text())
+    assert config["model_type"] == "glm4v"
+    assert config["architectures"] == ["Glm4vForConditionalGeneration"]
+    assert json.loads((glm46v_checkpoint / "processor_config.json").read_text()) == {
+        "processor_class": "Glm46VProcessor"
+    }
+    assert model_type(glm46v_checkpoint) == "glm46v"
+    assert model_class("glm46v", checkpoint=glm46v_checkpoint).__name__ == (
+        "Glm4vForConditionalGeneration"
+    )
+
+    moe = _with_config(glm46v_checkpoint, tmp_path / "moe", "glm4v_moe", None)
+    preprocessor = json.loads((moe / "preprocessor_config.json").read_text())
+    (moe / "preprocessor_config.json").write_text(
+        json.dumps({**preprocessor, "processor_class": "Glm46VProcessor"})
+    )  # where the real GLM-4.6V names it
+    assert model_type(moe) == "glm46v"
+    assert model_class("glm46v", checkpoint=moe).__name__ == "Glm4vMoeForConditionalGeneration"
+
+    for processor in ("Glm4vProcessor", None):
+        other = _with_config(glm46v_checkpoint, tmp_path / f"4.1v-{processor}", "glm4v", processor)
+        assert model_type(other) == "glm4v"
+        with pytest.raises(UnsupportedModelError) as info:
+            load_renderer(other)
+        message = str(info.value)
+        assert "model type 'glm4v' is a vision-language model vf_mm does not render" in message
+        assert "family 'glm46v', only when its processor config names Glm46VProcessor" in message
+        assert f"this one names {processor!r}" in message
+    with pytest.raises(UnsupportedModelError, match="pass family='glm46v'"):
+        family_info("glm4v")  # make_batches(family=model.config.model_type) of a real Flash
+
+
 def test_the_forward_places_image_tokens_on_a_grid_by_m_rope(glm46v_checkpoint):
     """The tiny model runs offline, and its ``get_rope_index`` (what the local backend
     asks for positions) gives an image's tokens (height, width) positions, not a run."""
     import torch
-    from transformers import Glm46VForConditionalGeneration
+    from transformers import Glm4vForConditionalGeneration
 
     processor = load_processor(glm46v_checkpoint, image_backend="pil")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(text=[text], images=[noise(120, 60)], return_tensors="pt")
-    model = Glm46VForConditionalGeneration.from_pretrained(glm46v_checkpoint).eval()
+    model = Glm4vForConditionalGeneration.from_pretrained(glm46v_checkpoint).eval()
     with torch.no_grad():
         logits = model(**inputs).logits
     assert torch.isfinite(logits).all()
@@ -171,3 +225,39 @@ def test_video_and_an_aspect_beyond_the_processors_are_refused_by_name(renderer)
     thin = [{"role": "user", "content": [{"type": "image", "image": noise(300, 1)}]}]
     with pytest.raises(RenderError, match=r"message 0, part 0: .*aspect ratio"):
         renderer.render(thin)
+
+
+@pytest.mark.slow
+def test_glm_4_6v_s_moe_kind_is_built_recognised_and_generates(tmp_path):
+    """``variant="moe"`` builds GLM-4.6V's own kind (``glm4v_moe``, routed experts beside a
+    shared one, the same template and processor): it is the glm46v family, and the local
+    backend loads it with ``Glm4vMoeForConditionalGeneration`` and samples from an image
+    prompt the renderer made."""
+    import asyncio
+
+    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
+    from vf_mm.testing import build_tiny_vlm
+
+    path = build_tiny_vlm(tmp_path / "moe", "glm46v", variant="moe")
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "glm4v_moe"
+    assert config["text_config"]["n_routed_experts"] > 1
+    assert (path / "chat_template.jinja").read_bytes() == (GOLDEN / "glm46v.jinja").read_bytes()
+    assert model_type(path) == "glm46v"
+    renderer = load_renderer(path, image_backend="pil")
+    content = [{"type": "image", "image": noise(100, 60)}, {"type": "text", "text": "Hi"}]
+    rendered = renderer.render([{"role": "user", "content": content}])
+    backend = LocalBackend(path, batch_window_ms=1)
+
+    async def sample():
+        try:
+            return await backend.generate(GenerateRequest(
+                rendered.token_ids, SamplingParams(max_tokens=4, temperature=0.0, logprobs=True),
+                multi_modal_data=rendered.multi_modal_data,
+            ))  # fmt: skip
+        finally:
+            await backend.aclose()
+
+    out = asyncio.run(sample())
+    assert type(backend.model).__name__ == "Glm4vMoeForConditionalGeneration"
+    assert len(out.completion_ids) == 4 and all(np.isfinite(out.logprobs))

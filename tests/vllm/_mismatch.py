@@ -209,7 +209,7 @@ def score(
     control). ``causal_images``: a Gemma 4 26B/31B checkpoint scored with causal attention
     over its images instead of its bidirectional image blocks (a diagnosis, not the
     model)."""
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     if causal_images:
         model.config.get_text_config().use_bidirectional_attention = None
     with torch.no_grad():

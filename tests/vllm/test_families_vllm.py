@@ -2,7 +2,8 @@
 equals the renderer's, token for token and bit for bit.
 
 For each of Qwen3.5, Gemma 3, Gemma 4, SmolVLM, LLaVA-OneVision, LLaVA-NeXT, InternVL3,
-Qwen3-VL-MoE, Qwen3.5-MoE, LFM2.5-VL and Kimi-K2.5 (one tiny checkpoint and one server
+Qwen3-VL-MoE, Qwen3.5-MoE, LFM2.5-VL, Kimi-K2.5 and GLM-4.6V (GLM-4.6V-Flash's ``glm4v``
+kind and, as ``glm46v_moe``, GLM-4.6V's ``glm4v_moe``) (one tiny checkpoint and one server
 each, images of sizes that force a resize, the renderer on the torchvision backend, which
 vLLM uses):
 
@@ -14,7 +15,7 @@ vLLM uses):
 - features generation (the renderer's ids, placeholders and kwargs_data): vLLM's decoder
   takes our ``kwargs_data`` and samples what its own processing of the image gives, for
   the families whose placeholders are plain runs (Qwen3.5, LLaVA-OneVision, LLaVA-NeXT,
-  the MoEs, Kimi-K2.5). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
+  the MoEs, Kimi-K2.5, GLM-4.6V). Gemma 3's, Gemma 4's, SmolVLM's, InternVL3's and LFM2.5-VL's carry
   ``is_embed``, which vLLM 0.32's features protocol cannot take;
 - the sampler/trainer mismatch: features-mode rollouts for the plain-run families, and
   Gemma 4's (E2B architecture) in content_parts mode, where vLLM processes the images.
@@ -73,10 +74,14 @@ pytestmark = pytest.mark.vllm
 
 FAMILIES = (
     "qwen3_5", "gemma3", "gemma4", "smolvlm", "llava_onevision", "llava_next", "internvl",
-    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25",
+    "qwen3_vl_moe", "qwen3_5_moe", "lfm2_vl", "kimi_k25", "glm46v", "glm46v_moe",
 )  # fmt: skip
+#: a server's name that is a family's variant: (family, variant) it is built as (GLM-4.6V's
+#: MoE, "glm4v_moe"; "glm46v" is GLM-4.6V-Flash's dense "glm4v")
+VARIANTS = {"glm46v_moe": ("glm46v", "moe")}
 #: placeholders without is_embed: features mode takes them
-PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe", "kimi_k25")
+PLAIN_RUNS = ("qwen3_5", "llava_onevision", "llava_next", "qwen3_vl_moe", "qwen3_5_moe", "kimi_k25",
+              "glm46v")  # fmt: skip
 SIZES = [(640, 480), (97, 501), (1000, 120)]
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 #: vLLM's names for a model input that transformers (and vf_mm) name otherwise
@@ -147,7 +152,8 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[Fleet]:
     }
     out: dict[str, tuple[VLLMServer, object]] = {}
     for family in [f for f in FAMILIES if f in chosen]:
-        path = build_tiny_vlm(root / family, family)
+        built, variant = VARIANTS.get(family, (family, None))
+        path = build_tiny_vlm(root / family, built, variant=variant)
         limits = {"gemma4": '{"image":2,"video":0,"audio":0}', "kimi_k25": '{"vision_chunk":2}'}
         args = ["--limit-mm-per-prompt", limits.get(family, '{"image":2,"video":0}')]
         args += ["--no-mm-device-do-normalize"]
@@ -171,7 +177,7 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[Fleet]:
 def family(request, servers):
     server, path = servers.use(request.param)
     server.wait_healthy()
-    return request.param, server, path, load_renderer(path)
+    return VARIANTS.get(request.param, (request.param,))[0], server, path, load_renderer(path)
 
 
 def case(size, seed=0):

@@ -59,7 +59,9 @@ class LocalModel:
         hf_logging.disable_progress_bar()  # no tqdm bars inside vf-mm's own progress display
         family = model_type(path)
         if family in VISION_FAMILIES:
-            model = model_class(family).from_pretrained(path, dtype=dtype or torch.float32)
+            model = model_class(family, checkpoint=path).from_pretrained(
+                path, dtype=dtype or torch.float32
+            )
         else:
             from transformers import AutoModelForCausalLM
 

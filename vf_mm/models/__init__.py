@@ -2,7 +2,8 @@
 
 Registry: ``VISION_FAMILIES`` are the checkpoint ``model_type`` values that get image
 support (any other checkpoint with a chat template renders as text); ``family_info(family)`` is a family's ``VisionFamily`` record.
-``model_type(path)`` reads a checkpoint directory's type; ``model_class(family)`` and
+``model_type(path)`` reads a checkpoint directory's family (its config's type, or the family
+whose checkpoints share that type and whose processor its files name); ``model_class(family)`` and
 ``processor_class(family)`` are the family's transformers classes, and ``load_processor(path)`` loads a checkpoint's processor
 (``TokenizerSnapshot``: a checkpoint's tokenizer loaded once, pickled, copied cheaply for
 each renderer and each worker process);

@@ -100,6 +100,15 @@ class VisionFamily:
             (``_items``) checks a client's against: ``"grid"``, ``"crops"``, ``"tiles"``,
             ``"anyres"``, ``"soft_tokens"``; None: not checked (a server refuses to take
             the family's processed images).
+        config_types: The ``model_type`` values of the family's checkpoints where they are
+            not the family's own name, each with the transformers model class that loads
+            it, and told apart from other models sharing the type by the processor class
+            their processor config names (``processor``): GLM-4.6V-Flash's ``config.json``
+            says ``glm4v`` (``Glm4vForConditionalGeneration``) and GLM-4.6V's ``glm4v_moe``
+            (``Glm4vMoeForConditionalGeneration``), the types of GLM-4.1V and GLM-4.5V
+            too, which name ``Glm4vProcessor`` (another template and processor) where
+            GLM-4.6V names ``Glm46VProcessor``. ``model_type(path)`` gives such a
+            checkpoint its family, and ``model_class(family, checkpoint=path)`` its class.
         vllm_video_embed_token: The token vLLM 0.32's processing writes at a clip's
             embedding positions where transformers' processor (and the renderer) writes
             the family's own embedding token; None where vLLM writes the renderer's.
@@ -148,6 +157,9 @@ class VisionFamily:
     # the token vLLM 0.32 writes at a clip's embedding positions in place of the renderer's
     # (InternVL3: "<video>" for "<IMG_CONTEXT>"; see the docstring); None: the renderer's
     vllm_video_embed_token: str | None = None
+    # other config model_types of the family's checkpoints, with the model class of each,
+    # recognised by the processor class their processor config names (see the docstring)
+    config_types: tuple[tuple[str, str], ...] = ()
 
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -245,12 +257,19 @@ _FAMILIES = {
                      item_layout=None),
         # GLM-4.6V: a Qwen-VL-like grid of merged patches (image_grid_thw) and M-RoPE
         # (mm_token_type_ids); <|image|> is both the placeholder and the pad; a turn ends
-        # when the model writes the next turn's header (<|user|>, <|observation|>)
+        # when the model writes the next turn's header (<|user|>, <|observation|>). Its
+        # released checkpoints are GLM-4.1V's and GLM-4.5V's config types with
+        # Glm46VProcessor (config_types); transformers' own "glm46v" config is the same
+        # architecture (Glm46VForConditionalGeneration subclasses Glm4v's)
         VisionFamily("glm46v", "GLM-4.6V", "Glm46VProcessor", "Glm46VImageProcessor",
-                     "Glm46VForConditionalGeneration", "mm_token_type_ids", "zai-org/GLM-4.6V",
+                     "Glm4vForConditionalGeneration", "mm_token_type_ids",
+                     "zai-org/GLM-4.6V-Flash",
                      ("<|endoftext|>", "<|user|>", "<|observation|>"), tool_format="glm",
                      marker_tokens=("<|begin_of_image|>", "<|end_of_image|>",
-                                    "<|begin_of_video|>", "<|end_of_video|>", "<|video|>")),
+                                    "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"),
+                     config_types=(("glm4v", "Glm4vForConditionalGeneration"),
+                                   ("glm4v_moe", "Glm4vMoeForConditionalGeneration"),
+                                   ("glm46v", "Glm46VForConditionalGeneration"))),
     )
 }  # fmt: skip
 
@@ -271,12 +290,26 @@ def family_info(family: str) -> VisionFamily:
     try:
         return _FAMILIES[family]
     except KeyError:
+        shared = _sharing_families(family)
+        if shared:
+            raise UnsupportedModelError(
+                f"model type {family!r} is a config type that several models share; vf_mm "
+                f"renders it as family {shared[0]!r} only when its processor config names "
+                f"{_FAMILIES[shared[0]].processor} (a {_FAMILIES[shared[0]].label} "
+                f"checkpoint): pass family={shared[0]!r}, or vf_mm.models.model_type(path), "
+                "which reads a checkpoint's family"
+            ) from None
         close = _nearest_family(family)
         raise UnsupportedModelError(
             f"model type {family!r} is not a vision family vf_mm renders "
             + (f"(did you mean {close!r}? " if close else "(")
             + f"supported: {', '.join(VISION_FAMILIES)})"
         ) from None
+
+
+def _sharing_families(config_type: object) -> list[str]:
+    """The families whose checkpoints may declare ``config_type`` (``config_types``)."""
+    return [f.model_type for f in _FAMILIES.values() if config_type in dict(f.config_types)]
 
 
 def _nearest_family(name: object) -> str | None:
@@ -418,15 +451,25 @@ def image_backend_of(image_processor: Any) -> str:
     return "torchvision" if names & {"TorchvisionBackend", "TorchvisionPort"} else "pil"
 
 
-def model_class(family: str) -> type[Any]:
+def model_class(family: str, *, checkpoint: str | Path | None = None) -> type[Any]:
     """The family's transformers model class (``...ForConditionalGeneration``).
 
     Args:
         family: A ``model_type``.
+        checkpoint: A checkpoint directory of the family: the class that loads it, which
+            its config type decides where the family's checkpoints declare several
+            (``VisionFamily.config_types``: GLM-4.6V's MoE is
+            ``Glm4vMoeForConditionalGeneration``, GLM-4.6V-Flash
+            ``Glm4vForConditionalGeneration``); None: the family's class (its tiny
+            checkpoint's).
     """
     import transformers
 
-    return getattr(transformers, family_info(family).model)
+    info = family_info(family)
+    name = info.model
+    if checkpoint is not None:
+        name = dict(info.config_types).get(_config_type(Path(checkpoint)), name)
+    return getattr(transformers, name)
 
 
 @cache
@@ -455,16 +498,53 @@ def processor_class(family: str) -> type[Any]:
 
 
 def model_type(path: str | Path) -> str:
-    """The ``model_type`` of a checkpoint directory's ``config.json``.
+    """A checkpoint directory's family: the ``model_type`` of its ``config.json``, or the
+    vision family whose checkpoints declare that type (``VisionFamily.config_types``) when
+    its processor config names that family's processor.
+
+    GLM-4.6V-Flash declares ``glm4v`` and GLM-4.6V ``glm4v_moe``, as GLM-4.1V and GLM-4.5V
+    do; only the processor their ``processor_class`` names (``Glm46VProcessor``, not
+    ``Glm4vProcessor``) tells them apart, the way vLLM tells them apart too. A shared type
+    whose processor is not the family's is returned as is: no family vf_mm renders.
 
     Args:
         path: The checkpoint directory.
     """
-    config = Path(path) / "config.json"
+    path = Path(path)
+    declared = _config_type(path)
+    if declared in _FAMILIES:
+        return declared
+    shared = _sharing_families(declared)
+    if shared:
+        named = checkpoint_processor(path)
+        for family in shared:
+            if named == _FAMILIES[family].processor:
+                return family
+    return declared
+
+
+def _config_type(path: Path) -> str:
+    """The ``model_type`` written in ``path``'s ``config.json``."""
+    config = path / "config.json"
     try:
         return json.loads(config.read_text())["model_type"]
     except (OSError, ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"{config}: cannot read the model type ({exc})") from None
+
+
+def checkpoint_processor(path: str | Path) -> str | None:
+    """The processor class a checkpoint directory's files name (``processor_class``), read
+    where vLLM reads it: ``processor_config.json``, then ``preprocessor_config.json``, then
+    ``tokenizer_config.json``; None where none names one (or a file is not JSON)."""
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        file = Path(path) / name
+        try:
+            saved = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(saved, dict) and isinstance(saved.get("processor_class"), str):
+            return saved["processor_class"]
+    return None
 
 
 def load_processor(path: str | Path, *, image_backend: str = "auto", tokenizer: Any = None) -> Any:

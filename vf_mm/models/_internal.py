@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vf_mm.models._families import (
     QWEN_VL_FAMILIES,
+    checkpoint_processor,
     image_kwargs,
     image_processor_class,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "build_tiny_lm",
     "build_tiny_vlm",
     "chat_template",
+    "checkpoint_processor",
     "image_kwargs",
     "image_processor_class",
     "qwen_tokenizer",

@@ -1378,6 +1378,10 @@ TEMPLATE_VARIANTS: dict[str, dict[str, str]] = {
         name: _qwen3_5_template(name) for name in ("think", "nothink", "qwen3.6", "qwen3.8")
     },
     "gemma4": {name: _gemma4_template(name) for name in _GEMMA4_VARIANTS},
+    # GLM-4.6V's two checkpoints render alike (Flash's template is GLM-4.6V's less one Jinja
+    # comment): the variants differ by architecture, "flash" (GLM-4.6V-Flash's dense
+    # ``glm4v``, the default) and "moe" (GLM-4.6V's ``glm4v_moe``, routed experts)
+    "glm46v": {"flash": GLM46V_TEMPLATE, "moe": GLM46V_TEMPLATE},
 }
 
 

@@ -102,7 +102,9 @@ def build_tiny_vlm(
             Hub revision (``"4742fe8"`` ... ``"8995379"``, the default) or its larger
             checkpoints (``"31b"``, ``"26b-a4b"``: their template and their architecture),
             or Qwen3.5's ``"nothink"`` (the default: the 0.8B and 2B checkpoints),
-            ``"think"`` (4B and larger), ``"qwen3.6"``, ``"qwen3.8"``.
+            ``"think"`` (4B and larger), ``"qwen3.6"``, ``"qwen3.8"``, or GLM-4.6V's
+            ``"flash"`` (the default: GLM-4.6V-Flash's dense ``glm4v``) and ``"moe"``
+            (GLM-4.6V's ``glm4v_moe``; the same template).
 
     Raises:
         UnsupportedModelError: An unknown family.
@@ -135,7 +137,7 @@ def build_tiny_vlm(
     if family == "kimi_k25":
         return _build_kimi_k25(path, seed)
     if family == "glm46v":
-        return _build_glm46v(path, seed)
+        return _build_glm46v(path, seed, variant or "flash")
     return _build_qwen(path, family, vocab, seed, template)
 
 
@@ -198,7 +200,12 @@ def _save_model(path: Path, config: Any, family: str, seed: int, eos: list[int],
     import torch
 
     torch.manual_seed(seed)
-    model = model_class(family)(config)
+    import transformers
+
+    # the class of the config's own type where the family's checkpoints have several
+    # (GLM-4.6V's glm4v and glm4v_moe), else the family's
+    name = dict(family_info(family).config_types).get(config.model_type)
+    model = (getattr(transformers, name) if name else model_class(family))(config)
     if family == "gemma3":
         # transformers initialises Gemma 3's image projection to zeros, which would make
         # every image feature zero: images would not change a single logit, and nothing
@@ -822,9 +829,9 @@ def _build_kimi_k25(path: Path, seed: int) -> Path:
     return path
 
 
-# GLM-4.6V (zai-org/GLM-4.6V): the real processor resizes each image to a multiple of 28
-# pixels (patch 14, 2x2 merge, two temporal copies) between 112x112 and 28x28x15000 pixels
-# and normalises with CLIP's mean and std; the tiny one keeps all of that and caps an image
+# GLM-4.6V (zai-org/GLM-4.6V-Flash's checkpoint kind, GLM-4.6V's template): the real
+# processor resizes each image to a multiple of 28 pixels (patch 14, 2x2 merge, two
+# temporal copies) between 112x112 and 28x28x15000 pixels and normalises with CLIP's mean and std; the tiny one keeps all of that and caps an image
 # at 4 to 256 merged tokens, as the tiny Qwen2-VL does. The text stack is GLM-4's (M-RoPE
 # over the (temporal, height, width) sections of the rotary half of each head), the
 # tower GLM-4V's (patch 14, a 2x2 merge, learned position embeddings of a 336-pixel grid
@@ -832,8 +839,14 @@ def _build_kimi_k25(path: Path, seed: int) -> Path:
 _GLM46V = dict(patch_size=14, min_tokens=4, max_tokens=256)
 
 
-def _build_glm46v(path: Path, seed: int) -> Path:
-    from transformers import Glm46VConfig
+def _build_glm46v(path: Path, seed: int, variant: str) -> Path:
+    # GLM-4.6V-Flash's own kind: config type "glm4v" (Glm4vForConditionalGeneration, the
+    # class GLM-4.1V has too) and a processor config naming Glm46VProcessor, which is what
+    # makes it GLM-4.6V (``model_type(path)``, vLLM's processing); transformers' "glm46v"
+    # config is no released checkpoint's. "moe": GLM-4.6V's kind, "glm4v_moe"
+    # (Glm4vMoeForConditionalGeneration, GLM-4.5V's class): a dense first layer, then
+    # routed experts beside a shared one, as GLM-4.5-Air's stack
+    from transformers import Glm4vConfig, Glm4vMoeConfig
 
     tokenizer = glm46v_tokenizer()
     _save_tokenizer(path, tokenizer, CHAT_TEMPLATES["glm46v"])
@@ -846,11 +859,17 @@ def _build_glm46v(path: Path, seed: int) -> Path:
     _write_processor_config(path, "glm46v")
     # rotary on half of each head, as released (its 128-dim heads: sections 8, 12, 12 of
     # 32 frequencies); the tiny 32-dim heads have 8 frequencies: 2, 3, 3
-    text = _text_config(
-        tokenizer, model_type="glm4v_text",
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5},
-    )  # fmt: skip
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+            "partial_rotary_factor": 0.5}  # fmt: skip
+    if variant == "moe":
+        text = _text_config(
+            tokenizer, model_type="glm4v_moe_text", rope_parameters=rope,
+            moe_intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
+            n_shared_experts=1, first_k_dense_replace=1,
+            use_qk_norm=False,  # as released; transformers has no such field, vLLM 0.32 reads it
+        )  # fmt: skip
+    else:
+        text = _text_config(tokenizer, model_type="glm4v_text", rope_parameters=rope)
     vision = dict(
         depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
         spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
@@ -861,7 +880,8 @@ def _build_glm46v(path: Path, seed: int) -> Path:
         ("image_start_token_id", "<|begin_of_image|>"), ("image_end_token_id", "<|end_of_image|>"),
         ("video_start_token_id", "<|begin_of_video|>"),
         ("video_end_token_id", "<|end_of_video|>"))}  # fmt: skip
-    config = Glm46VConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+    kind = Glm4vMoeConfig if variant == "moe" else Glm4vConfig
+    config = kind(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
     stops = [
         tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")
     ]

@@ -14,7 +14,7 @@ from vf_mm.models import (
     load_video_settings,
     model_type,
 )
-from vf_mm.models._internal import VideoSettings
+from vf_mm.models._internal import VideoSettings, checkpoint_processor
 from vf_mm.renderers._cache import DEFAULT_CACHE_BYTES, ImageCache
 from vf_mm.renderers._template import ChatTemplateRenderer
 from vf_mm.renderers._vision import VisionSpec
@@ -91,7 +91,8 @@ def load_renderer(
         if family is not None and _is_vision_model(path):
             raise UnsupportedModelError(
                 f"{path}: model type {family!r} is a vision-language model vf_mm does not "
-                f"render yet (as a text model its images would be lost); vision families "
+                f"render yet{_shared_type_note(path, family)} (as a text model its images "
+                f"would be lost); vision families "
                 f"vf_mm renders: {', '.join(VISION_FAMILIES)}. For text only, pass its "
                 "tokenizer: load_renderer(AutoTokenizer.from_pretrained(path))"
             )
@@ -186,6 +187,21 @@ def _processor_family(processor: Any) -> str | None:
         qwen3_5 = type(processor.tokenizer).__name__ == "Qwen3_5Tokenizer"
         matches = [f for f in matches if (f == "qwen3_5") == qwen3_5]
     return matches[0] if matches else None
+
+
+def _shared_type_note(path: Path, config_type: str) -> str:
+    """Why a checkpoint of a type some family's checkpoints share is not that family: the
+    processor its files name is another model's (GLM-4.1V's ``Glm4vProcessor`` where
+    GLM-4.6V's ``glm4v`` checkpoints name ``Glm46VProcessor``); empty for other types."""
+    for family in VISION_FAMILIES:
+        info = family_info(family)
+        if config_type in dict(info.config_types):
+            return (
+                f" (a {config_type!r} checkpoint is {info.label}, family {family!r}, only when "
+                f"its processor config names {info.processor}; this one names "
+                f"{checkpoint_processor(path)!r})"
+            )
+    return ""
 
 
 def _is_vision_model(path: Path) -> bool:
