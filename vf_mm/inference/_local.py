@@ -130,7 +130,7 @@ class LocalBackend:
             run their text stack as a CUDA graph per token-count bucket (256 to 4096),
             padded up to it (Qwen3-VL's deepstack features added from dense buffers); a
             longer one, and one whose decoder takes inputs the graph does not hold
-            (Gemma 4's per-layer inputs), runs eagerly. Default 4096 on
+            (Qwen3-VL-MoE's router flag), runs eagerly. Default 4096 on
             CUDA with ``cuda_graphs``, 0 (none) elsewhere, where the padded path runs
             eagerly and only costs.
         varlen_vision: Run a Qwen-VL vision tower's attention as one varlen FlashAttention
