@@ -166,3 +166,33 @@ def test_only_the_installing_threads_call_of_the_streams_length_is_answered(chec
         assert not arena.storage.any()  # no slot written
     finally:
         asyncio.run(backend.aclose())
+
+
+def test_every_tensor_a_graph_reads_is_one_fixed_buffer_refilled_in_place(checkpoints):
+    """A CUDA graph replays the addresses it captured: the step's metadata, the ids or
+    embeddings and the positions a prefill's decoder reads must be the same storage at
+    every prefill (refilled, never re-created), or a replay would read the first one's.
+    The GPU is not here; the addresses are."""
+    path = checkpoints("text")
+    seen: list[tuple[int, ...]] = []
+
+    async def run():
+        backend = LocalBackend(path, prefill_graph_tokens=4096, **POOL)
+        prefiller = backend._pool.prefiller
+        own = prefiller._run
+
+        def spy(step, bucket, kind):
+            fed = prefiller._ids if kind == "ids" else prefiller._embeds
+            tensors = (step.write, step.cu_q, step.starts, step.lengths, fed, prefiller._positions)  # fmt: skip
+            seen.append(tuple(t.data_ptr() for t in tensors))
+            return own(step, bucket, kind)
+
+        prefiller._run = spy
+        try:
+            for prompt in ([1, 2, 3], list(range(1, 40)), [5, 6]):
+                await backend.generate(GenerateRequest(prompt, GREEDY))
+        finally:
+            await backend.aclose()
+
+    asyncio.run(run())
+    assert len(seen) == 3 and len(set(seen)) == 1, seen
