@@ -9,6 +9,7 @@ the buffers do not hold runs eagerly, unchanged."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -131,3 +132,67 @@ def test_a_padding_query_that_sees_no_key_gets_zeros_as_from_flashattention():
     )[0].transpose(0, 1)  # fmt: skip
     torch.testing.assert_close(out[4:5], last)
     assert torch.isfinite(out).all()
+
+
+def test_only_the_installing_threads_call_of_the_streams_length_is_answered(checkpoints):
+    """Every thread sees the decoder's instance ``forward`` while a prefill is installed:
+    a call from another thread (another caller of the model), or one of another length,
+    runs the class's forward (under packed attention without its step: an error), never
+    over the buffers, so it cannot write the installed rows' arena slots."""
+    backend = LocalBackend(checkpoints("text"), prefill_graph_tokens=4096, **POOL)
+    pool = backend._pool
+    prefiller, arena = pool.prefiller, pool.arena
+
+    def call(tokens: int) -> BaseException | None:
+        try:
+            prefiller.decoder(
+                input_ids=torch.arange(1, tokens + 1)[None],
+                position_ids=torch.arange(tokens)[None],
+                use_cache=False,
+            )
+        except RuntimeError as exc:
+            return exc
+        return None
+
+    try:
+        with torch.no_grad(), pool.packed.packed(), prefiller.installed(starts=[0], cached=[0], new=[3]):  # fmt: skip
+            errors: list[BaseException | None] = []
+            thread = threading.Thread(target=lambda: errors.append(call(3)))
+            thread.start()
+            thread.join()
+            errors.append(call(5))  # this thread, another length
+        assert all(e is not None and "without its step" in str(e) for e in errors), errors
+        assert prefiller.replays == 0
+        assert not arena.storage.any()  # no slot written
+    finally:
+        asyncio.run(backend.aclose())
+
+
+def test_every_tensor_a_graph_reads_is_one_fixed_buffer_refilled_in_place(checkpoints):
+    """A CUDA graph replays the addresses it captured: the step's metadata, the ids or
+    embeddings and the positions a prefill's decoder reads must be the same storage at
+    every prefill (refilled, never re-created), or a replay would read the first one's.
+    The GPU is not here; the addresses are."""
+    path = checkpoints("text")
+    seen: list[tuple[int, ...]] = []
+
+    async def run():
+        backend = LocalBackend(path, prefill_graph_tokens=4096, **POOL)
+        prefiller = backend._pool.prefiller
+        own = prefiller._run
+
+        def spy(step, bucket, kind):
+            fed = prefiller._ids if kind == "ids" else prefiller._embeds
+            tensors = (step.write, step.cu_q, step.starts, step.lengths, fed, prefiller._positions)  # fmt: skip
+            seen.append(tuple(t.data_ptr() for t in tensors))
+            return own(step, bucket, kind)
+
+        prefiller._run = spy
+        try:
+            for prompt in ([1, 2, 3], list(range(1, 40)), [5, 6]):
+                await backend.generate(GenerateRequest(prompt, GREEDY))
+        finally:
+            await backend.aclose()
+
+    asyncio.run(run())
+    assert len(seen) == 3 and len(set(seen)) == 1, seen

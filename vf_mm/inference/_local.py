@@ -127,10 +127,11 @@ class LocalBackend:
         cuda_graphs: Capture decode steps as CUDA graphs (the pool engine on CUDA), and
             prefills of up to ``prefill_graph_tokens`` new tokens.
         prefill_graph_tokens: The pool engine's prefills of at most this many new tokens
-            run their text stack as a CUDA graph per token-count bucket (256 to 4096),
-            padded up to it (Qwen3-VL's deepstack features added from dense buffers); a
+            (rounded down to a bucket: a value under 256 graphs none, one over 4096 is
+            4096) run their text stack as a CUDA graph per token-count bucket (256, 512,
+            768, 1024, 1536, 2048, 3072, 4096), padded up to it (Qwen3-VL's deepstack features added from dense buffers); a
             longer one, and one whose decoder takes inputs the graph does not hold
-            (Gemma 4's per-layer inputs), runs eagerly. Default 4096 on
+            (Qwen3-VL-MoE's router flag), runs eagerly. Default 4096 on
             CUDA with ``cuda_graphs``, 0 (none) elsewhere, where the padded path runs
             eagerly and only costs.
         varlen_vision: Run a Qwen-VL vision tower's attention as one varlen FlashAttention

@@ -30,13 +30,16 @@ buffer, zero elsewhere, and the graph adds that buffer whole: the same sums at t
 image positions, and ``x + 0 == x`` at every other one.
 
 A decoder call the graph would not compute as asked is run eagerly, unchanged: one with
-an input the buffers do not hold (Gemma 4's per-layer inputs), a stream over the largest
-bucket, or a model whose capture failed (the reason is kept in ``PrefillStep.refused``).
+an input the buffers do not hold (Qwen3-VL-MoE's passes its router's
+``output_router_logits``), a stream over the largest bucket, a call from another thread
+or of another length than the installed stream, or a model whose capture failed (the
+reason is kept in ``PrefillStep.refused``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -117,6 +120,8 @@ class PrefillStep:
         self._graphs: dict[tuple[int, int, str], _Graph] = {}
         self._pool: Any = None
         self._step: tuple[PackedStep, int, int] | None = None  # the step being answered
+        # who is answered: the installing thread's call of the stream's own length
+        self._caller: tuple[int, int] = (0, 0)  # (thread ident, tokens)
         self.captures = 0  # graphs captured, and the time it took
         self.capture_s = 0.0
         self.replays = 0  # prefills answered from the buffers
@@ -133,11 +138,14 @@ class PrefillStep:
         """For this block the decoder's calls are answered from the buffers, for a
         prefill whose sequence ``i`` owns the range at ``starts[i]``, holds ``cached[i]``
         tokens already and brings ``new[i]`` (the eager ``PackedStep`` it is called with
-        is then not read)."""
+        is then not read). Only this thread's call of ``sum(new)`` tokens is answered:
+        every thread sees the instance's ``forward``, and another caller of the model
+        (or another length) runs the class's forward, never over these buffers."""
         tokens = int(sum(new))
         bucket = next(b for b in self.buckets if b >= tokens)
         max_k = kv_bucket(max(c + n for c, n in zip(cached, new, strict=True)), self.arena.capacity + 1)  # fmt: skip
         self._step = (self._fill(bucket, starts, cached, new), bucket, max_k)
+        self._caller = (threading.get_ident(), tokens)
         self.decoder.forward = self._forward  # the instance's, over the class's
         try:
             yield
@@ -206,6 +214,7 @@ class PrefillStep:
             or positions is None
             or positions.shape[0] != self._positions.shape[0]
             or self.refused is not None
+            or (threading.get_ident(), fed.shape[1]) != self._caller
         ):
             return type(self.decoder).forward(self.decoder, **kwargs)
         tokens = fed.shape[1]
