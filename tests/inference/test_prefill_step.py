@@ -34,6 +34,7 @@ POOL = {"kv_pool": True, "kv_pool_bytes": 4 << 20}
         ("llava_onevision", True),  # passes its head's logits_to_keep on to the decoder
         ("text", True),  # a decoder that embeds its input_ids itself
         ("qwen3_vl", True),  # deepstack features: added from dense buffers
+        ("qwen3_vl_moe", False),  # its router flag: eager (experts picked by nonzero)
     ],
 )
 def test_prefills_from_fixed_buffers_answer_as_a_full_re_encode(checkpoints, family, every_prefill):

@@ -76,6 +76,7 @@ from vf_mm.inference._batch_engine import BatchEngine
 from vf_mm.inference._generate import GenerateEngine
 from vf_mm.inference._local_model import LocalModel
 from vf_mm.inference._local_stats import LocalStats
+from vf_mm.inference._packed import flash_available
 from vf_mm.inference._pool import PoolEngine, entry_release, pool_arena
 from vf_mm.inference._prefill_step import TOKEN_BUCKETS
 from vf_mm.inference._prefix_cache import PrefixCache
@@ -129,11 +130,11 @@ class LocalBackend:
         prefill_graph_tokens: The pool engine's prefills of at most this many new tokens
             (rounded down to a bucket: a value under 256 graphs none, one over 4096 is
             4096) run their text stack as a CUDA graph per token-count bucket (256, 512,
-            768, 1024, 1536, 2048, 3072, 4096), padded up to it (Qwen3-VL's deepstack features added from dense buffers); a
-            longer one, and one whose decoder takes inputs the graph does not hold
-            (Qwen3-VL-MoE's router flag), runs eagerly. Default 4096 on
-            CUDA with ``cuda_graphs``, 0 (none) elsewhere, where the padded path runs
-            eagerly and only costs.
+            768, 1024, 1536, 2048, 3072, 4096), padded up to it (Qwen3-VL's deepstack
+            features added from dense buffers); a longer one, and one whose decoder takes
+            inputs the graph does not hold (Qwen3-VL-MoE's router flag), runs eagerly.
+            Default 4096 with ``cuda_graphs`` on CUDA in half precision, 0 (none)
+            elsewhere, where the padded path runs eagerly and only costs.
         varlen_vision: Run a Qwen-VL vision tower's attention as one varlen FlashAttention
             call over every image and window (the pool engine on CUDA in half precision);
             False keeps transformers' own per-window attention, whose features a trainer's
@@ -215,8 +216,10 @@ class LocalBackend:
         engine: PoolEngine | BatchEngine | GenerateEngine
         if packed is not None and arena is not None:
             if prefill_graph_tokens is None:
-                on_cuda = cuda_graphs and loaded.device.type == "cuda"
-                prefill_graph_tokens = PREFILL_GRAPH_TOKENS if on_cuda else 0
+                # graphs need FlashAttention's kernel (CUDA, half precision): elsewhere the
+                # padded path only costs
+                graphed = cuda_graphs and flash_available(loaded.device, loaded.dtype)
+                prefill_graph_tokens = PREFILL_GRAPH_TOKENS if graphed else 0
             self._pool = engine = PoolEngine(
                 parts, packed, arena, max_batch=max_batch, graphs=cuda_graphs,
                 prefill_tokens=prefill_graph_tokens,
