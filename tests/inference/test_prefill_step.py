@@ -39,7 +39,9 @@ POOL = {"kv_pool": True, "kv_pool_bytes": 4 << 20}
 )
 def test_prefills_from_fixed_buffers_answer_as_a_full_re_encode(checkpoints, family, every_prefill):
     path = checkpoints(family)
-    backend, conversations = run_conversations(path, prefill_graph_tokens=4096, **POOL)
+    backend, conversations = run_conversations(
+        path, conversations=2, turns=2, prefill_graph_tokens=4096, **POOL
+    )
     for conversation in conversations:
         for prompt, result in conversation:
             reference = full_forward_logprobs(backend, prompt, result.completion_ids)
