@@ -224,6 +224,15 @@ class VisionSpec:
         (own,) = self.embed_ids("video")
         return {vocab[token]: own}
 
+    def vllm_refusal(self, modality: str) -> str | None:
+        """Why vLLM 0.32 cannot take this family's ``modality`` (``"image"`` or ``"video"``)
+        at all, or None: Kimi-K2.5's clips (``VisionFamily.vllm_video_refusal``). Given to
+        ``VLLMBackend(refusals=...)``, such a content part is refused before sending."""
+        info = family_info(self.family) if self.family is not None else None
+        if modality != "video" or self.video is None or info is None:
+            return None
+        return info.vllm_video_refusal
+
     @property
     def frames_as_images(self) -> bool:
         """Whether a clip's frames take the image token's embeddings (SmolVLM, InternVL)."""
