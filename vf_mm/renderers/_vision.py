@@ -225,13 +225,14 @@ class VisionSpec:
         return {vocab[token]: own}
 
     def vllm_refusal(self, modality: str) -> str | None:
-        """Why vLLM 0.32 cannot take this family's ``modality`` (``"image"`` or ``"video"``)
-        at all, or None: Kimi-K2.5's clips (``VisionFamily.vllm_video_refusal``). Given to
-        ``VLLMBackend(refusals=...)``, such a content part is refused before sending."""
-        info = family_info(self.family) if self.family is not None else None
-        if modality != "video" or self.video is None or info is None:
-            return None
-        return info.vllm_video_refusal
+        """Why vLLM 0.32 takes no ``modality`` of this family, or None (Kimi-K2.5's clips).
+
+        Args:
+            modality: ``"image"`` or ``"video"``; given to ``VLLMBackend(refusals=...)``.
+        """
+        family = self.family if modality == "video" and self.video is not None else None
+        info = family_info(family) if family is not None else None
+        return info.vllm_video_refusal if info is not None else None
 
     @property
     def frames_as_images(self) -> bool:
