@@ -440,7 +440,9 @@ def make_client(
             ``dtype`` for ``LocalBackend``; timeouts and routing for ``VLLMBackend``).
             With ``{"mode": "content_parts"}`` and neither ``embed_token_ids`` nor
             ``embed_swaps`` given, both come from the renderer, so the server's expansion
-            is checked against the renderer's ids (and InternVL3's clips map back).
+            is checked against the renderer's ids (and InternVL3's clips map back);
+            ``refusals`` comes from the renderer unless given (Kimi-K2.5's clips are
+            refused before sending: vLLM 0.32 cannot take them).
         tokenizer: ``model``'s tokenizer, loaded already (``vf_mm.models.TokenizerSnapshot``,
             e.g. made by a parent process and sent to its workers): each renderer gets a
             copy instead of loading ``model``'s tokenizer again. None: it is loaded from
@@ -508,6 +510,8 @@ def make_client(
             {"embed_token_ids", "embed_swaps"} & options.keys()
         ):  # the pair is one choice: the caller's, or both from the renderer
             options.update(_content_parts_ids(pool.renderers[0]))
+        if options.get("mode") == "content_parts" and "refusals" not in options:
+            options["refusals"] = _vllm_refusals(pool.renderers[0])
         engine = VLLMBackend(urls, model=name, api_key=api_key, **options)
     elif backend == "local":
         from vf_mm.inference import LocalBackend
@@ -517,6 +521,16 @@ def make_client(
         assert not isinstance(backend, str)
         engine = backend  # type: ignore[assignment]
     return RendererClient(engine, pool, sampling=sampling)
+
+
+def _vllm_refusals(renderer: Renderer) -> dict[str, str]:
+    """``VLLMBackend``'s ``refusals`` from the renderer: per modality, why vLLM cannot take
+    this model's raw parts of it (Kimi-K2.5's clips); empty for a text renderer."""
+    vision = getattr(renderer, "vision", None)
+    if vision is None:
+        return {}
+    reasons = {m: vision.vllm_refusal(m) for m in ("image", "video")}
+    return {m: r for m, r in reasons.items() if r}
 
 
 def _content_parts_ids(renderer: Renderer) -> dict[str, Any]:

@@ -6,6 +6,7 @@ grid and fail vLLM's engine, not the request (the vllm tier checks the real serv
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -13,10 +14,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from vf_mm.errors import MultiModalDataError
-from vf_mm.inference import GenerateRequest, SamplingParams, encode_features
+from vf_mm.errors import BackendUnavailableError, MultiModalDataError
+from vf_mm.inference import GenerateRequest, SamplingParams, VLLMBackend, encode_features
 from vf_mm.inference._internal import decode_kwargs_item
 from vf_mm.inference._vllm_protocol import RequestBody, ResponseSchemaError, decode_response
+from vf_mm.models import family_info
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 
@@ -62,15 +64,38 @@ def test_kimi_k25s_images_go_as_vllms_vision_chunks_with_its_grid_name():
 
 def test_kimi_k25s_clips_are_refused_as_features_by_name():
     """vLLM 0.32 takes Kimi-K2.5's clips as one vision_chunk item per chunk, with
-    ``<|media_pad|>`` positions, not as transformers' processor writes a clip: unchecked
-    against a server, they are refused by name rather than sent under ``"video"``, which
-    its model does not take."""
+    ``<|media_pad|>`` positions, not as transformers' processor writes a clip: they are
+    refused by name (the family's ``vllm_video_refusal``) rather than sent under
+    ``"video"``, which its model does not take."""
     clip = {"pixel_values_videos": kimi_item(4, 4)["pixel_values"],
             "video_grid_thw": np.array([[1, 4, 4]])}  # fmt: skip
     mmd = MultiModalData({"video": ["v0"]}, {"video": [PlaceholderRange(1, 4)]},
                          {"video": [clip]})  # fmt: skip
-    with pytest.raises(MultiModalDataError, match="clips cannot go to vLLM"):
+    refused = r"Kimi-K2.5 clip cannot go to vLLM as features.*<\|media_pad\|>.*LocalBackend"
+    with pytest.raises(MultiModalDataError, match=refused):
         encode_features(mmd, num_tokens=8)
+
+
+def test_kimi_k25s_clips_are_refused_as_content_parts_before_sending():
+    """vLLM 0.32 answers a raw Kimi-K2.5 clip with 400 (its token-in route hands the clip to
+    ``KimiK25Processor`` unsplit): with the family's refusal the backend refuses the clip
+    before anything is sent (no server listens here), naming the family and the fix, while
+    an image part still goes to the server."""
+    refusal = family_info("kimi_k25").vllm_video_refusal
+    backend = VLLMBackend("http://127.0.0.1:9", mode="content_parts", max_retries=0,
+                          max_model_len=64, embed_token_ids={"video": [5], "image": [4]},
+                          refusals={"video": refusal})  # fmt: skip
+    frames = np.zeros((1, 28, 28, 3), np.uint8)
+    clip = GenerateRequest([1, 5, 2], SamplingParams(max_tokens=1),
+                           content_parts=[{"type": "video", "video": frames, "frame_rate": 2.0}])  # fmt: skip
+    with pytest.raises(MultiModalDataError, match=r"content_parts\[0\] is refused: vLLM 0.32 "
+                                                  r"cannot take Kimi-K2.5's clips.*400.*"
+                                                  r"LocalBackend or `vf-mm serve`"):  # fmt: skip
+        asyncio.run(backend.generate(clip))
+    image = GenerateRequest([1, 4, 2], SamplingParams(max_tokens=1),
+                            content_parts=[{"type": "image", "image": frames[0]}])  # fmt: skip
+    with pytest.raises(BackendUnavailableError):
+        asyncio.run(backend.generate(image))
 
 
 def test_a_qwen_grid_item_still_goes_as_an_image():

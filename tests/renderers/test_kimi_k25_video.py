@@ -13,6 +13,7 @@ other video families.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -32,7 +33,8 @@ from tests.renderers.golden.kimi_k25_video import (
     reference,
     tensor_record,
 )
-from vf_mm.errors import RenderError, UnsupportedModelError, VideoError
+from vf_mm.errors import MultiModalDataError, RenderError, UnsupportedModelError, VideoError
+from vf_mm.inference import GenerateRequest, SamplingParams
 from vf_mm.models import load_video_settings, model_inputs
 from vf_mm.renderers import load_renderer
 
@@ -140,6 +142,26 @@ def test_a_clip_that_keeps_several_frames_is_refused_naming_the_forward(renderer
                                     "fps": 0.5}))  # fmt: skip
     (item,) = rendered.multi_modal_data.mm_items["video"]
     assert item["video_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_a_content_parts_vllm_client_refuses_a_clip_before_sending(kimi, renderer):
+    """vLLM 0.32 cannot take Kimi-K2.5's clips (a raw one is answered 400; docs/videos.md):
+    a content_parts client built by make_client takes the family's refusal from the
+    renderer, so a clip fails by name before anything is sent (nothing listens on the
+    port), never as a server's 400."""
+    import vf_mm as vf
+
+    assert renderer.vision.vllm_refusal("image") is None
+    client = vf.make_client(kimi, backend="vllm", base_url="http://127.0.0.1:9", renderers=1,
+                            backend_options={"mode": "content_parts", "max_retries": 0,
+                                             "max_model_len": 256})  # fmt: skip
+    assert client.backend.refusals == {"video": renderer.vision.vllm_refusal("video")}
+    part = {"type": "video", "video": clip(6, t=5), "frame_rate": 4.0}
+    request = GenerateRequest([1, *renderer.vision.embed_ids("video"), 2],
+                              SamplingParams(max_tokens=1), content_parts=[part])  # fmt: skip
+    with pytest.raises(MultiModalDataError, match=r"cannot take Kimi-K2.5's clips.*LocalBackend"):
+        asyncio.run(client.backend.generate(request))
+    asyncio.run(client.aclose())
 
 
 def test_the_forward_still_fails_on_a_chunk_of_several_frames(kimi, renderer, every_chunk):

@@ -22,6 +22,8 @@ clips run over 2048 tokens). A run starts only the selected families' servers.
   to the renderer's ids, posted raw and through ``VLLMBackend`` (raw frames sent
   losslessly encoded; the returned placeholders count the renderer's embeddings; InternVL3's
   ``<video>`` ids mapped back to the renderer's ``<IMG_CONTEXT>`` by ``embed_swaps``).
+- Kimi-K2.5 (``REFUSED``; its server with ``'{"vision_chunk":2}'`` and ``KIMI_ROPE``): vLLM
+  answers a clip with 400, and the backend refuses one before sending.
 - features (Qwen2.5-VL, LLaVA-OneVision): vLLM's decoder takes our ``kwargs_data`` for a clip and samples
   what its own processing of the raw clip gives, tokens and logprobs. Qwen3-VL's, InternVL3's
   and Gemma 4's placeholders carry ``is_embed`` (timestamps, frame labels): refused before
@@ -43,7 +45,8 @@ import pytest
 
 from tests.vllm._mismatch import assert_agrees, measure
 from tests.vllm.conftest import VLLMServer, free_port
-from vf_mm.errors import MultiModalDataError
+from tests.vllm.test_families_vllm import KIMI_ROPE
+from vf_mm.errors import BackendHTTPError, MultiModalDataError
 from vf_mm.inference import (
     GenerateRequest,
     SamplingParams,
@@ -71,6 +74,9 @@ VLLM_ONLY = {
     "internvl": {"video_num_patches", "video_token_id"},
     "gemma4": {"video_num_soft_tokens", "video_timestamps"},
 }
+#: families whose clips vLLM 0.32 cannot take (``VisionFamily.vllm_video_refusal``): their
+#: servers start only for the test that holds the refusal to the server's answer
+REFUSED = ("kimi_k25",)
 #: vLLM 0.32's video loader keeps at most this many frames of a clip (``linspace``)
 VLLM_MAX_FRAMES = 32
 
@@ -106,14 +112,15 @@ def servers(request, vllm_py, tmp_path_factory) -> Iterator[Servers]:
         if (value := item.callspec.params.get(key)) is not None
     }
     out: dict[str, tuple[VLLMServer, object]] = {}
-    for family in [f for f in FAMILIES if f in chosen]:
+    for family in [f for f in (*FAMILIES, *REFUSED) if f in chosen]:
         path = build_tiny_vlm(root / family, family)
-        limits = (
-            '{"image":4,"video":2,"audio":0}' if family == "gemma4" else '{"image":4,"video":2}'
-        )
-        args = ["--limit-mm-per-prompt", limits, "--no-mm-device-do-normalize"]
+        limits = {"gemma4": '{"image":4,"video":2,"audio":0}', "kimi_k25": '{"vision_chunk":2}'}
+        args = ["--limit-mm-per-prompt", limits.get(family, '{"image":4,"video":2}')]
+        args += ["--no-mm-device-do-normalize"]
         if family == "gemma4":  # 32 frames of ~65 tokens each
             args += ["--max-model-len", "4096"]
+        if family == "kimi_k25":
+            args += KIMI_ROPE
         out[family] = (VLLMServer(family, path, free_port(), root / f"{family}.log", args), path)
     fleet = Servers(out, vllm_py)
     try:
@@ -359,6 +366,47 @@ def test_the_backend_sends_raw_frames_as_content_parts(family):
     assert theirs.num_embeds == mine.num_embeds and theirs.end == mine.end
     if name != "gemma4":  # the renderer's clip has num_frames set: another hash
         assert result.multi_modal_data.mm_hashes == ours.multi_modal_data.mm_hashes
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_vllm_answers_a_kimi_k25_clip_with_400_and_the_backend_refuses_it_first(servers, name):
+    """vLLM 0.32 takes no Kimi-K2.5 clip: a one-frame clip (the only kind the renderer
+    renders) as a video_url with the template's prompt is answered 400 (its token-in route
+    hands the decoded clip to ``KimiK25Processor`` unsplit), with no ids to compare; a
+    backend given the family's refusal refuses the clip before sending, by name, and one
+    without it gets the server's 400. When this test fails because vLLM took the clip,
+    compare its ids with the renderer's and update docs/videos.md."""
+    server, path = servers[name]
+    server.wait_healthy()
+    renderer = load_renderer(path)
+    frames = np.random.default_rng(5).integers(0, 256, (8, 56, 56, 3), dtype=np.uint8)
+    part = {"type": "video", "video": frames, "frame_rate": 4.0}
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "What moved?"}]}]
+    ours = renderer.render([{**messages[0], "content": [{**part, "fps": 0.5},
+                                                        messages[0]["content"][1]]}])  # fmt: skip
+    (item,) = ours.multi_modal_data.mm_items["video"]
+    assert item["video_grid_thw"][:, 0].tolist() == [1]  # the renderer keeps one frame
+    url = lossless_mp4(frames, 4)
+    response = httpx.post(server.base_url + "/inference/v1/generate", json={
+        "token_ids": template_prompt(renderer, messages),
+        "sampling_params": {"max_tokens": 1, "temperature": 0.0},
+        "content_parts": [{"type": "video_url", "url": url}],
+        "return_token_ids": True,
+    }, timeout=TIMEOUT)  # fmt: skip
+    assert response.status_code == 400, response.text[:500]
+    assert "Failed to apply KimiK25Processor" in response.text
+    refusal = renderer.vision.vllm_refusal("video")
+    assert refusal is not None
+    embed = {"video": renderer.vision.embed_ids("video")}
+    request = GenerateRequest(template_prompt(renderer, messages), SamplingParams(max_tokens=1),
+                              content_parts=[{"type": "video_url", "video_url": {"url": url}}])  # fmt: skip
+    refusing = VLLMBackend(server.base_url, mode="content_parts", embed_token_ids=embed,
+                           refusals={"video": refusal})  # fmt: skip
+    with pytest.raises(MultiModalDataError, match=r"cannot take Kimi-K2\.5's clips"):
+        asyncio.run(refusing.generate(request))
+    plain = VLLMBackend(server.base_url, mode="content_parts", embed_token_ids=embed)
+    with pytest.raises(BackendHTTPError, match="Failed to apply KimiK25Processor"):
+        asyncio.run(plain.generate(request))
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])

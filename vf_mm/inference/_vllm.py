@@ -172,6 +172,11 @@ class VLLMBackend:
             back with ``<video>`` where the renderer writes ``<IMG_CONTEXT>``). Inside a
             returned range of that modality only, those ids are mapped back, so the result
             holds the renderer's ids; each mapped-to id must be one of ``embed_token_ids``.
+        refusals: content_parts mode: per modality, why the server cannot take this model's
+            raw parts of it (``renderer.vision.vllm_refusal("video")``: vLLM 0.32 answers
+            Kimi-K2.5's clips with 400, and would expand them to other ids than the
+            renderer's). Such a part is refused before sending (``MultiModalDataError``
+            with the reason); None entries are ignored.
         max_retries: Builds ``retry`` (not with it).
         backoff_s: Builds ``retry`` (not with it).
         max_backoff_s: Builds ``retry`` (not with it).
@@ -201,6 +206,7 @@ class VLLMBackend:
         transport: httpx.AsyncBaseTransport | None = None,
         embed_token_ids: Mapping[str, Sequence[int]] | None = None,
         embed_swaps: Mapping[str, Mapping[int, int]] | None = None,
+        refusals: Mapping[str, str | None] | None = None,
         max_retries: int | Unset = UNSET,
         backoff_s: float | Unset = UNSET,
         max_backoff_s: float | Unset = UNSET,
@@ -236,6 +242,7 @@ class VLLMBackend:
             else None
         )
         self.embed_swaps = _embed_swaps(embed_swaps, self.embed_token_ids)
+        self.refusals = {m: str(r) for m, r in (refusals or {}).items() if r}
         self.model = model
         self.mode = mode
         self.max_model_len = max_model_len
@@ -353,6 +360,10 @@ class VLLMBackend:
                 "this VLLMBackend is in 'features' mode: render the images on the client "
                 "(multi_modal_data), or create the backend with mode='content_parts'"
             )
+        for i, part in enumerate(parts or ()):
+            refusal = self.refusals.get(_part_modality(part) or "")
+            if refusal:
+                raise MultiModalDataError(f"content_parts[{i}] is refused: {refusal}")
         if has_parts and not (self.embed_token_ids or {}).get("video"):
             assert parts is not None
             clips = [i for i, p in enumerate(parts) if _is_clip_part(p)]
@@ -528,6 +539,15 @@ def _normalise_base_url(url: str) -> str:
 def _is_clip_part(part: object) -> bool:
     """A content part that is a clip (``video`` or ``video_url``)."""
     return isinstance(part, Mapping) and part.get("type") in ("video", "video_url")
+
+
+def _part_modality(part: object) -> str | None:
+    """The modality of a content part (``"image"`` or ``"video"``; None for another)."""
+    if _is_clip_part(part):
+        return "video"
+    if isinstance(part, Mapping) and part.get("type") in ("image", "image_url"):
+        return "image"
+    return None
 
 
 def _embed_swaps(

@@ -112,6 +112,7 @@ from vf_mm.errors import MultiModalDataError
 from vf_mm.images import ImagePolicy
 from vf_mm.inference._types import GenerateRequest, GenerateResult, SamplingParams, Usage
 from vf_mm.inference._vllm_items import DIGESTS_FIELD
+from vf_mm.models import family_info
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -285,13 +286,8 @@ def check_features(mmd: MultiModalData, num_tokens: int, *, send_kwargs_data: bo
     )
     MultiModalData(mmd.mm_hashes, mmd.mm_placeholders, items).validate(num_tokens=num_tokens)
     if any(_is_video_chunk(item) for item in mmd.mm_items.get("video", ())):
-        raise MultiModalDataError(
-            "Kimi-K2.5's clips cannot go to vLLM as features: vLLM 0.32 takes them under its "
-            "one vision_chunk modality, one item per chunk of frames whose positions are "
-            "<|media_pad|> tokens, not as transformers' processor writes a clip (one item, "
-            "its video tokens), and vf_mm has not checked that path against a server: sample "
-            "Kimi-K2.5's clips with the LocalBackend"
-        )
+        refusal = family_info("kimi_k25").vllm_video_refusal
+        raise MultiModalDataError(f"a Kimi-K2.5 clip cannot go to vLLM as features: {refusal}")
     sparse = [m for m in modalities if any(r.is_embed is not None for r in mmd.mm_placeholders[m])]
     if sparse:  # vLLM 0.32's PlaceholderRangeInfo is offset + length only (is_embed is a TODO)
         raise MultiModalDataError(

@@ -118,6 +118,15 @@ class VisionFamily:
             scatters the frame embeddings at those ``<video>`` positions: the same
             computation under another id. A vLLM answer's clip ranges are mapped back to
             the renderer's ids by this pair only (``Vision.vllm_embed_swaps``).
+        vllm_video_refusal: Why vLLM 0.32 cannot take the family's clips at all (raw, as
+            content_parts, or rendered, as features); None where it can. Kimi-K2.5: a
+            server answers a raw clip with 400 (its token-in route hands the decoded clip
+            to ``KimiK25Processor`` unsplit, as 0.32 has no ``split_video_chunks``, and the
+            processor takes only image and ``video_chunk`` dicts), and even split it would
+            write ``<|media_pad|>`` ids per chunk where transformers' processor (and the
+            renderer) writes the video token with each chunk's timestamp and markup.
+            ``VLLMBackend`` refuses such a clip before sending, naming this reason
+            (``Vision.vllm_refusal``).
     """
 
     model_type: str
@@ -157,10 +166,25 @@ class VisionFamily:
     # the token vLLM 0.32 writes at a clip's embedding positions in place of the renderer's
     # (InternVL3: "<video>" for "<IMG_CONTEXT>"; see the docstring); None: the renderer's
     vllm_video_embed_token: str | None = None
+    # why vLLM 0.32 cannot take the family's clips (see the docstring); None: it can
+    vllm_video_refusal: str | None = None
     # other config model_types of the family's checkpoints, with the model class of each,
     # recognised by the processor class their processor config names (see the docstring)
     config_types: tuple[tuple[str, str], ...] = ()
 
+
+#: vLLM 0.32 and Kimi-K2.5's clips (``VisionFamily.vllm_video_refusal``): measured against a
+#: CPU server (vllm/entrypoints/scale_out/token_in_token_out/serving.py parses a video_url
+#: part; vllm/renderers/chat_utils.py ``_resolve_vision_chunk_items`` passes the clip on
+#: unsplit; vllm/model_executor/models/kimi_k25.py expands each chunk to <|media_pad|> ids)
+_KIMI_VLLM_VIDEO = (
+    "vLLM 0.32 cannot take Kimi-K2.5's clips: its token-in route passes a raw clip to "
+    "KimiK25Processor unsplit, which answers 400 'Failed to apply KimiK25Processor', and it "
+    "would expand a chunk to <|media_pad|> ids where the renderer writes the video token "
+    "with the chunk's timestamp and <|media_begin|>video<|media_content|> markup (features "
+    "likewise: one vision_chunk item per chunk at <|media_pad|> positions). Render "
+    "Kimi-K2.5's clips with the LocalBackend or `vf-mm serve`"
+)
 
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _QWEN_VIDEO = ("pixel_values_videos", "video_grid_thw")
@@ -254,7 +278,7 @@ _FAMILIES = {
                      video_inputs=("pixel_values_videos", "video_grid_thw"),
                      marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>"),
                      pil_backend=False, torch_port="_kimi_k25_images:KimiK25Images",
-                     item_layout=None),
+                     item_layout=None, vllm_video_refusal=_KIMI_VLLM_VIDEO),
         # GLM-4.6V: a Qwen-VL-like grid of merged patches (image_grid_thw) and M-RoPE
         # (mm_token_type_ids); <|image|> is both the placeholder and the pad; a turn ends
         # when the model writes the next turn's header (<|user|>, <|observation|>). Its

@@ -224,6 +224,16 @@ class VisionSpec:
         (own,) = self.embed_ids("video")
         return {vocab[token]: own}
 
+    def vllm_refusal(self, modality: str) -> str | None:
+        """Why vLLM 0.32 takes no ``modality`` of this family, or None (Kimi-K2.5's clips).
+
+        Args:
+            modality: ``"image"`` or ``"video"``; given to ``VLLMBackend(refusals=...)``.
+        """
+        family = self.family if modality == "video" and self.video is not None else None
+        info = family_info(family) if family is not None else None
+        return info.vllm_video_refusal if info is not None else None
+
     @property
     def frames_as_images(self) -> bool:
         """Whether a clip's frames take the image token's embeddings (SmolVLM, InternVL)."""
