@@ -98,7 +98,7 @@ class LocalModel:
         if self.is_multimodal:
             info = family_info(family)
             self.pixels["video"] = (info.video_inputs or ("pixel_values_videos",))[0]
-            if info.frames_as_images:
+            if info.frames_as_images or info.video_image_token:
                 self.video_token_id = self.image_token_id
         # the model must never sample an image's own tokens: they need image inputs (a
         # request adds its renderer's: GenerateRequest.banned_token_ids)
@@ -325,9 +325,11 @@ class LocalModel:
         ids = torch.tensor([prompt])
         types = torch.zeros_like(ids)
         grids: dict[str, list[np.ndarray]] = {}
-        for _, modality, inputs in media:
+        for span, modality, inputs in media:
+            # marked within the item's own span: GLM-4.6V's clips hold the image's token
             token = self.image_token_id if modality == "image" else self.video_token_id
-            types[ids == token] = 1 if modality == "image" else 2
+            own = types[0, span.offset : span.end]
+            own[ids[0, span.offset : span.end] == token] = 1 if modality == "image" else 2
             for name in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts"):
                 if name in inputs:
                     value = np.asarray(inputs[name])

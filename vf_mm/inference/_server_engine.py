@@ -216,7 +216,7 @@ class ServerEngine:
             else getattr(backend, "image_token_id", None)
         )
         self.video_token_id: int | None = (
-            vision.video_token_id
+            vision.video_embed_token_id
             if vision is not None and vision.video is not None
             else getattr(backend, "video_token_id", None)
         )

@@ -67,10 +67,20 @@ class FeaturesReader:
                 f"modality {other[0]!r} is not supported by vf-mm serve (images and videos only)",
                 param="features",
             )
+        # the positions each sent modality's placeholders span: a pad shared by images and
+        # clips (GLM-4.6V's frames hold the image token) is counted by the span it sits in
+        spans = {m: np.zeros(len(ids), dtype=bool) for m in pads}
+        for m in sent:
+            for p in features.mm_placeholders.get(m, []) if features is not None else []:
+                spans[m][max(0, p.offset) : p.offset + p.length] = True
         data = MultiModalData()
         for modality, pad in pads.items():
+            foreign = np.zeros(len(ids), dtype=bool)
+            for other, mask in spans.items():
+                if other != modality and pads[other] == pad:
+                    foreign |= mask
             if modality not in sent:
-                if pad is not None and (n := int((ids == pad).sum())):
+                if pad is not None and (n := int(((ids == pad) & ~foreign).sum())):
                     raise RequestError(
                         f"token_ids hold {n} {modality} pad tokens ({pad}) but the request has "
                         f"no features describing their {modality}s",
@@ -85,7 +95,7 @@ class FeaturesReader:
                 )
             assert features is not None
             claimed = (req.vf_mm_kwargs_digests or {}).get(modality)
-            part = await self._modality(features, modality, pad, ids, claimed)
+            part = await self._modality(features, modality, pad, ids, claimed, foreign)
             data.mm_hashes[modality] = part.mm_hashes[modality]
             data.mm_placeholders[modality] = part.mm_placeholders[modality]
             data.mm_items[modality] = part.mm_items[modality]
@@ -98,9 +108,11 @@ class FeaturesReader:
         pad: int,
         ids: np.ndarray,
         claimed: list[str | None] | None = None,
+        foreign: np.ndarray | None = None,
     ) -> MultiModalData:
         """One modality's features checked (every placeholder a run of its pad tokens, the
-        grids' token counts) and its items decoded or found in the cache."""
+        grids' token counts) and its items decoded or found in the cache. ``foreign``: the
+        positions of another modality's placeholders holding the same pad, not counted."""
         engine = self.engine
         cache, checker = engine.cache, engine.items
         if checker is None:
@@ -140,7 +152,8 @@ class FeaturesReader:
                     param="features.mm_placeholders",
                 )
             embeds.append(span)
-        total = int((ids == pad).sum())
+        pads_here = ids == pad if foreign is None else (ids == pad) & ~foreign
+        total = int(pads_here.sum())
         covered = sum(int(span.sum()) for span in embeds)
         if total != covered:
             raise RequestError(

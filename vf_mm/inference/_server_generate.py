@@ -220,7 +220,7 @@ class GenerateRoute:
         policy = self.engine.image_policy
         pads = {"image": vision.image_token_id}
         if vision.video is not None and vision.video_token_id is not None:
-            pads["video"] = vision.video_token_id
+            pads["video"] = vision.video_token_id  # the placeholder, one per clip
         processed = []
         for i, part in enumerate(parts):
             where = f"content_parts[{i}]"

@@ -83,6 +83,12 @@ class VisionFamily:
         frames_as_images: The forward takes a clip's frames as images, in the images'
             inputs (SmolVLM, InternVL): images and clips then go in one sequence, in the
             order their tokens appear.
+        video_image_token: A clip's frames hold the image's embedding token while the
+            forward takes them as video inputs (GLM-4.6V writes ``<|image|>`` between
+            ``<|begin_of_video|>`` and ``<|end_of_video|>``, and its processor marks those
+            2 in ``mm_token_type_ids`` by the markers). transformers' forward then fills
+            images and clips at the one token's positions and cannot take both in a
+            sequence, so the renderer refuses a conversation holding both, by name.
         feature_extractor: The processor's audio feature extractor class (Gemma 4's
             processor needs one even for images), loaded from the checkpoint beside the
             image processor.
@@ -147,6 +153,8 @@ class VisionFamily:
     # the forward takes a clip's frames as images, in the images' inputs (SmolVLM,
     # InternVL): images and clips then go in one sequence, in the order their tokens appear
     frames_as_images: bool = False
+    # a clip's frames hold the image's token, the forward taking them as video (GLM-4.6V)
+    video_image_token: bool = False
     # the processor's audio feature extractor class (Gemma 4's processor needs one even
     # for images), loaded from the checkpoint beside the image processor
     feature_extractor: str | None = None
@@ -289,6 +297,7 @@ _FAMILIES = {
                      "Glm4vForConditionalGeneration", "mm_token_type_ids",
                      "zai-org/GLM-4.6V-Flash",
                      ("<|endoftext|>", "<|user|>", "<|observation|>"), tool_format="glm",
+                     video_inputs=_QWEN_VIDEO, video_image_token=True,
                      marker_tokens=("<|begin_of_image|>", "<|end_of_image|>",
                                     "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"),
                      config_types=(("glm4v", "Glm4vForConditionalGeneration"),

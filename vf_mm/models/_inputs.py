@@ -17,6 +17,10 @@ in the order their tokens appear (row by row). Per family:
   ``image_sizes``), ``image_sizes`` ``(images, 2)``, and ``batch_num_images`` all 1:
   every image in single-image (anyres) mode, as vLLM computes them.
 
+GLM-4.6V's clips go in as images, one per temporal group, in token order (``order``):
+its forward computes a clip exactly so, and fills images and clips at one token's
+positions, so it cannot take both as separate inputs; every embedding position is then 1.
+
 Videos (the Qwen-VL families, Kimi-K2.5) go beside the images: ``pixel_values_videos`` rows
 and ``video_grid_thw`` rows concatenated (and Qwen2.5-VL's ``second_per_grid_ts``), with 2
 in ``mm_token_type_ids`` on video tokens (Qwen-VL; Kimi-K2.5 has no token types, and its
@@ -77,6 +81,11 @@ def model_inputs(
     if info.frames_as_images and videos:
         images = _interleave(images, videos, order, info.label)
         videos = ()
+    if info.video_image_token and videos:
+        # a clip as the forward computes it: each temporal group one image (its grid's own
+        # rows, the tower and M-RoPE the same), so images and clips share one sequence
+        images = _interleave(images, [_groups_as_images(v) for v in videos], order, info.label)
+        videos = ()
     out: dict[str, Any] = {}
     if info.token_types is not None:
         marks = torch.zeros_like(input_ids, dtype=torch.long)
@@ -127,6 +136,24 @@ def _interleave(
         )
     queues = {"image": iter(images), "video": iter(videos)}
     return [next(queues[m]) for m in order]
+
+
+def _groups_as_images(video: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """GLM-4.6V's clip as images, one per temporal group: its ``get_video_features`` runs
+    the tower on grids ``(1, h, w)`` per group and ``get_rope_index`` splits the clip's
+    grid the same way, so the group's rows with grid ``(1, h, w)`` are what an image of
+    them computes, bit for bit; the model fills both at the image token's positions."""
+    if set(video) != {"pixel_values_videos", "video_grid_thw"}:
+        raise ValueError(
+            f"a clip's inputs are {sorted(video)}, but a GLM-4.6V forward takes "
+            "['pixel_values_videos', 'video_grid_thw']: this clip was made by another "
+            "family's processor"
+        )
+    rows = np.asarray(video["pixel_values_videos"])
+    grids = np.asarray(video["video_grid_thw"]).reshape(-1, 3).astype(np.int64)
+    per_frame = np.repeat(grids, grids[:, 0], axis=0)
+    per_frame[:, 0] = 1
+    return {"pixel_values": rows, "image_grid_thw": per_frame}
 
 
 def _array(image: Mapping[str, Any], name: str) -> np.ndarray:

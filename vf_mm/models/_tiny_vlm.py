@@ -857,6 +857,17 @@ def _build_glm46v(path: Path, seed: int, variant: str) -> Path:
               "longest_edge": _GLM46V["max_tokens"] * unit},
     ).save_pretrained(path)  # fmt: skip
     _write_processor_config(path, "glm46v")
+    # a video processor config as the released checkpoints ship one (Glm46VVideoProcessor;
+    # its class defaults but the size, which the tiny model caps as it caps images)
+    video = {
+        "video_processor_type": "Glm46VVideoProcessor", "processor_class": "Glm46VProcessor",
+        "patch_size": _GLM46V["patch_size"], "temporal_patch_size": 2, "merge_size": 2,
+        "size": {"shortest_edge": _GLM46V["min_tokens"] * unit, "longest_edge": 1024 * unit},
+        "do_sample_frames": True, "fps": 2, "resample": 3,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }  # fmt: skip
+    (path / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
     # rotary on half of each head, as released (its 128-dim heads: sections 8, 12, 12 of
     # 32 frequencies); the tiny 32-dim heads have 8 frequencies: 2, 3, 3
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],

@@ -62,6 +62,10 @@ is, per chunk, the chunk's ``HH:MM:SS.mmm`` then ``<|media_begin|>video<|media_c
 InternVL (``InternVLVideoProcessor``) has a module of its own, ``_internvl_video``: its
 frames are resized to the vision tower's tile and taken by the model as image tiles, one
 ``Frame{i}: <img>...</img>`` line each.
+
+GLM-4.6V (``Glm46VVideoProcessor``) is ported in ``_glm46v_video``: frames sampled at a
+rate the processor picks by the clip's duration, Qwen-VL's patches, and per temporal group
+``<|begin_of_image|>`` + ``<|image|>`` * N + ``<|end_of_image|>`` + the group's time.
 """
 
 from __future__ import annotations
@@ -183,6 +187,10 @@ class VideoSettings:
                 f"({self.num_frames}) whatever fps says: give num_frames instead of fps"
             )
 
+        if self.style == "glm46v":
+            from vf_mm.models._glm46v_video import refuse_rate_options
+
+            refuse_rate_options(set(changes))
         asked = [k for k in ("fps", "num_frames") if changes.get(k) is not None]
         if asked and changes.get("do_sample_frames") is False:
             raise RenderError(
@@ -229,11 +237,14 @@ _DEFAULTS = {
     # InternVLVideoProcessor's (OPENAI_CLIP mean and std, 384x384, bicubic, no sampling)
     "internvl": VideoSettings("internvl", 1, 1, 1, 0, 0, _CLIP_MEAN, _CLIP_STD,
                               size=(384, 384), frames_as_images=True),
+    # Glm46VVideoProcessor's (OPENAI_CLIP mean and std, a rate picked by the clip's duration)
+    "glm46v": VideoSettings("glm46v", 14, 2, 2, 112 * 112, 28 * 28 * 2 * 30000, _CLIP_MEAN,
+                            _CLIP_STD, do_sample_frames=True),
 }  # fmt: skip
 _STYLE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3",
           "llava_onevision": "llava", "smolvlm": "smol", "qwen3_vl_moe": "qwen3",
           "qwen3_5_moe": "qwen3", "gemma4": "gemma4", "internvl": "internvl",
-          "kimi_k25": "kimi"}  # fmt: skip
+          "kimi_k25": "kimi", "glm46v": "glm46v"}  # fmt: skip
 VIDEO_FAMILIES = tuple(_STYLE)
 # the video processor class a config names (``AutoVideoProcessor`` maps an image
 # processor's type to its family's video processor when only the image config exists)
@@ -254,6 +265,9 @@ _CLASS_STYLE = {
     "InternVLVideoProcessor": "internvl",
     "Kimi_K25VideoProcessor": "kimi",
     "Kimi_K25ImageProcessor": "kimi",
+    "Glm46VVideoProcessor": "glm46v",
+    "Glm46VImageProcessor": "glm46v",
+    "Glm46VImageProcessorPil": "glm46v",
 }
 
 
@@ -414,6 +428,10 @@ def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> Sam
         from vf_mm.models._internvl_video import sample_internvl
 
         return SampledVideo(sample_internvl(settings, total, fps), fps)
+    if settings.style == "glm46v":
+        from vf_mm.models._glm46v_video import sample_glm46v
+
+        return SampledVideo(sample_glm46v(settings, total, fps), fps)
     return _sample_qwen3(settings, total, fps)
 
 
@@ -575,7 +593,7 @@ def resize_frames(frames: Any, height: int, width: int, resample: int) -> Any:
     return resize(frames, height, width, mode=interpolation_mode(resample))
 
 
-def _normalize(frames: Any, settings: VideoSettings) -> Any:
+def normalize_frames(frames: Any, settings: VideoSettings) -> Any:
     """transformers' fused rescale and normalise (``_tv_ops.rescale_and_normalize``)."""
     from vf_mm.models._tv_ops import rescale_and_normalize
 
@@ -585,7 +603,9 @@ def _normalize(frames: Any, settings: VideoSettings) -> Any:
     )  # fmt: skip
 
 
-def _patchify(frames: Any, settings: VideoSettings) -> tuple[Any, int, int, int]:
+def patchify_frames(frames: Any, settings: VideoSettings) -> tuple[Any, int, int, int]:
+    """(T, C, H, W) frames as Qwen-VL's patch rows, the last frame repeated up to whole
+    temporal patches: the rows and the grid (t, h, w)."""
     import torch
 
     t, c, h, w = frames.shape
@@ -656,11 +676,15 @@ def expand_video(
         from vf_mm.models._internvl_video import expand_internvl
 
         return expand_internvl(settings, video, sampled, tokens)
+    if settings.style == "glm46v":
+        from vf_mm.models._glm46v_video import expand_glm46v
+
+        return expand_glm46v(settings, video, sampled, tokens)
     if settings.do_resize:
         height, width = resized_size(settings, video.shape[0], *video.shape[-2:])
         video = resize_frames(video, height, width, settings.resample)
-    video = _normalize(video, settings)
-    pixels, gt, gh, gw = _patchify(video, settings)
+    video = normalize_frames(video, settings)
+    pixels, gt, gh, gw = patchify_frames(video, settings)
     item = {
         "pixel_values_videos": pixels.numpy(),
         "video_grid_thw": np.array([[gt, gh, gw]], dtype=np.int64),
@@ -695,7 +719,7 @@ def _expand_llava(
     one for the newline the model appends."""
     if settings.do_resize and settings.size is not None:
         video = resize_frames(video, *settings.size, settings.resample)
-    video = _normalize(video, settings)
+    video = normalize_frames(video, settings)
     count = int(video.shape[0])
     replacement = tokens["video_token"] * (count * settings.tokens_per_frame + 1)
     return ExpandedVideo(replacement, {"pixel_values_videos": video[None].numpy()}, sampled)
@@ -716,7 +740,7 @@ def _expand_smol(
         video = resize_frames(video, height, width, settings.resample)
         if settings.size is not None:
             video = resize_frames(video, *settings.size, settings.resample)
-    video = _normalize(video, settings)
+    video = normalize_frames(video, settings)
     count = int(video.shape[0])
     mask = torch.ones((1, count, *video.shape[-2:]), dtype=torch.int64)
     # without a rate the processor takes 24 fps, and the duration from the last timestamp

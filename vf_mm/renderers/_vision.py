@@ -201,9 +201,16 @@ class VisionSpec:
         Args:
             modality: ``"image"`` or ``"video"``.
         """
-        if modality == "image" or self.frames_as_images:
+        if modality == "image" or self.frames_as_images or self.video_image_token:
             return self.embed_token_ids
         return (self.video_token_id,) if self.video_token_id is not None else ()
+
+    @property
+    def video_embed_token_id(self) -> int | None:
+        """The id at a clip's embedding positions (``<|video_pad|>``; the image's token
+        where a clip's frames hold it: SmolVLM, InternVL, GLM-4.6V); None without video."""
+        ids = self.embed_ids("video") if self.video is not None else ()
+        return ids[0] if ids else None
 
     def vllm_embed_swaps(self, modality: str) -> dict[int, int]:
         """``{vLLM's id: the renderer's id}`` at ``modality``'s embedding positions, for a
@@ -238,6 +245,13 @@ class VisionSpec:
     def frames_as_images(self) -> bool:
         """Whether a clip's frames take the image token's embeddings (SmolVLM, InternVL)."""
         return self.video is not None and self.video.frames_as_images
+
+    @property
+    def video_image_token(self) -> bool:
+        """Whether a clip's frames hold the image token, taken as video inputs (GLM-4.6V:
+        ``VisionFamily.video_image_token``)."""
+        info = family_info(self.family) if self.family is not None else None
+        return self.video is not None and info is not None and info.video_image_token
 
     @functools.cached_property
     def marker_token_ids(self) -> frozenset[int]:

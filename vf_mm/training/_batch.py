@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from vf_mm.errors import TrajectoryError
-from vf_mm.models import model_inputs
+from vf_mm.models import family_info, model_inputs
 from vf_mm.training._samples import Sample, concat_images
 
 
@@ -136,7 +136,10 @@ class MicroBatch:
                 order=self.order or (),
             )
             if "mm_token_type_ids" in extra:  # exactly the samples' own marks
-                extra["mm_token_type_ids"] = self.mm_token_type_ids
+                marks = self.mm_token_type_ids
+                if family_info(self.family).video_image_token:  # clips go in as images
+                    marks = marks.clamp(max=1)
+                extra["mm_token_type_ids"] = marks
             inputs.update(extra)
         return inputs
 

@@ -118,7 +118,8 @@ class Sample:
         if self.videos and video_token_id is None:  # first: the token counts below need it
             raise TrajectoryError(
                 f"{self.source}: the sample has videos: pass video_token_id (the model's "
-                "<|video_pad|> id; SmolVLM: its <image> id)"
+                "<|video_pad|> id; SmolVLM and GLM-4.6V: the image's, renderer.vision."
+                "video_embed_token_id)"
             )
         for p in self.placeholders:
             if p.offset < 0 or p.end > n:
@@ -127,11 +128,11 @@ class Sample:
                 )
         pads = int(np.count_nonzero(self.input_ids == image_token_id))
         expected = sum(p.num_embeds for p in self.placeholders)
-        if video_token_id == image_token_id:  # SmolVLM: a clip's frames are images
-            expected += sum(p.num_embeds for p in self.video_placeholders)
         grids = self.image_grid_thw
         if grids is not None:
             expected = int(grids.prod(axis=1).sum()) // merge_size**2
+        if video_token_id == image_token_id:  # a clip's frames hold it (SmolVLM, GLM-4.6V)
+            expected += sum(p.num_embeds for p in self.video_placeholders)
         if pads != expected:
             what = "the images' grids" if grids is not None else "the placeholders"
             raise TrajectoryError(f"{self.source}: {pads} image tokens but {what} need {expected}")
@@ -416,7 +417,8 @@ def _merge(
             # M-RoPE would place every clip as text, and every logprob after it changes
             raise TrajectoryError(
                 f"{where}: the rollout holds videos: pass build_samples(..., "
-                "video_token_id=...) (the model's <|video_pad|> id; SmolVLM: its <image> id)"
+                "video_token_id=...) (renderer.vision.video_embed_token_id: <|video_pad|>, "
+                "or the image token where a clip holds it)"
             )
         placeholders = list(data.mm_placeholders.get("image", []))
         video_placeholders = list(data.mm_placeholders.get("video", []))

@@ -331,7 +331,7 @@ class TRLRollouts:
                     output,
                     advantage=0.0,
                     image_token_id=vision.image_token_id if vision is not None else -1,
-                    video_token_id=None if vision is None else vision.video_token_id,
+                    video_token_id=None if vision is None else vision.video_embed_token_id,
                 )
             except TrajectoryError as exc:
                 error = f"{where}: {exc}"
