@@ -171,7 +171,7 @@ def setup_tier(root: Path, requirements: Path, *, unpinned: tuple[str, ...] = ()
 
 
 #: the vllm tier's tests: tests/vllm, and LFM2.5-VL's and Kimi-K2.5's image parity and
-#: Gemma 4's, InternVL's and Kimi-K2.5's video parity against transformers' torchvision processors (vf_mm's torch-only
+#: Gemma 4's, InternVL's, GLM-4.6V's and Kimi-K2.5's video parity against transformers' torchvision processors (vf_mm's torch-only
 #: ports and the renderer held to them), which need torchvision and live beside the
 #: family's other tests (their golden cases run in the default tier, through the ports)
 VLLM_TESTS = (
@@ -181,6 +181,7 @@ VLLM_TESTS = (
     "tests/renderers/test_gemma4_video.py",
     "tests/renderers/test_internvl_video.py",
     "tests/renderers/test_kimi_k25_video.py",
+    "tests/renderers/test_glm46v_video.py",
 )
 #: the vllm tier's tests that need torchvision and neither vLLM nor its server, which
 #: ``dev.py torchvision`` runs under the default lock's transformers

@@ -76,8 +76,8 @@ class FeaturesReader:
         data = MultiModalData()
         for modality, pad in pads.items():
             foreign = np.zeros(len(ids), dtype=bool)
-            for other, mask in spans.items():
-                if other != modality and pads[other] == pad:
+            for name, mask in spans.items():
+                if name != modality and pads[name] == pad:
                     foreign |= mask
             if modality not in sent:
                 if pad is not None and (n := int(((ids == pad) & ~foreign).sum())):

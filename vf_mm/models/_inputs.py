@@ -91,7 +91,7 @@ def model_inputs(
         marks = torch.zeros_like(input_ids, dtype=torch.long)
         for token in image_token_ids:
             marks |= (input_ids == token).long()
-        for token in video_token_ids:
+        for token in video_token_ids if videos else ():  # clips taken as images stay 1
             marks[input_ids == token] = 2
         out[info.token_types] = marks
     for kind, items, expected in (

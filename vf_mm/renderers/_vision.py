@@ -165,25 +165,14 @@ class VisionSpec:
         if self.video_token is not None:
             token_id = self.tokenizer.convert_tokens_to_ids(self.video_token)
             self.video_token_id = None if token_id == self.tokenizer.unk_token_id else token_id
-        self._video_tokens = {
-            "video_token": self.video_token or "",
-            "vision_start_token": getattr(processor, "vision_start_token", "<|vision_start|>"),
-            "vision_end_token": getattr(processor, "vision_end_token", "<|vision_end|>"),
-            # SmolVLM and InternVL write each frame as an image
-            "image_token": self.image_token,
-            "fake_image_token": getattr(processor, "fake_image_token", ""),
-            "global_image_token": getattr(processor, "global_image_token", ""),
-            # Gemma 4 and InternVL write each frame between the image markers
-            "boi_token": getattr(processor, "boi_token", ""),
-            "eoi_token": getattr(processor, "eoi_token", ""),
-            "start_image_token": getattr(processor, "start_image_token", ""),
-            "end_image_token": getattr(processor, "end_image_token", ""),
-        }
+        self._video_tokens = _video_markup(processor, self.image_token)
         added = self.tokenizer.get_added_vocab()
         self._added = sorted({str(t) for t in added}, key=len, reverse=True)
         info = family_info(family) if family is not None else None
         self.family = family
         self.family_label = info.label if info is not None else "this model"
+        # a clip's frames hold the image token, taken as video inputs (GLM-4.6V)
+        self.video_image_token = video is not None and info is not None and info.video_image_token
         markers = info.marker_tokens if info is not None else ()
         self._marker_ids = frozenset(added[t] for t in markers if t in added)
         # shared with every renderer whose cache this is (a RendererPool's): entries are
@@ -245,13 +234,6 @@ class VisionSpec:
     def frames_as_images(self) -> bool:
         """Whether a clip's frames take the image token's embeddings (SmolVLM, InternVL)."""
         return self.video is not None and self.video.frames_as_images
-
-    @property
-    def video_image_token(self) -> bool:
-        """Whether a clip's frames hold the image token, taken as video inputs (GLM-4.6V:
-        ``VisionFamily.video_image_token``)."""
-        info = family_info(self.family) if self.family is not None else None
-        return self.video is not None and info is not None and info.video_image_token
 
     @functools.cached_property
     def marker_token_ids(self) -> frozenset[int]:
@@ -528,3 +510,22 @@ def _describe(value: Any) -> Any:
         type(value).__qualname__,
         {k: v for k, v in attributes.items() if not k.startswith("_")},
     ]
+
+
+def _video_markup(processor: Any, image_token: str) -> dict[str, str]:
+    """The text a clip's expansion writes besides its pads, by name (``expand_video``'s
+    ``tokens``): the processor's own, or the Qwen-VL defaults."""
+    return {
+        "video_token": getattr(processor, "video_token", None) or "",
+        "vision_start_token": getattr(processor, "vision_start_token", "<|vision_start|>"),
+        "vision_end_token": getattr(processor, "vision_end_token", "<|vision_end|>"),
+        # SmolVLM and InternVL write each frame as an image
+        "image_token": image_token,
+        "fake_image_token": getattr(processor, "fake_image_token", ""),
+        "global_image_token": getattr(processor, "global_image_token", ""),
+        # Gemma 4 and InternVL write each frame between the image markers
+        "boi_token": getattr(processor, "boi_token", ""),
+        "eoi_token": getattr(processor, "eoi_token", ""),
+        "start_image_token": getattr(processor, "start_image_token", ""),
+        "end_image_token": getattr(processor, "end_image_token", ""),
+    }
