@@ -106,8 +106,12 @@ class VfMMRenderer:
         self._pads: dict[str, int] = {}
         if vision is not None:
             self._pads["image"] = int(vision.image_token_id)
-            video_id = vision.video_embed_token_id
-            if video_id is not None and video_id != vision.image_token_id:
+            video_id = getattr(vision, "video_token_id", None)
+            if (
+                vision.video is not None
+                and video_id is not None
+                and video_id != vision.image_token_id
+            ):
                 self._pads["video"] = int(video_id)
         if self.is_multimodal:
             _route_features_through_vf_mm()
