@@ -8,9 +8,11 @@ workload), once with ``prefill_graph_tokens`` at its CUDA default and once with 
 turn's logprobs are compared with one full forward of the model over the whole sequence
 (its own attention, on the same device and dtype): the largest difference, and whether
 the two runs sampled the same ids. bfloat16 keeps 8 bits of mantissa, so a difference of
-a few 1e-3 on a logprob of order 1 is rounding, not a different computation.
+a few 1e-3 on a logprob of order 1 is rounding, not a different computation. ``--clips``:
+a clip beside each later turn's image, for the families with video (GLM-4.6V's go in as
+images, one per temporal group).
 
-    python bench/pool_exactness.py [--device cuda] [--dtype bfloat16]
+    python bench/pool_exactness.py [--device cuda] [--dtype bfloat16] [--clips]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import torch
 
 from tests.inference.test_local_history import full_forward_logprobs, run_conversations
+from vf_mm.models import VIDEO_FAMILIES
 from vf_mm.testing import build_tiny_lm, build_tiny_vlm
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "llava_onevision",
@@ -32,7 +35,7 @@ def measure(path: Path, args: argparse.Namespace, tokens: int | None) -> tuple[f
     """The largest logprob difference to a full forward, the ids, the engine's counters."""
     backend, conversations = run_conversations(
         path, device=args.device, dtype=getattr(torch, args.dtype), kv_pool=True,
-        prefill_graph_tokens=tokens,
+        prefill_graph_tokens=tokens, clips=args.clips,
     )  # fmt: skip
     worst, ids = 0.0, []
     for conversation in conversations:
@@ -47,10 +50,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--clips", action="store_true", help="a clip in every later turn")
     args = parser.parse_args()
+    families = [f for f in FAMILIES if f in VIDEO_FAMILIES] if args.clips else FAMILIES
     print(f"{'family':<16}{'graphed':>10}{'eager':>10}  same ids  prefills replayed / captured")
     with tempfile.TemporaryDirectory() as tmp:
-        for family in FAMILIES:
+        for family in families:
             root = Path(tmp) / family
             path = build_tiny_lm(root) if family == "text" else build_tiny_vlm(root, family)
             graphed, ids_g, pool = measure(path, args, None)

@@ -81,27 +81,31 @@ def extend(prompt: Prompt, completion: list[int], turn: Prompt) -> Prompt:
     return Prompt(prompt.ids + completion + turn.ids, MultiModalData(hashes, ranges, items))
 
 
-async def conversation(backend, renderer, index: int, turns: int) -> list[tuple[Prompt, GenerateResult]]:  # fmt: skip
+async def conversation(backend, renderer, index: int, turns: int, *, clips: bool = False) -> list[tuple[Prompt, GenerateResult]]:  # fmt: skip
     """Conversation ``index``: ``index + 1`` images in its first turn (so concurrent
-    conversations have different cached lengths at every turn), one image a turn after."""
+    conversations have different cached lengths at every turn), one image a turn after
+    (``clips``: and a clip before it)."""
     prompt = user_turn(renderer, [100 * index + i for i in range(index + 1)], "x " * (3 * index))
     out = []
     for t in range(turns):
         result = await backend.generate(GenerateRequest(prompt.ids, GREEDY, prompt.data))
         out.append((prompt, result))
-        prompt = extend(prompt, result.completion_ids, user_turn(renderer, [1000 * index + t], f"turn {t}"))  # fmt: skip
+        seed = 1000 * index + t
+        turn = user_turn(renderer, [seed], f"turn {t}", clips=[seed + 7] if clips else [])
+        prompt = extend(prompt, result.completion_ids, turn)
     return out
 
 
-def run_conversations(path, *, conversations=3, turns=3, **kwargs):
+def run_conversations(path, *, conversations=3, turns=3, clips=False, **kwargs):
     renderer = load_renderer(path)
 
     async def main():
         backend = LocalBackend(path, batch_window_ms=30, **kwargs)
         try:
             results = await asyncio.gather(
-                *(conversation(backend, renderer, i, turns) for i in range(conversations))
-            )
+                *(conversation(backend, renderer, i, turns, clips=clips)
+                  for i in range(conversations))
+            )  # fmt: skip
             return backend, results
         finally:
             await backend.aclose()
@@ -134,6 +138,21 @@ def full_forward_logprobs(backend: LocalBackend, prompt: Prompt, completion: lis
     logp = torch.log_softmax(logits, -1)
     n = len(prompt.ids)
     return [float(logp[n - 1 + i, t]) for i, t in enumerate(completion)]
+
+
+@pytest.mark.parametrize("kv_pool", [True, False], ids=["pool", "batch"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "glm46v"])
+def test_clips_beside_images_give_what_a_full_forward_gives(checkpoints, family, kv_pool):
+    """Concurrent conversations adding a clip and an image every turn, through either
+    engine: GLM-4.6V's clips hold the image's token and go in as images, one per temporal
+    group, sharing forwards with other rows' images; the logprobs are one full forward's."""
+    backend, conversations = run_conversations(checkpoints(family), kv_pool=kv_pool, clips=True)
+    assert backend.engine == ("pool" if kv_pool else "batch")
+    for conversation in conversations:
+        assert conversation[-1][0].data.num_items("video") == 2
+        for prompt, result in conversation:
+            reference = full_forward_logprobs(backend, prompt, result.completion_ids)
+            assert result.logprobs == pytest.approx(reference, abs=1e-4)
 
 
 @pytest.mark.parametrize("family", RESUMABLE + FALLBACK)
