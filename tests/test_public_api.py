@@ -257,7 +257,7 @@ def test_inference_exports_the_managed_servers():
         vf_mm.inference.__all__
     )
     # VLLMBackend's settings objects
-    assert {"Retry", "Routing", "Auth"} <= set(vf_mm.inference.__all__)
+    assert {"Retry", "Routing", "Auth", "Expansion"} <= set(vf_mm.inference.__all__)
     for name in vf_mm.inference.__all__:
         assert hasattr(vf_mm.inference, name), name
 

@@ -502,16 +502,13 @@ def make_client(
     pool = RendererPool(renderer, size=size)
     engine: Backend
     if backend == "vllm":
-        from vf_mm.inference import VLLMBackend
+        from vf_mm.inference import Expansion, VLLMBackend
 
         assert base_url is not None
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        if options.get("mode") == "content_parts" and not (
-            {"embed_token_ids", "embed_swaps"} & options.keys()
-        ):  # the pair is one choice: the caller's, or both from the renderer
-            options.update(_content_parts_ids(pool.renderers[0]))
-        if options.get("mode") == "content_parts" and "refusals" not in options:
-            options["refusals"] = _vllm_refusals(pool.renderers[0])
+        if options.get("mode") == "content_parts" and not (_EXPANSION & options.keys()):
+            # the renderer's facts, unless the caller gives them (all or part: theirs)
+            options["expansion"] = Expansion.of(getattr(pool.renderers[0], "vision", None))
         engine = VLLMBackend(urls, model=name, api_key=api_key, **options)
     elif backend == "local":
         from vf_mm.inference import LocalBackend
@@ -523,27 +520,5 @@ def make_client(
     return RendererClient(engine, pool, sampling=sampling)
 
 
-def _vllm_refusals(renderer: Renderer) -> dict[str, str]:
-    """``VLLMBackend``'s ``refusals`` from the renderer: per modality, why vLLM cannot take
-    this model's raw parts of it (Kimi-K2.5's clips); empty for a text renderer."""
-    vision = getattr(renderer, "vision", None)
-    if vision is None:
-        return {}
-    reasons = {m: vision.vllm_refusal(m) for m in ("image", "video")}
-    return {m: r for m, r in reasons.items() if r}
-
-
-def _content_parts_ids(renderer: Renderer) -> dict[str, Any]:
-    """``VLLMBackend``'s ``embed_token_ids`` and ``embed_swaps`` from the renderer (the
-    options a content_parts backend needs to check a server's expansion against the
-    renderer's ids, and to map InternVL3's clip ids back); empty for a text renderer."""
-    vision = getattr(renderer, "vision", None)
-    if vision is None:
-        return {}
-    modalities = ("image", "video") if vision.video is not None else ("image",)
-    ids = {m: list(vision.embed_ids(m)) for m in modalities}
-    swaps = {m: vision.vllm_embed_swaps(m) for m in modalities}
-    return {
-        "embed_token_ids": {m: v for m, v in ids.items() if v},
-        "embed_swaps": {m: v for m, v in swaps.items() if v},
-    }
+#: the VLLMBackend options that carry the renderer's facts for content_parts mode
+_EXPANSION = frozenset({"expansion", "embed_token_ids", "embed_swaps", "refusals"})

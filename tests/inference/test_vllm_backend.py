@@ -33,7 +33,7 @@ from vf_mm.errors import (
     UnsafeImageSourceError,
 )
 from vf_mm.images import ImagePolicy, image_hash, load_image
-from vf_mm.inference import GenerateRequest, SamplingParams, VLLMBackend
+from vf_mm.inference import Expansion, GenerateRequest, SamplingParams, VLLMBackend
 from vf_mm.types import MultiModalData, PlaceholderRange
 
 PAD = fs.IMAGE_PAD
@@ -615,7 +615,10 @@ def test_content_parts_refuse_a_clip_without_the_renderers_embedding_ids(
     """Without embed_token_ids the backend cannot tell vLLM's InternVL3 ids from the
     renderer's: the clip is refused before anything is sent, naming the fix."""
     server.default = internvl_clip_answer(INTERNVL_CLIP)
-    with pytest.raises(MultiModalDataError, match=r"content_parts\[0\] is a clip.*embed_swaps"):
+    with pytest.raises(
+        MultiModalDataError,
+        match=r"content_parts\[0\] is a clip.*Expansion\.of\(renderer\.vision\)",
+    ):
         run(lambda: generate_once(backend(server.url, mode="content_parts"), clip_request()))
     with pytest.raises(MultiModalDataError, match="no embed_token_ids for 'video'"):
         b = backend(server.url, mode="content_parts", embed_token_ids={"image": [9]})
@@ -1162,6 +1165,11 @@ def test_constructor_checks() -> None:
         VLLMBackend("http://h", embed_swaps={"video": {5: 9}})
     with pytest.raises(ValueError, match=r"maps 9 to 5"):
         VLLMBackend("http://h", embed_token_ids={"video": [9, 5]}, embed_swaps={"video": {9: 5}})
+    # the keywords build the Expansion: one object, or the keywords, never both
+    facts = Expansion(embed_token_ids={"video": [9]}, embed_swaps={"video": {5: 9}})
+    assert VLLMBackend("http://h", expansion=facts).embed_swaps == {"video": {5: 9}}
+    with pytest.raises(TypeError, match="refusals given with expansion=Expansion"):
+        VLLMBackend("http://h", expansion=facts, refusals={"video": "no"})
 
 
 def test_each_server_gets_its_own_api_key():

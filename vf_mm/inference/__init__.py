@@ -9,9 +9,9 @@ HTTP app of ``vf-mm serve``: a token-level backend (the ``LocalBackend``) behind
 token-in/token-out route and an OpenAI-compatible chat route. ``VLLMServers`` starts N
 vLLM servers of one model as subprocesses (``server_flags``: what each needs for
 ``VLLMBackend``; ``vllm_command``: what starts one), stopped with their parent however
-it ends. ``Retry``, ``Routing`` and ``Auth`` are ``VLLMBackend``'s settings objects
-(retries and backoff; the routing policy and its sessions; the API keys), each checked
-when it is made; ``KeepAliveTransport`` is the httpx transport it sends plain-HTTP
+it ends. ``Retry``, ``Routing``, ``Auth`` and ``Expansion`` are ``VLLMBackend``'s settings
+objects (retries and backoff; the routing policy and its sessions; the API keys; how a
+content_parts answer is read against the renderer), each checked when it is made; ``KeepAliveTransport`` is the httpx transport it sends plain-HTTP
 requests through (pass it to any ``httpx.AsyncClient`` that posts to an inference server).
 """
 
@@ -30,10 +30,11 @@ from vf_mm.inference._types import (
     SamplingParams,
     Usage,
 )
-from vf_mm.inference._vllm_config import Auth, Retry, Routing
+from vf_mm.inference._vllm_config import Auth, Expansion, Retry, Routing
 
 __all__ = [
     "Auth",
+    "Expansion",
     "Backend",
     "ChatBackend",
     "ChatResult",

@@ -85,6 +85,7 @@ from vf_mm.inference._vllm_config import (
     ROUTINGS,
     UNSET,
     Auth,
+    Expansion,
     Retry,
     Routing,
     RoutingPolicy,
@@ -157,26 +158,15 @@ class VLLMBackend:
             null``: the server looks every item up by hash in its cache.
         transport: Replaces the default one (``KeepAliveTransport`` for ``http://``
             servers, httpx's own for ``https://``): tests, a Unix socket.
-        embed_token_ids: content_parts mode: per modality, the token ids that take
-            embeddings (``renderer.vision.embed_ids("video")``), so the returned
-            placeholders say which of their positions are embeddings (``is_embed``) where a
-            range also holds text: Qwen3-VL's clips (timestamps), Gemma 3's images
-            (markers). Without them every returned position counts as an embedding, which a
-            later bridge or training batch then refuses for those families (never silently
-            wrong). A content_parts clip needs them (``"video"``): without them a clip is
-            refused before sending, as the backend could not tell a server's expansion of
-            it from the renderer's.
-        embed_swaps: content_parts mode: per modality, ``{the server's id: the renderer's
-            id}`` at embedding positions, for a family whose vLLM processing writes another
-            id there (``renderer.vision.vllm_embed_swaps("video")``: InternVL3's clips come
-            back with ``<video>`` where the renderer writes ``<IMG_CONTEXT>``). Inside a
-            returned range of that modality only, those ids are mapped back, so the result
-            holds the renderer's ids; each mapped-to id must be one of ``embed_token_ids``.
-        refusals: content_parts mode: per modality, why the server cannot take this model's
-            raw parts of it (``renderer.vision.vllm_refusal("video")``: vLLM 0.32 answers
-            Kimi-K2.5's clips with 400, and would expand them to other ids than the
-            renderer's). Such a part is refused before sending (``MultiModalDataError``
-            with the reason); None entries are ignored.
+        expansion: content_parts mode: how the server's expansion of raw parts is read
+            against the renderer's (its embedding ids, the ids vLLM writes otherwise, the
+            parts it cannot take): ``Expansion.of(renderer.vision)``, which ``make_client``
+            passes. Without one every returned position counts as an embedding (a later
+            bridge or batch refuses that for families whose ranges hold text) and a clip is
+            refused before sending.
+        embed_token_ids: Builds ``expansion`` (not with it).
+        embed_swaps: Builds ``expansion`` (not with it).
+        refusals: Builds ``expansion`` (not with it).
         max_retries: Builds ``retry`` (not with it).
         backoff_s: Builds ``retry`` (not with it).
         max_backoff_s: Builds ``retry`` (not with it).
@@ -204,9 +194,10 @@ class VLLMBackend:
         image_policy: ImagePolicy | None = None,
         send_kwargs_data: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
-        embed_token_ids: Mapping[str, Sequence[int]] | None = None,
-        embed_swaps: Mapping[str, Mapping[int, int]] | None = None,
-        refusals: Mapping[str, str | None] | None = None,
+        expansion: Expansion | None = None,
+        embed_token_ids: Mapping[str, Sequence[int]] | Unset | None = UNSET,
+        embed_swaps: Mapping[str, Mapping[int, int]] | Unset | None = UNSET,
+        refusals: Mapping[str, str | None] | Unset | None = UNSET,
         max_retries: int | Unset = UNSET,
         backoff_s: float | Unset = UNSET,
         max_backoff_s: float | Unset = UNSET,
@@ -236,13 +227,12 @@ class VLLMBackend:
         if len({s.url for s in servers}) != len(servers):
             raise ValueError(f"duplicate base URLs: {[s.url for s in servers]}")
         _check_options(mode, max_model_len, timeout_s, connect_timeout_s, image_policy)
-        self.embed_token_ids = (
-            {m: frozenset(int(t) for t in ids) for m, ids in embed_token_ids.items()}
-            if embed_token_ids
-            else None
-        )
-        self.embed_swaps = _embed_swaps(embed_swaps, self.embed_token_ids)
-        self.refusals = {m: str(r) for m, r in (refusals or {}).items() if r}
+        self.expansion = with_keywords(Expansion, expansion, "expansion",
+                                       embed_token_ids=embed_token_ids,
+                                       embed_swaps=embed_swaps, refusals=refusals)  # fmt: skip
+        self.embed_token_ids = dict(self.expansion.embed_token_ids) or None
+        self.embed_swaps = {m: dict(p) for m, p in self.expansion.embed_swaps.items()} or None
+        self.refusals = dict(self.expansion.refusals)
         self.model = model
         self.mode = mode
         self.max_model_len = max_model_len
@@ -373,9 +363,8 @@ class VLLMBackend:
                     "embed_token_ids for 'video': without the renderer's embedding ids it "
                     "cannot check that the server expanded the clip to the renderer's ids "
                     "(vLLM 0.32 writes an InternVL3 clip's frames with <video>, not the "
-                    "renderer's <IMG_CONTEXT>); create the backend with embed_token_ids="
-                    "{'video': renderer.vision.embed_ids('video')} and embed_swaps="
-                    "{'video': renderer.vision.vllm_embed_swaps('video')}"
+                    "renderer's <IMG_CONTEXT>); create the backend with "
+                    "expansion=Expansion.of(renderer.vision) (make_client does)"
                 )
         if has_features and self.send_kwargs_data:
             assert mmd is not None  # checked before a server is chosen; bodies made by _body
@@ -548,25 +537,3 @@ def _part_modality(part: object) -> str | None:
     if isinstance(part, Mapping) and part.get("type") in ("image", "image_url"):
         return "image"
     return None
-
-
-def _embed_swaps(
-    swaps: Mapping[str, Mapping[int, int]] | None,
-    embed_token_ids: Mapping[str, frozenset[int]] | None,
-) -> dict[str, dict[int, int]] | None:
-    """``embed_swaps`` checked: each maps a server's id to one of the modality's
-    ``embed_token_ids`` (so a mapped range is then checked as the renderer's), and never
-    an embedding id away (that would rewrite the renderer's own ids)."""
-    out = {m: {int(k): int(v) for k, v in pairs.items()} for m, pairs in (swaps or {}).items()}
-    out = {m: pairs for m, pairs in out.items() if pairs}
-    for modality, pairs in out.items():
-        ids = (embed_token_ids or {}).get(modality, frozenset())
-        for theirs, ours in pairs.items():
-            if ours not in ids or theirs in ids:
-                raise ValueError(
-                    f"embed_swaps[{modality!r}] maps {theirs} to {ours}: it must map an id "
-                    f"the server writes to one of embed_token_ids[{modality!r}] "
-                    f"({sorted(ids)}), never one of them away; pass both from the renderer "
-                    f"(renderer.vision.embed_ids / vllm_embed_swaps({modality!r}))"
-                )
-    return out or None

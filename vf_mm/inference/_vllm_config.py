@@ -1,4 +1,5 @@
-"""``Retry``, ``Routing`` and ``Auth``: ``VLLMBackend``'s settings, each valid once made.
+"""``Retry``, ``Routing``, ``Auth`` and ``Expansion``: ``VLLMBackend``'s settings, each
+valid once made.
 
 Settings that belong to one concern are one frozen object (as httpx keeps its timeouts
 in ``httpx.Timeout`` and its pool sizes in ``httpx.Limits``), checked in its constructor:
@@ -8,18 +9,19 @@ later at the first request. An object can be built once and shared by every back
 a run (each worker builds its own ``VLLMBackend``).
 
 ``VLLMBackend``'s older keywords (``max_retries``, ``backoff_s``, ``max_backoff_s``;
-``shed_margin``, ``session_idle_s``; ``api_key``) still work: they build these objects
-(``with_keywords``), and giving one of them with its object is refused as ambiguous.
+``shed_margin``, ``session_idle_s``; ``api_key``; ``embed_token_ids``, ``embed_swaps``,
+``refusals``) still work: they build these objects (``with_keywords``), and giving one of
+them with its object is refused as ambiguous.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 RoutingPolicy = Literal["sticky", "least_outstanding", "round_robin"]
 #: the routing policies ``Routing`` takes
@@ -194,6 +196,85 @@ def _check_key(key: object, where: str) -> None:
         raise ValueError(
             f"Auth: {where} starts or ends with whitespace, or holds a control character "
             "(a newline kept from a key file?): give the key alone, stripped"
+        )
+
+
+class VisionFacts(Protocol):
+    """What ``Expansion.of`` reads of a renderer's vision spec (``renderer.vision``)."""
+
+    video: object
+
+    def embed_ids(self, modality: str) -> tuple[int, ...]: ...
+
+    def vllm_embed_swaps(self, modality: str) -> dict[int, int]: ...
+
+    def vllm_refusal(self, modality: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    """How content_parts mode reads a server's expansion of raw parts against the
+    renderer's: the renderer's facts, handed to the backend as one object
+    (``Expansion.of(renderer.vision)``; ``make_client`` does it).
+
+    Attributes:
+        embed_token_ids: Per modality, the ids that take embeddings
+            (``renderer.vision.embed_ids``), so the returned placeholders say which of their
+            positions are embeddings (``is_embed``) where a range also holds text: Qwen3-VL's
+            clips (timestamps), Gemma 3's images (markers). Without them every returned
+            position counts as an embedding, which a later bridge or training batch refuses
+            for those families (never silently wrong), and a clip is refused before sending.
+        embed_swaps: Per modality, ``{the server's id: the renderer's id}`` at embedding
+            positions, for a family whose vLLM processing writes another id there
+            (``renderer.vision.vllm_embed_swaps``: InternVL3's clips come back with
+            ``<video>`` where the renderer writes ``<IMG_CONTEXT>``). Inside a returned range
+            of that modality only, those ids are mapped back; each mapped-to id must be one
+            of ``embed_token_ids`` and no mapped-from id one of them.
+        refusals: Per modality, why the server cannot take this model's raw parts of it
+            (``renderer.vision.vllm_refusal``: vLLM 0.32 answers Kimi-K2.5's clips with
+            400). Such a part is refused before sending, with the reason.
+
+    Raises:
+        ValueError: A swap that maps to an id outside ``embed_token_ids``, or away from one.
+    """
+
+    embed_token_ids: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    embed_swaps: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    refusals: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ids = {m: frozenset(int(t) for t in v) for m, v in (self.embed_token_ids or {}).items()}
+        swaps = {m: {int(k): int(v) for k, v in pairs.items()}
+                 for m, pairs in (self.embed_swaps or {}).items() if pairs}  # fmt: skip
+        for modality, pairs in swaps.items():
+            own = ids.get(modality, frozenset())
+            for theirs, ours in pairs.items():
+                if ours not in own or theirs in own:
+                    raise ValueError(
+                        f"Expansion: embed_swaps[{modality!r}] maps {theirs} to {ours}: it "
+                        "must map an id the server writes to one of embed_token_ids"
+                        f"[{modality!r}] ({sorted(own)}), never one of them away; take both "
+                        "from the renderer: Expansion.of(renderer.vision)"
+                    )
+        refusals = {m: str(r) for m, r in (self.refusals or {}).items() if r}
+        object.__setattr__(self, "embed_token_ids", {m: v for m, v in ids.items() if v})
+        object.__setattr__(self, "embed_swaps", swaps)
+        object.__setattr__(self, "refusals", refusals)
+
+    @classmethod
+    def of(cls, vision: VisionFacts | None) -> Expansion:
+        """The renderer's facts.
+
+        Args:
+            vision: ``renderer.vision`` (None, a text renderer's: no facts).
+        """
+        if vision is None:
+            return cls()
+        modalities = ("image", "video") if vision.video is not None else ("image",)
+        return cls(
+            embed_token_ids={m: frozenset(vision.embed_ids(m)) for m in modalities},
+            embed_swaps={m: vision.vllm_embed_swaps(m) for m in modalities},
+            refusals={m: r for m in ("image", "video") if (r := vision.vllm_refusal(m))},
         )
 
 

@@ -636,8 +636,8 @@ def _expanded_prompt(
                         f"token: {common}): the server expanded the {modality} with other "
                         "ids than the renderer, so its prompt ids are not the renderer's "
                         "(vLLM 0.32 writes an InternVL3 clip's frames with <video> where "
-                        "transformers writes <IMG_CONTEXT>: pass the backend embed_swaps="
-                        "{'video': renderer.vision.vllm_embed_swaps('video')})"
+                        "transformers writes <IMG_CONTEXT>: create the backend with "
+                        "expansion=Expansion.of(renderer.vision))"
                     )
                 mask = None if all(flags) else flags
             ranges.append(PlaceholderRange(p.offset, p.length, mask))

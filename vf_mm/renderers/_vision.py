@@ -206,7 +206,7 @@ class VisionSpec:
         family whose vLLM 0.32 processing writes another id there than transformers' (the
         one known pair: InternVL3's clips, ``<video>`` for ``<IMG_CONTEXT>``, named by
         ``VisionFamily.vllm_video_embed_token``); empty for every other family and
-        modality. ``VLLMBackend(embed_swaps=...)`` maps a content_parts answer's clip
+        modality. ``VLLMBackend`` (``Expansion.of``) maps a content_parts answer's clip
         ranges back to the renderer's ids with it.
 
         Args:
@@ -224,7 +224,7 @@ class VisionSpec:
         """Why vLLM 0.32 takes no ``modality`` of this family, or None (Kimi-K2.5's clips).
 
         Args:
-            modality: ``"image"`` or ``"video"``; given to ``VLLMBackend(refusals=...)``.
+            modality: ``"image"`` or ``"video"``; ``Expansion.of`` hands it to ``VLLMBackend``.
         """
         family = self.family if modality == "video" and self.video is not None else None
         info = family_info(family) if family is not None else None
