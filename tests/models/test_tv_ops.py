@@ -42,3 +42,23 @@ def test_torchvisions_interpolation_names_are_taken_as_transformers_takes_them(g
     assert interpolation_mode(given) == interpolation_mode(mode.X) == given
     with pytest.raises(ValueError, match="box and hamming"):
         interpolation_mode("box")
+
+
+def test_a_torch_without_lanczos_is_refused_by_name(monkeypatch):
+    """SmolVLM's frames are resized with torch's own Lanczos mode, which older torch
+    releases lack (2.11 raises a ValueError about anti-aliasing): the resize is refused,
+    naming the version that has it, never done another way."""
+    from vf_mm.errors import RenderError
+
+    real = torch.nn.functional.interpolate
+
+    def older(*args, **kwargs):
+        if kwargs.get("mode") == "lanczos":
+            raise ValueError("Anti-alias option is restricted to bilinear and bicubic modes")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "interpolate", older)
+    frames = torch.zeros((2, 3, 20, 30), dtype=torch.uint8)
+    assert resize(frames, 10, 15, mode="bicubic").shape == (2, 3, 10, 15)
+    with pytest.raises(RenderError, match=r"'lanczos'.*torch 2\.13 does"):
+        resize(frames, 10, 15, mode="lanczos")

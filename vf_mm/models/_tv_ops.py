@@ -43,6 +43,8 @@ from transformers.image_utils import (
     infer_channel_dimension_format,
 )
 
+from vf_mm.errors import RenderError
+
 #: PIL's resampling codes (``PILImageResampling``) to ``interpolate``'s modes, the ones
 #: transformers maps them to for torchvision's resize (nearest is "nearest-exact"; lanczos
 #: is torchvision >= 0.27's, on the CPU); box and hamming have none and are refused
@@ -124,13 +126,23 @@ def resize(image: torch.Tensor, height: int, width: int, *, mode: str) -> torch.
     if not keep:
         batch = batch.to(torch.float32)
     smooth = mode in _SMOOTH
-    out = torch.nn.functional.interpolate(
-        batch,
-        size=[height, width],
-        mode=mode,
-        align_corners=False if smooth else None,
-        antialias=smooth,
-    )
+    try:
+        out = torch.nn.functional.interpolate(
+            batch,
+            size=[height, width],
+            mode=mode,
+            align_corners=False if smooth else None,
+            antialias=smooth,
+        )
+    except (ValueError, NotImplementedError) as exc:
+        if mode != "lanczos":
+            raise
+        # torchvision's Lanczos resize (SmolVLM's frames) is torch's own interpolate mode,
+        # which older torch releases lack: refused by name, never resized another way
+        raise RenderError(
+            f"a Lanczos resize needs torch's interpolate mode 'lanczos', which torch "
+            f"{torch.__version__} does not take ({exc}): torch 2.13 does; upgrade torch"
+        ) from None
     if not keep:
         if mode in ("bicubic", "lanczos") and dtype == torch.uint8:
             out = out.clamp_(min=0, max=255)
