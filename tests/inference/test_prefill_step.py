@@ -171,6 +171,42 @@ def test_only_the_installing_threads_call_of_the_streams_length_is_answered(chec
         asyncio.run(backend.aclose())
 
 
+def test_a_call_that_found_the_installed_forward_after_the_block_runs_the_class_forward(
+    checkpoints,
+):
+    """Another thread's ``decoder(...)`` may look up ``forward`` while a prefill is
+    installed and call it after the block ended (``nn.Module.__call__`` resolves it first):
+    that call runs the class's forward, the model's own attention, as any call outside a
+    prefill does, never an error about the prefill that is gone."""
+    backend = LocalBackend(checkpoints("text"), prefill_graph_tokens=4096, **POOL)
+    prefiller = backend._pool.prefiller
+    decoder = prefiller.decoder
+    ids, positions = torch.arange(1, 6)[None], torch.arange(5)[None]
+    try:
+        with prefiller.installed(starts=[0], cached=[0], new=[3]):
+            resolved = decoder.forward  # the instance's, as another thread found it
+        got: list[object] = []
+
+        def call() -> None:
+            try:
+                with torch.no_grad():
+                    got.append(resolved(input_ids=ids, position_ids=positions, use_cache=False))
+            except Exception as exc:  # reported below, not lost in the thread
+                got.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join()
+        with torch.no_grad():
+            own = type(decoder).forward(decoder, input_ids=ids, position_ids=positions, use_cache=False)  # fmt: skip
+        (answer,) = got
+        assert not isinstance(answer, Exception), repr(answer)
+        torch.testing.assert_close(answer.last_hidden_state, own.last_hidden_state)
+        assert prefiller.replays == 0
+    finally:
+        asyncio.run(backend.aclose())
+
+
 def test_every_tensor_a_graph_reads_is_one_fixed_buffer_refilled_in_place(checkpoints):
     """A CUDA graph replays the addresses it captured: the step's metadata, the ids or
     embeddings and the positions a prefill's decoder reads must be the same storage at

@@ -558,6 +558,28 @@ def test_content_parts_range_without_the_renderers_embedding_ids_names_what_it_h
         decode_response(body, request, sent)
 
 
+@pytest.mark.parametrize(("modality", "swaps"), [("image", None), ("video", {"video": {5: 9}})])
+def test_a_range_of_other_ids_names_the_fix_that_applies(modality, swaps) -> None:
+    """The InternVL3 hint (pass ``embed_swaps``) is for a clip answered without the swap
+    only: an image range of other ids, or a clip whose ids the given swap does not explain,
+    is told to be sampled where the renderer's ids are used, never to pass a swap it cannot
+    have or already has."""
+    from vf_mm.inference._vllm_protocol import RequestBody, ResponseSchemaError, decode_response
+
+    body = json.dumps({
+        "choices": [{"index": 0, "token_ids": [7], "finish_reason": "length"}],
+        "prompt_token_ids": [1, 8, 7, 7, 2],
+        "mm_placeholders": {modality: [{"offset": 1, "length": 3}]},
+    }).encode()  # fmt: skip
+    sent = RequestBody(b"", media_hashes={modality: ["m0"]},
+                       embed_token_ids={modality: frozenset({9})}, embed_swaps=swaps)  # fmt: skip
+    request = GenerateRequest([1, 3, 2], SamplingParams(max_tokens=1, logprobs=False))
+    with pytest.raises(ResponseSchemaError, match=r"most frequent token: \[7\]") as info:
+        decode_response(body, request, sent)
+    assert "embed_swaps" not in str(info.value)
+    assert "LocalBackend" in str(info.value)
+
+
 #: a recorded vLLM 0.32 answer's shape for an InternVL3 clip, in toy ids: <img> 8,
 #: </img> 6, "Frame2: " 30, <IMG_CONTEXT> 9 (the renderer's), <video> 5 (what vLLM writes)
 INTERNVL_CLIP = [1, 5, 8, 5, 5, 6, 30, 8, 5, 5, 6, 2]

@@ -192,8 +192,12 @@ class PrefillStep:
     def _forward(self, **kwargs: Any) -> BaseModelOutputWithPast:
         """The decoder's forward, answered from the buffers (or run as it is, module
         docstring)."""
-        assert self._step is not None
-        step, bucket, max_k = self._step
+        # another thread may have found this forward during a block and call it after:
+        # with no step installed it is answered as any call outside a prefill
+        installed = self._step
+        if installed is None:
+            return type(self.decoder).forward(self.decoder, **kwargs)
+        step, bucket, max_k = installed
         kind = "embeds" if kwargs.get("inputs_embeds") is not None else "ids"
         fed = kwargs.get("inputs_embeds" if kind == "embeds" else "input_ids")
         extra = [

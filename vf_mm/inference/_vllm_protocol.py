@@ -634,10 +634,8 @@ def _expanded_prompt(
                         f"a {modality} placeholder ({p.offset}, {p.length}) holds none of the "
                         f"{modality}'s embedding tokens {sorted(ids)} (its most frequent "
                         f"token: {common}): the server expanded the {modality} with other "
-                        "ids than the renderer, so its prompt ids are not the renderer's "
-                        "(vLLM 0.32 writes an InternVL3 clip's frames with <video> where "
-                        "transformers writes <IMG_CONTEXT>: create the backend with "
-                        "expansion=Expansion.of(renderer.vision))"
+                        "ids than the renderer, so its prompt ids are not the renderer's; "
+                        f"{_other_ids_fix(modality, swapped=bool(swaps))}"
                     )
                 mask = None if all(flags) else flags
             ranges.append(PlaceholderRange(p.offset, p.length, mask))
@@ -655,6 +653,23 @@ def _expanded_prompt(
     except MultiModalDataError as exc:
         raise ResponseSchemaError(str(exc)) from exc
     return prompt_ids, mm
+
+
+def _other_ids_fix(modality: str, *, swapped: bool) -> str:
+    """What to do about a returned range of other ids than the renderer's: the known swap
+    for a clip answered without one (InternVL3's), else sampling where the renderer's ids
+    are used."""
+    if modality == "video" and not swapped:
+        return (
+            "if this is InternVL3 (vLLM 0.32 writes its clips' frames with <video> where "
+            "transformers writes <IMG_CONTEXT>), create the backend with "
+            "expansion=Expansion.of(renderer.vision); else sample these clips with the "
+            "LocalBackend or `vf-mm serve`"
+        )
+    return (
+        f"sample this model's {modality}s with the LocalBackend or `vf-mm serve`, which "
+        "expand them as the renderer does"
+    )
 
 
 def swap_embed_ids(
