@@ -34,7 +34,7 @@ def tower_output(model, pixel_values, grid) -> torch.Tensor:
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_the_varlen_vision_attention_is_the_towers_own(checkpoints, family):
     path = checkpoints(family)
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     renderer = load_renderer(path)
     rng = np.random.default_rng(0)
     content = [

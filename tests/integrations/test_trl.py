@@ -107,7 +107,7 @@ def load_model(family: str, path):
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(path)
-    return model_class(family).from_pretrained(path)
+    return model_class(family, checkpoint=path).from_pretrained(path)
 
 
 def config(tmp_path, **overrides):

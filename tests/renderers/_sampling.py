@@ -29,7 +29,7 @@ def assert_samples_as_a_full_forward_scores(path: Path, family: str) -> None:
             await backend.aclose()
 
     result = asyncio.run(sample())
-    model = model_class(family).from_pretrained(path).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path).eval()
     with torch.no_grad():
         ids = torch.tensor([prompt + result.completion_ids])
         logprobs = model(input_ids=ids).logits.float().log_softmax(-1)[0]
@@ -76,7 +76,7 @@ def assert_an_image_rollout_trains(path: Path, family: str) -> None:
     assert samples[-1].is_multimodal and len(samples[-1].images) == 3
     batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     assert_scores_as_sampled(model, batches)
     model.train()
     loss, _ = grpo_loss(model, batches[-1])

@@ -65,7 +65,7 @@ def test_the_forward_gives_back_the_samplers_logprobs(trained):
     assert samples[-1].is_multimodal and len(samples[-1].images) == 3
     batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     assert_scores_as_sampled(model, batches)
 
 
@@ -75,7 +75,7 @@ def test_a_grpo_step_trains_the_language_and_vision_weights(trained):
     samples = build_samples(state, advantage=1.0, image_token_id=token)
     batch = make_batches(samples, token_budget=10_000, pad_token_id=0,
                          image_token_id=token, family=family)[0]  # fmt: skip
-    model = model_class(family).from_pretrained(path, dtype=torch.float32)
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32)
     loss, stats = grpo_loss(model, batch)
     loss.backward()
     assert torch.isfinite(loss) and stats["tokens"] == float(batch.loss_mask.sum())
@@ -97,7 +97,9 @@ def test_leaving_out_the_family_is_refused_for_images_that_are_not_qwens(trained
         assert make_batches(samples, token_budget=10_000, pad_token_id=0,
                             image_token_id=renderer.vision.image_token_id)  # fmt: skip
         return
-    with pytest.raises(vf.errors.TrajectoryError, match=r"family=model\.config\.model_type"):
+    with pytest.raises(
+        vf.errors.TrajectoryError, match=r"family=vf_mm\.models\.model_type\(checkpoint\)"
+    ):
         make_batches(samples, token_budget=10_000, pad_token_id=0,
                      image_token_id=renderer.vision.image_token_id)  # fmt: skip
 
@@ -138,7 +140,7 @@ def test_dropping_one_images_pixels_breaks_the_agreement(trained):
                             image_token_id=token, family=family)  # fmt: skip
     first = batch.images[0][0]
     batch.images[0][0] = {**first, "pixel_values": np.full_like(first["pixel_values"], 0.5)}
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         ours = token_logprobs(model, batch)
     mask = batch.loss_mask.bool()
@@ -161,7 +163,7 @@ def test_a_packed_batch_gives_each_sample_what_it_gets_alone(trained):
         return make_batches(group, token_budget=100_000, pad_token_id=0,
                             image_token_id=token, family=family)  # fmt: skip
 
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     (packed,) = batches([sample, shorter])
     assert packed.input_ids.shape[0] == 2
     with torch.no_grad():
@@ -198,7 +200,7 @@ def test_a_mixture_of_experts_trains_as_it_sampled(tmp_path, family, variant, ro
     samples = build_samples(state, advantage=1.0, image_token_id=token)
     batches = make_batches(samples, token_budget=10_000, pad_token_id=0,
                            image_token_id=token, family=family)  # fmt: skip
-    model = model_class(family).from_pretrained(path, dtype=torch.float32)
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         for batch in batches:
             ours = token_logprobs(model.eval(), batch)

@@ -99,14 +99,14 @@ def test_the_forward_gives_back_the_samplers_logprobs_with_videos(trained):
     samples, batches = batches_of(trained)
     assert len(samples[-1].videos) == 2  # the env's clips of turns 1 and 2
     assert set(np.unique(samples[-1].mm_token_type_ids)) == {0, 1, 2}  # (sampler's marks)
-    model = model_class(family).from_pretrained(path, dtype=torch.float32).eval()
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     assert_scores_as_sampled(model, batches)
 
 
 def test_a_grpo_step_with_videos_trains_the_vision_weights(trained):
     family, path, _renderer, _state = trained
     _, batches = batches_of(trained)
-    model = model_class(family).from_pretrained(path, dtype=torch.float32)
+    model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32)
     loss, _ = grpo_loss(model, batches[0])
     loss.backward()
     assert torch.isfinite(loss)

@@ -493,8 +493,13 @@ def model_class(family: str, *, checkpoint: str | Path | None = None) -> type[An
             its config type decides where the family's checkpoints declare several
             (``VisionFamily.config_types``: GLM-4.6V's MoE is
             ``Glm4vMoeForConditionalGeneration``, GLM-4.6V-Flash
-            ``Glm4vForConditionalGeneration``); None: the family's class (its tiny
-            checkpoint's).
+            ``Glm4vForConditionalGeneration``); None: the family's class, for a family
+            whose checkpoints all load with one.
+
+    Raises:
+        ValueError: No checkpoint for a family whose checkpoints load with several classes:
+            the wrong one would load with its missing weights initialised at random, which
+            only a warning reports.
     """
     import transformers
 
@@ -502,6 +507,12 @@ def model_class(family: str, *, checkpoint: str | Path | None = None) -> type[An
     name = info.model
     if checkpoint is not None:
         name = dict(info.config_types).get(_config_type(Path(checkpoint)), name)
+    elif len({cls for _, cls in info.config_types} | {name}) > 1:
+        classes = " or ".join(sorted({cls for _, cls in info.config_types} | {name}))
+        raise ValueError(
+            f"{info.label}'s checkpoints load with {classes}, by their config: pass "
+            f"model_class({family!r}, checkpoint=path)"
+        )
     return getattr(transformers, name)
 
 

@@ -172,14 +172,16 @@ def make_batches(
             docstring).
         merge_size: The vision tower's spatial merge (Qwen-VL: 2), which checks each
             image's pad count against its grid.
-        family: The model's ``model_type`` (``model.config.model_type``): it decides how
+        family: The model's family (``vf_mm.models.model_type(checkpoint)``: the config's
+            ``model_type``, but ``"glm46v"`` for GLM-4.6V's ``glm4v`` configs): it decides how
             ``MicroBatch.model_inputs()`` lays the images out for the forward. It may be
             left out only for Qwen-VL images (they carry ``image_grid_thw``); any other
             family's images without it are refused, since a wrong layout still runs (Gemma 3
             without its ``token_type_ids``) and silently changes every logprob.
         video_token_id: The token at a clip's embedding positions (``<|video_pad|>`` for
-            Qwen-VL, ``<video>`` for LLaVA-OneVision, ``<image>`` for SmolVLM, whose frames
-            are images); needed when samples hold videos.
+            Qwen-VL, ``<video>`` for LLaVA-OneVision, the image's token for SmolVLM and
+            GLM-4.6V, whose frames hold it: ``renderer.vision.video_embed_token_id``); needed
+            when samples hold videos.
 
     Raises:
         TrajectoryError: A sample that breaks its rules (``Sample.validate``), or is over
@@ -235,13 +237,14 @@ def _qwen_or_refuse(samples: Sequence[Sample]) -> str:
         if sample.videos:
             raise TrajectoryError(
                 f"{sample.source}: it holds videos: pass make_batches(..., "
-                "family=model.config.model_type) so the forward gets them in its own layout"
+                "family=vf_mm.models.model_type(checkpoint)) so the forward gets them in its "
+                "own layout"
             )
         if any("image_grid_thw" not in image for image in sample.images):
             raise TrajectoryError(
                 f"{sample.source}: its images are not Qwen-VL's (no image_grid_thw): pass "
-                "make_batches(..., family=model.config.model_type) so the forward gets them "
-                "in its own layout"
+                "make_batches(..., family=vf_mm.models.model_type(checkpoint)) so the forward "
+                "gets them in its own layout"
             )
     return "qwen2_vl"
 
