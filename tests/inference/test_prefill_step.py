@@ -235,3 +235,10 @@ def test_every_tensor_a_graph_reads_is_one_fixed_buffer_refilled_in_place(checkp
 
     asyncio.run(run())
     assert len(seen) == 3 and len(set(seen)) == 1, seen
+
+
+@pytest.mark.parametrize("given", [-1, True, 2.5, "4096"])
+def test_a_prefill_graph_size_that_is_not_a_count_is_refused_before_loading(given):
+    """A negative, a bool or a non-int would otherwise read as "no prefill graphs"."""
+    with pytest.raises(ValueError, match=r"prefill_graph_tokens=.*an int >= 0"):
+        LocalBackend("/nonexistent", prefill_graph_tokens=given)

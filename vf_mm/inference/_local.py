@@ -160,6 +160,15 @@ class LocalBackend:
         prefill_graph_tokens: int | None = None,
         varlen_vision: bool = True,
     ) -> None:
+        if prefill_graph_tokens is not None and (
+            isinstance(prefill_graph_tokens, bool)
+            or not isinstance(prefill_graph_tokens, int)
+            or prefill_graph_tokens < 0
+        ):  # checked before the model loads: a typo would otherwise mean "no graphs"
+            raise ValueError(
+                f"prefill_graph_tokens={prefill_graph_tokens!r}: give an int >= 0 (0: no "
+                "prefill graphs) or None (the device's default)"
+            )
         loaded = LocalModel.from_pretrained(
             model, device=device, dtype=dtype, max_model_len=max_model_len
         )

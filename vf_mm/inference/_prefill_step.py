@@ -67,7 +67,8 @@ _NONE_OR_FALSE = ("attention_mask", "past_key_values", "cache_position", "use_ca
 
 @dataclass(slots=True)
 class _Graph:
-    """One captured bucket: its graph and the decoder's output buffer."""
+    """One captured bucket: its graph and where it leaves the decoder's output (a view of
+    the step's one output buffer, read before the next replay)."""
 
     graph: torch.cuda.CUDAGraph
     hidden: torch.Tensor
@@ -106,6 +107,10 @@ class PrefillStep:
         top = self.buckets[-1] if self.buckets else 0
         dtype = packed.model.dtype
         self._embeds = torch.zeros((1, top, hidden), dtype=dtype, device=device)
+        # every graph's output, copied here inside the graph: a graph's own output would
+        # stay allocated in the shared pool, one per captured key (~55 MB a KV bucket and
+        # input kind for a 3B model), outside the arena's budget
+        self._out = torch.zeros_like(self._embeds) if self.graphs else self._embeds
         # Qwen3-VL's deepstack features, one dense (1, top, hidden) per level (on first use)
         self._deep: list[torch.Tensor] = []
         self._ids = torch.zeros((1, top), dtype=torch.long, device=device)
@@ -296,10 +301,10 @@ class PrefillStep:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            hidden = self._run(step, bucket, kind)
+            self._out[:, :bucket].copy_(self._run(step, bucket, kind))
         self.captures += 1
         self.capture_s += time.perf_counter() - started
-        return _Graph(graph, hidden)
+        return _Graph(graph, self._out[:, :bucket])
 
     def describe(self) -> dict[str, Any]:
         """What the prefill graphs cost and served, for benches and ``/metrics``."""

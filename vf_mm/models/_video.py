@@ -158,6 +158,14 @@ class VideoSettings:
             changes: dict[str, Any] = video_options(options)
         except ValueError as exc:
             raise RenderError(str(exc)) from None
+        asked = [k for k in ("fps", "num_frames") if changes.get(k) is not None]
+        if asked and changes.get("do_sample_frames") is False:
+            raise RenderError(
+                f"do_sample_frames=False keeps every frame, so {' and '.join(asked)} would "
+                f"change nothing (transformers ignores {'them' if len(asked) > 1 else 'it'} "
+                "then): drop do_sample_frames to sample, or drop "
+                f"{' and '.join(asked)} to keep every frame"
+            )
         if self.style in _FIXED_SIZE and ({"min_pixels", "max_pixels"} & set(changes)):
             name = _FIXED_SIZE[self.style]
             raise RenderError(
@@ -186,19 +194,10 @@ class VideoSettings:
                 f"InternVL's video processor samples the checkpoint's num_frames "
                 f"({self.num_frames}) whatever fps says: give num_frames instead of fps"
             )
-
         if self.style == "glm46v":
             from vf_mm.models._glm46v_video import refuse_rate_options
 
             refuse_rate_options(set(changes))
-        asked = [k for k in ("fps", "num_frames") if changes.get(k) is not None]
-        if asked and changes.get("do_sample_frames") is False:
-            raise RenderError(
-                f"do_sample_frames=False keeps every frame, so {' and '.join(asked)} would "
-                f"change nothing (transformers ignores {'them' if len(asked) > 1 else 'it'} "
-                "then): drop do_sample_frames to sample, or drop "
-                f"{' and '.join(asked)} to keep every frame"
-            )
         if ("fps" in changes or "num_frames" in changes) and "do_sample_frames" not in changes:
             changes["do_sample_frames"] = True  # asking for a rate means sampling
         # SmolVLM samples with both (at most num_frames, at fps); Gemma 4's processor takes
