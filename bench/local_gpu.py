@@ -53,13 +53,17 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import transformers
 
 import vf_mm
 from vf_mm.inference import LocalBackend
+from vf_mm.inference._batch_engine import BatchEngine
+from vf_mm.inference._pool import PoolEngine
+from vf_mm.inference._row_builder import RowBuilder
+from vf_mm.inference._vision_cache import VisionCache
 from vf_mm.models import model_class
 from vf_mm.renderers import RendererPool, load_renderer
 from vf_mm.results import evaluate_to_dir
@@ -299,8 +303,10 @@ class Trace:
     """``--trace``: wall time and peak GPU memory of each phase of the backend's work
     (the worker's methods, wrapped): where a step's time and a run's memory go."""
 
-    # the batch engine's phases (LocalBackend's methods), and the pool engine's
-    BACKEND = ("_row", "_prefill_group", "_encode_images", "_decode", "_retire")
+    # the phases of the row builder and the vision cache (every engine's), of the batch
+    # engine, and of the pool engine
+    SHARED: ClassVar[dict[type, tuple[str, ...]]] = {RowBuilder: ("row",), VisionCache: ("inputs",)}
+    BATCH = ("_prefill_group", "_decode", "_retire")
     POOL = ("_admit", "_prefill_group", "_decode", "_retire")
 
     def __init__(self) -> None:
@@ -310,13 +316,15 @@ class Trace:
         self.live: dict[str, float] = defaultdict(float)
         self.names: list[str] = []
         self._wrapped: set[type] = set()
-        self._wrap_class(LocalBackend, self.BACKEND)
+        for cls, phases in self.SHARED.items():
+            self._wrap_class(cls, phases)
 
     def attach(self, backend: LocalBackend) -> None:
-        """Also time the pool engine's phases, where ``backend`` runs one."""
-        engine = getattr(backend, "_pool", None)
-        if engine is not None:
-            self._wrap_class(type(engine), self.POOL)
+        """Also time the phases of the engine ``backend`` runs (pool or batch)."""
+        if backend.engine == "pool":
+            self._wrap_class(PoolEngine, self.POOL)
+        elif backend.engine == "batch":
+            self._wrap_class(BatchEngine, self.BATCH)
 
     def _wrap_class(self, cls: type, phases: tuple[str, ...]) -> None:
         if cls in self._wrapped:
