@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tests.renderers.golden._records import tensor_record, write_golden
+from tests.renderers.golden._records import array_digest as clip_digest
+from tests.renderers.golden._records import parts_of, tensor_record, versions, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "gemma4_video.json"
@@ -97,15 +98,6 @@ def conversation(case: str) -> list[dict[str, Any]]:
     return messages
 
 
-def clip_digest(frames: np.ndarray) -> str:
-    return hashlib.sha256(repr(frames.shape).encode() + frames.tobytes()).hexdigest()
-
-
-def parts_of(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages if isinstance(m["content"], list) for p in m["content"]
-            if p.get("type") == kind]  # fmt: skip
-
-
 def reference(processor: Any, case: str) -> Any:
     """The real processor's output for case ``case`` (the module docstring)."""
     messages = conversation(case)
@@ -139,8 +131,6 @@ def real_processor(path: Path) -> Any:
 
 
 def main() -> None:
-    import torch
-    import torchvision
     import transformers
 
     from vf_mm.testing import build_tiny_vlm
@@ -149,9 +139,7 @@ def main() -> None:
         "written_by": "tests/renderers/golden/gemma4_video.py",
         "source": f"transformers {transformers.__version__} Gemma4Processor with "
         "transformers.models.gemma4.video_processing_gemma4.Gemma4VideoProcessor",
-        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__,
-                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "versions": versions(),
         "cases": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:

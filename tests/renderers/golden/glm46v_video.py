@@ -27,7 +27,6 @@ checks vf_mm's renderer against it.
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tests.renderers.golden._records import tensor_record, write_golden
+from tests.renderers.golden._records import array_digest as digest
+from tests.renderers.golden._records import parts_of, tensor_record, versions, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "glm46v_video.json"
@@ -97,16 +97,6 @@ def conversation(case: int) -> list[dict[str, Any]]:
     ]
 
 
-def digest(array: np.ndarray) -> str:
-    array = np.ascontiguousarray(array)
-    return hashlib.sha256(repr(array.shape).encode() + array.tobytes()).hexdigest()
-
-
-def parts_of(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages if isinstance(m["content"], list) for p in m["content"]
-            if p.get("type") == kind]  # fmt: skip
-
-
 def metadata(part: dict[str, Any]) -> dict[str, Any]:
     """A clip's metadata as transformers' video loaders report it."""
     total, rate = len(part["video"]), part.get("frame_rate")
@@ -135,8 +125,6 @@ def reference(processor: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    import torch
-    import torchvision
     import transformers
     from transformers import AutoProcessor, Glm46VImageProcessorPil
 
@@ -144,9 +132,7 @@ def main() -> None:
 
     out: dict[str, Any] = {
         "written_by": "tests/renderers/golden/glm46v_video.py",
-        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__,
-                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "versions": versions(),
         "cases": [],
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:

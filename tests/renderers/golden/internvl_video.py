@@ -25,7 +25,6 @@ whether the inputs or the processing differ), with the versions it was written w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -34,7 +33,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tests.renderers.golden._records import tensor_record, write_golden
+from tests.renderers.golden._records import array_digest as digest
+from tests.renderers.golden._records import parts_of, tensor_record, versions, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "internvl_video.json"
@@ -87,11 +87,6 @@ def conversation(case: int) -> list[dict[str, Any]]:
     ]
 
 
-def digest(array: np.ndarray) -> str:
-    array = np.ascontiguousarray(array)
-    return hashlib.sha256(repr(array.shape).encode() + array.tobytes()).hexdigest()
-
-
 def real_template() -> str:
     """InternVL3's stored real template with its recorded rewrite applied."""
     record = json.loads((HERE / "templates.json").read_text())["internvl"]
@@ -99,11 +94,6 @@ def real_template() -> str:
     for old, new in record["rewrite"].items():
         text = text.replace(old, new)
     return text
-
-
-def parts_of(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages if isinstance(m["content"], list) for p in m["content"]
-            if p.get("type") == kind]  # fmt: skip
 
 
 def reference(processor: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,8 +120,6 @@ def reference(processor: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    import torch
-    import torchvision
     import transformers
     from transformers import AutoProcessor, GotOcr2ImageProcessorPil
 
@@ -139,9 +127,7 @@ def main() -> None:
 
     out: dict[str, Any] = {
         "written_by": "tests/renderers/golden/internvl_video.py",
-        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__,
-                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "versions": versions(),
         "cases": [],
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:

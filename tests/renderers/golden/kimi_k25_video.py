@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tests.renderers.golden._records import tensor_record, write_golden
+from tests.renderers.golden._records import array_digest as clip_digest
+from tests.renderers.golden._records import parts_of, tensor_record, versions, write_golden
 
 HERE = Path(__file__).parent
 OUT = HERE / "kimi_k25_video.json"
@@ -75,15 +76,6 @@ def conversation(case: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": "What moved?"}]}]
 
 
-def clip_digest(frames: np.ndarray) -> str:
-    return hashlib.sha256(repr(frames.shape).encode() + frames.tobytes()).hexdigest()
-
-
-def parts_of(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages if isinstance(m["content"], list) for p in m["content"]
-            if p.get("type") == kind]  # fmt: skip
-
-
 def reference(processor: Any, case: str) -> Any:
     """The real processor's output for case ``case`` (the module docstring)."""
     messages = conversation(case)
@@ -112,8 +104,6 @@ def real_processor(path: Path) -> Any:
 
 
 def main() -> None:
-    import torch
-    import torchvision
     import transformers
 
     from vf_mm.testing import build_tiny_vlm
@@ -122,9 +112,7 @@ def main() -> None:
         "written_by": "tests/renderers/golden/kimi_k25_video.py",
         "source": f"transformers {transformers.__version__} Kimi_K25Processor with "
         "transformers.models.kimi_k25.video_processing_kimi_k25.Kimi_K25VideoProcessor",
-        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__,
-                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "versions": versions(),
         "cases": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
