@@ -156,6 +156,56 @@ def test_content_parts_expand_as_the_renderer_renders(served, family):
     assert list(served_result.logprobs) == list(local.logprobs)
 
 
+def test_a_glm46v_clip_beside_an_image_serves_as_the_renderer_renders(served):
+    """GLM-4.6V's clip and image as content_parts (the server samples the clip at its
+    duration-picked rate and writes its frames with the image's token): the server's
+    prompt, placeholders and greedy answer are the renderer's and the local backend's, the
+    clip going into the forward as images beside the real one."""
+    import httpx
+
+    from vf_mm.inference import Expansion, VLLMBackend
+
+    s = served("glm46v")
+    rng = np.random.default_rng(5)
+    image = Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    frames = rng.integers(0, 256, (8, 30, 44, 3), dtype=np.uint8)
+    clip = {"type": "video", "video": frames, "frame_rate": 4.0}
+    words = {"type": "text", "text": "What moved?"}
+    rendered = s.renderer.render([{"role": "user", "content": [{"type": "image", "image": image}, clip, words]}])  # fmt: skip
+    text = s.renderer.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "video"}, words]}],
+        tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    collapsed = s.renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, logprobs=True)
+    banned = tuple(sorted(s.renderer.vision.banned_token_ids))
+
+    async def send() -> Any:
+        client = VLLMBackend(
+            "http://vf-mm.test", model="m", mode="content_parts",
+            transport=httpx.ASGITransport(app=s.app),
+            expansion=Expansion.of(s.renderer.vision),
+        )  # fmt: skip
+        try:
+            return await client.generate(
+                GenerateRequest(collapsed, sampling, banned_token_ids=banned,
+                                content_parts=[{"type": "image", "image": image}, clip])
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+
+    served_result = asyncio.run(send())
+    local = asyncio.run(s.backend.generate(GenerateRequest(
+        rendered.token_ids, sampling, banned_token_ids=banned,
+        multi_modal_data=rendered.multi_modal_data,
+    )))  # fmt: skip
+    assert served_result.prompt_ids == rendered.token_ids
+    mm = served_result.multi_modal_data
+    assert mm.mm_placeholders == rendered.multi_modal_data.mm_placeholders
+    assert list(served_result.completion_ids) == list(local.completion_ids)
+    assert list(served_result.logprobs) == list(local.logprobs)
+
+
 def _set(key: str, value: Callable[[Any], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def apply(item: dict[str, Any]) -> dict[str, Any]:
         return {**item, key: value(np.asarray(item[key]))}
