@@ -242,3 +242,23 @@ def test_a_prefill_graph_size_that_is_not_a_count_is_refused_before_loading(give
     """A negative, a bool or a non-int would otherwise read as "no prefill graphs"."""
     with pytest.raises(ValueError, match=r"prefill_graph_tokens=.*an int >= 0"):
         LocalBackend("/nonexistent", prefill_graph_tokens=given)
+
+
+def test_a_forward_set_on_the_decoder_before_a_prefill_is_put_back_after(checkpoints):
+    """A hook's own ``forward`` on the decoder instance (accelerate sets one) outlives the
+    prefill's block: the block takes the attribute over and gives it back."""
+    backend = LocalBackend(checkpoints("text"), prefill_graph_tokens=4096, **POOL)
+    prefiller = backend._pool.prefiller
+    decoder = prefiller.decoder
+
+    def hooked(*args, **kwargs):
+        return type(decoder).forward(decoder, *args, **kwargs)
+
+    decoder.forward = hooked
+    try:
+        with prefiller.installed(starts=[0], cached=[0], new=[3]):
+            assert decoder.forward == prefiller._forward
+        assert decoder.forward is hooked
+    finally:
+        del decoder.forward
+        asyncio.run(backend.aclose())

@@ -151,11 +151,15 @@ class PrefillStep:
         max_k = kv_bucket(max(c + n for c, n in zip(cached, new, strict=True)), self.arena.capacity + 1)  # fmt: skip
         self._step = (self._fill(bucket, starts, cached, new), bucket, max_k)
         self._caller = (threading.get_ident(), tokens)
+        earlier = self.decoder.__dict__.get("forward")  # a hook's, put back after
         self.decoder.forward = self._forward  # the instance's, over the class's
         try:
             yield
         finally:
-            del self.decoder.forward
+            if earlier is None:
+                del self.decoder.forward
+            else:
+                self.decoder.forward = earlier
             self._step = None
 
     def _fill(
