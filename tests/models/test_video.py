@@ -94,6 +94,10 @@ def test_qwen2_sampling(tiny):
         sample_frames(settings.with_options({"fps": 2}), 12, None)
     with pytest.raises(RenderError, match=r"num_frames is 20 .*num_frames of at most 12"):
         sample_frames(settings.with_options({"num_frames": 20}), 12, 6.0)
+    # arange's float step can reach the clip's end (58 of 59 frames at 1 fps picks frame
+    # 59): transformers fails there with an IndexError, and vf_mm refuses it by name
+    with pytest.raises(RenderError, match=r"picks frame 59 of a 59-frame clip"):
+        sample_frames(settings.with_options({"fps": 1}), 59, 1.0)
 
 
 def test_qwen3_sampling_takes_an_unknown_rate_as_24_fps(tiny):

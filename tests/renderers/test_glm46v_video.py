@@ -190,6 +190,7 @@ PARITY = [
     (24, 40, 60, 24.0, {"max_pixels": 20000}),
     (10, 30, 30, 5.0, {"min_pixels": 40000}),
     (7, 33, 17, 3.0, {"do_sample_frames": False}),
+    (14, 24, 24, 6.0, {}),  # 14 frames kept, the last dropped and the one before repeated
 ]
 
 

@@ -404,7 +404,23 @@ class SampledVideo:
 
 
 def sample_frames(settings: VideoSettings, total: int, fps: float | None) -> SampledVideo:
-    """The frames the family's video processor keeps from a clip of ``total`` frames."""
+    """The frames the family's video processor keeps from a clip of ``total`` frames.
+
+    A sampler that would pick a frame past the clip's end (Qwen2-VL's float ``arange`` can
+    reach index ``total``, where transformers fails with an ``IndexError``) is refused by
+    name, never clamped into a clip transformers would not make."""
+    sampled = _pick_frames(settings, total, fps)
+    beyond = [i for i in sampled.indices if not 0 <= i < total]
+    if beyond:
+        raise RenderError(
+            f"the video processor's sampler picks frame {beyond[0]} of a {total}-frame clip "
+            "(transformers fails on it with an IndexError): ask for fewer frames (a lower "
+            "fps, or num_frames), or do_sample_frames=False to keep every frame"
+        )
+    return sampled
+
+
+def _pick_frames(settings: VideoSettings, total: int, fps: float | None) -> SampledVideo:
     if total < 1:
         raise RenderError("a video needs at least one frame")
     if not settings.do_sample_frames:
@@ -654,7 +670,8 @@ def expand_video(
             f"video frames must be (T, H, W, 3) uint8, got {frames.shape} {frames.dtype}"
         )
     sampled = sample_frames(settings, int(frames.shape[0]), fps)
-    kept = frames if len(sampled.indices) == frames.shape[0] else frames[list(sampled.indices)]
+    whole = sampled.indices == tuple(range(frames.shape[0]))  # not only as many: the same
+    kept = frames if whole else frames[list(sampled.indices)]
     with warnings.catch_warnings():  # read-only frames: only read, then copied by contiguous()
         warnings.simplefilter("ignore", UserWarning)
         video = torch.from_numpy(np.ascontiguousarray(kept))

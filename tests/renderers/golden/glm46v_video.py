@@ -11,7 +11,8 @@ torchvision`` makes it):
 Each case is a conversation (``conversation``) of seeded-noise clips that force resizes,
 odd shapes and each branch of the processor's sampler: a 1x1 frame, 4x300 and 300x4
 frames, clips shorter than the sampler's frame budget (stretched by ``linspace``) and
-longer (stepped at its rate), timestamps off whole seconds (30 and 7 fps), an odd frame
+longer (stepped at its rate), as many frames kept as the clip has but not the same ones
+(the last dropped, the one before repeated), timestamps off whole seconds (30 and 7 fps), an odd frame
 count kept whole (``do_sample_frames`` off, the rate unknown), two clips in a turn beside an
 image, a clip in a tool result, a clip in a later turn with images. The reference is
 GLM-4.6V's real template (``glm46v.jinja``) rendered by ``apply_chat_template``, then
@@ -54,6 +55,10 @@ CASES: list[dict[str, Any]] = [
     {"clips": [(120, 16, 24, 2.0)], "options": {}},
     {"clips": [(14, 97, 41, 12.0)], "options": {}, "images": 2, "later": True},
     {"clips": [(8, 30, 30, 3.0)], "options": {}, "where": "tool"},
+    # as many frames kept as the clip has, but not the same ones: the sampler drops the
+    # last and repeats the one before it to an even count
+    {"clips": [(8, 22, 26, 6.0)], "options": {}},
+    {"clips": [(2, 20, 20, 12.0)], "options": {}},
 ]
 
 
