@@ -60,10 +60,6 @@ import transformers
 
 import vf_mm
 from vf_mm.inference import LocalBackend
-from vf_mm.inference._batch_engine import BatchEngine
-from vf_mm.inference._pool import PoolEngine
-from vf_mm.inference._row_builder import RowBuilder
-from vf_mm.inference._vision_cache import VisionCache
 from vf_mm.models import model_class
 from vf_mm.renderers import RendererPool, load_renderer
 from vf_mm.results import evaluate_to_dir
@@ -305,9 +301,11 @@ class Trace:
 
     # the phases of the row builder and the vision cache (every engine's), of the batch
     # engine, and of the pool engine
-    SHARED: ClassVar[dict[type, tuple[str, ...]]] = {RowBuilder: ("row",), VisionCache: ("inputs",)}
-    BATCH = ("_prefill_group", "_decode", "_retire")
-    POOL = ("_admit", "_prefill_group", "_decode", "_retire")
+    SHARED: ClassVar[dict[str, tuple[str, ...]]] = {"builder": ("row",), "vision": ("inputs",)}
+    ENGINE: ClassVar[dict[str, tuple[str, ...]]] = {
+        "batch": ("_prefill_group", "_decode", "_retire"),
+        "pool": ("_admit", "_prefill_group", "_decode", "_retire"),
+    }
 
     def __init__(self) -> None:
         self.time: dict[str, float] = defaultdict(float)
@@ -316,15 +314,18 @@ class Trace:
         self.live: dict[str, float] = defaultdict(float)
         self.names: list[str] = []
         self._wrapped: set[type] = set()
-        for cls, phases in self.SHARED.items():
-            self._wrap_class(cls, phases)
 
     def attach(self, backend: LocalBackend) -> None:
-        """Also time the phases of the engine ``backend`` runs (pool or batch)."""
-        if backend.engine == "pool":
-            self._wrap_class(PoolEngine, self.POOL)
-        elif backend.engine == "batch":
-            self._wrap_class(BatchEngine, self.BATCH)
+        """Time the phases of the engine ``backend`` runs (pool or batch) and of its row
+        builder and vision cache (found on the running objects: the bench reads no
+        private module)."""
+        engine = backend._scheduler._engine
+        parts = getattr(engine, "_parts", None)
+        for attribute, phases in self.SHARED.items():
+            if parts is not None:
+                self._wrap_class(type(getattr(parts, attribute)), phases)
+        if backend.engine in self.ENGINE:
+            self._wrap_class(type(engine), self.ENGINE[backend.engine])
 
     def _wrap_class(self, cls: type, phases: tuple[str, ...]) -> None:
         if cls in self._wrapped:
