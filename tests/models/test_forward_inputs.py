@@ -6,14 +6,13 @@ fails on them: ``tests/renderers/test_kimi_k25_video.py``). Held here on the tin
 checkpoint: where transformers is right the inputs pass through as they were; vf_mm's
 encoding of a batch of chunks (the tower once per chunk length, its pooled output split
 by one frame's merged patches) gives each chunk the features it gets alone, and one-frame
-chunks the logits of transformers' own forward; the local backend's engines generate with
-such a clip. The trainer's logprobs equal to the sampler's on such clips, and the GRPO
+chunks the logits of transformers' own forward. The local backend's engines generating
+with such a clip are ``tests/inference/test_local_backend.py``; the trainer's logprobs equal to the sampler's on such clips, and the GRPO
 gradient reaching the vision tower through them, are ``tests/training/test_video_training.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
@@ -113,34 +112,3 @@ def test_a_batch_of_chunks_gives_each_chunk_the_features_it_has_alone(kimi):
         ).pooler_output
         assert all(torch.equal(a, b) for a, b in zip(image, theirs, strict=True))
         assert torch.isfinite(model(**given).logits).all()
-
-
-def test_the_local_backend_generates_with_a_clip_of_chunks_of_4_and_2(kimi):
-    """The local backend's engine (the batch engine: Kimi-K2.5 is resumable, and no pool
-    on the CPU) and the ``generate`` engine answer a prompt whose clip keeps 6 frames with
-    the same greedy tokens, and the first token's logprob is the forward's through
-    ``forward_inputs``."""
-    from vf_mm.inference import GenerateRequest, LocalBackend, SamplingParams
-    from vf_mm.inference._generate import GenerateEngine
-    from vf_mm.inference._local_model import LocalModel
-    from vf_mm.inference._sampling import Seeds
-
-    path, renderer, model = kimi
-    prompt, inputs = rendered(renderer, video(6, t=6))
-    assert inputs["video_grid_thw"][:, 0].tolist() == [4, 2]
-    greedy = SamplingParams(max_tokens=4, temperature=0)
-    request = GenerateRequest(prompt.token_ids, greedy, prompt.multi_modal_data)
-    backend = LocalBackend(path)
-    try:
-        assert backend.engine == "batch"
-        result = asyncio.run(backend.generate(request))
-    finally:
-        asyncio.run(backend.aclose())
-    loaded = LocalModel.from_pretrained(path)
-    (generated,) = GenerateEngine(loaded, seeds=Seeds(0, loaded.device))._generate([request])
-    assert generated.completion_ids == result.completion_ids
-    assert len(result.completion_ids) >= 1 and result.logprobs is not None
-    with torch.no_grad():
-        logits = model(**forward_inputs("kimi_k25", model, inputs)).logits[0, -1]
-    first = torch.log_softmax(logits.float(), -1)[result.completion_ids[0]]
-    assert abs(float(first) - result.logprobs[0]) < 1e-4
