@@ -184,6 +184,7 @@ def test_models_exports():
         "expand_image",
         "expand_video",
         "family_info",
+        "forward_inputs",
         "image_token_ids",
         "load_processor",
         "load_video_settings",

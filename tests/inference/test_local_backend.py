@@ -308,3 +308,43 @@ def test_worker_survives_a_closed_event_loop(checkpoint, renderer):
 
     asyncio.run(abandon())
     assert len(asyncio.run(again()).completion_ids) == 2
+
+
+def test_a_kimi_k25_clip_of_chunks_of_4_and_2_frames_generates():
+    """A Kimi-K2.5 clip that keeps 6 frames (chunks of 4 and 2, which transformers
+    5.23's own forward cannot take): the local backend's engine (the batch engine: the
+    family is resumable, and takes no pool) and the ``generate`` engine answer it with the
+    same greedy tokens, the first one's logprob the forward's through ``forward_inputs``."""
+    from vf_mm.inference._generate import GenerateEngine
+    from vf_mm.inference._local_model import LocalModel
+    from vf_mm.inference._sampling import Seeds
+    from vf_mm.models import cached_tiny_vlm, forward_inputs, model_inputs
+
+    path = cached_tiny_vlm("kimi_k25")
+    kimi = load_renderer(path)
+    frames = np.random.default_rng(6).integers(0, 256, (6, 30, 40, 3), dtype=np.uint8)
+    part = {"type": "video", "video": frames, "frame_rate": 2.0, "do_sample_frames": False}
+    prompt = kimi.render([{"role": "user", "content": [part, {"type": "text", "text": "?"}]}])
+    (clip,) = prompt.multi_modal_data.mm_items["video"]
+    assert clip["video_grid_thw"][:, 0].tolist() == [4, 2]
+    request = GenerateRequest(
+        prompt.token_ids, SamplingParams(max_tokens=4, temperature=0), prompt.multi_modal_data
+    )
+    backend = LocalBackend(path)
+    try:
+        assert backend.engine == "batch"
+        result = run(backend.generate(request))
+    finally:
+        run(backend.aclose())
+    loaded = LocalModel.from_pretrained(path)
+    (generated,) = GenerateEngine(loaded, seeds=Seeds(0, loaded.device))._generate([request])
+    assert generated.completion_ids == result.completion_ids and result.logprobs
+    ids = torch.tensor([prompt.token_ids])
+    inputs = {"input_ids": ids, **model_inputs(
+        "kimi_k25", ids, [], image_token_ids=(), videos=[clip],
+        video_token_ids=kimi.vision.embed_ids("video"),
+    )}  # fmt: skip
+    with torch.no_grad():
+        logits = loaded.model(**forward_inputs("kimi_k25", loaded.model, inputs)).logits[0, -1]
+    first = torch.log_softmax(logits.float(), -1)[result.completion_ids[0]]
+    assert abs(float(first) - result.logprobs[0]) < 1e-4

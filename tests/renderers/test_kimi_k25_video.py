@@ -8,7 +8,9 @@ ids and every model input's bytes, the text from the real template). Where torch
 imports (``dev.py torchvision``), the ``vllm``-marked test compares the goldens with the
 real class again, case by case. The forward taking the clips, and the trainer's logprobs
 equal to the sampler's, are held in ``tests/training/test_video_training.py`` with the
-other video families.
+other video families; the features of chunks of several frames (which transformers'
+forward cannot compute, ``vf_mm.models.forward_inputs``) in
+``tests/models/test_forward_inputs.py``.
 """
 
 from __future__ import annotations
@@ -51,14 +53,6 @@ def renderer(kimi) -> Any:
     return load_renderer(kimi)
 
 
-@pytest.fixture
-def every_chunk(renderer, monkeypatch) -> None:
-    """Lift the refusal of chunks of several frames (which transformers 5.23's forward
-    cannot take), to hold the port's numbers for them to the real processor's."""
-    settings = dataclasses.replace(renderer.vision.video, multi_frame_chunks=True)
-    monkeypatch.setattr(renderer.vision, "video", settings)
-
-
 def clip(seed: int, t: int = 4, h: int = 30, w: int = 40) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (t, h, w, 3), dtype=np.uint8)
 
@@ -68,7 +62,7 @@ def ask(*parts: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_clips_render_as_the_real_processor_wrote_them(renderer, every_chunk, case):
+def test_clips_render_as_the_real_processor_wrote_them(renderer, case):
     """Token ids, and every model input's shape, dtype and bytes, equal what
     transformers' ``Kimi_K25Processor`` with its video processor made of the same
     conversation through the real template; each clip's placeholders cover exactly its
@@ -79,7 +73,7 @@ def test_clips_render_as_the_real_processor_wrote_them(renderer, every_chunk, ca
     assert_renders_the_clip_golden(renderer, "kimi_k25", messages, golden, inputs=INPUTS)
 
 
-def test_a_clip_in_a_tool_result_bridges_equal_to_a_full_render(renderer, every_chunk):
+def test_a_clip_in_a_tool_result_bridges_equal_to_a_full_render(renderer):
     """A clip a tool returns, after a turn of calls that holds a clip's prompt: the bridged
     prompt equals a full render of the whole conversation, ids, placeholders and every
     clip's inputs. (A turn after an answer is rendered in full, not bridged: the template
@@ -132,16 +126,19 @@ def test_the_mistakes_users_make_are_refused_by_name(renderer, part, error):
         renderer.render(ask({"type": "video", **part}))
 
 
-def test_a_clip_that_keeps_several_frames_is_refused_naming_the_forward(renderer):
-    """Kept frames go to the model in chunks of 4, and transformers 5.23's forward fails
-    on a chunk of more than one frame: such a clip is refused by name, while one that
-    keeps a single frame renders (its one chunk one frame)."""
-    with pytest.raises(RenderError, match=r"message 0, part 0.*cannot take a chunk of more"):
-        renderer.render(ask({"type": "video", "video": clip(6, t=5), "frame_rate": 4.0}))
-    rendered = renderer.render(ask({"type": "video", "video": clip(6, t=5), "frame_rate": 4.0,
-                                    "fps": 0.5}))  # fmt: skip
+def test_a_clip_keeps_every_frame_it_samples_in_chunks_of_four(renderer):
+    """Kept frames go to the model in chunks of 4 (the last shorter), each chunk one
+    frame's video tokens: a clip of 5 frames at 4 fps keeps 2 at 2 fps, one chunk of 2;
+    with sampling off, chunks of 4 and 1."""
+    rendered = renderer.render(ask({"type": "video", "video": clip(6, t=5), "frame_rate": 4.0}))
     (item,) = rendered.multi_modal_data.mm_items["video"]
-    assert item["video_grid_thw"].tolist() == [[1, 4, 4]]
+    assert item["video_grid_thw"].tolist() == [[2, 4, 4]]
+    rendered = renderer.render(ask({"type": "video", "video": clip(6, t=5), "frame_rate": 4.0,
+                                    "do_sample_frames": False}))  # fmt: skip
+    (item,) = rendered.multi_modal_data.mm_items["video"]
+    assert item["video_grid_thw"].tolist() == [[4, 4, 4], [1, 4, 4]]
+    video_token = renderer.vision.embed_ids("video")[0]
+    assert rendered.token_ids.count(video_token) == 2 * 4 * 4 // 4
 
 
 def test_a_content_parts_vllm_client_refuses_a_clip_before_sending(kimi, renderer):
@@ -164,25 +161,38 @@ def test_a_content_parts_vllm_client_refuses_a_clip_before_sending(kimi, rendere
     asyncio.run(client.aclose())
 
 
-def test_the_forward_still_fails_on_a_chunk_of_several_frames(kimi, renderer, every_chunk):
-    """The reason for the refusal above: transformers' own Kimi-K2.5 forward fails on a
-    two-frame chunk. When a transformers release fixes it, this fails: drop the refusal
-    (``VideoSettings.multi_frame_chunks``) where it is fixed."""
+@pytest.mark.parametrize(
+    ("frames", "grid", "where"),
+    [(2, [[2, 4, 4]], "get_image_features"),
+     (6, [[4, 4, 4], [2, 4, 4]], "get_vision_temporal_merge_index")],
+    ids=["two-frame-chunk", "chunks-of-4-and-2"],
+)  # fmt: skip
+def test_transformers_own_forward_still_fails_on_chunks_of_several_frames(
+    kimi, renderer, frames, grid, where
+):
+    """transformers 5.23's own Kimi-K2.5 forward fails on a chunk of two frames
+    (``get_image_features`` splits the pooled output by frames * patches,
+    ``modeling_kimi_k25.py:601``) and on chunks of 4 and 2 frames (its temporal merge
+    index cannot join chunks of different lengths, ``modeling_kimi_k25.py:441-465``).
+    vf_mm's forwards do not depend on it: they take such clips' features from
+    ``forward_inputs``. When a transformers release fixes either, this fails: then
+    ``forward_inputs`` may hand such clips to transformers' own path."""
     import torch
 
     from vf_mm.models import model_class
 
-    rendered = renderer.render(ask({"type": "video", "video": clip(7, t=2), "frame_rate": 2.0,
-                                    "do_sample_frames": False}))  # fmt: skip
+    rendered = renderer.render(ask({"type": "video", "video": clip(7, t=frames),
+                                    "frame_rate": 2.0, "do_sample_frames": False}))  # fmt: skip
     data = rendered.multi_modal_data
     inputs = model_inputs(
         "kimi_k25", torch.tensor([rendered.token_ids]), [], image_token_ids=(),
         videos=data.mm_items["video"], video_token_ids=renderer.vision.embed_ids("video"),
     )  # fmt: skip
-    assert inputs["video_grid_thw"].tolist() == [[2, 4, 4]]
+    assert inputs["video_grid_thw"].tolist() == grid
     model = model_class("kimi_k25").from_pretrained(kimi).eval()
-    with torch.no_grad(), pytest.raises(RuntimeError, match="split_with_sizes"):
+    with torch.no_grad(), pytest.raises(RuntimeError) as failure:
         model(input_ids=torch.tensor([rendered.token_ids]), **inputs)
+    assert where in [entry.name for entry in failure.traceback]  # fails there, not elsewhere
 
 
 def test_a_checkpoint_with_a_size_the_processor_refuses_is_refused(kimi, tmp_path):
@@ -235,7 +245,7 @@ def test_the_port_computes_the_video_processors_numbers_bit_for_bit(kimi, option
     """Where torchvision imports: for each option set, the port's ``pixel_values_videos``
     and ``video_grid_thw`` equal ``Kimi_K25VideoProcessor``'s bit for bit, and its text
     equals ``Kimi_K25Processor.replace_video_token``'s (chunks of several frames
-    included: the refusal lifted)."""
+    included)."""
     from transformers import AutoProcessor
 
     from vf_mm.models import expand_video
@@ -250,7 +260,7 @@ def test_the_port_computes_the_video_processors_numbers_bit_for_bit(kimi, option
     )  # fmt: skip
     settings = load_video_settings(kimi, "kimi_k25")
     assert settings is not None
-    settings = dataclasses.replace(settings, multi_frame_chunks=True, **changes)
+    settings = dataclasses.replace(settings, **changes)
     ours = expand_video(settings, frames, fps=rate,
                         tokens={"video_token": processor.video_token})  # fmt: skip
     for name in ("pixel_values_videos", "video_grid_thw"):

@@ -17,7 +17,7 @@ from vf_mm.testing import build_tiny_vlm
 
 # Gemma 4's clips are tested in test_gemma4_video.py (against its real processor's goldens,
 # at each template revision): its checkpoint samples 32 frames, more than these clips hold.
-# Kimi-K2.5's in test_kimi_k25_video.py: it refuses clips that keep several frames;
+# Kimi-K2.5's in test_kimi_k25_video.py: its chunks of up to 4 frames take one frame's tokens;
 # GLM-4.6V's in test_glm46v_video.py: its sampler picks its own rate (num_frames refused)
 FAMILIES = tuple(f for f in VIDEO_FAMILIES if f not in ("gemma4", "kimi_k25", "glm46v"))
 

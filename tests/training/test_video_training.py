@@ -38,10 +38,11 @@ def clip(seed: int, frames: int = 6, size: tuple[int, int] = (56, 42)) -> np.nda
     return rng.integers(0, 256, (frames, size[1], size[0], 3), dtype=np.uint8)
 
 
-# Gemma 4's checkpoint samples 32 frames, more than these clips hold: 4 of their 5
-# Kimi-K2.5's forward (transformers 5.23) takes only one-frame chunks: one frame of 5 at
-# 4 fps (``VideoSettings.multi_frame_chunks``)
-CLIP_OPTIONS = {"gemma4": {"num_frames": 4}, "kimi_k25": {"fps": 0.5}}
+# Gemma 4's checkpoint samples 32 frames, more than these clips hold: 4 of their 5.
+# Kimi-K2.5 keeps all 5: chunks of 4 frames and 1, which transformers 5.23's forward
+# cannot take (vf_mm.models.forward_inputs computes their features, in the sampler and
+# the trainer alike)
+CLIP_OPTIONS = {"gemma4": {"num_frames": 4}, "kimi_k25": {"do_sample_frames": False}}
 
 
 class Watch(vf.MultiTurnEnv):
@@ -99,6 +100,8 @@ def test_the_forward_gives_back_the_samplers_logprobs_with_videos(trained):
     samples, batches = batches_of(trained)
     assert len(samples[-1].videos) == 2  # the env's clips of turns 1 and 2
     assert set(np.unique(samples[-1].mm_token_type_ids)) == {0, 1, 2}  # (sampler's marks)
+    if family == "kimi_k25":  # each clip: a chunk of 4 frames and one of 1
+        assert [v["video_grid_thw"][:, 0].tolist() for v in samples[-1].videos] == [[4, 1]] * 2
     model = model_class(family, checkpoint=path).from_pretrained(path, dtype=torch.float32).eval()
     assert_scores_as_sampled(model, batches)
 

@@ -57,7 +57,7 @@ def _needs_torchvision():  # checked when the tests run, not when they are colle
 # SmolVLM's, Gemma 4's, InternVL's and Kimi-K2.5's clips are compared with their
 # processors below and in tests/renderers/test_{gemma4,internvl,kimi_k25}_video.py: their
 # text and inputs take other tokens and options (frames as images, for SmolVLM and
-# InternVL; chunks whose several frames transformers' Kimi forward refuses)
+# InternVL; Kimi-K2.5's chunks of up to 4 frames, each one frame's tokens)
 @pytest.fixture(
     scope="module",
     params=[f for f in VIDEO_FAMILIES if f not in ("smolvlm", "gemma4", "internvl", "kimi_k25")],

@@ -20,6 +20,7 @@ from vf_mm.inference._local_model import LocalModel, request_media
 from vf_mm.inference._rows import Pending, answer
 from vf_mm.inference._sampling import RowSampler, RowStopper, Seeds
 from vf_mm.inference._types import GenerateRequest, GenerateResult, Usage
+from vf_mm.models import forward_inputs
 
 
 class GenerateEngine:
@@ -53,6 +54,10 @@ class GenerateEngine:
         if m.is_multimodal:
             media = [item for r in requests for item in request_media(r)]
             inputs.update(m.media_inputs(input_ids, media))
+        inputs = {k: v.to(m.device) for k, v in inputs.items()}
+        # the features transformers' forward would compute wrong (Kimi-K2.5's multi-frame
+        # chunks) computed by vf_mm; generate passes mm_encoder_outputs to its prefill
+        inputs = forward_inputs(m.family, m.model, inputs)
         sampling = [r.sampling for r in requests]
         generators = [self._seeds.generator(self._seeds.seed(s)) for s in sampling]
         sampler = RowSampler(
@@ -69,7 +74,7 @@ class GenerateEngine:
             eos_token_id=None,
         )
         output = m.model.generate(
-            **{k: v.to(m.device) for k, v in inputs.items()},
+            **inputs,
             generation_config=config,
             logits_processor=LogitsProcessorList([sampler]),
             stopping_criteria=StoppingCriteriaList([stopper]),

@@ -5,7 +5,9 @@ is no longer cached (evicted, or the images sit after other tokens) would run th
 on them again. ``VisionCache`` keeps each image's tower output (keyed by modality,
 content hash and input shapes: ``request_media``) in a ``ByteLRU``, and gives a forward
 its new images' inputs: cached outputs, the tower run once on the missing ones, where
-the model takes ``mm_encoder_outputs``; else the images' processed inputs. A cached
+the model takes ``mm_encoder_outputs``; else the images' processed inputs (through
+``forward_inputs``, so a Kimi-K2.5 clip of multi-frame chunks gets the features its
+forward cannot compute). A cached
 output is what the tower computes for the same inputs, so a hit changes no number.
 """
 
@@ -22,6 +24,7 @@ from vf_mm.inference._local_model import LocalModel, Media
 from vf_mm.inference._local_stats import LocalStats
 from vf_mm.inference._prefix_cache import ByteLRU
 from vf_mm.inference._rows import Row
+from vf_mm.models import forward_inputs
 
 
 class VisionCache:
@@ -57,7 +60,9 @@ class VisionCache:
         ):
             return {"mm_encoder_outputs": {"image": self._features(new)}}
         raw = model.media_inputs(ids, new)
-        return {name: value.to(model.device) for name, value in raw.items()}
+        placed = {name: value.to(model.device) for name, value in raw.items()}
+        # the features vf_mm computes where transformers' forward would compute them wrong
+        return forward_inputs(model.family, model.model, placed)
 
     def _features(self, new: list[Media]) -> Any:
         """The vision tower's output for ``new`` images, in order, as the model's

@@ -10,7 +10,9 @@ each renderer and each worker process);
 ``expand_image(processor, image)`` is one image's model inputs and prompt text, as the
 family's processor computes them, and ``image_token_ids(processor)`` the ids that take
 image embeddings; ``model_inputs(family, input_ids, images, ...)`` is what the family's
-forward takes for a batch.
+forward takes for a batch, and ``forward_inputs(family, model, inputs)`` those inputs with
+the vision features computed by vf_mm where transformers' own forward computes them wrong
+(Kimi-K2.5 clips whose chunks keep several frames): every forward vf_mm runs goes through it.
 Video (``VIDEO_FAMILIES``: the Qwen-VL ones, LLaVA-OneVision, SmolVLM2, InternVL3):
 ``load_video_settings(path, family)`` reads a
 checkpoint's video processing, ``expand_video(settings, frames, ...)``
@@ -53,6 +55,7 @@ from vf_mm.models._families import (
     resolve_image_backend,
     torchvision_available,
 )
+from vf_mm.models._forward import forward_inputs
 from vf_mm.models._inputs import model_inputs
 from vf_mm.models._templates import TEMPLATE_VARIANTS
 from vf_mm.models._tokenizer_snapshot import TokenizerSnapshot
@@ -77,6 +80,7 @@ __all__ = [
     "expand_image",
     "expand_video",
     "family_info",
+    "forward_inputs",
     "image_token_ids",
     "load_processor",
     "load_video_settings",

@@ -89,6 +89,10 @@ class VisionFamily:
             2 in ``mm_token_type_ids`` by the markers). transformers' forward then fills
             images and clips at the one token's positions and cannot take both in a
             sequence, so the renderer refuses a conversation holding both, by name.
+        video_pooled_chunks: A clip's ``video_grid_thw`` row ``(t, h, w)`` is one chunk of
+            ``t`` frames that the vision tower pools into one frame's tokens, so it fills
+            ``h * w / merge**2`` embeddings, not ``t * h * w / merge**2`` (Kimi-K2.5:
+            MoonViT's temporal pooling, chunks of up to 4 frames).
         feature_extractor: The processor's audio feature extractor class (Gemma 4's
             processor needs one even for images), loaded from the checkpoint beside the
             image processor.
@@ -155,6 +159,10 @@ class VisionFamily:
     frames_as_images: bool = False
     # a clip's frames hold the image's token, the forward taking them as video (GLM-4.6V)
     video_image_token: bool = False
+    # a clip's grid row (t, h, w) is one chunk whose t frames the tower pools into one
+    # frame's tokens: h * w / merge^2 embeddings, not t * h * w / merge^2 (Kimi-K2.5's
+    # MoonViT; see the docstring)
+    video_pooled_chunks: bool = False
     # the processor's audio feature extractor class (Gemma 4's processor needs one even
     # for images), loaded from the checkpoint beside the image processor
     feature_extractor: str | None = None
@@ -284,6 +292,7 @@ _FAMILIES = {
                      "Kimi_K25ForConditionalGeneration", None, "moonshotai/Kimi-K2.5",
                      ("<|im_end|>", "[EOS]"), tool_format="kimi",
                      video_inputs=("pixel_values_videos", "video_grid_thw"),
+                     video_pooled_chunks=True,
                      marker_tokens=("<|media_begin|>", "<|media_content|>", "<|media_end|>"),
                      pil_backend=False, torch_port="_kimi_k25_images:KimiK25Images",
                      item_layout=None, vllm_video_refusal=_KIMI_VLLM_VIDEO),

@@ -23,14 +23,12 @@ the clip's frame rate, 24 fps where the rate is unknown, as the processor assume
 ``<|media_begin|>video<|media_content|>`` + the video token once per merged patch of one
 frame + ``<|media_end|>``; it replaces the one placeholder the chat template writes.
 
-transformers 5.23's Kimi-K2.5 forward cannot take a chunk of more than one frame: MoonViT
-pools each chunk's frames into one frame's tokens, but ``Kimi_K25Model.get_image_features``
-splits that output by ``frames * rows * columns / merge**2`` tokens a chunk, which fails
-(``split_with_sizes``) for any chunk of 2 to 4 frames. Such a clip is refused by name
-after its numbers are computed (unless ``VideoSettings.multi_frame_chunks``, off on every
-checkpoint: the tests turn it on to hold those numbers to the real processor's), so only
-clips that keep one frame reach a model. ``tests/renderers/test_kimi_k25_video.py`` checks
-that the forward still fails, so a transformers that fixes it shows the refusal must go.
+transformers 5.23's Kimi-K2.5 forward cannot take a chunk of more than one frame (its
+``get_image_features`` splits MoonViT's pooled output by ``frames * rows * columns /
+merge**2`` tokens a chunk, and its temporal merge index cannot join chunks of different
+lengths): every forward vf_mm runs takes such a clip's features from
+``vf_mm.models.forward_inputs``, which runs the model's own tower and projector per chunk
+length, so clips keep as many frames as the processor samples.
 """
 
 from __future__ import annotations
@@ -46,13 +44,6 @@ from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings
 
 #: the unknown frame rate the processor's text assumes
 _UNKNOWN_FPS = 24
-
-#: why a clip whose chunks hold several frames is refused (``VideoSettings.multi_frame_chunks``)
-_FORWARD_FAULT = (
-    "transformers' Kimi-K2.5 forward cannot take a chunk of more than one frame (its "
-    "get_image_features splits MoonViT's temporally pooled output by frames * patches, not "
-    "patches)"
-)
 
 
 def kimi_size(path: Path, size: Any, default: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -131,12 +122,6 @@ def expand_kimi_k25(
     pixels = squares.reshape(count * rows * cols, channels, p, p)
     starts = range(0, count, tps)
     grid = [[min(tps, count - s), rows, cols] for s in starts]
-    if not settings.multi_frame_chunks and count > 1 and tps > 1:
-        raise RenderError(
-            f"Kimi-K2.5 takes a clip in chunks of {tps} frames, and {_FORWARD_FAULT}: this "
-            f"clip keeps {count} frames; sample one frame (a lower fps) or send its frames "
-            "as images"
-        )
     fps = sampled.fps if sampled.fps is not None else _UNKNOWN_FPS
     per_chunk = tokens["video_token"] * (rows * cols // (m * m))
     text = "".join(

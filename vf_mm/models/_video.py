@@ -134,11 +134,8 @@ class VideoSettings:
     # Gemma 4: the most soft tokens a frame may take, and the k x k patches pooled into one
     max_soft_tokens: int = 0
     pooling_kernel_size: int = 0
-    # Kimi-K2.5: the patch budget of a frame (its side's budget is ``size[0]`` patches), and
-    # whether a clip may keep several frames (chunks of them, which transformers 5.23's
-    # forward cannot take: ``_kimi_k25_video``; no checkpoint turns it on)
+    # Kimi-K2.5: the patch budget of a frame (its side's budget is ``size[0]`` patches)
     max_patches: int = 0
-    multi_frame_chunks: bool = False
     # InternVL: where sampling starts (True: half a step in, the middle of each stretch)
     initial_shift: bool | float = True
 
@@ -331,7 +328,7 @@ def load_video_settings(path: str | Path, family: str) -> VideoSettings | None:
         name = field.name
         if name in ("style", "min_pixels", "max_pixels", "second_per_grid_ts", "timestamps",
                     "size", "tokens_per_frame", "longest_edge", "frames_as_images",
-                    "chat_template", "initial_shift", "multi_frame_chunks"):  # fmt: skip
+                    "chat_template", "initial_shift"):  # fmt: skip
             continue
         if name in saved:
             value = saved[name]

@@ -209,7 +209,10 @@ def make_batches(
         if max_seq_len is not None and sample.num_tokens > max_seq_len:
             sample = _truncate(sample, max_seq_len, truncate)
         sample.validate(
-            image_token_id=image_token_id, merge_size=merge_size, video_token_id=video_token_id
+            image_token_id=image_token_id,
+            merge_size=merge_size,
+            video_token_id=video_token_id,
+            video_pooled_chunks=info.video_pooled_chunks,
         )
         ready.append(sample)
     ids = (image_token_id, video_token_id)

@@ -20,17 +20,22 @@ from vf_mm.training._mismatch import logprob_mismatch
 def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
     """``(B, L)`` log-probability the model gives each token of ``batch.input_ids``.
 
-    0 at t=0.
+    0 at t=0. The forward takes ``forward_inputs(batch.family, model, ...)``: the
+    batch's inputs, with the vision features computed by vf_mm where transformers'
+    forward computes them wrong (Kimi-K2.5 clips of multi-frame chunks), gradients
+    through the tower either way.
 
     Args:
         model: The policy.
         batch: The micro-batch.
     """
+    from vf_mm.models import forward_inputs
+
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(next(model.parameters()).dtype)
-    logits = model(**inputs).logits.float()
+    logits = model(**forward_inputs(batch.family, model, inputs)).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1)
     picked = logp.gather(-1, inputs["input_ids"][:, 1:, None]).squeeze(-1)
     return torch.nn.functional.pad(picked, (1, 0))

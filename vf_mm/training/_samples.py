@@ -89,7 +89,12 @@ class Sample:
         return None if grids is None else grids.reshape(-1, 3).astype(np.int64, copy=False)
 
     def validate(
-        self, *, image_token_id: int, merge_size: int = 2, video_token_id: int | None = None
+        self,
+        *,
+        image_token_id: int,
+        merge_size: int = 2,
+        video_token_id: int | None = None,
+        video_pooled_chunks: bool = False,
     ) -> None:
         """Check the sample's rules.
 
@@ -101,6 +106,10 @@ class Sample:
             merge_size: The vision tower's spatial merge (Qwen-VL: 2).
             video_token_id: The id at a clip's embedding positions; needed when the sample
                 has videos.
+            video_pooled_chunks: The family's tower pools each ``video_grid_thw`` row's
+                frames into one frame's tokens (``VisionFamily.video_pooled_chunks``:
+                Kimi-K2.5), so a row ``(t, h, w)`` fills ``h * w / merge_size**2`` video
+                tokens; ``make_batches`` passes its family's.
 
         Raises:
             TrajectoryError: A rule broken, naming the sample.
@@ -159,7 +168,7 @@ class Sample:
                     f"{self.source}: pixel_values has "
                     f"{None if pixel_values is None else pixel_values.shape[0]} rows, grids need {rows}"
                 )
-        self._validate_videos(video_token_id, merge_size, image_token_id)
+        self._validate_videos(video_token_id, merge_size, image_token_id, video_pooled_chunks)
 
     def item_order(self) -> list[str]:
         """Each image's and video's modality, in the order their tokens appear."""
@@ -168,10 +177,11 @@ class Sample:
         return [modality for _, modality in sorted(ranges)]
 
     def _validate_videos(
-        self, video_token_id: int | None, merge_size: int, image_token_id: int
+        self, video_token_id: int | None, merge_size: int, image_token_id: int, pooled: bool
     ) -> None:
-        """Each video's placeholder, pads and inputs agree (Qwen-VL: grids and patch rows;
-        LLaVA-OneVision, SmolVLM: the placeholders' embeddings)."""
+        """Each video's placeholder, pads and inputs agree (Qwen-VL: grids and patch rows,
+        Kimi-K2.5's ``pooled`` chunks one frame's tokens each; LLaVA-OneVision, SmolVLM: the
+        placeholders' embeddings)."""
         n = self.num_tokens
         if len(self.videos) != len(self.video_placeholders):
             raise TrajectoryError(
@@ -208,7 +218,9 @@ class Sample:
             return
         grids = concat_images(self.videos, "video_grid_thw")
         grids = np.zeros((0, 3), np.int64) if grids is None else grids.reshape(-1, 3)
-        expected = int(grids.prod(axis=1).sum()) // merge_size**2
+        # a pooled chunk (t, h, w) fills one frame's h * w / merge^2 tokens
+        per_row = grids[:, 1:].prod(axis=1) if pooled else grids.prod(axis=1)
+        expected = int(per_row.sum()) // merge_size**2
         if pads != expected:
             raise TrajectoryError(
                 f"{self.source}: {pads} video tokens but the videos' grids need {expected}"
