@@ -88,7 +88,8 @@ class VisionFamily:
             ``<|begin_of_video|>`` and ``<|end_of_video|>``, and its processor marks those
             2 in ``mm_token_type_ids`` by the markers). transformers' forward then fills
             images and clips at the one token's positions and cannot take both in a
-            sequence, so the renderer refuses a conversation holding both, by name.
+            sequence or batch, so ``model_inputs`` gives it a clip as images, one per
+            temporal group, which is what the model computes for the clip.
         video_pooled_chunks: A clip's ``video_grid_thw`` row ``(t, h, w)`` is one chunk of
             ``t`` frames that the vision tower pools into one frame's tokens, so it fills
             ``h * w / merge**2`` embeddings, not ``t * h * w / merge**2`` (Kimi-K2.5:
