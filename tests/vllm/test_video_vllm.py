@@ -58,7 +58,10 @@ from vf_mm.testing import build_tiny_vlm
 
 pytestmark = pytest.mark.vllm
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma4")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma4", "glm46v")
+#: families whose generic clips are at 2 fps: Qwen2.5-VL (vLLM samples to 2 fps), GLM-4.6V
+#: (every second frame on a whole second: vLLM writes whole seconds, below)
+WHOLE_SECONDS = ("qwen2_5_vl", "glm46v")
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 #: servers started together (the rest start when a test first asks for them)
 AHEAD = 3
@@ -163,7 +166,7 @@ def case(name, seed=0, frames=8):
     """A clip's URL, the messages sent to vLLM, and the messages the renderer takes: for
     Gemma 4 the clip's part with ``num_frames`` set to its length (its processor samples 32
     frames and refuses a shorter clip; vLLM keeps every frame of one)."""
-    rate = 2 if name == "qwen2_5_vl" else 4
+    rate = 2 if name in WHOLE_SECONDS else 4
     rng = np.random.default_rng(seed)
     clip = rng.integers(0, 256, (frames, 64, 80, 3), dtype=np.uint8)
     url = lossless_mp4(clip, rate)
@@ -227,8 +230,11 @@ def test_the_render_route_equals_the_renderer_on_a_clip(family):
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]
     # Qwen3-VL: vLLM's range starts at the template's <|vision_start|> (ours at the first
     # group's, after the first timestamp); InternVL3 and Gemma 4 at the first frame's label
-    # or timestamp (ours at its <img> / <|image>); all end at the last frame's end
-    assert range_["offset"] + range_["length"] == mine.end
+    # or timestamp (ours at its <img> / <|image>); all end at the last frame's end, but
+    # GLM-4.6V's, which spans <|begin_of_video|> to <|end_of_video|> (ours: the first
+    # frame's <|begin_of_image|> to the last's <|end_of_image|>)
+    end = range_["offset"] + range_["length"]
+    assert end == mine.end or (name == "glm46v" and end > mine.end)
     assert range_["offset"] <= mine.offset
 
 
@@ -297,6 +303,45 @@ def test_vllm_samples_a_qwen2_5_clip_to_2_fps_where_transformers_keeps_every_fra
     assert len(theirs["token_ids"]) < len(ours.token_ids)
 
 
+@pytest.mark.parametrize("name", ["glm46v"])
+def test_vllm_writes_glm46v_timestamps_in_whole_seconds_and_refuses_a_clip_under_one(servers, name):
+    """vLLM 0.32's GLM-4.6V clip text times each group by ``int(idx / fps)``
+    (``glm4_1v.py:1316``) where transformers' processor (and the renderer) writes
+    ``idx / fps`` to a tenth: a clip whose groups start off whole seconds (8 frames at 4
+    fps: 0, 0.5, 1, 1.5 s) gets other ids inside the timestamps only, the same pixels.
+    A 0.4 s clip at 30 fps is answered 400 (vLLM's loader keeps one frame, a temporal patch
+    takes two), where transformers samples it to one group. When this fails, vLLM changed: compare
+    again and update docs/videos.md."""
+    server, path = servers[name]
+    server.wait_healthy()
+    renderer = load_renderer(path)
+    clip = np.random.default_rng(9).integers(0, 256, (8, 64, 80, 3), dtype=np.uint8)
+    url = lossless_mp4(clip, 4)
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
+    ours = renderer.render(messages)
+    theirs = post(server, {"model": str(path), "messages": messages},
+                  path="/v1/chat/completions/render")  # fmt: skip
+    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    assert_same_inputs(name, ours.multi_modal_data.mm_items["video"][0], decoded)
+    text = renderer.tokenizer.decode(ours.token_ids)
+    their_text = renderer.tokenizer.decode(theirs["token_ids"])
+    stamps = [f"{t:.1f} seconds" for t in (0.0, 0.5, 1.0, 1.5)]
+    assert all(s in text for s in stamps)
+    assert their_text == text.replace("0.5 seconds", "0.0 seconds").replace(
+        "1.5 seconds", "1.0 seconds"
+    )
+    fast = np.random.default_rng(10).integers(0, 256, (12, 64, 80, 3), dtype=np.uint8)
+    short = lossless_mp4(fast, 30)  # 0.4 s
+    response = httpx.post(server.base_url + "/v1/chat/completions/render", timeout=TIMEOUT,
+                          json={"model": str(path), "messages": [{"role": "user", "content": [
+                              {"type": "video_url", "video_url": {"url": short}}]}]})  # fmt: skip
+    assert response.status_code == 400, response.text[:500]
+    raw = [{"type": "video", "video": fast, "frame_rate": 30.0}]
+    assert (
+        renderer.render([{"role": "user", "content": raw}]).multi_modal_data.num_items("video") == 1
+    )
+
+
 def template_prompt(renderer, messages):
     shown = [{**m, "content": [{"type": "video"} if p["type"] in ("video", "video_url") else p
                                for p in m["content"]]} for m in messages]  # fmt: skip
@@ -325,7 +370,7 @@ def test_features_sample_what_the_servers_own_processing_of_the_clip_samples(fam
     request = GenerateRequest(prompt_ids=list(ours.token_ids),
                               multi_modal_data=ours.multi_modal_data,
                               sampling=SamplingParams(max_tokens=6, temperature=0.0, logprobs=True))  # fmt: skip
-    if name in ("qwen3_vl", "internvl", "gemma4"):  # text inside the range: is_embed
+    if name in ("qwen3_vl", "internvl", "gemma4", "glm46v"):  # text inside: is_embed
         with pytest.raises(MultiModalDataError, match="content_parts"):
             asyncio.run(backend.generate(request))
         return
@@ -347,7 +392,7 @@ def test_the_backend_sends_raw_frames_as_content_parts(family):
     with the family's swap (``vllm_embed_swaps``) the backend maps them back, so the
     returned ids are the renderer's, as for every other family."""
     name, server, _path, renderer = family
-    rate = 2.0 if name == "qwen2_5_vl" else 4.0
+    rate = 2.0 if name in WHOLE_SECONDS else 4.0
     frames = np.random.default_rng(4).integers(0, 256, (8, 64, 80, 3), dtype=np.uint8)
     part = {"type": "video", "video": frames, "frame_rate": rate}
     messages = [{"role": "user", "content": [part, {"type": "text", "text": "What moved?"}]}]
@@ -363,7 +408,8 @@ def test_the_backend_sends_raw_frames_as_content_parts(family):
     assert result.prompt_ids == list(ours.token_ids)
     (theirs,) = result.multi_modal_data.mm_placeholders["video"]
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]
-    assert theirs.num_embeds == mine.num_embeds and theirs.end == mine.end
+    assert theirs.num_embeds == mine.num_embeds
+    assert theirs.end == mine.end or (name == "glm46v" and theirs.end > mine.end)  # above
     if name != "gemma4":  # the renderer's clip has num_frames set: another hash
         assert result.multi_modal_data.mm_hashes == ours.multi_modal_data.mm_hashes
 
