@@ -54,13 +54,16 @@ def _needs_torchvision():  # checked when the tests run, not when they are colle
     pytest.importorskip("torchvision")
 
 
-# SmolVLM's, Gemma 4's, InternVL's and Kimi-K2.5's clips are compared with their
-# processors below and in tests/renderers/test_{gemma4,internvl,kimi_k25}_video.py: their
-# text and inputs take other tokens and options (frames as images, for SmolVLM and
+# SmolVLM's, Gemma 4's, InternVL's, Kimi-K2.5's and GLM-4.6V's clips are compared with
+# their processors below and in tests/renderers/test_{gemma4,internvl,kimi_k25,glm46v}_video.py:
+# their text and inputs take other tokens and options (frames as images, for SmolVLM and
 # InternVL; Kimi-K2.5's chunks of up to 4 frames, each one frame's tokens)
+OWN_TESTS = ("smolvlm", "gemma4", "internvl", "kimi_k25", "glm46v")
+
+
 @pytest.fixture(
     scope="module",
-    params=[f for f in VIDEO_FAMILIES if f not in ("smolvlm", "gemma4", "internvl", "kimi_k25")],
+    params=[f for f in VIDEO_FAMILIES if f not in OWN_TESTS],
 )
 def family_checkpoint(request, tmp_path_factory):
     path = build_tiny_vlm(tmp_path_factory.mktemp(request.param) / "m", request.param)
@@ -151,11 +154,7 @@ def test_a_clip_is_processed_as_transformers_processes_it(family_checkpoint, cli
 
 @pytest.mark.parametrize(
     "family",
-    [
-        f
-        for f in VIDEO_FAMILIES
-        if f not in ("llava_onevision", "smolvlm", "gemma4", "internvl", "kimi_k25")
-    ],
+    [f for f in VIDEO_FAMILIES if f not in ("llava_onevision", *OWN_TESTS)],
 )
 def test_the_renderer_matches_the_processor_on_a_conversation(family, tmp_path):
     """Video and images in one message, a second clip in a later turn: token ids and every
