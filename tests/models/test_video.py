@@ -76,6 +76,19 @@ def test_bad_options_are_refused_by_name(tiny, options, message):
         settings.with_options(options)
 
 
+def test_sampling_off_beside_a_rate_is_refused_before_a_familys_own_rate_rule(tiny):
+    """InternVL refuses a rate without num_frames (its sampler reads the count); with
+    do_sample_frames=False too, the message that fits is the one about sampling off
+    (following InternVL's would then hit it)."""
+    import dataclasses
+
+    settings = dataclasses.replace(load_video_settings(tiny["internvl"], "internvl"), num_frames=8)
+    with pytest.raises(RenderError, match="fps would change nothing"):
+        settings.with_options({"fps": 2, "do_sample_frames": False})
+    with pytest.raises(RenderError, match="give num_frames instead of fps"):
+        settings.with_options({"fps": 2})
+
+
 def test_asking_for_a_rate_or_a_count_turns_sampling_on(tiny):
     settings = load_video_settings(tiny["qwen2_vl"], "qwen2_vl")
     assert settings.with_options({"fps": 2}).do_sample_frames

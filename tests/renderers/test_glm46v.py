@@ -105,6 +105,11 @@ def test_the_tiny_checkpoint_is_flash_s_kind_and_its_kin_are_told_apart_by_proce
     )  # where the real GLM-4.6V names it
     assert model_type(moe) == "glm46v"
     assert model_class("glm46v", checkpoint=moe).__name__ == "Glm4vMoeForConditionalGeneration"
+    # without the checkpoint the class is a guess that would load the MoE's missing dense
+    # weights at random (only a warning says so): refused, naming the fix
+    with pytest.raises(ValueError, match=r"model_class\('glm46v', checkpoint=path\)"):
+        model_class("glm46v")
+    assert model_class("qwen2_vl").__name__ == "Qwen2VLForConditionalGeneration"
 
     for processor in ("Glm4vProcessor", None):
         other = _with_config(glm46v_checkpoint, tmp_path / f"4.1v-{processor}", "glm4v", processor)
