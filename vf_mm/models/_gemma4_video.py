@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 
 from vf_mm.errors import RenderError, UnsupportedModelError
-from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings, resize_frames
+from vf_mm.models._video import (
+    ExpandedVideo,
+    SampledVideo,
+    VideoSettings,
+    normalize_frames,
+    resize_frames,
+)
 
 #: the budgets ``Gemma4VideoProcessor`` takes (it refuses any other when it loads)
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
@@ -113,8 +119,6 @@ def expand_gemma4(
     """
     import torch
 
-    from vf_mm.models._tv_ops import rescale_and_normalize
-
     p, k = settings.patch_size, settings.pooling_kernel_size
     budget = settings.max_soft_tokens * k * k
     if settings.do_resize:
@@ -126,10 +130,7 @@ def expand_gemma4(
             f"with do_resize off, Gemma 4's frames must have sides that are multiples of "
             f"{p} and at most {budget} patches; these are {tuple(video.shape[-2:])}"
         )
-    video = rescale_and_normalize(
-        video, do_rescale=settings.do_rescale, rescale_factor=settings.rescale_factor,
-        do_normalize=settings.do_normalize, mean=settings.image_mean, std=settings.image_std,
-    )  # fmt: skip
+    video = normalize_frames(video, settings)
     count = int(video.shape[0])
     patches = patches_of(video, p)
     xs, ys = torch.meshgrid(torch.arange(cols), torch.arange(rows), indexing="xy")

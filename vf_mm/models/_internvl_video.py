@@ -36,6 +36,7 @@ from vf_mm.models._video import (
     SampledVideo,
     VideoSettings,
     clip_rate,
+    normalize_frames,
     resize_frames,
     too_many_frames,
 )
@@ -124,14 +125,10 @@ def expand_internvl(
         tokens: The processor's ``start_image_token``, ``image_token`` and
             ``end_image_token``.
     """
-    from vf_mm.models._tv_ops import rescale_and_normalize
 
     if settings.do_resize and settings.size is not None:
         video = resize_frames(video, *settings.size, settings.resample)
-    video = rescale_and_normalize(
-        video, do_rescale=settings.do_rescale, rescale_factor=settings.rescale_factor,
-        do_normalize=settings.do_normalize, mean=settings.image_mean, std=settings.image_std,
-    )  # fmt: skip
+    video = normalize_frames(video, settings)
     frame = (
         tokens["start_image_token"]
         + tokens["image_token"] * settings.tokens_per_frame

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from vf_mm.errors import RenderError, UnsupportedModelError
-from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings
+from vf_mm.models._video import ExpandedVideo, SampledVideo, VideoSettings, normalize_frames
 
 #: the unknown frame rate the processor's text assumes
 _UNKNOWN_FPS = 24
@@ -95,7 +95,7 @@ def expand_kimi_k25(
         tokens: The processor's ``video_token``.
     """
     from vf_mm.models._kimi_k25_images import navit_size
-    from vf_mm.models._tv_ops import interpolation_mode, pad, rescale_and_normalize, resize
+    from vf_mm.models._tv_ops import interpolation_mode, pad, resize
 
     p, m, tps = settings.patch_size, settings.merge_size, settings.temporal_patch_size
     if settings.do_resize:
@@ -112,10 +112,7 @@ def expand_kimi_k25(
             f"merge_size * patch_size ({p * m}); these are {height}x{width}: leave "
             "do_resize on"
         )
-    video = rescale_and_normalize(
-        video, do_rescale=settings.do_rescale, rescale_factor=settings.rescale_factor,
-        do_normalize=settings.do_normalize, mean=settings.image_mean, std=settings.image_std,
-    )  # fmt: skip
+    video = normalize_frames(video, settings)
     count, channels = int(video.shape[0]), int(video.shape[1])
     rows, cols = height // p, width // p
     squares = video.reshape(count, channels, rows, p, cols, p).permute(0, 2, 4, 1, 3, 5)
