@@ -102,95 +102,35 @@ def test_a_served_image_answers_what_the_local_backend_answers(served, family):
     assert _post(s, hash_only).json()["choices"][0]["token_ids"] == choice["token_ids"]
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gemma3"])
-def test_content_parts_expand_as_the_renderer_renders(served, family):
-    """A rollout worker's ``VLLMBackend`` in content_parts mode (one placeholder per image,
-    the server processes it): the prompt the server expands, its placeholders (with their
-    ``is_embed``) and the greedy answer are what the renderer and the local backend make
-    in-process."""
+def _assert_served_as_rendered(
+    s: Served,
+    shown: list[dict[str, Any]],
+    parts: list[dict[str, Any]],
+    rendered: Any,
+    expansion: Any,
+) -> None:
+    """A rollout worker's ``VLLMBackend`` in content_parts mode (``shown``: the messages
+    with one bare part per item, the template's prompt; ``parts``: the items, processed by
+    the server) against ``rendered``: the prompt the server expands, its placeholders (with
+    their ``is_embed``) and the greedy answer are what the renderer and the local backend
+    make in-process."""
     import httpx
 
     from vf_mm.inference import VLLMBackend
 
-    s = served(family)
-    rendered = s.rendered()
     tokenizer = s.renderer.tokenizer
-    text = tokenizer.apply_chat_template(  # the template's prompt: one placeholder per image
-        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}],
-        tokenize=False, add_generation_prompt=True,
-    )  # fmt: skip
+    text = tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
     collapsed = tokenizer(text, add_special_tokens=False)["input_ids"]
-    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (60, 100, 3), dtype=np.uint8))
     sampling = SamplingParams(max_tokens=4, temperature=0.0, logprobs=True)
     banned = tuple(sorted(s.renderer.vision.banned_token_ids))
 
     async def send() -> Any:
-        client = VLLMBackend(
-            "http://vf-mm.test", model="m", mode="content_parts",
-            transport=httpx.ASGITransport(app=s.app),
-            embed_token_ids={"image": s.renderer.vision.embed_ids("image")},
-        )  # fmt: skip
+        client = VLLMBackend("http://vf-mm.test", model="m", mode="content_parts",
+                             transport=httpx.ASGITransport(app=s.app), expansion=expansion)  # fmt: skip
         try:
             return await client.generate(
-                GenerateRequest(collapsed, sampling, banned_token_ids=banned,
-                                content_parts=[{"type": "image", "image": image}])
-            )  # fmt: skip
-        finally:
-            await client.aclose()
-
-    served_result = asyncio.run(send())
-    local = asyncio.run(
-        s.backend.generate(
-            GenerateRequest(
-                rendered.token_ids,
-                sampling,
-                banned_token_ids=banned,
-                multi_modal_data=rendered.multi_modal_data,
+                GenerateRequest(collapsed, sampling, banned_token_ids=banned, content_parts=parts)
             )
-        )
-    )
-    assert served_result.prompt_ids == rendered.token_ids
-    mm = served_result.multi_modal_data
-    assert mm.mm_placeholders == rendered.multi_modal_data.mm_placeholders
-    assert list(served_result.completion_ids) == list(local.completion_ids)
-    assert list(served_result.logprobs) == list(local.logprobs)
-
-
-def test_a_glm46v_clip_beside_an_image_serves_as_the_renderer_renders(served):
-    """GLM-4.6V's clip and image as content_parts (the server samples the clip at its
-    duration-picked rate and writes its frames with the image's token): the server's
-    prompt, placeholders and greedy answer are the renderer's and the local backend's, the
-    clip going into the forward as images beside the real one."""
-    import httpx
-
-    from vf_mm.inference import Expansion, VLLMBackend
-
-    s = served("glm46v")
-    rng = np.random.default_rng(5)
-    image = Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
-    frames = rng.integers(0, 256, (8, 30, 44, 3), dtype=np.uint8)
-    clip = {"type": "video", "video": frames, "frame_rate": 4.0}
-    words = {"type": "text", "text": "What moved?"}
-    rendered = s.renderer.render([{"role": "user", "content": [{"type": "image", "image": image}, clip, words]}])  # fmt: skip
-    text = s.renderer.tokenizer.apply_chat_template(
-        [{"role": "user", "content": [{"type": "image"}, {"type": "video"}, words]}],
-        tokenize=False, add_generation_prompt=True,
-    )  # fmt: skip
-    collapsed = s.renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
-    sampling = SamplingParams(max_tokens=4, temperature=0.0, logprobs=True)
-    banned = tuple(sorted(s.renderer.vision.banned_token_ids))
-
-    async def send() -> Any:
-        client = VLLMBackend(
-            "http://vf-mm.test", model="m", mode="content_parts",
-            transport=httpx.ASGITransport(app=s.app),
-            expansion=Expansion.of(s.renderer.vision),
-        )  # fmt: skip
-        try:
-            return await client.generate(
-                GenerateRequest(collapsed, sampling, banned_token_ids=banned,
-                                content_parts=[{"type": "image", "image": image}, clip])
-            )  # fmt: skip
         finally:
             await client.aclose()
 
@@ -204,6 +144,41 @@ def test_a_glm46v_clip_beside_an_image_serves_as_the_renderer_renders(served):
     assert mm.mm_placeholders == rendered.multi_modal_data.mm_placeholders
     assert list(served_result.completion_ids) == list(local.completion_ids)
     assert list(served_result.logprobs) == list(local.logprobs)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gemma3"])
+def test_content_parts_expand_as_the_renderer_renders(served, family):
+    """An image as content_parts, the server processing it, serves what the renderer
+    renders and the local backend answers."""
+    from vf_mm.inference import Expansion
+
+    s = served(family)
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (60, 100, 3), dtype=np.uint8))
+    words = {"type": "text", "text": "What is it?"}
+    shown = [{"role": "user", "content": [{"type": "image"}, words]}]
+    _assert_served_as_rendered(
+        s, shown, [{"type": "image", "image": image}], s.rendered(),
+        Expansion(embed_token_ids={"image": s.renderer.vision.embed_ids("image")}),
+    )  # fmt: skip
+
+
+def test_a_glm46v_clip_beside_an_image_serves_as_the_renderer_renders(served):
+    """GLM-4.6V's clip and image as content_parts (the server samples the clip at its
+    duration-picked rate and writes its frames with the image's token): the server's
+    prompt, placeholders and greedy answer are the renderer's and the local backend's, the
+    clip going into the forward as images beside the real one."""
+    from vf_mm.inference import Expansion
+
+    s = served("glm46v")
+    rng = np.random.default_rng(5)
+    image = Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    frames = rng.integers(0, 256, (8, 30, 44, 3), dtype=np.uint8)
+    clip = {"type": "video", "video": frames, "frame_rate": 4.0}
+    words = {"type": "text", "text": "What moved?"}
+    rendered = s.renderer.render([{"role": "user", "content": [{"type": "image", "image": image}, clip, words]}])  # fmt: skip
+    shown = [{"role": "user", "content": [{"type": "image"}, {"type": "video"}, words]}]
+    _assert_served_as_rendered(s, shown, [{"type": "image", "image": image}, clip], rendered,
+                               Expansion.of(s.renderer.vision))  # fmt: skip
 
 
 def _set(key: str, value: Callable[[Any], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
