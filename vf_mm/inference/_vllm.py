@@ -230,9 +230,6 @@ class VLLMBackend:
         self.expansion = with_keywords(Expansion, expansion, "expansion",
                                        embed_token_ids=embed_token_ids,
                                        embed_swaps=embed_swaps, refusals=refusals)  # fmt: skip
-        self.embed_token_ids = dict(self.expansion.embed_token_ids) or None
-        self.embed_swaps = {m: dict(p) for m, p in self.expansion.embed_swaps.items()} or None
-        self.refusals = dict(self.expansion.refusals)
         self.model = model
         self.mode = mode
         self.max_model_len = max_model_len
@@ -256,6 +253,21 @@ class VLLMBackend:
         self._discovery_lock: asyncio.Lock | None = None
 
     # -- public ---------------------------------------------------------------------
+
+    @property
+    def embed_token_ids(self) -> dict[str, frozenset[int]] | None:
+        """``expansion``'s embedding ids by modality; None without any."""
+        return dict(self.expansion.embed_token_ids) or None
+
+    @property
+    def embed_swaps(self) -> dict[str, dict[int, int]] | None:
+        """``expansion``'s swaps by modality; None without any."""
+        return {m: dict(p) for m, p in self.expansion.embed_swaps.items()} or None
+
+    @property
+    def refusals(self) -> dict[str, str]:
+        """``expansion``'s refused modalities, with why."""
+        return dict(self.expansion.refusals)
 
     @property
     def base_urls(self) -> list[str]:
