@@ -1192,6 +1192,12 @@ def test_constructor_checks() -> None:
     assert VLLMBackend("http://h", expansion=facts).embed_swaps == {"video": {5: 9}}
     with pytest.raises(TypeError, match="refusals given with expansion=Expansion"):
         VLLMBackend("http://h", expansion=facts, refusals={"video": "no"})
+    # ids that are not token ids, or a field that is not by modality, are named
+    with pytest.raises(TypeError, match=r"embed_token_ids must be a mapping by modality"):
+        Expansion(embed_token_ids=[9])  # type: ignore[arg-type]
+    for bad in ("9", [9.0], [True]):
+        with pytest.raises(TypeError, match="must be token ids"):
+            Expansion(embed_token_ids={"video": bad})
 
 
 def test_each_server_gets_its_own_api_key():

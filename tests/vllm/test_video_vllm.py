@@ -219,15 +219,21 @@ def post(server, body, path="/inference/v1/generate"):
     return response.json()
 
 
+def render_route(server, path, messages):
+    """vLLM's render route on ``messages``: its answer and its first clip's decoded
+    ``kwargs_data``."""
+    theirs = post(server, {"model": str(path), "messages": messages},
+                  path="/v1/chat/completions/render")  # fmt: skip
+    return theirs, decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+
+
 def test_the_render_route_equals_the_renderer_on_a_clip(family):
     name, server, path, renderer = family
     _url, messages, ours_messages = case(name)
     ours = renderer.render(ours_messages)
-    theirs = post(server, {"model": str(path), "messages": messages},
-                  path="/v1/chat/completions/render")  # fmt: skip
+    theirs, decoded = render_route(server, path, messages)
     assert theirs["token_ids"] == as_vllm_writes(name, renderer, ours.token_ids)
     item = ours.multi_modal_data.mm_items["video"][0]
-    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
     assert_same_inputs(name, item, decoded)
     (range_,) = theirs["features"]["mm_placeholders"]["video"]
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]
@@ -249,9 +255,7 @@ def test_vllm_keeps_32_frames_of_a_longer_internvl_clip_where_transformers_keeps
     clip = np.random.default_rng(6).integers(0, 256, (33, 64, 80, 3), dtype=np.uint8)
     url = lossless_mp4(clip, 4)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
-    theirs = post(server, {"model": str(path), "messages": messages},
-                  path="/v1/chat/completions/render")  # fmt: skip
-    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    theirs, decoded = render_route(server, path, messages)
     assert decoded["video_num_patches"].tolist() == [VLLM_MAX_FRAMES]
     kept = np.linspace(0, 32, VLLM_MAX_FRAMES, dtype=int)  # every frame but the 32nd
     sampled = [{"type": "video", "video": clip[kept], "frame_rate": 4.0}]
@@ -272,9 +276,7 @@ def test_vllm_samples_a_longer_gemma4_clip_by_linspace_where_transformers_uses_a
     clip = np.random.default_rng(7).integers(0, 256, (33, 64, 80, 3), dtype=np.uint8)
     url = lossless_mp4(clip, 4)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
-    theirs = post(server, {"model": str(path), "messages": messages},
-                  path="/v1/chat/completions/render")  # fmt: skip
-    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    theirs, decoded = render_route(server, path, messages)
     kept = np.linspace(0, 32, VLLM_MAX_FRAMES, dtype=int)  # vLLM: frames 0-30 and 32
     np.testing.assert_array_equal(decoded["video_timestamps"], [kept / 4])
     ours = renderer.render(messages)  # transformers: 32 frames by arange, 0-31
@@ -296,9 +298,7 @@ def test_vllm_samples_a_qwen2_5_clip_to_2_fps_where_transformers_keeps_every_fra
     url = lossless_mp4(clip, 4)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
     ours = renderer.render(messages)
-    theirs = post(server, {"model": str(path), "messages": messages},
-                  path="/v1/chat/completions/render")  # fmt: skip
-    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    theirs, decoded = render_route(server, path, messages)
     mine = ours.multi_modal_data.mm_items["video"][0]
     assert mine["video_grid_thw"][0][0] == 4 and decoded["video_grid_thw"][0][0] == 2
     assert len(theirs["token_ids"]) < len(ours.token_ids)
@@ -320,9 +320,7 @@ def test_vllm_writes_glm46v_timestamps_in_whole_seconds_and_refuses_a_clip_under
     url = lossless_mp4(clip, 4)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
     ours = renderer.render(messages)
-    theirs = post(server, {"model": str(path), "messages": messages},
-                  path="/v1/chat/completions/render")  # fmt: skip
-    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
+    theirs, decoded = render_route(server, path, messages)
     assert_same_inputs(name, ours.multi_modal_data.mm_items["video"][0], decoded)
     text = renderer.tokenizer.decode(ours.token_ids)
     their_text = renderer.tokenizer.decode(theirs["token_ids"])
@@ -348,10 +346,8 @@ def test_vllm_writes_glm46v_timestamps_in_whole_seconds_and_refuses_a_clip_under
         "url": lossless_mp4(clip, 2)}}, words]}]  # fmt: skip
     part = {"type": "video", "video": clip, "frame_rate": 2.0}
     ours = renderer.render([{"role": "user", "content": [part, words]}])
-    theirs = post(server, {"model": str(path), "messages": whole},
-                  path="/v1/chat/completions/render")  # fmt: skip
+    theirs, decoded = render_route(server, path, whole)
     assert theirs["token_ids"] == ours.token_ids
-    decoded = decode_kwargs_item(theirs["features"]["kwargs_data"]["video"][0])
     assert_same_inputs(name, ours.multi_modal_data.mm_items["video"][0], decoded)
     (range_,) = theirs["features"]["mm_placeholders"]["video"]
     (mine,) = ours.multi_modal_data.mm_placeholders["video"]

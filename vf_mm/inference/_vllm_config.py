@@ -243,7 +243,21 @@ class Expansion:
     refusals: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ids = {m: frozenset(int(t) for t in v) for m, v in (self.embed_token_ids or {}).items()}
+        for name in ("embed_token_ids", "embed_swaps", "refusals"):
+            given = getattr(self, name)
+            if given is not None and not isinstance(given, Mapping):
+                raise TypeError(
+                    f"Expansion({name}={given!r}): {name} must be a mapping by modality "
+                    "('image', 'video'); take it from the renderer: Expansion.of(renderer.vision)"
+                )
+        try:
+            ids = {m: frozenset(_token_id(t) for t in v)
+                   for m, v in (self.embed_token_ids or {}).items()}  # fmt: skip
+        except TypeError:
+            raise TypeError(
+                f"Expansion(embed_token_ids={self.embed_token_ids!r}): each modality's ids must "
+                "be token ids (ints)"
+            ) from None
         swaps = {m: {int(k): int(v) for k, v in pairs.items()}
                  for m, pairs in (self.embed_swaps or {}).items() if pairs}  # fmt: skip
         for modality, pairs in swaps.items():
@@ -276,6 +290,13 @@ class Expansion:
             embed_swaps={m: vision.vllm_embed_swaps(m) for m in modalities},
             refusals={m: r for m in ("image", "video") if (r := vision.vllm_refusal(m))},
         )
+
+
+def _token_id(value: object) -> int:
+    """A token id: an int (numpy's too), never a bool, a float or a string's digits."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(value)
+    return int(value.__index__())
 
 
 def _seconds(kind: str, name: str, value: object, wanted: str) -> float:
